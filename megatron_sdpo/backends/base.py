@@ -1,0 +1,133 @@
+"""The backend seam: everything the algorithm code needs from a training engine.
+
+A backend owns a policy and a teacher (two weight sets with the same layout), an optimizer for
+the policy, and the parallel layout. Algorithm code never touches parallelism: it hands the
+backend a `SequenceBatch` and a `LossFn`; the backend splits it into micro-batches, computes
+what the loss declares it needs, and owns every normalization factor (micro-batch count, DP
+averaging) so that a loss written as `sum(per_token) / normalizer` gives the same gradient
+whatever the number of ranks or micro-batches.
+
+Layout convention: prompts are left-padded to a common length P and responses right-padded
+to a common length T, so response token j of every sample sits at column P + j and its
+logits come from column P + j - 1. Teacher prompts are padded to their own length P'; the
+response columns then line up token for token between student and teacher.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterator, Protocol, runtime_checkable
+
+import torch
+
+# Quantities a loss can ask for; each is aligned to response tokens: shape [B, T] or [B, T, V].
+REQUIRES = frozenset(
+    {
+        "logprobs",  # [B, T] fp32 log pi(y_t | x, y_<t) of the policy
+        "entropy",  # [B, T] fp32 entropy of the policy's next-token distribution
+        "logits",  # [B, T, V] policy logits (full vocabulary; small models / top-k path)
+        "teacher_logits",  # [B, T, V] teacher logits on the teacher prompt (no grad)
+        "teacher_logprobs",  # [B, T] teacher log q(y_t | x, c, y_<t) (no grad)
+        "ref_logprobs",  # [B, T] reference (base) model logprobs (no grad)
+        "fused_kl",  # [B, T] per-token KL/JSD from the fused linear kernel (hidden states)
+    }
+)
+
+
+@dataclass
+class SequenceBatch:
+    """One global batch of prompt/response pairs (token ids, unpadded lists).
+
+    prompt_ids[i]: the student prompt of sample i (chat template applied).
+    response_ids[i]: the sampled response tokens of sample i.
+    teacher_prompt_ids[i]: the teacher (re-)prompt, or None when sample i has no teacher context.
+    tensors: extra per-sample or per-token tensors the loss reads, already response-aligned:
+        e.g. "advantages" [B], "old_logprobs" [B, T], "rollout_logprobs" [B, T],
+        "loss_mask" [B, T] (1 where the token's loss counts).
+    """
+
+    prompt_ids: list[list[int]]
+    response_ids: list[list[int]]
+    teacher_prompt_ids: list[list[int] | None] | None = None
+    tensors: dict[str, torch.Tensor] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.prompt_ids)
+
+    @property
+    def max_response_len(self) -> int:
+        return max((len(r) for r in self.response_ids), default=0)
+
+    def response_mask(self) -> torch.Tensor:
+        """[B, T] float32, 1 on real response tokens."""
+        T = self.max_response_len
+        m = torch.zeros(len(self), T, dtype=torch.float32)
+        for i, r in enumerate(self.response_ids):
+            m[i, : len(r)] = 1.0
+        return m
+
+    def select(self, idx: list[int]) -> "SequenceBatch":
+        """Sub-batch with samples `idx`; per-token tensors keep the global T so shapes agree."""
+        sub = {}
+        for k, v in self.tensors.items():
+            sub[k] = v[idx]
+        return SequenceBatch(
+            prompt_ids=[self.prompt_ids[i] for i in idx],
+            response_ids=[self.response_ids[i] for i in idx],
+            teacher_prompt_ids=None
+            if self.teacher_prompt_ids is None
+            else [self.teacher_prompt_ids[i] for i in idx],
+            tensors=sub,
+        )
+
+
+@runtime_checkable
+class LossFn(Protocol):
+    """A loss over one micro-batch.
+
+    `requires` names the model outputs it needs (a subset of REQUIRES).
+    `__call__(outputs, tensors, normalizer)` returns (loss, metrics) where loss is the
+    micro-batch's *share* of the global loss: sum over its tokens / normalizer. The backend
+    picks `normalizer` globally (e.g. the number of loss tokens in the whole global batch on all
+    DP ranks) via `global_normalizer(batch)` and multiplies by the DP size where its gradient
+    reduction averages. Metrics are detached scalars (sums over the micro-batch, reduced by the
+    backend with `metric_reduce`).
+    """
+
+    requires: frozenset
+
+    def global_normalizer(self, tensors: dict[str, torch.Tensor]) -> torch.Tensor:
+        ...
+
+    def __call__(
+        self,
+        outputs: dict[str, torch.Tensor],
+        tensors: dict[str, torch.Tensor],
+        normalizer: torch.Tensor,
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        ...
+
+
+class Backend(Protocol):
+    """Training engine seam (HF transformers + torch DDP, or megatron-core)."""
+
+    def logprobs(self, batch: SequenceBatch, *, model: str = "policy") -> torch.Tensor:
+        """[B, T] fp32 per-token logprobs of `batch.response_ids` under `model`
+        ("policy" | "teacher" | "reference"); the teacher reads `teacher_prompt_ids` where given."""
+
+    def train_step(self, batch: SequenceBatch, loss_fn: LossFn) -> dict[str, float]:
+        """One optimizer step over the global batch; returns reduced metrics incl. grad_norm."""
+
+    def export_weights(self, *, model: str = "policy") -> Iterator[tuple[str, torch.Tensor]]:
+        """Stream (HF name, full tensor) pairs, gathered across TP/PP, one tensor at a time."""
+
+    def teacher_update(self, action: str, *, rate: float = 0.0) -> None:
+        """Apply a teacher-control action: "ema" (rate), "copy" (student -> teacher), "none"."""
+
+    def reset_optimizer(self) -> None:
+        """Fresh optimizer state (used at stage boundaries)."""
+
+    def save(self, path: str, *, extra: dict | None = None) -> None:
+        """Save policy, teacher, optimizer, scheduler and RNG (atomically)."""
+
+    def load(self, path: str, *, weights_only: bool = False) -> dict:
+        """Load a checkpoint written by `save`; returns the `extra` dict saved with it."""

