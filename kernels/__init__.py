@@ -1,0 +1,1 @@
+"""Fused token-level KL kernels (installed as megatron_sdpo.kernels)."""

@@ -1,0 +1,246 @@
+"""YAML presets with `defaults:` inheritance and dotted `a.b.c=value` overrides, turned into the
+typed `RunConfig`. Unknown keys and wrong types are errors naming the dotted key."""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import types
+import typing
+from pathlib import Path
+from typing import Any, Literal, Union
+
+import yaml
+
+from megatron_sdpo.config.schema import DOMAINS, RunConfig
+from megatron_sdpo.errors import ConfigError
+
+PRESET_DIR = Path(__file__).parent / "presets"
+
+
+def list_presets() -> list[str]:
+    """Names of the shipped presets."""
+    return sorted(p.stem for p in PRESET_DIR.glob("*.yaml"))
+
+
+def _resolve_file(ref: str, relative_to: Path | None) -> Path:
+    cand = Path(ref)
+    if cand.suffix in (".yaml", ".yml"):
+        if not cand.is_absolute() and relative_to is not None and not cand.exists():
+            cand = relative_to / cand
+        if not cand.exists():
+            raise ConfigError(f"config file not found: {ref}")
+        return cand
+    preset = PRESET_DIR / f"{ref}.yaml"
+    if not preset.exists():
+        raise ConfigError(f"unknown preset {ref!r}; known presets: {', '.join(list_presets())}")
+    return preset
+
+
+def _read_yaml(path: Path) -> dict:
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f":{mark.line + 1}" if mark is not None else ""
+        raise ConfigError(f"{path}{where}: invalid YAML ({getattr(exc, 'problem', exc)})") from None
+    except OSError as exc:
+        raise ConfigError(f"cannot read {path}: {exc.strerror}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: a config must be a mapping at the top level")
+    return data
+
+
+def deep_merge(base: dict, over: dict) -> dict:
+    """Recursive dict merge; `over` wins; lists and scalars are replaced, not merged."""
+    out = copy.deepcopy(base)
+    for k, v in over.items():
+        if isinstance(v, dict) and isinstance(out.get(k), dict):
+            out[k] = deep_merge(out[k], v)
+        else:
+            out[k] = copy.deepcopy(v)
+    return out
+
+
+def load_raw(ref: str, _relative_to: Path | None = None, _seen: tuple = ()) -> dict:
+    """The merged mapping of a preset name or YAML path, its `defaults:` chain applied first."""
+    path = _resolve_file(ref, _relative_to)
+    key = str(path.resolve())
+    if key in _seen:
+        raise ConfigError(f"defaults cycle through {path.name}")
+    data = _read_yaml(path)
+    parents = data.pop("defaults", []) or []
+    if isinstance(parents, str):
+        parents = [parents]
+    merged: dict = {}
+    for parent in parents:
+        merged = deep_merge(merged, load_raw(str(parent), path.parent, _seen + (key,)))
+    return deep_merge(merged, data)
+
+
+def apply_override(data: dict, override: str) -> None:
+    """Apply one `a.b.c=value` override in place (value parsed as YAML: 3, 1e-4, true, [a,b])."""
+    if "=" not in override:
+        raise ConfigError(f"override {override!r} must look like key.path=value")
+    dotted, _, raw = override.partition("=")
+    dotted = dotted.strip()
+    if not dotted:
+        raise ConfigError(f"override {override!r} has an empty key")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        value = raw
+    node: Any = data
+    parts = dotted.split(".")
+    for i, part in enumerate(parts):
+        last = i == len(parts) - 1
+        where = ".".join(parts[: i + 1])
+        if isinstance(node, list):
+            if not part.isdigit() or int(part) >= len(node):
+                raise ConfigError(f"override {dotted}: {where} is not a valid list index")
+            idx = int(part)
+            if last:
+                node[idx] = value
+            else:
+                node = node[idx]
+            continue
+        if not isinstance(node, dict):
+            raise ConfigError(f"override {dotted}: {'.'.join(parts[:i])} is not a section")
+        if last:
+            node[part] = value
+        else:
+            node = node.setdefault(part, {})
+
+
+def _type_name(tp: Any) -> str:
+    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
+
+
+def _coerce(value: Any, tp: Any, key: str) -> Any:
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if origin in (Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _coerce(value, arg, key)
+            except ConfigError as exc:
+                errors.append(str(exc))
+        raise ConfigError(errors[0] if errors else f"{key}: invalid value {value!r}")
+    if origin is Literal:
+        if value not in args:
+            raise ConfigError(f"{key}: {value!r} is not one of {', '.join(map(repr, args))}")
+        return value
+    if origin is list:
+        if not isinstance(value, list):
+            raise ConfigError(f"{key}: expected a list, got {type(value).__name__}")
+        return [_coerce(v, args[0], f"{key}.{i}") for i, v in enumerate(value)]
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{key}: expected a mapping, got {type(value).__name__}")
+        return {str(k): _coerce(v, args[1], f"{key}.{k}") for k, v in value.items()}
+    if dataclasses.is_dataclass(tp):
+        return build(tp, value, key)
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{key}: expected true/false, got {value!r}")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{key}: expected an integer, got {value!r}")
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{key}: expected a number, got {value!r}")
+        return float(value)
+    if tp is str:
+        if not isinstance(value, (str, int, float)) or isinstance(value, bool):
+            raise ConfigError(f"{key}: expected a string, got {value!r}")
+        return str(value)
+    raise ConfigError(f"{key}: unsupported type {_type_name(tp)}")  # pragma: no cover
+
+
+def build(cls: type, data: Any, prefix: str = "") -> Any:
+    """Construct dataclass `cls` from a (partial) mapping; missing fields keep their defaults."""
+    where = prefix or "config"
+    if isinstance(data, cls):
+        return data
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where}: expected a mapping, got {type(data).__name__}")
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = [k for k in data if k not in names]
+    if unknown:
+        key = f"{prefix}.{unknown[0]}" if prefix else str(unknown[0])
+        raise ConfigError(f"unknown config key {key!r} (valid keys here: {', '.join(sorted(names))})")
+    kwargs = {}
+    for name, value in data.items():
+        kwargs[name] = _coerce(value, hints[name], f"{prefix}.{name}" if prefix else name)
+    return cls(**kwargs)
+
+
+def validate(cfg: RunConfig) -> RunConfig:
+    """Cross-field checks that types alone cannot express."""
+    if not cfg.stages:
+        raise ConfigError("stages: at least one stage is needed")
+    for i, stage in enumerate(cfg.stages):
+        if stage.domain not in cfg.domains:
+            raise ConfigError(
+                f"stages.{i}.domain: unknown domain {stage.domain!r}; known: {', '.join(cfg.domains)}"
+            )
+        if stage.steps < 0:
+            raise ConfigError(f"stages.{i}.steps must be >= 0")
+    for name in cfg.domains:
+        if name not in DOMAINS:
+            raise ConfigError(f"domains.{name}: unknown domain; known: {', '.join(DOMAINS)}")
+    a = cfg.algorithm
+    if a.group_size < 2 and a.name != "grpo":
+        raise ConfigError("algorithm.group_size must be >= 2 for SDPO (it needs siblings)")
+    if a.group_size < 1 or a.prompts_per_step < 1:
+        raise ConfigError("algorithm.group_size and algorithm.prompts_per_step must be >= 1")
+    if not 0.0 <= a.sdpo.alpha <= 1.0:
+        raise ConfigError(f"algorithm.sdpo.alpha must be in [0, 1], got {a.sdpo.alpha}")
+    if a.sdpo.topk is not None and a.sdpo.topk < 1:
+        raise ConfigError("algorithm.sdpo.topk must be >= 1 or null")
+    if not 0.0 <= a.sdpo.hybrid_lambda <= 1.0:
+        raise ConfigError("algorithm.sdpo.hybrid_lambda must be in [0, 1]")
+    if a.name == "stable_sdpo" and cfg.teacher.mode != "restart_freeze":
+        raise ConfigError("algorithm.name=stable_sdpo needs teacher.mode=restart_freeze")
+    if not 0.0 <= cfg.teacher.ema_rate <= 1.0:
+        raise ConfigError("teacher.ema_rate must be in [0, 1]")
+    if not 0.0 < cfg.teacher.freeze_fraction <= 1.0:
+        raise ConfigError("teacher.freeze_fraction must be in (0, 1]")
+    if cfg.backend.lr <= 0:
+        raise ConfigError("backend.lr must be > 0")
+    if cfg.backend.micro_batch_size < 1:
+        raise ConfigError("backend.micro_batch_size must be >= 1")
+    m = cfg.backend.megatron
+    if m.tensor_parallel < 1 or m.pipeline_parallel < 1:
+        raise ConfigError("backend.megatron.tensor_parallel / pipeline_parallel must be >= 1")
+    if m.sequence_parallel and m.tensor_parallel == 1:
+        raise ConfigError("backend.megatron.sequence_parallel needs tensor_parallel > 1")
+    if m.fp8.recipe != "none" and cfg.backend.name != "megatron":
+        raise ConfigError("backend.megatron.fp8.recipe needs backend.name=megatron")
+    return cfg
+
+
+def load_config(ref: str, overrides: list[str] | tuple[str, ...] = ()) -> RunConfig:
+    """Preset name or YAML path + overrides -> validated RunConfig."""
+    data = deep_merge(to_dict(RunConfig()), load_raw(ref))
+    for ov in overrides:
+        apply_override(data, ov)
+    return validate(build(RunConfig, data))
+
+
+def to_dict(cfg: Any) -> dict:
+    """Plain nested dict of a config (for YAML dumps and the run directory)."""
+    return dataclasses.asdict(cfg)
+
+
+def dump_yaml(cfg: Any) -> str:
+    return yaml.safe_dump(to_dict(cfg), sort_keys=False)

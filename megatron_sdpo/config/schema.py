@@ -1,0 +1,204 @@
+"""Typed run configuration. Every field here has the default that the `base` preset states too
+(a test checks that the dataclass defaults and `presets/base.yaml` agree)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal, Optional
+
+DOMAINS = ("math", "science", "tooluse", "code")
+EVAL_SPLITS = ("id", "ood_near", "ood_mid", "ood_far")
+
+
+@dataclass
+class ModelConfig:
+    path: str = "tiny"  # "tiny" = the shipped tiny base model; else an HF model directory
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+
+
+@dataclass
+class DataSource:
+    source: str = "synthetic"  # "synthetic" or a path to a JSONL / JSON / parquet file
+    schema: str = "records"  # loader schema for files (see megatron_sdpo.data.loaders)
+    n: int = 512  # records drawn (synthetic) or kept (files; 0 = all)
+
+
+@dataclass
+class DomainConfig:
+    train: DataSource = field(default_factory=DataSource)
+    eval: dict[str, DataSource] = field(
+        default_factory=lambda: {s: DataSource(n=64) for s in EVAL_SPLITS}
+    )
+
+
+@dataclass
+class StageConfig:
+    domain: str = "math"
+    steps: int = 40
+
+
+@dataclass
+class GRPOConfig:
+    norm_by_std: bool = True
+    clip_low: float = 0.2
+    clip_high: float = 0.28
+    kl_coef: float = 0.0  # k3 KL to the base model; > 0 keeps a frozen reference copy
+    tis_cap: Optional[float] = 2.0  # truncated IS for rollout/trainer mismatch; null = off
+
+
+@dataclass
+class ContextConfig:
+    use_solution: bool = True
+    use_feedback: bool = True
+    success_threshold: float = 0.5
+    max_solution_chars: int = 2000
+    max_feedback_chars: int = 1000
+    strip_thinking: bool = True
+    solution_template: str = "Here is a correct solution:\n{solution}\n\n"
+    feedback_template: str = "Feedback on an earlier attempt:\n{feedback}\n\n"
+    instruction: str = "Now answer the question correctly."
+
+
+@dataclass
+class SDPOConfig:
+    alpha: float = 0.5  # 0 forward KL(teacher||student), 1 reverse KL, else generalized JSD
+    topk: Optional[int] = None  # student top-k ids (+ tail bucket); null = full vocabulary
+    add_tail: bool = True
+    is_clip: float = 2.0
+    variant: Literal["logits", "sampled_token"] = "logits"
+    distill_cot: bool = True  # distill all response tokens, or only those after `</think>`
+    reasoning_end: str = "</think>"
+    hybrid_lambda: float = 0.5  # hybrid: lambda * GRPO + (1 - lambda) * SDPO
+    context: ContextConfig = field(default_factory=ContextConfig)
+
+
+@dataclass
+class AlgorithmConfig:
+    name: Literal["grpo", "sdpo", "stable_sdpo", "hybrid"] = "grpo"
+    prompts_per_step: int = 16
+    group_size: int = 8
+    grpo: GRPOConfig = field(default_factory=GRPOConfig)
+    sdpo: SDPOConfig = field(default_factory=SDPOConfig)
+
+
+@dataclass
+class TeacherConfig:
+    mode: Literal["ema", "frozen", "restart_freeze"] = "ema"
+    ema_rate: float = 0.05
+    freeze_fraction: float = 0.4  # restart_freeze: restart every gamma * stage steps
+    init_checkpoint: Optional[str] = None
+    init_blend: float = 1.0  # weight of init_checkpoint vs the student when initializing
+
+
+@dataclass
+class RolloutConfig:
+    engine: Literal["auto", "vllm", "hf"] = "auto"
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_new_tokens: int = 32
+    max_model_len: int = 512
+    bucket_bytes: int = 64 * 1024 * 1024  # weight-sync bucket size
+    gpu_memory_utilization: float = 0.5
+
+
+@dataclass
+class FP8Config:
+    recipe: Literal["none", "delayed", "tensorwise", "blockwise", "mxfp8"] = "none"
+    fp8_format: Literal["e4m3", "hybrid"] = "hybrid"
+    keep_lm_head_bf16: bool = True
+
+
+@dataclass
+class MegatronConfig:
+    tensor_parallel: int = 1
+    pipeline_parallel: int = 1
+    sequence_parallel: bool = False
+    distributed_optimizer: bool = True
+    recompute: Literal["none", "selective", "full"] = "none"
+    params_dtype: Literal["float32", "bfloat16"] = "float32"
+    fp8: FP8Config = field(default_factory=FP8Config)
+
+
+@dataclass
+class BackendConfig:
+    name: Literal["hf", "megatron"] = "hf"
+    lr: float = 1e-4
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    micro_batch_size: int = 64  # samples per micro-batch
+    stage_start: Literal["weights_only", "keep_optimizer"] = "weights_only"
+    megatron: MegatronConfig = field(default_factory=MegatronConfig)
+
+
+@dataclass
+class KernelConfig:
+    impl: Literal["auto", "reference", "chunked", "triton"] = "auto"
+    fused_kl: bool = False  # full-vocab SDPO through the fused linear KL (hidden states)
+    chunk_tokens: int = 1024
+    chunk_vocab: int = 8192
+
+
+@dataclass
+class EvalConfig:
+    greedy: bool = True
+    avg_k: int = 0  # > 0: also report avg@k with sampling at rollout temperature
+    max_new_tokens: int = 32
+    batch_size: int = 64
+
+
+@dataclass
+class LoggingConfig:
+    wandb: bool = False
+    wandb_project: str = "megatron_sdpo"
+    wandb_mode: Literal["offline", "online", "disabled"] = "offline"
+    quiet: bool = False
+    plots: bool = True
+
+
+@dataclass
+class CheckpointConfig:
+    save_every: int = 10  # steps; 0 = only at stage ends
+    keep_last: int = 2
+
+
+@dataclass
+class DiagnosticsConfig:
+    enabled: bool = True
+    probe_n: int = 8  # probe prompts per domain for response drift
+    response_drift: bool = True
+    svd_rank: int = 16
+    collapse_repeat_threshold: float = 0.5  # share of responses with repeated format tokens
+    stop_on_collapse: bool = False
+
+
+@dataclass
+class LaunchConfig:
+    executor: Literal["local", "slurm"] = "local"
+    nodes: int = 1
+    gpus_per_node: int = 8
+    partition: str = ""
+    account: str = ""
+    time: str = "04:00:00"
+    container_image: str = ""
+
+
+@dataclass
+class RunConfig:
+    name: str = "run"
+    seed: int = 0
+    model: ModelConfig = field(default_factory=ModelConfig)
+    stages: list[StageConfig] = field(
+        default_factory=lambda: [StageConfig(domain=d) for d in DOMAINS]
+    )
+    domains: dict[str, DomainConfig] = field(
+        default_factory=lambda: {d: DomainConfig() for d in DOMAINS}
+    )
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    teacher: TeacherConfig = field(default_factory=TeacherConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    backend: BackendConfig = field(default_factory=BackendConfig)
+    kernel: KernelConfig = field(default_factory=KernelConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    diagnostics: DiagnosticsConfig = field(default_factory=DiagnosticsConfig)
+    launch: LaunchConfig = field(default_factory=LaunchConfig)

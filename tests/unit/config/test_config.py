@@ -1,0 +1,95 @@
+import dataclasses
+
+import pytest
+import yaml
+
+from megatron_sdpo.config import RunConfig, list_presets, load_config, to_dict
+from megatron_sdpo.config.loader import load_raw
+from megatron_sdpo.errors import ConfigError
+
+
+@pytest.mark.parametrize("preset", list_presets())
+def test_every_preset_loads(preset):
+    cfg = load_config(preset)
+    assert isinstance(cfg, RunConfig)
+    assert cfg.stages and all(s.domain in cfg.domains for s in cfg.stages)
+
+
+def test_presets_include_the_documented_ones():
+    assert {"tiny", "tiny_grpo", "tiny_sdpo", "tiny_stable_sdpo", "qwen3_4b", "olmo3_7b"} <= set(
+        list_presets()
+    )
+
+
+def test_base_preset_equals_dataclass_defaults():
+    assert load_raw("base") == to_dict(RunConfig())
+
+
+def test_defaults_inheritance_and_overrides():
+    cfg = load_config("tiny_stable_sdpo", ["algorithm.sdpo.alpha=1", "stages.1.steps=7", "seed=3"])
+    assert cfg.algorithm.name == "stable_sdpo"  # from itself
+    assert cfg.backend.lr == pytest.approx(1e-4)  # from tiny_sdpo
+    assert cfg.rollout.max_model_len == 384  # from tiny
+    assert cfg.algorithm.sdpo.alpha == 1.0 and isinstance(cfg.algorithm.sdpo.alpha, float)
+    assert cfg.stages[1].steps == 7 and cfg.seed == 3
+
+
+@pytest.mark.parametrize(
+    "override, needle",
+    [
+        ("algorithm.sdpo.alpah=0.5", "algorithm.sdpo.alpah"),
+        ("backend.lr=fast", "backend.lr"),
+        ("algorithm.name=ppo", "algorithm.name"),
+        ("eval.greedy=3", "eval.greedy"),
+        ("stages.9.steps=1", "stages.9"),
+        ("nokey", "key.path=value"),
+        ("algorithm.sdpo.alpha=1.5", "alpha"),
+        ("stages.0.domain=poetry", "stages.0.domain"),
+        ("backend.megatron.tensor_parallel=1.5", "tensor_parallel"),
+    ],
+)
+def test_bad_overrides_name_the_key(override, needle):
+    with pytest.raises(ConfigError) as err:
+        load_config("tiny", [override])
+    assert needle in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+def test_unknown_preset_lists_known_ones():
+    with pytest.raises(ConfigError, match="unknown preset 'nope'.*tiny"):
+        load_config("nope")
+
+
+def test_yaml_file_with_defaults_and_unknown_key(tmp_path):
+    good = tmp_path / "mine.yaml"
+    good.write_text("defaults: tiny\nname: mine\nbackend: {lr: 0.001}\n")
+    cfg = load_config(str(good))
+    assert cfg.name == "mine" and cfg.backend.lr == 0.001 and cfg.algorithm.group_size == 8
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("defaults: tiny\nrollout: {temprature: 0.7}\n")
+    with pytest.raises(ConfigError, match="rollout.temprature"):
+        load_config(str(bad))
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("name: [unclosed\n")
+    with pytest.raises(ConfigError, match="broken.yaml:.*invalid YAML"):
+        load_config(str(broken))
+
+
+def test_defaults_cycle_is_an_error(tmp_path):
+    (tmp_path / "a.yaml").write_text("defaults: b.yaml\n")
+    (tmp_path / "b.yaml").write_text("defaults: a.yaml\n")
+    with pytest.raises(ConfigError, match="cycle"):
+        load_config(str(tmp_path / "a.yaml"))
+
+
+def test_stable_sdpo_requires_restart_freeze():
+    with pytest.raises(ConfigError, match="restart_freeze"):
+        load_config("tiny_stable_sdpo", ["teacher.mode=ema"])
+
+
+def test_round_trip_through_yaml(tmp_path):
+    cfg = load_config("qwen3_4b")
+    path = tmp_path / "resolved.yaml"
+    path.write_text(yaml.safe_dump(to_dict(cfg)))
+    again = load_config(str(path))
+    assert dataclasses.asdict(again) == dataclasses.asdict(cfg)
