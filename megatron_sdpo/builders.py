@@ -1,0 +1,84 @@
+"""Building the run's components from the config: model path, tokenizer, backend, rollout."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from megatron_sdpo.config.schema import RunConfig
+from megatron_sdpo.errors import ConfigError, UserError
+
+
+def resolve_model_path(cfg: RunConfig) -> str:
+    """"tiny" -> the shipped tiny base (built on first use); else an existing HF directory."""
+    if cfg.model.path == "tiny":
+        from megatron_sdpo.models.tiny import ensure_tiny_base
+
+        return ensure_tiny_base()
+    path = Path(cfg.model.path)
+    if not path.is_dir():
+        raise UserError(
+            f"model.path {cfg.model.path!r} is not a local directory (this build loads models from disk; "
+            "download the HF checkpoint first)"
+        )
+    if not (path / "config.json").exists():
+        raise UserError(f"model.path {cfg.model.path!r} has no config.json (not an HF model directory)")
+    return str(path)
+
+
+def load_tokenizer(model_path: str):
+    from transformers import AutoTokenizer
+
+    try:
+        tok = AutoTokenizer.from_pretrained(model_path)
+    except (OSError, ValueError) as exc:
+        raise UserError(f"cannot load the tokenizer of {model_path}: {str(exc).splitlines()[0]}") from None
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+def make_backend(cfg: RunConfig, model_path: str, tokenizer):
+    """The training backend named by `backend.name`."""
+    b = cfg.backend
+    # The frozen base also serves the excess-KL diagnostic after every stage.
+    with_reference = cfg.algorithm.grpo.kl_coef > 0 or cfg.diagnostics.enabled
+    if b.name == "hf":
+        from megatron_sdpo.backends.hf import HFBackend
+
+        return HFBackend(
+            model_path,
+            dtype=cfg.model.dtype,
+            lr=b.lr,
+            weight_decay=b.weight_decay,
+            grad_clip=b.grad_clip,
+            micro_batch_size=b.micro_batch_size,
+            seed=cfg.seed,
+            with_teacher=cfg.algorithm.name != "grpo",
+            with_reference=with_reference,
+            pad_token_id=tokenizer.pad_token_id,
+        )
+    if b.name == "megatron":
+        from megatron_sdpo.backends.megatron import MegatronBackend
+
+        return MegatronBackend.from_config(cfg, model_path, pad_token_id=tokenizer.pad_token_id)
+    raise ConfigError(f"backend.name: unknown backend {b.name!r}")  # pragma: no cover
+
+
+def make_rollout(cfg: RunConfig, model_path: str, tokenizer, work_dir: str):
+    """The rollout engine named by `rollout.engine` ("auto": vLLM where installed, else HF)."""
+    from megatron_sdpo.rollout import make_engine
+
+    os.makedirs(work_dir, exist_ok=True)
+    return make_engine(
+        cfg.rollout.engine,
+        model_path=model_path,
+        seed=cfg.seed,
+        dtype=cfg.model.dtype,
+        max_model_len=cfg.rollout.max_model_len,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        tokenizer=tokenizer,
+        work_dir=work_dir,
+        bucket_bytes=cfg.rollout.bucket_bytes,
+        gpu_memory_utilization=cfg.rollout.gpu_memory_utilization,
+    )

@@ -1,0 +1,173 @@
+"""Command line: `megatron-sdpo run | compare | eval | drift | report | presets` (also `python -m megatron_sdpo`).
+
+User mistakes (bad preset, key, path, data) print one `error: ...` line and exit 2; only bugs
+show a traceback.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from megatron_sdpo.errors import UserError
+
+ALGORITHM_OVERRIDES = {
+    "grpo": ["algorithm.name=grpo"],
+    "sdpo": ["algorithm.name=sdpo", "teacher.mode=ema"],
+    "stable_sdpo": ["algorithm.name=stable_sdpo", "teacher.mode=restart_freeze"],
+    "hybrid": ["algorithm.name=hybrid"],
+}
+
+
+def _default_out(name: str) -> str:
+    return str(Path("runs") / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}")
+
+
+def cmd_run(args) -> int:
+    from megatron_sdpo.config import load_config
+    from megatron_sdpo.continual import ContinualRun
+
+    if args.resume and not args.out:
+        raise UserError("--resume needs --out DIR (the run directory to continue)")
+    cfg = load_config(args.config, args.overrides)
+    out = args.out or _default_out(cfg.name)
+    ContinualRun(cfg, out, resume=args.resume, quiet=args.quiet).run()
+    print(f"run directory: {out}")
+    return 0
+
+
+def algorithm_config(preset: str, algorithm: str) -> tuple[str, list[str]]:
+    """(config ref, overrides) for one arm of `compare`: `<preset>_<algorithm>` where shipped."""
+    from megatron_sdpo.config import list_presets
+
+    if algorithm not in ALGORITHM_OVERRIDES:
+        raise UserError(f"unknown algorithm {algorithm!r}; known: {', '.join(ALGORITHM_OVERRIDES)}")
+    if f"{preset}_{algorithm}" in list_presets():
+        return f"{preset}_{algorithm}", []
+    return preset, list(ALGORITHM_OVERRIDES[algorithm])
+
+
+def cmd_compare(args) -> int:
+    from megatron_sdpo.config import load_config
+    from megatron_sdpo.report import write_compare
+
+    algorithms = [a.strip() for a in args.algorithms.split(",") if a.strip()]
+    if not algorithms:
+        raise UserError("--algorithms needs at least one of " + ", ".join(ALGORITHM_OVERRIDES))
+    arms = {a: algorithm_config(args.config, a) for a in algorithms}
+    for ref, ovs in arms.values():  # fail fast on a bad key before hours of training
+        load_config(ref, ovs + args.overrides)
+    out = Path(args.out or _default_out(f"compare-{Path(args.config).stem}"))
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UserError(f"output directory {out} is not writable: {exc.strerror}") from None
+    for algo, (ref, ovs) in arms.items():
+        run_out = out / algo
+        if (run_out / "report.md").exists():
+            print(f"[compare] {algo}: already finished in {run_out}", flush=True)
+            continue
+        resume = (run_out / "resolved_config.yaml").exists()
+        cmd = [sys.executable, "-m", "megatron_sdpo", "run", ref, *ovs, *args.overrides, "--out", str(run_out)]
+        cmd += ["--resume"] if resume else []
+        cmd += ["--quiet"] if args.quiet else []
+        print(f"[compare] {algo}: {' '.join(cmd[2:])}", flush=True)
+        # One process per arm: engines (vLLM) and memory start clean for each algorithm.
+        rc = subprocess.call(cmd, env=os.environ.copy())
+        if rc != 0:
+            raise UserError(f"compare: the {algo} run failed (exit {rc}); see {run_out}")
+    write_compare(out, {a: out / a for a in algorithms})
+    print(f"compare directory: {out}")
+    return 0
+
+
+def cmd_eval(args) -> int:
+    from megatron_sdpo.config import load_config
+    from megatron_sdpo.evaluation_cli import run_eval
+
+    cfg = load_config(args.config, args.overrides + [f"model.path={args.model}"])
+    run_eval(cfg, args.out or _default_out(f"eval-{cfg.name}"))
+    return 0
+
+
+def cmd_drift(args) -> int:
+    from megatron_sdpo.diagnostics.drift import main as drift_main
+
+    return drift_main([args.a, args.b, "--out", args.out, *args.extra])
+
+
+def cmd_report(args) -> int:
+    from megatron_sdpo.report import regenerate
+
+    regenerate([Path(p) for p in args.run_dirs], out=Path(args.out) if args.out else None)
+    return 0
+
+
+def cmd_presets(args) -> int:
+    from megatron_sdpo.config import list_presets
+
+    print("\n".join(list_presets()))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="megatron-sdpo", description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="command", required=True)
+
+    r = sub.add_parser("run", help="run a continual GRPO / SDPO experiment")
+    r.add_argument("config", nargs="?", default="tiny", help="preset name or YAML file (default: tiny)")
+    r.add_argument("overrides", nargs="*", help="key.path=value overrides")
+    r.add_argument("--out", help="run directory (default: runs/<name>-<time>)")
+    r.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
+    r.add_argument("--quiet", action="store_true", help="plain log lines instead of progress bars")
+    r.set_defaults(fn=cmd_run)
+
+    c = sub.add_parser("compare", help="run several algorithms on one preset and compare them")
+    c.add_argument("config", help="preset name or YAML file")
+    c.add_argument("overrides", nargs="*", help="key.path=value overrides applied to every arm")
+    c.add_argument("--algorithms", default="grpo,sdpo,stable_sdpo")
+    c.add_argument("--out")
+    c.add_argument("--quiet", action="store_true")
+    c.set_defaults(fn=cmd_compare)
+
+    e = sub.add_parser("eval", help="evaluate an HF model directory on every domain of a preset")
+    e.add_argument("model", help="HF model directory (e.g. RUN/checkpoints/stage_1_math/policy)")
+    e.add_argument("config", nargs="?", default="tiny")
+    e.add_argument("overrides", nargs="*")
+    e.add_argument("--out")
+    e.set_defaults(fn=cmd_eval)
+
+    d = sub.add_parser("drift", help="parameter drift between two HF checkpoints")
+    d.add_argument("a")
+    d.add_argument("b")
+    d.add_argument("--out", required=True)
+    d.add_argument("extra", nargs=argparse.REMAINDER, help="further options of the drift report")
+    d.set_defaults(fn=cmd_drift)
+
+    rp = sub.add_parser("report", help="regenerate the report and plots of one or more runs")
+    rp.add_argument("run_dirs", nargs="+")
+    rp.add_argument("--out", help="where a multi-run report goes (default: the first run directory)")
+    rp.set_defaults(fn=cmd_report)
+
+    ps = sub.add_parser("presets", help="list the shipped presets")
+    ps.set_defaults(fn=cmd_presets)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.fn(args) or 0)
+    except UserError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,250 @@
+"""The continual post-training loop: stages of RL, an eval row after each, diagnostics, report.
+
+Read top to bottom, this file is the experiment; the maths lives in algorithms/, the engines in
+backends/ and rollout/, the measurements in diagnostics/.
+"""
+from __future__ import annotations
+
+import json
+import random
+import shutil
+import time
+from pathlib import Path
+
+import torch
+
+from megatron_sdpo import builders
+from megatron_sdpo.config.loader import dump_yaml, load_config
+from megatron_sdpo.config.schema import RunConfig
+from megatron_sdpo.data.sources import load_source
+from megatron_sdpo.evaluation import evaluate
+from megatron_sdpo.monitor import RunMonitor
+from megatron_sdpo.run_dir import RunDir
+from megatron_sdpo.trainer import Trainer
+
+
+def step_seed(seed: int, stage: int, step: int) -> int:
+    """Seed of one step's sampling: a pure function of the position, so a resumed run repeats it."""
+    return (seed * 1_000_003 + stage * 10_007 + step) % (2**31 - 1)
+
+
+def train_batch(records: list[dict], *, seed: int, stage: int, step: int, size: int) -> list[dict]:
+    """Records for (stage, step): epochs over a seeded permutation; the data position is the step."""
+    out = []
+    n = len(records)
+    for k in range(step * size, (step + 1) * size):
+        epoch, idx = divmod(k, n)
+        perm = list(range(n))
+        random.Random(step_seed(seed, stage, 1_000_000 + epoch)).shuffle(perm)
+        out.append(records[perm[idx]])
+    return out
+
+
+def check_data_files(cfg: RunConfig) -> None:
+    """Fail before anything is written when a configured data file does not exist."""
+    from megatron_sdpo.errors import DataError
+
+    for domain, dcfg in cfg.domains.items():
+        for where, src in [("train", dcfg.train), *((f"eval.{k}", v) for k, v in dcfg.eval.items())]:
+            if src.source != "synthetic" and not Path(src.source).is_file():
+                raise DataError(f"domains.{domain}.{where}.source: data file not found: {src.source}")
+
+
+class ContinualRun:
+    """One run of `cfg` into `out_dir` (fresh, or resumed from its last complete checkpoint)."""
+
+    def __init__(self, cfg: RunConfig, out_dir: str | Path, *, resume: bool = False, quiet: bool = False):
+        check_data_files(cfg)
+        self.run_dir = RunDir(out_dir)
+        self.run_dir.prepare(resume=resume)
+        if resume:  # the run continues with the configuration it started with
+            cfg = load_config(str(self.run_dir.config))
+        else:
+            self.run_dir.config.write_text(dump_yaml(cfg))
+        self.cfg = cfg
+        self.resume = resume
+        self.monitor = RunMonitor(self.run_dir, cfg, quiet=quiet)
+
+    # -- set-up -----------------------------------------------------------------------------
+    def _setup(self) -> None:
+        cfg = self.cfg
+        torch.manual_seed(cfg.seed)
+        random.seed(cfg.seed)
+        self.model_path = builders.resolve_model_path(cfg)
+        self.tokenizer = builders.load_tokenizer(self.model_path)
+        self.train_sets = {}
+        self.eval_sets = {}
+        for i, (domain, dcfg) in enumerate(cfg.domains.items()):
+            if any(s.domain == domain for s in cfg.stages):
+                self.train_sets[domain] = load_source(dcfg.train, domain, "train", seed=cfg.seed)
+            for split, src in dcfg.eval.items():
+                self.eval_sets[f"{domain}/{split}"] = load_source(src, domain, split, seed=cfg.seed + 1)
+        self.backend = builders.make_backend(cfg, self.model_path, self.tokenizer)
+        self.engine = builders.make_rollout(
+            cfg, self.model_path, self.tokenizer, str(self.run_dir.root / ".rollout")
+        )
+        self.trainer = Trainer(cfg, self.backend, self.engine, self.tokenizer)
+        from megatron_sdpo.algorithms.teacher import TeacherController
+
+        self.teacher = TeacherController(
+            mode=cfg.teacher.mode,
+            ema_rate=cfg.teacher.ema_rate,
+            freeze_fraction=cfg.teacher.freeze_fraction,
+            stage_steps=max(cfg.stages[0].steps, 1),
+        )
+
+    def _evaluate(self, label: str) -> dict[str, float]:
+        e = self.cfg.eval
+        self.engine.wake()
+        accs, samples = evaluate(
+            self.engine,
+            self.tokenizer,
+            self.eval_sets,
+            greedy=e.greedy,
+            avg_k=e.avg_k,
+            max_new_tokens=e.max_new_tokens,
+            temperature=self.cfg.rollout.temperature,
+            batch_size=e.batch_size,
+            seed=step_seed(self.cfg.seed, 99, 0),
+        )
+        (self.run_dir.eval_samples / f"{label}.json").write_text(json.dumps(samples, indent=1))
+        return accs
+
+    # -- checkpoints --------------------------------------------------------------------------
+    def _save(self, name: str, stage: int, step: int) -> Path:
+        path = self.run_dir.checkpoints / name
+        extra = {"stage": stage, "step": step, "teacher": self.teacher.state_dict(), "name": name}
+        self.backend.save(str(path), extra=extra)
+        (self.run_dir.checkpoints / "latest").write_text(name)
+        self._prune()
+        return path
+
+    def _prune(self) -> None:
+        """Keep the last `keep_last` step checkpoints; stage-final ones are kept for diagnostics."""
+        steps = sorted(
+            (p for p in self.run_dir.checkpoints.glob("step_*") if p.is_dir()), key=lambda p: p.stat().st_mtime
+        )
+        for old in steps[: max(len(steps) - self.cfg.checkpoint.keep_last, 0)]:
+            shutil.rmtree(old, ignore_errors=True)
+
+    def _restore(self) -> tuple[int, int]:
+        """Load the latest checkpoint; returns (stage index, steps done in that stage)."""
+        latest = self.run_dir.checkpoints / "latest"
+        if not latest.exists():
+            return 0, 0
+        extra = self.backend.load(str(self.run_dir.checkpoints / latest.read_text().strip()))
+        self.teacher.load_state_dict(extra["teacher"])
+        stage, step = int(extra["stage"]), int(extra["step"])
+        self.run_dir.truncate_metrics(lambda r: (r["stage"], r["step"]) <= (stage, step))
+        self.engine.update_weights(self.backend.export_weights(model="policy"))
+        self.monitor.log(f"resumed from {extra['name']} (stage {stage}, step {step})")
+        return stage, step
+
+    # -- the loop -----------------------------------------------------------------------------
+    def run(self) -> RunDir:
+        t_start = time.perf_counter()
+        self._setup()
+        cfg = self.cfg
+        start_stage, start_step = self._restore() if self.resume else (0, 0)
+        rows = self.run_dir.read_eval_matrix() if self.resume else []
+        rows = rows[: start_stage + 1]
+        if not rows:
+            rows.append(("base", self._evaluate("base")))
+            self.run_dir.write_eval_matrix(rows)
+        self._base_checkpoint()
+        for k in range(start_stage, len(cfg.stages)):
+            stage = cfg.stages[k]
+            first = start_step if k == start_stage else 0
+            if first == 0:
+                self._stage_start(k)
+            if first < stage.steps:
+                self._train_stage(k, first)
+                self._save(f"stage_{k + 1}_{stage.domain}", k, stage.steps)
+            if len(rows) <= k + 1:
+                rows.append((stage.domain, self._evaluate(f"stage_{k + 1}_{stage.domain}")))
+                self.run_dir.write_eval_matrix(rows)
+            self._stage_diagnostics(k)
+        self._finish(time.perf_counter() - t_start)
+        return self.run_dir
+
+    def _stage_start(self, k: int) -> None:
+        stage = self.cfg.stages[k]
+        if k > 0 and self.cfg.backend.stage_start == "weights_only":
+            self.backend.reset_optimizer()
+        self._teacher_action(self.teacher.on_stage_start(max(stage.steps, 1)))
+
+    def _teacher_action(self, action: str) -> None:
+        if self.trainer.uses_teacher and action != "none":
+            self.backend.teacher_update(action, rate=self.cfg.teacher.ema_rate)
+
+    def _train_stage(self, k: int, first: int) -> None:
+        cfg, stage = self.cfg, self.cfg.stages[k]
+        records = self.train_sets[stage.domain]
+        self.monitor.stage_start(f"stage {k + 1}/{len(cfg.stages)} {stage.domain}", stage.steps, first)
+        from megatron_sdpo.diagnostics.artifacts import CollapseConfig, CollapseMonitor, artifact_stats
+
+        collapse = CollapseMonitor(
+            CollapseConfig(
+                max_format_repeat_rate=cfg.diagnostics.collapse_repeat_threshold,
+                stop=cfg.diagnostics.stop_on_collapse,
+            ),
+            marker_path=self.run_dir.root / "collapse_alarms.json",
+        )
+        for step in range(first, stage.steps):
+            batch = train_batch(
+                records, seed=cfg.seed, stage=k, step=step, size=cfg.algorithm.prompts_per_step
+            )
+            out = self.trainer.step(stage.domain, batch, seed=step_seed(cfg.seed, k, step))
+            self._teacher_action(self.teacher.after_step(step + 1))
+            stats = artifact_stats(
+                out.responses,
+                truncated=out.truncated,
+                token_lengths=out.token_lengths,
+                teacher_mask=out.has_context if self.trainer.uses_teacher else None,
+            )
+            alarm = collapse.update(stats)
+            record = {
+                "stage": k,
+                "stage_domain": stage.domain,
+                "step": step + 1,
+                "algorithm": cfg.algorithm.name,
+                **out.metrics,
+                **{f"artifacts/{key}": v for key, v in stats.items()},
+                "collapse_alarm": bool(alarm),
+            }
+            self.monitor.step(record)
+            every = cfg.checkpoint.save_every
+            if every and (step + 1) % every == 0 and step + 1 < stage.steps:
+                self._save(f"step_{k}_{step + 1:06d}", k, step + 1)
+            if alarm and collapse.should_stop:
+                self.monitor.log(
+                    f"collapse alarm at stage {k + 1} step {step + 1}: {'; '.join(alarm.reasons)}; stopping the stage"
+                )
+                break
+        self.monitor.stage_end()
+
+    def _base_checkpoint(self) -> None:
+        """The stage-0 reference for drift: the base model's HF directory."""
+        self.base_dir = self.model_path
+
+    def response_drift(self, responses_a: list[str], responses_b: list[str]) -> dict:
+        """Embedding drift between paired responses (MiniLM, loaded once per run)."""
+        from megatron_sdpo.diagnostics.response_drift import MiniLMEmbedder, response_drift
+
+        if getattr(self, "_embedder", None) is None:
+            self._embedder = MiniLMEmbedder()
+        return response_drift(responses_a, responses_b, self._embedder)
+
+    def _stage_diagnostics(self, k: int) -> None:
+        if not self.cfg.diagnostics.enabled:
+            return
+        from megatron_sdpo.report import stage_diagnostics
+
+        stage_diagnostics(self, k)
+
+    def _finish(self, seconds: float) -> None:
+        from megatron_sdpo.report import write_report
+
+        write_report(self.run_dir, self.cfg, wall_seconds=seconds)
+        self.monitor.log(f"done in {seconds:.0f}s: {self.run_dir.root}")
+        self.monitor.close()

@@ -1,0 +1,28 @@
+"""Resolving a config `DataSource` (synthetic suite or a file in a public schema) to records."""
+from __future__ import annotations
+
+import random
+
+from megatron_sdpo.errors import DataError
+
+
+def load_source(source, domain: str, split: str, *, seed: int) -> list[dict]:
+    """Records for `domain`/`split` from `source` (a `DataSource` config).
+
+    Synthetic sources draw `source.n` records deterministically from the seed; file sources load
+    with the named schema and keep `source.n` of them (0 = all), sampled with the seed.
+    """
+    if source.source == "synthetic":
+        from megatron_sdpo.data import synthetic
+
+        return synthetic.generate(domain, split, source.n, seed)
+    from megatron_sdpo.data.loaders import load_records
+
+    records = load_records(source.source, source.schema, domain=domain)
+    if not records:
+        raise DataError(f"{source.source}: no records for domain {domain!r}")
+    for rec in records:
+        rec.setdefault("split", split)
+    if source.n and source.n < len(records):
+        records = random.Random(seed).sample(records, source.n)
+    return records

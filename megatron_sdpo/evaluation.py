@@ -1,0 +1,62 @@
+"""Evaluating a policy on every domain's eval splits (one row of the eval matrix)."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+from megatron_sdpo.chat import encode_prompts
+from megatron_sdpo.rollout.base import SamplingConfig
+
+
+def generate_texts(engine, tokenizer, records: list[dict], sampling: SamplingConfig, batch_size: int):
+    """Completions for `records` (sampling.n per record, grouped), generated in batches."""
+    out = []
+    for start in range(0, len(records), batch_size):
+        chunk = records[start : start + batch_size]
+        prompts = encode_prompts(tokenizer, [r["prompt"] for r in chunk])
+        seed = None if sampling.seed is None else sampling.seed + start
+        comps = engine.generate(prompts, replace(sampling, seed=seed))
+        for c in comps:
+            c.prompt_index += start
+        out.extend(comps)
+    return out
+
+
+def evaluate(
+    engine,
+    tokenizer,
+    eval_sets: dict[str, list[dict]],
+    *,
+    greedy: bool,
+    avg_k: int,
+    max_new_tokens: int,
+    temperature: float,
+    batch_size: int,
+    seed: int,
+) -> tuple[dict[str, float], dict[str, list[dict]]]:
+    """Accuracy per "domain/split" key (greedy, or avg@k when `greedy` is false) and the samples.
+
+    Returns (accuracies, samples) where samples[key] lists {"id", "response", "score"} so a run
+    directory keeps what the model answered, not only how often it was right.
+    """
+    from megatron_sdpo.rewards import score_batch
+
+    accs: dict[str, float] = {}
+    samples: dict[str, list[dict]] = {}
+    for key, records in eval_sets.items():
+        domain = key.split("/")[0]
+        if not records:
+            continue
+        k = 1 if greedy or avg_k <= 0 else avg_k
+        sampling = SamplingConfig(
+            n=k, temperature=temperature, max_new_tokens=max_new_tokens, greedy=k == 1 and greedy, seed=seed
+        )
+        comps = generate_texts(engine, tokenizer, records, sampling, batch_size)
+        recs = [records[c.prompt_index] for c in comps]
+        results = score_batch(domain, [c.text for c in comps], recs)
+        scores = [float(r.score >= 1.0) for r in results]  # accuracy: fully correct answers
+        accs[key] = sum(scores) / len(scores)
+        samples[key] = [
+            {"id": rec.get("id"), "response": c.text, "score": r.score, "truncated": c.truncated}
+            for rec, c, r in zip(recs, comps, results)
+        ]
+    return accs, samples

@@ -1,0 +1,88 @@
+"""What a run shows while it trains: a progress bar (or plain lines), metrics.jsonl and wandb."""
+from __future__ import annotations
+
+import os
+import sys
+
+from megatron_sdpo.run_dir import RunDir
+
+
+class RunMonitor:
+    """Fans one metrics record out to metrics.jsonl, wandb (optional) and the terminal."""
+
+    def __init__(self, run_dir: RunDir, cfg, *, quiet: bool = False, run_name: str = ""):
+        self.run_dir = run_dir
+        self.quiet = quiet or cfg.logging.quiet or not sys.stderr.isatty()
+        self._wandb = None
+        self._progress = None
+        self._task = None
+        if cfg.logging.wandb:
+            self._wandb = self._init_wandb(cfg, run_name or cfg.name)
+
+    def _init_wandb(self, cfg, name: str):
+        from megatron_sdpo.errors import require
+
+        # Offline unless the user asked for online: a run must never hang without network.
+        os.environ.setdefault("WANDB_MODE", cfg.logging.wandb_mode)
+        os.environ.setdefault("WANDB_SILENT", "true")
+        wandb = require("wandb", "cpu", "wandb logging")
+        from megatron_sdpo.config.loader import to_dict
+
+        return wandb.init(
+            project=cfg.logging.wandb_project,
+            name=name,
+            dir=str(self.run_dir.root),
+            config=to_dict(cfg),
+            mode=os.environ["WANDB_MODE"],
+            settings=wandb.Settings(init_timeout=30, silent=True),
+        )
+
+    # -- stages -----------------------------------------------------------------------------
+    def stage_start(self, label: str, total: int, done: int = 0) -> None:
+        if self.quiet:
+            print(f"[{label}] {total} steps (starting at {done})", flush=True)
+            return
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self._progress = Progress(
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("reward {task.fields[reward]:.3f}  loss {task.fields[loss]:+.4f}  {task.fields[dt]:.2f}s/step"),
+            TimeElapsedColumn(),
+            transient=False,
+        )
+        self._progress.start()
+        self._task = self._progress.add_task(label, total=total, completed=done, reward=0.0, loss=0.0, dt=0.0)
+
+    def step(self, record: dict) -> None:
+        self.run_dir.append_metrics(record)
+        if self._wandb is not None:
+            self._wandb.log({k: v for k, v in record.items() if isinstance(v, (int, float))})
+        reward, loss, dt = record.get("reward_mean", 0.0), record.get("loss", 0.0), record.get("step_time", 0.0)
+        if self._progress is not None:
+            self._progress.update(self._task, advance=1, reward=reward, loss=loss, dt=dt)
+        else:
+            print(
+                f"[{record.get('stage_domain')}] step {record.get('step')} reward {reward:.3f} "
+                f"loss {loss:+.4f} {dt:.2f}s",
+                flush=True,
+            )
+
+    def stage_end(self) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+            self._progress = None
+
+    def log(self, message: str) -> None:
+        print(message, flush=True)
+
+    def summary(self, values: dict) -> None:
+        if self._wandb is not None:
+            self._wandb.log({k: v for k, v in values.items() if isinstance(v, (int, float))})
+
+    def close(self) -> None:
+        self.stage_end()
+        if self._wandb is not None:
+            self._wandb.finish()
+            self._wandb = None

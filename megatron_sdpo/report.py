@@ -1,0 +1,344 @@
+"""The run report: eval matrix, forgetting, drift and artifact tables, and plots.
+
+`stage_diagnostics` runs after every stage (drift/stage_<k>.json); `write_report` turns a run
+directory into report.md + plots; `write_compare` puts several runs side by side.
+"""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from megatron_sdpo.run_dir import RunDir
+
+def _fmt(v, digits: int = 3) -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "–"
+    if isinstance(v, float):
+        return f"{v:.{digits}f}"
+    return str(v)
+
+
+def _table(header: list[str], rows: list[list]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(_fmt(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+# -- after each stage -------------------------------------------------------------------------
+def _policy_dir(run_dir: RunDir, k: int, domain: str) -> Path:
+    return run_dir.checkpoints / f"stage_{k + 1}_{domain}" / "policy"
+
+
+def _drift_summary(result: dict) -> dict:
+    """The aggregate part of a parameter_drift result (per-matrix records stay out of reports)."""
+    return {k: v for k, v in result.items() if k not in ("matrices", "vectors")}
+
+
+def stage_diagnostics(run, k: int) -> dict:
+    """Drift of stage k's policy against the previous stage and the base; writes drift/stage_<k+1>.json.
+
+    Parameters: relative change, spectral shift, principal angles (vs previous, vs base) and the
+    update-mask overlap of this stage's update with the previous stage's. Responses: embedding
+    similarity and MMD of this stage's eval answers to the base's on the same prompts, artifact
+    rates, and the excess KL of the policy to the base on its own answers.
+    """
+    import torch
+
+    from megatron_sdpo.backends.base import SequenceBatch
+    from megatron_sdpo.chat import encode_prompts
+    from megatron_sdpo.diagnostics.artifacts import artifact_stats
+    from megatron_sdpo.diagnostics.param_drift import parameter_drift, update_mask_overlap
+    from megatron_sdpo.diagnostics.response_drift import excess_kl
+
+    cfg, rd = run.cfg, run.run_dir
+    stages = cfg.stages
+    cur = _policy_dir(rd, k, stages[k].domain)
+    prev = Path(run.base_dir) if k == 0 else _policy_dir(rd, k - 1, stages[k - 1].domain)
+    rank = cfg.diagnostics.svd_rank
+    out: dict = {"stage": k + 1, "domain": stages[k].domain, "algorithm": cfg.algorithm.name}
+    out["param_vs_prev"] = _drift_summary(parameter_drift(prev, cur, rank=rank, seed=cfg.seed))
+    out["param_vs_base"] = (
+        out["param_vs_prev"] if k == 0 else _drift_summary(parameter_drift(run.base_dir, cur, rank=rank, seed=cfg.seed))
+    )
+    if k >= 1:
+        before = Path(run.base_dir) if k == 1 else _policy_dir(rd, k - 2, stages[k - 2].domain)
+        overlap = update_mask_overlap((before, prev), (prev, cur), top_percent=1.0)
+        out["mask_overlap_vs_prev_update"] = {key: v for key, v in overlap.items() if key != "matrices"}
+
+    base_samples = json.loads((rd.eval_samples / "base.json").read_text())
+    cur_samples = json.loads((rd.eval_samples / f"stage_{k + 1}_{stages[k].domain}.json").read_text())
+    responses: dict = {}
+    kl: dict = {}
+    probe_n = cfg.diagnostics.probe_n
+    for key in sorted(cur_samples):
+        if not key.endswith("/id"):
+            continue
+        ours = [s["response"] for s in cur_samples[key]]
+        theirs = [s["response"] for s in base_samples.get(key, [])]
+        entry = {"artifacts": artifact_stats(ours), "artifacts_base": artifact_stats(theirs) if theirs else None}
+        if cfg.diagnostics.response_drift and len(theirs) == len(ours):
+            entry["drift"] = run.response_drift(theirs[:probe_n * 4], ours[:probe_n * 4])
+        responses[key] = entry
+        # Excess KL: log pi(y|x) - log pi_base(y|x) on the policy's own answers to probe prompts.
+        records = {r["id"]: r for r in run.eval_sets[key]}
+        probe = [s for s in cur_samples[key][:probe_n] if s["id"] in records]
+        if probe:
+            prompts = encode_prompts(run.tokenizer, [records[s["id"]]["prompt"] for s in probe])
+            ids = [run.tokenizer(s["response"], add_special_tokens=False)["input_ids"] or [run.tokenizer.eos_token_id] for s in probe]
+            batch = SequenceBatch(prompt_ids=prompts, response_ids=ids)
+            new = run.backend.logprobs(batch, model="policy")
+            base = run.backend.logprobs(batch, model="reference")
+            kl[key] = {k2: float(v) for k2, v in excess_kl(new, base, batch.response_mask()).items()}
+    out["responses"] = responses
+    out["excess_kl"] = kl
+    kls = [v["kl_k3"] for v in kl.values() if v["kl_k3"] == v["kl_k3"]]
+    out["excess_kl_mean_k3"] = sum(kls) / len(kls) if kls else None
+    cos = [e["drift"]["cosine_mean"] for e in responses.values() if "drift" in e]
+    out["response_cosine_mean"] = sum(cos) / len(cos) if cos else None
+    mmd = [e["drift"]["mmd"] for e in responses.values() if "drift" in e]
+    out["response_mmd_mean"] = sum(mmd) / len(mmd) if mmd else None
+    del torch
+    path = rd.drift / f"stage_{k + 1}.json"
+    path.write_text(json.dumps(out, indent=1, default=float))
+    return out
+
+
+# -- report.md ----------------------------------------------------------------------------------
+def _load_drift(rd: RunDir) -> list[dict]:
+    files = sorted(rd.drift.glob("stage_*.json"), key=lambda p: int(p.stem.split("_")[1]))
+    return [json.loads(p.read_text()) for p in files]
+
+
+def drift_rows(drift: list[dict]) -> list[list]:
+    rows = []
+    for d in drift:
+        pb, pp = d.get("param_vs_base", {}).get("summary", {}), d.get("param_vs_prev", {}).get("summary", {})
+        mo = d.get("mask_overlap_vs_prev_update", {}).get("summary", {})
+        rows.append(
+            [
+                f"{d['stage']} {d['domain']}",
+                pp.get("rel_frob_pooled"),
+                pb.get("rel_frob_pooled"),
+                pb.get("mean_spectral_shift"),
+                pb.get("mean_angle_mean_deg"),
+                pb.get("mean_angle_max_deg"),
+                mo.get("jaccard_pooled"),
+                d.get("response_cosine_mean"),
+                d.get("response_mmd_mean"),
+                d.get("excess_kl_mean_k3"),
+            ]
+        )
+    return rows
+
+
+DRIFT_HEADER = [
+    "stage",
+    "Δ vs prev (rel. Frobenius)",
+    "Δ vs base (rel. Frobenius)",
+    "spectral shift vs base",
+    "mean angle vs base (°)",
+    "mean max angle vs base (°)",
+    "update-mask Jaccard vs prev update",
+    "response cosine vs base",
+    "response MMD vs base",
+    "excess KL to base (k3)",
+]
+
+
+def artifact_rows(metrics: list[dict]) -> list[list]:
+    rows = []
+    stages = sorted({(m["stage"], m["stage_domain"]) for m in metrics})
+    for stage, domain in stages:
+        ms = [m for m in metrics if m["stage"] == stage]
+        if not ms:
+            continue
+        first, last = ms[: max(len(ms) // 5, 1)], ms[-max(len(ms) // 5, 1) :]
+
+        def mean(key, part):
+            vals = [m[key] for m in part if key in m and m[key] == m[key]]
+            return sum(vals) / len(vals) if vals else None
+
+        rows.append(
+            [
+                f"{stage + 1} {domain}",
+                mean("reward_mean", first),
+                mean("reward_mean", last),
+                mean("response_len", last),
+                mean("artifacts/repeated_ngram_rate", last),
+                max((m.get("artifacts/fmt_boxed_repeat_rate", 0.0) for m in ms), default=None),
+                mean("artifacts/empty_rate", last),
+                mean("artifacts/truncated_rate", last),
+                mean("teacher_context_frac", last),
+                sum(1 for m in ms if m.get("collapse_alarm")),
+                mean("step_time", ms),
+            ]
+        )
+    return rows
+
+
+ARTIFACT_HEADER = [
+    "stage",
+    "reward (first 20%)",
+    "reward (last 20%)",
+    "response tokens",
+    "repeated 4-gram rate",
+    "max repeated \\boxed rate",
+    "empty rate",
+    "truncated rate",
+    "teacher-context share",
+    "collapse alarms",
+    "s/step",
+]
+
+
+def _matrix_table(rows: list[tuple[str, dict]]) -> str:
+    cols: list[str] = []
+    for _, accs in rows:
+        cols += [c for c in accs if c not in cols]
+    return _table(["after stage", *cols], [[name, *(accs.get(c) for c in cols)] for name, accs in rows])
+
+
+def summary(rd: RunDir) -> dict:
+    """Headline numbers of one run (used by report.md and compare.md)."""
+    from megatron_sdpo.diagnostics.forgetting import forgetting_metrics, read_eval_matrix
+
+    fm = forgetting_metrics(read_eval_matrix(rd.eval_matrix))
+    rows = rd.read_eval_matrix()
+    gains = {}
+    for i, (name, accs) in enumerate(rows[1:], start=1):
+        key = f"{name}/id"
+        if key in accs:
+            gains[name] = (rows[i - 1][1].get(key), accs[key])
+    return {"forgetting": fm, "id_gains": gains, "drift": _load_drift(rd), "metrics": rd.read_metrics()}
+
+
+def write_report(run_dir: RunDir, cfg, *, wall_seconds: float | None = None) -> Path:
+    """report.md (+ plots/) for one run directory."""
+    s = summary(run_dir)
+    fm = s["forgetting"]
+    lines = [f"# {cfg.name}: {cfg.algorithm.name} over {' → '.join(st.domain for st in cfg.stages)}", ""]
+    lines.append(
+        f"Model `{cfg.model.path}`, backend `{cfg.backend.name}`, rollout `{cfg.rollout.engine}`, "
+        f"{cfg.algorithm.prompts_per_step} prompts × {cfg.algorithm.group_size} samples per step, "
+        f"lr {cfg.backend.lr:g}, teacher `{cfg.teacher.mode}`, seed {cfg.seed}."
+        + (f" Wall time {wall_seconds:.0f} s." if wall_seconds else "")
+    )
+    lines += ["", "## Eval matrix (accuracy after each stage)", "", _matrix_table(run_dir.read_eval_matrix()), ""]
+    lines += ["## In-domain accuracy of each stage's domain, before → after its stage", ""]
+    lines.append(_table(["stage", "before", "after", "gain"], [[d, b, a, (a - b) if None not in (a, b) else None] for d, (b, a) in s["id_gains"].items()]))
+    lines += ["", "## Forgetting (in-distribution split)", ""]
+    lines.append(
+        _table(
+            ["domain", "base", "final", "backward transfer", "forgetting", "forward transfer"],
+            [[d, e["base"], e["final"], e["bwt"], e["forgetting"], e["fwt"]] for d, e in fm["domains"].items()],
+        )
+    )
+    avg = fm["average"]
+    lines += [
+        "",
+        f"Average backward transfer {_fmt(avg['bwt'])}, forgetting {_fmt(avg['forgetting'])}, "
+        f"forward transfer {_fmt(avg['fwt'])}; final average accuracy {_fmt(fm['final_avg_id'])} (ID), "
+        f"{_fmt(fm['final_avg_all'])} (all splits).",
+        "",
+    ]
+    if fm["ood"]:
+        lines += ["## Out-of-distribution accuracy by distance", ""]
+        names = [r for r, _ in run_dir.read_eval_matrix()]
+        lines.append(
+            _table(["distance", *names, "final − base"], [[d, *(e["by_row"].get(n) for n in names), e["final_minus_base"]] for d, e in fm["ood"].items()])
+        )
+        lines.append("")
+    if s["drift"]:
+        lines += ["## Drift after each stage", "", _table(DRIFT_HEADER, drift_rows(s["drift"])), ""]
+    if s["metrics"]:
+        lines += ["## Training and artifacts per stage", "", _table(ARTIFACT_HEADER, artifact_rows(s["metrics"])), ""]
+    if cfg.logging.plots:
+        from megatron_sdpo.plots import run_plots
+
+        pngs = run_plots(run_dir, s)
+        lines += ["## Plots", ""] + [f"![{p.stem}](plots/{p.name})" for p in pngs] + [""]
+    run_dir.report.write_text("\n".join(lines))
+    return run_dir.report
+
+
+def write_compare(out: Path, runs: dict[str, Path]) -> Path:
+    """compare.md: one row per algorithm, side by side, and a comparison plot."""
+    out = Path(out)
+    summaries = {a: summary(RunDir(p)) for a, p in runs.items()}
+    lines = ["# Algorithms side by side", ""]
+    rows = []
+    for algo, s in summaries.items():
+        fm = s["forgetting"]
+        gains = [a - b for b, a in s["id_gains"].values() if None not in (a, b)]
+        last = s["drift"][-1] if s["drift"] else {}
+        pb = last.get("param_vs_base", {}).get("summary", {})
+        rows.append(
+            [
+                algo,
+                fm["final_avg_id"],
+                fm["final_avg_all"],
+                sum(gains) / len(gains) if gains else None,
+                fm["average"]["bwt"],
+                fm["average"]["forgetting"],
+                pb.get("rel_frob_pooled"),
+                pb.get("mean_spectral_shift"),
+                pb.get("mean_angle_mean_deg"),
+                last.get("response_cosine_mean"),
+                last.get("excess_kl_mean_k3"),
+            ]
+        )
+    lines.append(
+        _table(
+            [
+                "algorithm",
+                "final avg acc (ID)",
+                "final avg acc (all)",
+                "mean in-stage ID gain",
+                "backward transfer",
+                "forgetting",
+                "Δ vs base (rel. Frobenius)",
+                "spectral shift vs base",
+                "mean angle vs base (°)",
+                "response cosine vs base",
+                "excess KL (k3)",
+            ],
+            rows,
+        )
+    )
+    for algo, s in summaries.items():
+        lines += ["", f"## {algo}", "", _matrix_table(RunDir(runs[algo]).read_eval_matrix())]
+        if s["drift"]:
+            lines += ["", "Drift:", "", _table(DRIFT_HEADER, drift_rows(s["drift"]))]
+        if s["metrics"]:
+            lines += ["", "Training and artifacts:", "", _table(ARTIFACT_HEADER, artifact_rows(s["metrics"]))]
+    from megatron_sdpo.plots import compare_plots
+
+    pngs = compare_plots(out, summaries, runs)
+    lines += ["", "## Plots", ""] + [f"![{p.stem}]({p.relative_to(out)})" for p in pngs]
+    path = out / "compare.md"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def regenerate(run_dirs: list[Path], out: Path | None = None) -> None:
+    """`megatron-sdpo report`: rebuild report.md of each run; with several, also a compare.md."""
+    from megatron_sdpo.config.loader import load_config
+    from megatron_sdpo.errors import UserError
+
+    for p in run_dirs:
+        rd = RunDir(p)
+        if not rd.config.exists() or not rd.eval_matrix.exists():
+            raise UserError(f"{p} is not a run directory (no resolved_config.yaml / eval_matrix.csv)")
+        write_report(rd, load_config(str(rd.config)))
+        print(f"wrote {rd.report}")
+    if len(run_dirs) > 1:
+        target = out or run_dirs[0]
+        target.mkdir(parents=True, exist_ok=True)
+        names = {}
+        for p in run_dirs:
+            name = p.name
+            while name in names:
+                name += "_"
+            names[name] = p
+        print(f"wrote {write_compare(target, names)}")

@@ -1,0 +1,185 @@
+"""One on-policy RL step: rollout -> verify -> advantages / teacher contexts -> update -> sync.
+
+The algorithm-specific parts are the loss object and the tensors it reads; everything else is
+shared between GRPO, SDPO, StableSDPO and the hybrid.
+"""
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import dataclass
+
+import torch
+
+from megatron_sdpo.backends.base import SequenceBatch
+from megatron_sdpo.chat import encode_prompts
+from megatron_sdpo.config.schema import RunConfig
+from megatron_sdpo.rollout.base import SamplingConfig
+
+
+def pad_2d(rows: list[list[float]], width: int, value: float = 0.0) -> torch.Tensor:
+    """[B, width] fp32 tensor from ragged rows, right-padded with `value`."""
+    out = torch.full((len(rows), width), value, dtype=torch.float32)
+    for i, r in enumerate(rows):
+        if r:
+            out[i, : len(r)] = torch.tensor(r[:width], dtype=torch.float32)
+    return out
+
+
+def build_loss(cfg: RunConfig):
+    """The LossFn for the configured algorithm (see megatron_sdpo.algorithms.losses)."""
+    from megatron_sdpo.algorithms import losses
+
+    a = cfg.algorithm
+    g = a.grpo
+    # One optimizer step per rollout batch: the behaviour policy is the current one (detached).
+    grpo = losses.GRPOLoss(
+        clip_low=g.clip_low, clip_high=g.clip_high, kl_coef=g.kl_coef, tis_cap=g.tis_cap, on_policy=True
+    )
+    if a.name == "grpo":
+        return grpo
+    s = a.sdpo
+    sdpo = losses.SDPOLoss(
+        alpha=s.alpha,
+        topk=s.topk,
+        add_tail=s.add_tail,
+        is_clip=s.is_clip,
+        variant=s.variant,
+        mask_key="sdpo_mask" if a.name == "hybrid" else "loss_mask",
+    )
+    if a.name == "hybrid":
+        return losses.HybridLoss(sdpo=sdpo, grpo=grpo, lam=s.hybrid_lambda)
+    return sdpo
+
+
+@dataclass
+class StepOutput:
+    metrics: dict
+    responses: list[str]
+    truncated: list[bool]
+    token_lengths: list[int]
+    has_context: list[bool]
+
+
+class Trainer:
+    """Runs RL steps for one policy through a backend and a rollout engine."""
+
+    def __init__(self, cfg: RunConfig, backend, engine, tokenizer):
+        self.cfg = cfg
+        self.backend = backend
+        self.engine = engine
+        self.tokenizer = tokenizer
+        self.loss_fn = build_loss(cfg)
+        self.uses_teacher = cfg.algorithm.name != "grpo"
+        self._reasoning_end_ids = (
+            tokenizer(cfg.algorithm.sdpo.reasoning_end, add_special_tokens=False)["input_ids"]
+            if cfg.algorithm.sdpo.reasoning_end
+            else None
+        )
+
+    def step(self, domain: str, records: list[dict], *, seed: int) -> StepOutput:
+        """One optimizer step on `records` (prompts_per_step records of one domain)."""
+        from megatron_sdpo.algorithms.grpo import group_advantages
+        from megatron_sdpo.rewards import score_batch
+
+        cfg, a = self.cfg, self.cfg.algorithm
+        n = a.group_size
+        t0 = time.perf_counter()
+        prompt_ids = encode_prompts(self.tokenizer, [r["prompt"] for r in records])
+        sampling = SamplingConfig(
+            n=n,
+            temperature=cfg.rollout.temperature,
+            top_p=cfg.rollout.top_p,
+            max_new_tokens=cfg.rollout.max_new_tokens,
+            seed=seed,
+        )
+        self.engine.wake()
+        comps = self.engine.generate(prompt_ids, sampling)
+        self.engine.sleep()
+        t_rollout = time.perf_counter() - t0
+
+        sample_records = [records[c.prompt_index] for c in comps]
+        texts = [c.text for c in comps]
+        results = score_batch(domain, texts, sample_records)
+        rewards = torch.tensor([r.score for r in results], dtype=torch.float32)
+        batch = SequenceBatch(
+            prompt_ids=[prompt_ids[c.prompt_index] for c in comps],
+            response_ids=[list(c.token_ids) for c in comps],
+        )
+        T = batch.max_response_len
+        response_mask = batch.response_mask()
+        batch.tensors["rollout_logprobs"] = pad_2d([c.logprobs for c in comps], T)
+        batch.tensors["loss_mask"] = response_mask
+        has_context = [False] * len(comps)
+        if a.name in ("grpo", "hybrid"):
+            batch.tensors["advantages"] = group_advantages(rewards, group_size=n, norm_by_std=a.grpo.norm_by_std)
+        if self.uses_teacher:
+            has_context = self._attach_teacher(batch, sample_records, texts, rewards, results, seed)
+        t1 = time.perf_counter()
+        train_metrics = self.backend.train_step(batch, self.loss_fn)
+        t_train = time.perf_counter() - t1
+
+        t2 = time.perf_counter()
+        self.engine.update_weights(self.backend.export_weights(model="policy"))
+        t_sync = time.perf_counter() - t2
+        lengths = [len(c.token_ids) for c in comps]
+        metrics = {
+            "reward_mean": float(rewards.mean()),
+            "reward_std": float(rewards.std()) if len(rewards) > 1 else 0.0,
+            "solve_rate": float((rewards >= 1.0).float().mean()),
+            "response_len": sum(lengths) / max(len(lengths), 1),
+            "teacher_context_frac": sum(has_context) / max(len(has_context), 1),
+            "rollout_time": t_rollout,
+            "train_time": t_train,
+            "sync_time": t_sync,
+            "step_time": time.perf_counter() - t0,
+            **train_metrics,
+        }
+        return StepOutput(metrics, texts, [c.truncated for c in comps], lengths, has_context)
+
+    def _attach_teacher(self, batch, records, texts, rewards, results, seed) -> list[bool]:
+        """Teacher prompts (successful sibling and/or feedback) and the distillation mask."""
+        from megatron_sdpo.algorithms.context import ContextTemplates, build_teacher_contexts
+        from megatron_sdpo.algorithms.sdpo import distill_mask
+
+        s = self.cfg.algorithm.sdpo
+        c = s.context
+        templates = ContextTemplates(
+            solution_template=c.solution_template,
+            feedback_template=c.feedback_template,
+            instruction=c.instruction,
+            max_solution_chars=c.max_solution_chars,
+            max_feedback_chars=c.max_feedback_chars,
+            use_solution=c.use_solution,
+            use_feedback=c.use_feedback,
+            success_threshold=c.success_threshold,
+            strip_thinking=c.strip_thinking,
+        )
+        contexts = build_teacher_contexts(
+            [r["prompt"] for r in records],
+            texts,
+            rewards.tolist(),
+            [r.feedback for r in results],
+            group_size=self.cfg.algorithm.group_size,
+            templates=templates,
+            rng=random.Random(seed),
+        )
+        encoded = encode_prompts(self.tokenizer, [ctx for ctx in contexts if ctx is not None])
+        it = iter(encoded)
+        batch.teacher_prompt_ids = [next(it) if ctx is not None else None for ctx in contexts]
+        has = torch.tensor([ctx is not None for ctx in contexts], dtype=torch.float32)
+        response_ids = torch.zeros(len(batch), batch.max_response_len, dtype=torch.long)
+        for i, r in enumerate(batch.response_ids):
+            response_ids[i, : len(r)] = torch.tensor(r, dtype=torch.long)
+        mask = distill_mask(
+            response_ids,
+            batch.tensors["loss_mask"],
+            reasoning_end_ids=self._reasoning_end_ids,
+            distill_cot=s.distill_cot,
+        )
+        sdpo_mask = mask * has[:, None]
+        if self.cfg.algorithm.name == "hybrid":
+            batch.tensors["sdpo_mask"] = sdpo_mask
+        else:
+            batch.tensors["loss_mask"] = sdpo_mask
+        return [bool(h) for h in has]
