@@ -1,1 +1,23 @@
-"""Fused token-level KL kernels (installed as megatron_sdpo.kernels)."""
+"""Fused token-level KL and logprob kernels (installed as ``megatron_sdpo.kernels``).
+
+Public API:
+    fused_linear_kl(student_hidden, teacher_hidden, student_weight, teacher_weight, *, alpha,
+                    temperature=1.0, mask=None, impl="auto", tp_group=None) -> Tensor [N]
+    fused_linear_logprobs(hidden, weight, labels, *, temperature=1.0, mask=None, impl="auto",
+                          tp_group=None) -> (logprobs [N], entropy [N])
+    reference_linear_kl / reference_linear_logprobs: the plain-torch specification.
+"""
+from .chunked import ChunkSizes
+from .fused import IMPLS, fused_linear_kl, fused_linear_logprobs, resolve_impl
+from .reference import generalized_jsd_from_logprobs, reference_linear_kl, reference_linear_logprobs
+
+__all__ = [
+    "IMPLS",
+    "ChunkSizes",
+    "fused_linear_kl",
+    "fused_linear_logprobs",
+    "generalized_jsd_from_logprobs",
+    "reference_linear_kl",
+    "reference_linear_logprobs",
+    "resolve_impl",
+]

@@ -26,7 +26,12 @@ def resolve_model_path(cfg: RunConfig) -> str:
 
 
 def load_tokenizer(model_path: str):
+    """The model's tokenizer (pad = eos where unset). Also the first HF touch of a run, so
+    transformers' per-load progress bars are switched off here."""
     from transformers import AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
 
     try:
         tok = AutoTokenizer.from_pretrained(model_path)
@@ -66,19 +71,29 @@ def make_backend(cfg: RunConfig, model_path: str, tokenizer):
 
 def make_rollout(cfg: RunConfig, model_path: str, tokenizer, work_dir: str):
     """The rollout engine named by `rollout.engine` ("auto": vLLM where installed, else HF)."""
-    from megatron_sdpo.rollout import make_engine
+    from megatron_sdpo.rollout import make_engine, vllm_available
 
     os.makedirs(work_dir, exist_ok=True)
-    return make_engine(
-        cfg.rollout.engine,
-        model_path=model_path,
+    kind = cfg.rollout.engine
+    if kind == "auto":
+        kind = "vllm" if vllm_available() else "hf"
+    common = dict(
         seed=cfg.seed,
         dtype=cfg.model.dtype,
         max_model_len=cfg.rollout.max_model_len,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-        tokenizer=tokenizer,
-        work_dir=work_dir,
-        bucket_bytes=cfg.rollout.bucket_bytes,
-        gpu_memory_utilization=cfg.rollout.gpu_memory_utilization,
+        eos_token_ids=[tokenizer.eos_token_id],
+        detokenize=True,
+    )
+    if kind == "vllm":
+        return make_engine(
+            "vllm",
+            model_path=model_path,
+            run_dir=work_dir,
+            bucket_bytes=cfg.rollout.bucket_bytes,
+            gpu_memory_utilization=cfg.rollout.gpu_memory_utilization,
+            max_num_seqs=max(cfg.algorithm.prompts_per_step * cfg.algorithm.group_size, cfg.eval.batch_size),
+            **common,
+        )
+    return make_engine(
+        "hf", model_path=model_path, pad_token_id=tokenizer.pad_token_id, max_batch_size=cfg.eval.batch_size * 2, **common
     )

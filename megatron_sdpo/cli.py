@@ -32,9 +32,12 @@ def cmd_run(args) -> int:
 
     if args.resume and not args.out:
         raise UserError("--resume needs --out DIR (the run directory to continue)")
+    if args.resume_if_exists and not args.out:
+        raise UserError("--resume-if-exists needs --out DIR")
     cfg = load_config(args.config, args.overrides)
     out = args.out or _default_out(cfg.name)
-    ContinualRun(cfg, out, resume=args.resume, quiet=args.quiet).run()
+    resume = args.resume or (args.resume_if_exists and (Path(out) / "resolved_config.yaml").exists())
+    ContinualRun(cfg, out, resume=resume, quiet=args.quiet).run()
     print(f"run directory: {out}")
     return 0
 
@@ -122,6 +125,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("overrides", nargs="*", help="key.path=value overrides")
     r.add_argument("--out", help="run directory (default: runs/<name>-<time>)")
     r.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
+    r.add_argument(
+        "--resume-if-exists", action="store_true", help="resume when --out already holds a run, else start it (requeued jobs)"
+    )
     r.add_argument("--quiet", action="store_true", help="plain log lines instead of progress bars")
     r.set_defaults(fn=cmd_run)
 
@@ -157,7 +163,16 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _quiet_libraries() -> None:
+    """Library progress bars (weight loading, shard writing) would drown the run's own output."""
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    os.environ.setdefault("WANDB_MODE", "offline")
+
+
 def main(argv: list[str] | None = None) -> int:
+    _quiet_libraries()
     args = build_parser().parse_args(argv)
     try:
         return int(args.fn(args) or 0)

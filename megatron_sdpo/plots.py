@@ -25,7 +25,7 @@ def eval_heatmap(rows: list[tuple[str, dict]], path: Path, title: str) -> Path:
     fig, ax = plt.subplots(figsize=(max(6, 0.55 * len(cols) + 2), 0.5 * len(rows) + 2))
     im = ax.imshow(data, vmin=0, vmax=1, cmap="viridis", aspect="auto")
     ax.set_xticks(range(len(cols)), cols, rotation=60, ha="right", fontsize=8)
-    ax.set_yticks(range(len(rows)), [f"after {n}" for n, _ in rows])
+    ax.set_yticks(range(len(rows)), [n if n == "base" else f"after {n}" for n, _ in rows])
     for i, row in enumerate(data):
         for j, v in enumerate(row):
             if v == v:

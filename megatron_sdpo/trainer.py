@@ -46,6 +46,10 @@ def build_loss(cfg: RunConfig):
         is_clip=s.is_clip,
         variant=s.variant,
         mask_key="sdpo_mask" if a.name == "hybrid" else "loss_mask",
+        fused=cfg.kernel.fused_kl,
+        kernel_impl=cfg.kernel.impl,
+        chunk_tokens=cfg.kernel.chunk_tokens,
+        chunk_vocab=cfg.kernel.chunk_vocab,
     )
     if a.name == "hybrid":
         return losses.HybridLoss(sdpo=sdpo, grpo=grpo, lam=s.hybrid_lambda)

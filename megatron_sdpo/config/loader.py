@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import re
 import types
 import typing
 from pathlib import Path
@@ -15,6 +16,30 @@ from megatron_sdpo.config.schema import DOMAINS, RunConfig
 from megatron_sdpo.errors import ConfigError
 
 PRESET_DIR = Path(__file__).parent / "presets"
+
+_INT, _FLOAT = "tag:yaml.org,2002:int", "tag:yaml.org,2002:float"
+
+
+class _ConfigLoader(yaml.SafeLoader):
+    """YAML 1.2 numbers: `2e-6` is a float (YAML 1.1 reads it as a string) and `24:00:00` stays
+    a string (YAML 1.1 reads it as the base-60 integer 86400)."""
+
+
+_ConfigLoader.yaml_implicit_resolvers = {
+    first: [(tag, rx) for tag, rx in resolvers if tag not in (_INT, _FLOAT)]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+_ConfigLoader.add_implicit_resolver(_INT, re.compile(r"^[-+]?(?:0|[1-9][0-9_]*)$"), list("-+0123456789"))
+_ConfigLoader.add_implicit_resolver(
+    _FLOAT,
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*\.[0-9_]*(?:[eE][-+]?[0-9]+)?|\.[0-9]+(?:[eE][-+]?[0-9]+)?|[0-9][0-9_]*[eE][-+]?[0-9]+|\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"),
+    list("-+0123456789."),
+)
+
+
+def parse_yaml(text: str):
+    """Parse config YAML with the number rules above."""
+    return yaml.load(text, Loader=_ConfigLoader)  # noqa: S506 - a SafeLoader subclass
 
 
 def list_presets() -> list[str]:
@@ -38,7 +63,7 @@ def _resolve_file(ref: str, relative_to: Path | None) -> Path:
 
 def _read_yaml(path: Path) -> dict:
     try:
-        data = yaml.safe_load(path.read_text())
+        data = parse_yaml(path.read_text())
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f":{mark.line + 1}" if mark is not None else ""
@@ -88,7 +113,7 @@ def apply_override(data: dict, override: str) -> None:
     if not dotted:
         raise ConfigError(f"override {override!r} has an empty key")
     try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
+        value = parse_yaml(raw) if raw.strip() else ""
     except yaml.YAMLError:
         value = raw
     node: Any = data

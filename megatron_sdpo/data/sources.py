@@ -18,11 +18,9 @@ def load_source(source, domain: str, split: str, *, seed: int) -> list[dict]:
         return synthetic.generate(domain, split, source.n, seed)
     from megatron_sdpo.data.loaders import load_records
 
-    records = load_records(source.source, source.schema, domain=domain)
+    records = load_records(source.source, source.schema, domain=domain, split=split)
     if not records:
         raise DataError(f"{source.source}: no records for domain {domain!r}")
-    for rec in records:
-        rec.setdefault("split", split)
     if source.n and source.n < len(records):
         records = random.Random(seed).sample(records, source.n)
     return records

@@ -1,1 +1,83 @@
-"""rewards."""
+"""Verifiers: one score in [0, 1] and one feedback string per (domain, response, record).
+
+``score`` never raises because of what the model wrote (malformed, huge or binary responses
+score 0 with feedback); it raises for a bad record (DataError), an unknown domain (ValueError)
+or a broken sandbox (SandboxError), which are the caller's problems, not the model's.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Callable
+
+from megatron_sdpo.errors import UserError
+from megatron_sdpo.rewards.result import RewardResult
+from megatron_sdpo.rewards.sandbox import SandboxError
+
+__all__ = ["RewardResult", "score", "score_batch", "DOMAINS"]
+
+log = logging.getLogger(__name__)
+
+DOMAINS = ("math", "science", "tooluse", "code")
+
+
+def _scorer(domain: str) -> Callable[[str, dict], RewardResult]:
+    # Imported lazily: the code sandbox and math-verify are not needed to score the other domains.
+    if domain == "math":
+        from megatron_sdpo.rewards.math import score_math
+
+        return score_math
+    if domain == "science":
+        from megatron_sdpo.rewards.mcq import score_mcq
+
+        return score_mcq
+    if domain == "tooluse":
+        from megatron_sdpo.rewards.tooluse import score_tooluse
+
+        return score_tooluse
+    if domain == "code":
+        from megatron_sdpo.rewards.code import score_code
+
+        return score_code
+    raise ValueError(f"unknown reward domain {domain!r}; known domains: {', '.join(DOMAINS)}")
+
+
+def _guarded(domain: str, fn: Callable[[], list[RewardResult]], n: int) -> list[RewardResult]:
+    try:
+        return fn()
+    except (UserError, SandboxError):
+        raise
+    except Exception as exc:  # a verifier bug triggered by a response: log it, score 0
+        log.exception("%s verifier failed on a response", domain)
+        return [RewardResult(0.0, "The response could not be checked.",
+                             {"error": "verifier_exception", "exception": repr(exc)[:200]})
+                for _ in range(n)]
+
+
+def _as_text(response: object) -> str:
+    if isinstance(response, bytes):
+        return response.decode("utf-8", errors="replace")
+    return response if isinstance(response, str) else str(response)
+
+
+def score(domain: str, response: str, record: dict) -> RewardResult:
+    """Score one `response` (the model's text) to `record` (see the data conventions)."""
+    fn = _scorer(domain)
+    text = _as_text(response)
+    return _guarded(domain, lambda: [fn(text, record)], 1)[0]
+
+
+def score_batch(domain: str, responses: list[str], records: list[dict], *,
+                batched_code: bool = False) -> list[RewardResult]:
+    """Score responses[i] against records[i]. Code batches share sandbox work when
+    `batched_code` (one pre-warmed sandbox forks per test case for the whole batch)."""
+    if len(responses) != len(records):
+        raise ValueError(f"{len(responses)} responses but {len(records)} records")
+    texts = [_as_text(r) for r in responses]
+    if domain == "code":
+        from megatron_sdpo.rewards.code import score_code_batch
+
+        batch = _guarded(domain, lambda: score_code_batch(texts, records, batched=batched_code),
+                         len(texts))
+        return batch
+    fn = _scorer(domain)
+    return [_guarded(domain, lambda t=t, r=r: [fn(t, r)], 1)[0] for t, r in zip(texts, records)]

@@ -93,3 +93,12 @@ def test_round_trip_through_yaml(tmp_path):
     path.write_text(yaml.safe_dump(to_dict(cfg)))
     again = load_config(str(path))
     assert dataclasses.asdict(again) == dataclasses.asdict(cfg)
+
+
+def test_yaml_12_numbers_in_overrides_and_files(tmp_path):
+    cfg = load_config("tiny", ["backend.lr=2e-6", "launch.time=24:00:00", "teacher.ema_rate=.5"])
+    assert cfg.backend.lr == 2e-6 and cfg.launch.time == "24:00:00" and cfg.teacher.ema_rate == 0.5
+    f = tmp_path / "c.yaml"
+    f.write_text("defaults: tiny\nbackend: {lr: 3e-5}\nlaunch: {time: 12:30:00}\n")
+    cfg = load_config(str(f))
+    assert cfg.backend.lr == 3e-5 and cfg.launch.time == "12:30:00"

@@ -1,0 +1,242 @@
+"""Chunked torch engine: tiles over tokens and vocabulary, never builds ``[N, V]``.
+
+Each function works on the *local* vocabulary shard (the whole vocabulary when not tensor
+parallel) and returns fp32 per-token statistics; ``fused.py`` combines them across ranks and
+wraps them in autograd. Peak extra memory is a few ``[token_chunk, vocab_chunk]`` fp32 tiles plus
+the fp32 weight-gradient accumulator.
+
+Gradient of the per-token loss with respect to the student logits z (before the 1/T factor),
+with a = log s, b = log q, R a per-token scalar saved from the forward:
+    alpha = 0:  s - q
+    alpha = 1:  s * (a - b - R),               R = KL(s || q)
+    else:       (1 - alpha) * s * (a - log m - R), R = KL(s || M)
+and for labels/entropy: g_lp * (onehot - s) - g_H * s * (a + H).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+NEG_INF = float("-inf")
+
+
+@dataclass(frozen=True)
+class ChunkSizes:
+    """Tile sizes: tokens per chunk and vocabulary rows per chunk."""
+
+    tokens: int = 1024
+    vocab: int = 8192
+
+
+def _ranges(total: int, step: int):
+    for lo in range(0, total, step):
+        yield lo, min(lo + step, total)
+
+
+def _logits(h: torch.Tensor, w: torch.Tensor, inv_t: float) -> torch.Tensor:
+    # fp32 GEMM: upcast the operands, never round a bf16 product before the cast.
+    return (h @ w.float().t()).mul_(inv_t)
+
+
+def _online_update(m: torch.Tensor, s: torch.Tensor, z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    # m starts at -inf, so exp(m - m_new) is exactly 0 on the first tile.
+    m_new = torch.maximum(m, z.amax(dim=-1))
+    s = s * torch.exp(m - m_new) + torch.exp(z - m_new.unsqueeze(-1)).sum(dim=-1)
+    return m_new, s
+
+
+def kl_stats(
+    hs: torch.Tensor,
+    ht: torch.Tensor,
+    ws: torch.Tensor,
+    wt: torch.Tensor,
+    temperature: float,
+    chunks: ChunkSizes = ChunkSizes(),
+) -> torch.Tensor:
+    """Pass 1: local log-sum-exp of student and teacher logits.
+
+    Args: hs/ht ``[N, H]``, ws/wt ``[V_local, H]``.
+    Returns: ``[2, N]`` fp32, rows (lse_student, lse_teacher) over the local vocabulary.
+    """
+    n, v = hs.shape[0], ws.shape[0]
+    inv_t = 1.0 / temperature
+    out = torch.empty(2, n, dtype=torch.float32, device=hs.device)
+    for i0, i1 in _ranges(n, chunks.tokens):
+        hs_c, ht_c = hs[i0:i1].float(), ht[i0:i1].float()
+        m_s = torch.full((i1 - i0,), NEG_INF, device=hs.device)
+        m_t = torch.full_like(m_s, NEG_INF)
+        s_s = torch.zeros_like(m_s)
+        s_t = torch.zeros_like(m_s)
+        for j0, j1 in _ranges(v, chunks.vocab):
+            m_s, s_s = _online_update(m_s, s_s, _logits(hs_c, ws[j0:j1], inv_t))
+            m_t, s_t = _online_update(m_t, s_t, _logits(ht_c, wt[j0:j1], inv_t))
+        out[0, i0:i1] = m_s + torch.log(s_s)
+        out[1, i0:i1] = m_t + torch.log(s_t)
+    return out
+
+
+def _log_probs_tile(hs_c, ht_c, ws, wt, j0, j1, inv_t, lse_s, lse_t):
+    a = _logits(hs_c, ws[j0:j1], inv_t).sub_(lse_s.unsqueeze(-1))
+    b = _logits(ht_c, wt[j0:j1], inv_t).sub_(lse_t.unsqueeze(-1))
+    return a, b
+
+
+def kl_parts(
+    hs: torch.Tensor,
+    ht: torch.Tensor,
+    ws: torch.Tensor,
+    wt: torch.Tensor,
+    temperature: float,
+    lse: torch.Tensor,
+    alpha: float,
+    chunks: ChunkSizes = ChunkSizes(),
+) -> torch.Tensor:
+    """Pass 2: local partial sums of the two KL terms given the *global* log-sum-exps.
+
+    Args: ``lse`` ``[2, N]`` global (lse_student, lse_teacher).
+    Returns: ``[2, N]`` fp32 (P_s, P_q): alpha=0 -> (0, KL(q||s)); alpha=1 -> (KL(s||q), 0);
+    else (KL(s||M), KL(q||M)), each summed over the local vocabulary only.
+    """
+    n, v = hs.shape[0], ws.shape[0]
+    inv_t = 1.0 / temperature
+    out = torch.zeros(2, n, dtype=torch.float32, device=hs.device)
+    log_1ma = math.log1p(-alpha) if alpha < 1.0 else NEG_INF
+    log_a = math.log(alpha) if alpha > 0.0 else NEG_INF
+    for i0, i1 in _ranges(n, chunks.tokens):
+        hs_c, ht_c = hs[i0:i1].float(), ht[i0:i1].float()
+        lse_s, lse_t = lse[0, i0:i1], lse[1, i0:i1]
+        for j0, j1 in _ranges(v, chunks.vocab):
+            a, b = _log_probs_tile(hs_c, ht_c, ws, wt, j0, j1, inv_t, lse_s, lse_t)
+            if alpha == 0.0:
+                out[1, i0:i1] += (b.exp() * (b - a)).sum(-1)
+            elif alpha == 1.0:
+                out[0, i0:i1] += (a.exp() * (a - b)).sum(-1)
+            else:
+                log_m = torch.logaddexp(a + log_1ma, b + log_a)
+                out[0, i0:i1] += (a.exp() * (a - log_m)).sum(-1)
+                out[1, i0:i1] += (b.exp() * (b - log_m)).sum(-1)
+    return out
+
+
+def kl_backward(
+    hs: torch.Tensor,
+    ht: torch.Tensor,
+    ws: torch.Tensor,
+    wt: torch.Tensor,
+    temperature: float,
+    lse: torch.Tensor,
+    resid: torch.Tensor,
+    coef: torch.Tensor,
+    alpha: float,
+    need_dh: bool,
+    need_dw: bool,
+    chunks: ChunkSizes = ChunkSizes(),
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """Recompute tiles and accumulate the student gradients in fp32.
+
+    Args: ``lse`` ``[2, N]`` global; ``resid`` ``[N]`` the R of the module docstring;
+    ``coef`` ``[N]`` = grad_output * mask / T (times (1 - alpha) for the mixture).
+    Returns: (``dh [N, H]`` partial over the local vocabulary, ``dw [V_local, H]``), fp32.
+    """
+    n, v = hs.shape[0], ws.shape[0]
+    inv_t = 1.0 / temperature
+    dh = torch.zeros(hs.shape, dtype=torch.float32, device=hs.device) if need_dh else None
+    dw = torch.zeros(ws.shape, dtype=torch.float32, device=hs.device) if need_dw else None
+    log_1ma = math.log1p(-alpha) if alpha < 1.0 else NEG_INF
+    log_a = math.log(alpha) if alpha > 0.0 else NEG_INF
+    for i0, i1 in _ranges(n, chunks.tokens):
+        hs_c, ht_c = hs[i0:i1].float(), ht[i0:i1].float()
+        lse_s, lse_t = lse[0, i0:i1], lse[1, i0:i1]
+        c = coef[i0:i1].unsqueeze(-1)
+        r = resid[i0:i1].unsqueeze(-1)
+        for j0, j1 in _ranges(v, chunks.vocab):
+            a, b = _log_probs_tile(hs_c, ht_c, ws, wt, j0, j1, inv_t, lse_s, lse_t)
+            if alpha == 0.0:
+                gz = (a.exp() - b.exp()).mul_(c)
+            elif alpha == 1.0:
+                gz = a.exp().mul_(a - b - r).mul_(c)
+            else:
+                log_m = torch.logaddexp(a + log_1ma, b + log_a)
+                gz = a.exp().mul_(a - log_m - r).mul_(c)
+            if dh is not None:
+                dh[i0:i1] += gz @ ws[j0:j1].float()
+            if dw is not None:
+                dw[j0:j1] += gz.t() @ hs_c
+    return dh, dw
+
+
+def lp_stats(
+    h: torch.Tensor,
+    w: torch.Tensor,
+    local_labels: torch.Tensor,
+    temperature: float,
+    chunks: ChunkSizes = ChunkSizes(),
+) -> torch.Tensor:
+    """Single pass for logprobs and entropy over the local vocabulary.
+
+    Args: ``h [N, H]``, ``w [V_local, H]``, ``local_labels [N]`` (label minus the shard's first
+    id; anything outside ``[0, V_local)`` simply never matches).
+    Returns: ``[4, N]`` fp32 rows (max, sum exp(z - max), sum exp(z - max) * z, label logit or 0).
+    """
+    n, v = h.shape[0], w.shape[0]
+    inv_t = 1.0 / temperature
+    out = torch.empty(4, n, dtype=torch.float32, device=h.device)
+    for i0, i1 in _ranges(n, chunks.tokens):
+        h_c = h[i0:i1].float()
+        lab = local_labels[i0:i1].unsqueeze(-1)
+        m = torch.full((i1 - i0,), NEG_INF, device=h.device)
+        s = torch.zeros_like(m)
+        u = torch.zeros_like(m)
+        zl = torch.zeros_like(m)
+        for j0, j1 in _ranges(v, chunks.vocab):
+            z = _logits(h_c, w[j0:j1], inv_t)
+            m_new = torch.maximum(m, z.amax(dim=-1))
+            scale = torch.exp(m - m_new)
+            e = torch.exp(z - m_new.unsqueeze(-1))
+            s = s * scale + e.sum(-1)
+            u = u * scale + (e * z).sum(-1)
+            m = m_new
+            cols = torch.arange(j0, j1, device=h.device)
+            zl += torch.where(lab == cols, z, torch.zeros((), device=h.device)).sum(-1)
+        out[0, i0:i1], out[1, i0:i1], out[2, i0:i1], out[3, i0:i1] = m, s, u, zl
+    return out
+
+
+def lp_backward(
+    h: torch.Tensor,
+    w: torch.Tensor,
+    local_labels: torch.Tensor,
+    temperature: float,
+    lse: torch.Tensor,
+    entropy: torch.Tensor,
+    g_lp: torch.Tensor,
+    g_ent: torch.Tensor,
+    need_dh: bool,
+    need_dw: bool,
+    chunks: ChunkSizes = ChunkSizes(),
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """Gradients of ``sum(g_lp * logprob + g_ent * entropy)`` (``g_*`` already hold mask / T).
+
+    Returns: (``dh [N, H]`` partial over the local vocabulary, ``dw [V_local, H]``), fp32.
+    """
+    n, v = h.shape[0], w.shape[0]
+    inv_t = 1.0 / temperature
+    dh = torch.zeros(h.shape, dtype=torch.float32, device=h.device) if need_dh else None
+    dw = torch.zeros(w.shape, dtype=torch.float32, device=h.device) if need_dw else None
+    for i0, i1 in _ranges(n, chunks.tokens):
+        h_c = h[i0:i1].float()
+        lab = local_labels[i0:i1].unsqueeze(-1)
+        gl, ge = g_lp[i0:i1].unsqueeze(-1), g_ent[i0:i1].unsqueeze(-1)
+        lse_c, ent_c = lse[i0:i1].unsqueeze(-1), entropy[i0:i1].unsqueeze(-1)
+        for j0, j1 in _ranges(v, chunks.vocab):
+            a = _logits(h_c, w[j0:j1], inv_t).sub_(lse_c)
+            p = a.exp()
+            cols = torch.arange(j0, j1, device=h.device)
+            gz = (lab == cols).float().mul_(gl) - p * gl - p * (a + ent_c) * ge
+            if dh is not None:
+                dh[i0:i1] += gz @ w[j0:j1].float()
+            if dw is not None:
+                dw[j0:j1] += gz.t() @ h_c
+    return dh, dw

@@ -1,0 +1,401 @@
+#!/usr/bin/env python
+"""NeMo-Run launch of `python -m megatron_sdpo run PRESET ...` on this machine or a Slurm cluster.
+
+    python launchers/nemo_run.py PRESET [key=value ...] [--executor local|slurm] [--dryrun]
+        [--nodes N] [--gpus-per-node N] [--nproc-per-node N] [--partition P] [--account A]
+        [--time HH:MM:SS] [--container-image IMG] [--container-mounts SRC:DST,...]
+        [--ssh-host HOST [--ssh-user USER] [--ssh-identity KEY]] [--job-dir DIR]
+        [--out RUN_DIR] [--resume] [--data-root DIR] [--packager auto|git|none] [--follow]
+
+Resources come from the preset's `launch:` section (`launch.nodes=4` style overrides work as for
+`megatron_sdpo run`); the flags above override them. The launcher holds no training logic: it
+validates the config (a bad preset or key fails here, before anything is queued), then hands
+NeMo-Run one task, `python -m megatron_sdpo run PRESET [overrides] --out RUN_DIR [--resume]`,
+started through torchrun when the job has more than one process.
+
+`--executor local` runs the job here with this interpreter (its bin directory first on PATH) and
+this checkout on PYTHONPATH, and waits for it. `--executor slurm` renders an sbatch script and
+submits it through a LocalTunnel (on a login node) or an SSHTunnel (`--ssh-host`); with
+`--dryrun` it only renders the script (no cluster needed) and prints where it is. The Slurm job
+runs in its packaged code directory, so relative data paths of the config are made absolute
+against `--data-root` (default: the current directory).
+
+A Slurm job started here runs one attempt. To continue it after a failure, preemption or time
+limit, submit again with the same `--out` and `--resume`; slurm/continual_*.sh requeue and
+resume on their own.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
+
+import yaml
+
+_HERE = Path(__file__).resolve().parent
+# Run as a script, this file's directory heads sys.path and `import nemo_run` would import this
+# file instead of NeMo-Run.
+sys.path[:] = [p for p in sys.path if Path(p or os.curdir).resolve() != _HERE]
+REPO_ROOT = _HERE.parent
+if str(REPO_ROOT) not in sys.path:  # run as a script from a checkout that is not installed
+    sys.path.insert(0, str(REPO_ROOT))
+
+from megatron_sdpo.errors import ConfigError, DataError, UserError, require  # noqa: E402
+
+if TYPE_CHECKING:  # pragma: no cover
+    import nemo_run as run
+
+    from megatron_sdpo.config import RunConfig
+
+# Exported in every cluster job, as slurm/continual_*.sh do. Values must stay shell-safe words:
+# NeMo-Run renders them as unquoted `export KEY=value` lines.
+CLUSTER_ENV: dict[str, str] = {
+    # Megatron's tensor/sequence-parallel overlap relies on one CUDA work queue per device.
+    "CUDA_DEVICE_MAX_CONNECTIONS": "1",
+    # A failed or stuck collective aborts the rank instead of hanging until the time limit.
+    "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
+    "NCCL_DEBUG": "WARN",
+    # Free NCCL buffers by stream order rather than record_stream: lower peak memory next to vLLM.
+    "TORCH_NCCL_AVOID_RECORD_STREAMS": "1",
+    "TOKENIZERS_PARALLELISM": "false",
+}
+RESUME_MARKER = "resolved_config.yaml"  # written when a run starts; `--resume` needs it
+
+
+def _yaml_str(value: str) -> str:
+    """`value` as an override that the config loader reads back as this exact string.
+
+    Quoted only where YAML would read it as something else (24:00:00 is YAML 1.1's integer 86400).
+    """
+    try:
+        plain = yaml.safe_load(value) == value
+    except yaml.YAMLError:
+        plain = False
+    return value if plain else json.dumps(value)
+
+
+def _nemo_run():
+    return require("nemo_run", "launch", "the NeMo-Run launcher")
+
+
+def processes_per_node(cfg: "RunConfig", requested: int | None = None) -> int:
+    """Training processes per node for `cfg`: `requested`, else launch.gpus_per_node.
+
+    The `hf` backend trains in one process, so it gets one process on one node; asking it for
+    more is a ConfigError rather than N independent copies writing one run directory.
+    """
+    if requested is not None and requested < 1:
+        raise ConfigError(f"--nproc-per-node must be >= 1, got {requested}")
+    if cfg.launch.nodes < 1:
+        raise ConfigError(f"launch.nodes must be >= 1, got {cfg.launch.nodes}")
+    if cfg.backend.name == "megatron":
+        nproc = requested if requested is not None else cfg.launch.gpus_per_node
+        if nproc < 1:
+            raise ConfigError(f"launch.gpus_per_node must be >= 1, got {nproc}")
+        return nproc
+    if cfg.launch.nodes > 1 or (requested or 1) > 1:
+        raise ConfigError(
+            f"backend.name={cfg.backend.name} trains in a single process; launch.nodes="
+            f"{cfg.launch.nodes}, --nproc-per-node={requested} need backend.name=megatron"
+        )
+    return 1
+
+
+def megatron_sdpo_task(cli_args: Sequence[str], env: Mapping[str, str] | None = None) -> "run.Script":
+    """The task every rank runs: `python -m megatron_sdpo <cli_args...>`.
+
+    cli_args: the megatron_sdpo command line, e.g. ["run", "qwen3_4b", "backend.lr=1.0e-5",
+    "--out", "/runs/q4b"]. NeMo-Run shell-quotes each argument in the rendered script.
+    """
+    run = _nemo_run()
+    if not cli_args:
+        raise UserError("megatron_sdpo_task needs a subcommand (e.g. ['run', 'tiny'])")
+    return run.Script(path="megatron_sdpo", args=list(cli_args), entrypoint="python", m=True, env=dict(env or {}))
+
+
+def local_executor(nproc_per_node: int = 1, env_vars: Mapping[str, str] | None = None) -> "run.LocalExecutor":
+    """A LocalExecutor running `nproc_per_node` ranks (through torchrun when more than one).
+
+    LocalExecutor starts `python` (and torchrun) from PATH, so this interpreter's bin directory
+    goes first on PATH, and this checkout on PYTHONPATH: the job runs the code that launched it.
+    """
+    run = _nemo_run()
+    if nproc_per_node < 1:
+        raise ConfigError(f"--nproc-per-node must be >= 1, got {nproc_per_node}")
+    pythonpath = os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    env = {
+        "PATH": os.pathsep.join((str(Path(sys.executable).parent), os.environ.get("PATH", ""))),
+        "PYTHONPATH": pythonpath,
+        "PYTHONUNBUFFERED": "1",
+    }
+    env.update(env_vars or {})
+    return run.LocalExecutor(
+        ntasks_per_node=nproc_per_node,
+        launcher="torchrun" if nproc_per_node > 1 else None,
+        env_vars=env,
+        packager=run.Packager(),  # runs in place: nothing to package
+    )
+
+
+def slurm_executor(
+    cfg: "RunConfig",
+    nproc_per_node: int,
+    *,
+    tunnel: Any,
+    packager: Any,
+    container_mounts: Sequence[str] = (),
+    env_vars: Mapping[str, str] | None = None,
+) -> "run.SlurmExecutor":
+    """A SlurmExecutor for `cfg.launch` (account, partition, nodes, gpus_per_node, time, image).
+
+    One task per node starts torchrun with `nproc_per_node` ranks (NeMo-Run turns
+    ntasks_per_node into torchrun's nproc-per-node when the launcher is torchrun).
+    """
+    run = _nemo_run()
+    launch = cfg.launch
+    world = launch.nodes * nproc_per_node
+    return run.SlurmExecutor(
+        account=launch.account,
+        partition=launch.partition or None,
+        job_name_prefix="sdpo-",
+        nodes=launch.nodes,
+        ntasks_per_node=nproc_per_node,
+        gpus_per_node=launch.gpus_per_node or None,
+        time=launch.time,
+        exclusive=True,
+        mem="0",  # all of each node's memory: vLLM and the trainer share it
+        container_image=launch.container_image or None,
+        container_mounts=list(container_mounts),
+        launcher="torchrun" if world > 1 else None,
+        env_vars={**CLUSTER_ENV, **(env_vars or {})},
+        tunnel=tunnel,
+        packager=packager,
+    )
+
+
+def packager_choice(choice: str) -> str:
+    """Resolve --packager to "git" or "none" (no nemo-run needed, so it is checked up front).
+
+    git: archive the committed HEAD of this checkout into the job (uncommitted edits are not
+    shipped); none: the job imports an installed megatron_sdpo (cluster env or container).
+    """
+    if choice == "auto":
+        choice = "git" if (REPO_ROOT / ".git").exists() else "none"
+        print(f"[nemo_run] packager: {choice} (--packager auto)", file=sys.stderr)
+    if choice == "git":
+        cwd = Path.cwd().resolve()
+        if cwd != REPO_ROOT and REPO_ROOT not in cwd.parents:
+            # NeMo-Run's Slurm packaging asks git for the repository of the current directory.
+            raise ConfigError(f"--packager git archives the checkout at {REPO_ROOT}: launch from inside it, "
+                              "or use --packager none with megatron_sdpo installed on the cluster")
+    return choice
+
+
+def _packager(choice: str):
+    run = _nemo_run()
+    return run.GitArchivePackager(basepath=str(REPO_ROOT)) if choice == "git" else run.Packager()
+
+
+def _tunnel(args: argparse.Namespace):
+    run = _nemo_run()
+    if args.ssh_host:
+        return run.SSHTunnel(
+            host=args.ssh_host, user=args.ssh_user or os.environ.get("USER", ""),
+            job_dir=args.job_dir, identity=args.ssh_identity,
+        )
+    return run.LocalTunnel(job_dir=os.path.abspath(args.job_dir) if args.job_dir else "")
+
+
+def _run_dir(args: argparse.Namespace, cfg: "RunConfig", executor: str) -> str:
+    if args.out:
+        if executor == "slurm" and args.ssh_host and not os.path.isabs(args.out):
+            raise ConfigError(f"--out must be an absolute path on the cluster, got {args.out!r}")
+        out = args.out if os.path.isabs(args.out) else os.path.abspath(args.out)
+    elif args.resume:
+        raise UserError("--resume needs --out RUN_DIR (the run directory to continue)")
+    elif executor == "slurm" and args.ssh_host:
+        raise ConfigError("--ssh-host needs --out: an absolute run directory on the cluster")
+    else:
+        out = os.path.abspath(os.path.join("runs", f"{cfg.name}-{time.strftime('%Y%m%d-%H%M%S')}"))
+    if not args.ssh_host:  # the run directory is on this machine: check it before queueing
+        held = os.path.exists(os.path.join(out, RESUME_MARKER))
+        if held and not args.resume:
+            raise UserError(f"{out} already holds a run; pass --resume to continue it or choose another --out")
+        if args.resume and not held:
+            raise UserError(f"--resume: {out} holds no run to resume (no {RESUME_MARKER})")
+    return out
+
+
+def data_source_overrides(cfg: "RunConfig", data_root: str) -> list[str]:
+    """`domains.<d>.<split>.source=<data_root>/<path>` for every relative data file of `cfg`.
+
+    A NeMo-Run Slurm job runs in its packaged code directory, not where it was submitted from,
+    so relative data paths (the paper presets use data/...) are anchored here, at launch time.
+    """
+    out = []
+    for domain, dcfg in cfg.domains.items():
+        sources = [("train", dcfg.train), *((f"eval.{k}", v) for k, v in dcfg.eval.items())]
+        for where, src in sources:
+            if src.source != "synthetic" and not os.path.isabs(src.source):
+                out.append(f"domains.{domain}.{where}.source={_yaml_str(os.path.join(data_root, src.source))}")
+    return out
+
+
+def _anchor_paths(args: argparse.Namespace, cfg: "RunConfig") -> tuple[str, list[str]]:
+    """(preset, overrides) for a Slurm job: a YAML preset file and relative data paths made
+    absolute, since the job's working directory is its packaged code directory."""
+    preset = args.preset
+    if preset.endswith((".yaml", ".yml")) and not os.path.isabs(preset):
+        if args.ssh_host:
+            raise ConfigError(f"with --ssh-host the config file must be an absolute path on the cluster: {preset}")
+        preset = os.path.abspath(preset)
+    if args.data_root is None and args.ssh_host and data_source_overrides(cfg, ""):
+        raise ConfigError("the config has relative data paths: with --ssh-host pass --data-root DIR (on the cluster)")
+    root = args.data_root if args.data_root is not None else os.getcwd()
+    if args.ssh_host and not os.path.isabs(root):
+        raise ConfigError(f"--data-root must be an absolute path on the cluster, got {root!r}")
+    # Computed from the config with the user's overrides applied, and placed after them, so a
+    # relative path given in an override is anchored too.
+    return preset, list(args.overrides) + data_source_overrides(cfg, root if args.ssh_host else os.path.abspath(root))
+
+
+def _check_data_files(cfg: "RunConfig") -> None:
+    for domain, dcfg in cfg.domains.items():
+        for where, src in [("train", dcfg.train), *((f"eval.{k}", v) for k, v in dcfg.eval.items())]:
+            if src.source != "synthetic" and not os.path.isfile(src.source):
+                raise DataError(f"domains.{domain}.{where}.source: data file not found: {src.source}")
+
+
+def _find_rendered_sbatch(title: str) -> Path | None:
+    from nemo_run.config import get_nemorun_home
+
+    scripts = sorted(
+        (Path(get_nemorun_home()) / "experiments" / title).glob("*/*_sbatch.sh"),
+        key=lambda p: p.stat().st_mtime,
+    )
+    return scripts[-1] if scripts else None
+
+
+def submit(task: "run.Script", executor: Any, *, name: str, dryrun: bool = False, follow: bool = True) -> int:
+    """Run `task` on `executor` as a one-task NeMo-Run experiment named `name`.
+
+    dryrun: render only (the sbatch script stays under NEMORUN_HOME/experiments/<name>/).
+    follow: wait for the job and stream its log (always so for a LocalExecutor).
+    Returns 0 when the job succeeded or was submitted, 1 when it failed.
+    """
+    run = _nemo_run()
+    local = isinstance(executor, run.LocalExecutor)
+    with run.Experiment(name, executor=executor, log_level="WARN") as exp:
+        exp.add(task, name=name, tail_logs=follow)
+        if dryrun:
+            exp.dryrun(delete_exp_dir=False)
+        else:
+            exp.run(detach=not (follow or local), tail_logs=follow)
+    # Leaving the `with` block is what waits for an attached job to finish.
+    if dryrun:
+        rendered = _find_rendered_sbatch(name) if isinstance(executor, run.SlurmExecutor) else None
+        if rendered is not None:
+            print(f"[nemo_run] rendered sbatch script: {rendered}")
+        return 0
+    if not (follow or local):
+        return 0
+    states = exp.status(return_dict=True) or {}
+    failed = {
+        task: str(info.get("status")) for task, info in states.items()
+        if getattr(info.get("status"), "name", None) != "SUCCEEDED"
+    }
+    if failed or not states:
+        print(f"error: job {name} did not succeed: {failed or 'no status'}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="launchers/nemo_run.py", description=__doc__.splitlines()[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("preset", help="preset name or YAML file (as for `megatron_sdpo run`)")
+    p.add_argument("overrides", nargs="*", help="key.path=value overrides")
+    p.add_argument("--executor", choices=["local", "slurm"], help="default: the preset's launch.executor")
+    p.add_argument("--dryrun", action="store_true", help="render the job (sbatch script) without running it")
+    p.add_argument("--nodes", type=int, help="overrides launch.nodes")
+    p.add_argument("--gpus-per-node", type=int, help="overrides launch.gpus_per_node")
+    p.add_argument("--nproc-per-node", type=int, help="training processes per node (default: gpus per node)")
+    p.add_argument("--partition", help="overrides launch.partition")
+    p.add_argument("--account", help="overrides launch.account")
+    p.add_argument("--time", help="overrides launch.time (HH:MM:SS)")
+    p.add_argument("--container-image", help="overrides launch.container_image")
+    p.add_argument("--container-mounts", default="", help="comma-separated SRC:DST container mounts")
+    p.add_argument("--ssh-host", help="submit over SSH to this login node (default: sbatch here)")
+    p.add_argument("--ssh-user")
+    p.add_argument("--ssh-identity", help="SSH private key file")
+    p.add_argument("--job-dir", help="directory for job files (with --ssh-host: on the cluster)")
+    p.add_argument("--out", help="run directory (default: runs/<name>-<time>)")
+    p.add_argument("--data-root", help="slurm: directory that relative data paths of the config are under "
+                   "(default: the current directory; required with --ssh-host)")
+    p.add_argument("--resume", action="store_true", help="continue the run in --out")
+    p.add_argument("--quiet", action="store_true", help="plain log lines instead of progress bars")
+    p.add_argument("--packager", choices=["auto", "git", "none"], default="auto",
+                   help="slurm: ship this checkout's committed HEAD (git) or use an installed package")
+    p.add_argument("--follow", action="store_true", help="slurm: wait for the job and stream its log")
+    return p
+
+
+def _launch_overrides(args: argparse.Namespace) -> list[str]:
+    flags = {
+        "nodes": args.nodes, "gpus_per_node": args.gpus_per_node, "partition": args.partition,
+        "account": args.account, "time": args.time, "container_image": args.container_image,
+    }
+    return [f"launch.{k}={v if isinstance(v, int) else _yaml_str(v)}" for k, v in flags.items() if v is not None]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        from megatron_sdpo.config import load_config
+
+        cfg = load_config(args.preset, list(args.overrides) + _launch_overrides(args))
+        executor_kind = args.executor or cfg.launch.executor
+        nproc = processes_per_node(cfg, args.nproc_per_node)
+        # Every check that needs no cluster comes before anything is rendered or queued.
+        if executor_kind == "local" and cfg.launch.nodes > 1:
+            raise ConfigError(f"--executor local runs on this machine only; launch.nodes={cfg.launch.nodes}")
+        if executor_kind == "slurm" and not cfg.launch.account:
+            raise ConfigError("a Slurm job needs an account: set launch.account or pass --account")
+        if args.ssh_host and not (args.job_dir and os.path.isabs(args.job_dir)):
+            raise ConfigError("--ssh-host needs --job-dir: an absolute directory on the cluster for job files")
+        packager = packager_choice(args.packager) if executor_kind == "slurm" else "none"
+        out = _run_dir(args, cfg, executor_kind)
+        preset, overrides = args.preset, list(args.overrides)
+        if executor_kind == "slurm":
+            preset, overrides = _anchor_paths(args, cfg)
+            if not args.ssh_host:  # the files are on this machine: check them before queueing
+                anchored = load_config(preset, overrides)
+                if not args.dryrun:
+                    _check_data_files(anchored)
+        _nemo_run()
+        cli = ["run", preset, *overrides, "--out", out]
+        cli += ["--resume"] if args.resume else []
+        cli += ["--quiet"] if args.quiet or executor_kind == "slurm" else []
+        task = megatron_sdpo_task(cli)
+        if executor_kind == "local":
+            executor = local_executor(nproc)
+        else:
+            mounts = [m for m in args.container_mounts.split(",") if m]
+            executor = slurm_executor(cfg, nproc, tunnel=_tunnel(args), packager=_packager(packager),
+                                      container_mounts=mounts)
+        print(f"[nemo_run] {executor_kind}: {cfg.launch.nodes if executor_kind == 'slurm' else 1} node(s) x "
+              f"{nproc} process(es): python -m megatron_sdpo {' '.join(cli)}", file=sys.stderr)
+        return submit(task, executor, name=cfg.name, dryrun=args.dryrun, follow=args.follow)
+    except UserError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,178 @@
+"""Teacher context: the re-prompt that gives the self-teacher privileged information.
+
+message = prompt + "\\n\\n" + [solution block] + [feedback block] + instruction
+
+The solution block carries a *successful sibling* (another sample of the same prompt that the
+verifier accepted; never the sample itself), the feedback block the environment's feedback on
+the sample's own failed attempt. The student's response tokens are later appended unchanged to
+the tokenized message, so teacher and student score the same tokens.
+"""
+from __future__ import annotations
+
+import random
+import re
+from dataclasses import dataclass
+
+import torch
+
+from megatron_sdpo.errors import ConfigError
+
+_THINK_BLOCK = re.compile(r"<think>.*?</think>", re.DOTALL)
+_TRUNCATION_MARK = "..."
+
+
+@dataclass(frozen=True)
+class ContextTemplates:
+    """How the teacher re-prompt is written.
+
+    solution_template / feedback_template: blocks with a `{solution}` / `{feedback}` field.
+    instruction: the closing instruction.
+    max_solution_chars / max_feedback_chars: longer texts are cut to this many characters
+        (None: no limit). The *end* is kept and the cut marked with "...": the final answer of a
+        solution and the last lines of an error trace are the informative parts.
+    use_solution / use_feedback: whether each block is used at all.
+    success_threshold: a reward >= this marks a successful attempt.
+    strip_thinking: remove `<think>...</think>` from the sibling's solution before quoting it.
+    """
+
+    solution_template: str = "Here is a correct solution:\n{solution}\n\n"
+    feedback_template: str = "Feedback on an earlier attempt:\n{feedback}\n\n"
+    instruction: str = "Now answer the question correctly."
+    max_solution_chars: int | None = 4096
+    max_feedback_chars: int | None = 2048
+    use_solution: bool = True
+    use_feedback: bool = True
+    success_threshold: float = 0.5
+    strip_thinking: bool = True
+
+    def __post_init__(self) -> None:
+        if "{solution}" not in self.solution_template:
+            raise ConfigError("context.solution_template must contain the field {solution}")
+        if "{feedback}" not in self.feedback_template:
+            raise ConfigError("context.feedback_template must contain the field {feedback}")
+        for name in ("max_solution_chars", "max_feedback_chars"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= len(_TRUNCATION_MARK)):
+                raise ConfigError(f"context.{name} must be None or an integer > {len(_TRUNCATION_MARK)}, got {value!r}")
+
+
+def strip_thinking(text: str) -> str:
+    """Remove reasoning spans: every `<think>...</think>` block, an unclosed `<think>` up to the
+    end of the text, and everything before a stray `</think>` (chat templates such as Qwen3's put
+    the opening `<think>` in the prompt, so the response holds only the closing tag).
+    Surrounding whitespace is stripped."""
+    text = _THINK_BLOCK.sub("", text)
+    if "</think>" in text:
+        text = text.rsplit("</think>", 1)[1]
+    if "<think>" in text:
+        text = text.split("<think>", 1)[0]
+    return text.strip()
+
+
+def _truncate(text: str, limit: int | None) -> str:
+    if limit is None or len(text) <= limit:
+        return text
+    return _TRUNCATION_MARK + text[len(text) - (limit - len(_TRUNCATION_MARK)):]
+
+
+def build_teacher_message(
+    prompt: str,
+    solution: str | None,
+    feedback: str | None,
+    templates: ContextTemplates = ContextTemplates(),
+) -> str:
+    """The teacher's user message for one sample.
+
+    Args:
+        prompt: the student's full user message.
+        solution: a successful sibling's response (already stripped of thinking), or None.
+        feedback: the environment's feedback on this sample's attempt, or None.
+        templates: formatting; solution and feedback are truncated to its limits.
+
+    Returns:
+        prompt + "\\n\\n" + [solution block] + [feedback block] + instruction. A None or empty
+        solution/feedback leaves its block out.
+    """
+    parts = [prompt, "\n\n"]
+    if solution:
+        parts.append(templates.solution_template.format(solution=_truncate(solution, templates.max_solution_chars)))
+    if feedback:
+        parts.append(templates.feedback_template.format(feedback=_truncate(feedback, templates.max_feedback_chars)))
+    parts.append(templates.instruction)
+    return "".join(parts)
+
+
+def _as_rng(rng: random.Random | int | None) -> random.Random | None:
+    if rng is None or isinstance(rng, random.Random):
+        return rng
+    if isinstance(rng, int) and not isinstance(rng, bool):
+        return random.Random(rng)
+    raise ConfigError(f"rng must be a random.Random, an integer seed or None, got {type(rng).__name__}")
+
+
+def build_teacher_contexts(
+    prompts: list[str],
+    responses: list[str],
+    rewards: list[float],
+    feedbacks: list[str | None],
+    *,
+    group_size: int,
+    templates: ContextTemplates = ContextTemplates(),
+    rng: random.Random | int | None = None,
+) -> list[str | None]:
+    """Teacher messages for a batch of grouped samples.
+
+    Args:
+        prompts: one per sample (samples of a prompt consecutive, `group_size` each).
+        responses: the samples' responses.
+        rewards: the samples' rewards.
+        feedbacks: the verifier's feedback per sample ("" or None when it has none).
+        group_size: samples per prompt.
+        templates: formatting and selection settings.
+        rng: chooses among several successful siblings (random.Random or a seed; the same
+            seed gives the same choice). None picks the first successful sibling.
+
+    Returns:
+        One entry per sample: the teacher message, or None when the sample has neither a
+        successful sibling (other than itself) nor feedback on a failed attempt. Feedback is
+        used only for failed attempts (reward < threshold). `context_mask` turns the list
+        into the [B] mask of samples with a context.
+    """
+    n = len(prompts)
+    if not (len(responses) == len(rewards) == len(feedbacks) == n):
+        raise ValueError(
+            f"prompts, responses, rewards and feedbacks must have one entry per sample, got "
+            f"{n}, {len(responses)}, {len(rewards)}, {len(feedbacks)}"
+        )
+    if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1:
+        raise ConfigError(f"group_size must be a positive integer, got {group_size!r}")
+    if n % group_size != 0:
+        raise ValueError(f"{n} samples do not split into groups of {group_size}")
+    gen = _as_rng(rng)
+    success = [float(r) >= templates.success_threshold for r in rewards]
+    # Strip each successful response once, not once per sibling that quotes it.
+    cleaned: dict[int, str] = {}
+    contexts: list[str | None] = []
+    for i in range(n):
+        start = (i // group_size) * group_size
+        solution = None
+        if templates.use_solution:
+            siblings = [j for j in range(start, start + group_size) if j != i and success[j]]
+            if siblings:
+                j = siblings[0] if gen is None else gen.choice(siblings)
+                if j not in cleaned:
+                    cleaned[j] = strip_thinking(responses[j]) if templates.strip_thinking else responses[j]
+                solution = cleaned[j] or None
+        feedback = None
+        if templates.use_feedback and not success[i] and feedbacks[i]:
+            feedback = feedbacks[i]
+        if solution is None and feedback is None:
+            contexts.append(None)
+        else:
+            contexts.append(build_teacher_message(prompts[i], solution, feedback, templates))
+    return contexts
+
+
+def context_mask(contexts: list[str | None]) -> torch.Tensor:
+    """[B] fp32 mask, 1 where a sample has a teacher context (multiply into the [B, T] loss mask)."""
+    return torch.tensor([0.0 if c is None else 1.0 for c in contexts], dtype=torch.float32)

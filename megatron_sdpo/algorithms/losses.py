@@ -1,0 +1,267 @@
+"""LossFn adapters (see `megatron_sdpo.backends.base.LossFn`) that the backends call.
+
+Each adapter declares the model outputs it needs (`requires`), computes its global normalizer
+from the batch's tensors, and maps (outputs, tensors, normalizer) to the pure maths of
+`grpo` / `sdpo`. Losses and metrics are shares: the backend adds them over micro-batches and
+ranks (metrics with `metric_reduce(name)`), which gives global token means.
+"""
+from __future__ import annotations
+
+import torch
+
+from megatron_sdpo.algorithms.grpo import policy_loss
+from megatron_sdpo.algorithms.sdpo import importance_weights, sampled_token_loss, token_distillation_loss
+from megatron_sdpo.algorithms.reduction import as_normalizer, masked_sum
+from megatron_sdpo.errors import ConfigError
+
+SDPO_VARIANTS = ("logits", "sampled")
+
+
+def metric_reduce(name: str) -> str:
+    """How a metric of these losses combines over micro-batches and ranks: "max" for names ending
+    in `_max`, "min" for `_min`, otherwise "sum" (the metric is a share of a global mean)."""
+    if name.endswith("_max"):
+        return "max"
+    if name.endswith("_min"):
+        return "min"
+    return "sum"
+
+
+def _tensor(tensors: dict[str, torch.Tensor], key: str, who: str) -> torch.Tensor:
+    if key not in tensors:
+        raise KeyError(f"{who} needs batch tensor {key!r}; the batch has {sorted(tensors)}")
+    return tensors[key]
+
+
+def _output(outputs: dict[str, torch.Tensor], key: str, who: str) -> torch.Tensor:
+    if key not in outputs:
+        raise KeyError(f"{who} needs model output {key!r} but the backend returned {sorted(outputs)}")
+    return outputs[key]
+
+
+class GRPOLoss:
+    """Clipped policy-gradient loss (token-mean over the global batch).
+
+    Reads tensors "advantages" [B] or [B, T], "old_logprobs" [B, T] (unless on_policy),
+    the mask `mask_key` [B, T] and, with tis_cap, "rollout_logprobs" [B, T].
+
+    Args:
+        clip_low, clip_high: ratio clip range (see `grpo.policy_loss`).
+        kl_coef: k3 KL-to-reference weight; > 0 adds "ref_logprobs" to `requires`.
+        tis_cap: truncated importance-sampling cap, None to disable.
+        mask_key: name of the loss mask tensor.
+        on_policy: use the current logprobs, detached, as old_logprobs (exactly one update per
+            batch); otherwise "old_logprobs" must be in the batch.
+    """
+
+    def __init__(
+        self,
+        *,
+        clip_low: float = 0.2,
+        clip_high: float = 0.28,
+        kl_coef: float = 0.0,
+        tis_cap: float | None = None,
+        mask_key: str = "loss_mask",
+        on_policy: bool = False,
+    ) -> None:
+        if not 0.0 <= clip_low < 1.0:
+            raise ConfigError(f"grpo.clip_low must be in [0, 1), got {clip_low}")
+        if clip_high < 0:
+            raise ConfigError(f"grpo.clip_high must be >= 0, got {clip_high}")
+        if kl_coef < 0:
+            raise ConfigError(f"grpo.kl_coef must be >= 0, got {kl_coef}")
+        if tis_cap is not None and tis_cap <= 0:
+            raise ConfigError(f"grpo.tis_cap must be > 0 or None, got {tis_cap}")
+        self.clip_low, self.clip_high = float(clip_low), float(clip_high)
+        self.kl_coef, self.tis_cap = float(kl_coef), tis_cap
+        self.mask_key, self.on_policy = mask_key, on_policy
+        self.requires = frozenset({"logprobs", "ref_logprobs"} if kl_coef > 0 else {"logprobs"})
+
+    def global_normalizer(self, tensors: dict[str, torch.Tensor]) -> torch.Tensor:
+        """fp32 count of loss tokens in `tensors` (call on the global batch)."""
+        return _tensor(tensors, self.mask_key, "GRPOLoss").to(torch.float32).sum()
+
+    def __call__(
+        self, outputs: dict[str, torch.Tensor], tensors: dict[str, torch.Tensor], normalizer: torch.Tensor
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        lp = _output(outputs, "logprobs", "GRPOLoss")
+        old = lp.detach() if self.on_policy else _tensor(tensors, "old_logprobs", "GRPOLoss")
+        return policy_loss(
+            lp,
+            old,
+            _tensor(tensors, "advantages", "GRPOLoss"),
+            _tensor(tensors, self.mask_key, "GRPOLoss"),
+            normalizer=normalizer,
+            clip_low=self.clip_low,
+            clip_high=self.clip_high,
+            ref_logprobs=_output(outputs, "ref_logprobs", "GRPOLoss") if self.kl_coef > 0 else None,
+            kl_coef=self.kl_coef,
+            rollout_logprobs=_tensor(tensors, "rollout_logprobs", "GRPOLoss") if self.tis_cap is not None else None,
+            tis_cap=self.tis_cap,
+        )
+
+
+class SDPOLoss:
+    """Self-distillation loss, mean over the masked tokens of the global batch.
+
+    The mask `mask_key` must already be zero for samples without a teacher context.
+
+    Args:
+        variant: "logits" (full vocabulary or top-k over [B, T, V] logits; requires "logits",
+            "teacher_logits") or "sampled" (reverse KL on the sampled tokens; requires
+            "teacher_logprobs" and alpha == 1).
+        alpha: generalized-JSD interpolation (0 forward KL, 0.5 JSD, 1 reverse KL).
+        topk: None for the full vocabulary, else the student's top-k ids.
+        add_tail: add the tail bucket to the top-k distributions.
+        is_clip: clip of the importance weights exp(logprobs - rollout_logprobs), read from
+            tensors "rollout_logprobs"; None disables them. With IS on, "logprobs" is required.
+        temperature: logit temperature of the distillation.
+        mask_key: name of the mask tensor.
+    """
+
+    def __init__(
+        self,
+        *,
+        variant: str = "logits",
+        alpha: float = 0.5,
+        topk: int | None = 100,
+        add_tail: bool = True,
+        is_clip: float | None = 2.0,
+        temperature: float = 1.0,
+        mask_key: str = "loss_mask",
+        fused: bool = False,
+        kernel_impl: str = "auto",
+        chunk_tokens: int = 1024,
+        chunk_vocab: int = 8192,
+    ) -> None:
+        if fused and (variant != "logits" or topk is not None):
+            raise ConfigError("kernel.fused_kl is the full-vocabulary path: it needs sdpo.variant=logits and sdpo.topk=null")
+        if variant not in SDPO_VARIANTS:
+            raise ConfigError(f"sdpo.variant must be one of {', '.join(SDPO_VARIANTS)}, got {variant!r}")
+        if not 0.0 <= alpha <= 1.0:
+            raise ConfigError(f"sdpo.alpha must be in [0, 1], got {alpha}")
+        if variant == "sampled" and alpha != 1.0:
+            raise ConfigError(f"sdpo.variant 'sampled' is the reverse KL only and needs sdpo.alpha = 1, got {alpha}")
+        if topk is not None and (isinstance(topk, bool) or not isinstance(topk, int) or topk < 1):
+            raise ConfigError(f"sdpo.topk must be None or a positive integer, got {topk!r}")
+        if is_clip is not None and is_clip <= 0:
+            raise ConfigError(f"sdpo.is_clip must be > 0 or None, got {is_clip}")
+        if temperature <= 0:
+            raise ConfigError(f"sdpo.temperature must be > 0, got {temperature}")
+        self.variant, self.alpha, self.topk, self.add_tail = variant, float(alpha), topk, add_tail
+        self.is_clip, self.temperature, self.mask_key = is_clip, float(temperature), mask_key
+        self.fused, self.kernel_impl = fused, kernel_impl
+        self.chunk_tokens, self.chunk_vocab = chunk_tokens, chunk_vocab
+        needs = {"logits", "teacher_logits"} if variant == "logits" else {"logprobs", "teacher_logprobs"}
+        if fused:
+            needs = {"fused_kl"}
+        if is_clip is not None:
+            needs.add("logprobs")
+        self.requires = frozenset(needs)
+
+    def global_normalizer(self, tensors: dict[str, torch.Tensor]) -> torch.Tensor:
+        """fp32 count of distilled tokens in `tensors` (call on the global batch)."""
+        return _tensor(tensors, self.mask_key, "SDPOLoss").to(torch.float32).sum()
+
+    def __call__(
+        self, outputs: dict[str, torch.Tensor], tensors: dict[str, torch.Tensor], normalizer: torch.Tensor
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        mask = _tensor(tensors, self.mask_key, "SDPOLoss")
+        weights = None
+        if self.is_clip is not None:
+            weights = importance_weights(
+                _output(outputs, "logprobs", "SDPOLoss"),
+                _tensor(tensors, "rollout_logprobs", "SDPOLoss (is_clip is set)"),
+                clip=self.is_clip,
+            )
+        if self.fused:
+            per_token = _output(outputs, "fused_kl", "SDPOLoss")
+            norm = as_normalizer(normalizer, per_token)
+            weighted = per_token if weights is None else per_token * weights
+            loss = masked_sum(weighted, mask) / norm
+            metrics = {"sdpo/loss_per_token": masked_sum(per_token.detach(), mask) / norm}
+            if weights is not None:
+                metrics["sdpo/is_weight_mean"] = masked_sum(weights, mask) / norm
+            return loss, metrics
+        if self.variant == "sampled":
+            return sampled_token_loss(
+                _output(outputs, "logprobs", "SDPOLoss"),
+                _output(outputs, "teacher_logprobs", "SDPOLoss"),
+                mask,
+                normalizer=normalizer,
+                is_weights=weights,
+            )
+        return token_distillation_loss(
+            _output(outputs, "logits", "SDPOLoss"),
+            _output(outputs, "teacher_logits", "SDPOLoss"),
+            mask,
+            alpha=self.alpha,
+            topk=self.topk,
+            add_tail=self.add_tail,
+            is_weights=weights,
+            normalizer=normalizer,
+            temperature=self.temperature,
+        )
+
+
+    def fused_token_loss(
+        self,
+        student_hidden: torch.Tensor,
+        teacher_hidden: torch.Tensor,
+        student_weight: torch.Tensor,
+        teacher_weight: torch.Tensor,
+        mask: torch.Tensor,
+        *,
+        tp_group=None,
+    ) -> torch.Tensor:
+        """Per-token distillation loss [N] straight from hidden states [N, H] and LM heads
+        [V(/TP), H] through the fused kernel (no [N, V] logits); the backend calls this to fill
+        the "fused_kl" output. Gradients reach the student hidden states and weight only."""
+        from megatron_sdpo.kernels import ChunkSizes, fused_linear_kl
+
+        return fused_linear_kl(
+            student_hidden,
+            teacher_hidden,
+            student_weight,
+            teacher_weight,
+            alpha=self.alpha,
+            temperature=self.temperature,
+            mask=mask,
+            impl=self.kernel_impl,
+            tp_group=tp_group,
+            chunk_sizes=ChunkSizes(tokens=self.chunk_tokens, vocab=self.chunk_vocab),
+        )
+
+
+class HybridLoss:
+    """lam * GRPO + (1 - lam) * SDPO distillation, each a token mean over its own mask.
+
+    The convex weighting mirrors the SDPO paper's hybrid advantage (lam * A_GRPO +
+    (1 - lam) * A_SDPO): lam = 1 is plain GRPO, lam = 0 plain SDPO.
+
+    The two terms normally use different masks: GRPO every response token ("loss_mask"), SDPO
+    only samples with a teacher context (e.g. "distill_mask"), so the normalizer is a [2] fp32
+    tensor (GRPO count, SDPO count); a backend reduces it elementwise like a scalar one.
+    """
+
+    def __init__(self, sdpo: SDPOLoss, grpo: GRPOLoss, lam: float) -> None:
+        if not 0.0 <= lam <= 1.0:
+            raise ConfigError(f"hybrid lambda (weight of the GRPO term) must be in [0, 1], got {lam}")
+        self.sdpo, self.grpo, self.lam = sdpo, grpo, float(lam)
+        self.requires = sdpo.requires | grpo.requires
+
+    def global_normalizer(self, tensors: dict[str, torch.Tensor]) -> torch.Tensor:
+        """[2] fp32: (GRPO loss-token count, SDPO distilled-token count)."""
+        return torch.stack([self.grpo.global_normalizer(tensors), self.sdpo.global_normalizer(tensors)])
+
+    def __call__(
+        self, outputs: dict[str, torch.Tensor], tensors: dict[str, torch.Tensor], normalizer: torch.Tensor
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        if normalizer.shape != (2,):
+            raise ValueError(f"HybridLoss needs the [2] normalizer of its global_normalizer, got shape {tuple(normalizer.shape)}")
+        grpo_loss, grpo_metrics = self.grpo(outputs, tensors, normalizer[0])
+        sdpo_loss, sdpo_metrics = self.sdpo(outputs, tensors, normalizer[1])
+        metrics = {**grpo_metrics, **sdpo_metrics}
+        metrics["hybrid/grpo_loss"] = grpo_loss.detach()
+        metrics["hybrid/sdpo_loss"] = sdpo_loss.detach()
+        return self.lam * grpo_loss + (1.0 - self.lam) * sdpo_loss, metrics

@@ -1,0 +1,274 @@
+"""SDPO: token-level self-distillation from a teacher that sees privileged context.
+
+The student s = pi_theta(. | x, y_<t) and the teacher q = pi_T(. | x, c, y_<t) score the same
+response tokens; the teacher prompt differs but the response columns line up token for token
+(see `megatron_sdpo.backends.base`). Everything here is the plain-torch specification: the fused
+kernels in `megatron_sdpo.kernels` are tested against these functions.
+
+Aggregation follows the SDPO paper: mean over the masked tokens of the *global* batch
+(`sum(mask * w * loss_t) / normalizer`); TRL's trainer instead averages per sequence first.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from megatron_sdpo.algorithms.reduction import as_normalizer, check_same_shape, masked_sum
+from megatron_sdpo.errors import ConfigError
+
+# Log-probabilities below this have probability exactly 0 in fp32 (exp(-1e4) == 0). Flooring them
+# keeps -inf logits (padded vocabulary rows) from producing 0 * -inf = NaN in KL sums and their
+# gradients, and changes no finite probability.
+_LOGP_FLOOR = -1.0e4
+# The top-k log-mass is clamped to at most log(1 - 1e-6): rounding in the fp32 logsumexp can put
+# it at (or above) 0 when the k ids hold virtually all the mass, and log(1 - mass) would be -inf.
+_TOPK_LOG_MASS_MAX = math.log1p(-1.0e-6)
+
+
+def _log1mexp(x: torch.Tensor) -> torch.Tensor:
+    """log(1 - exp(x)) for x < 0, accurate on both sides of -log 2 (Maechler's log1mexp)."""
+    x = x.clamp(max=_TOPK_LOG_MASS_MAX)
+    return torch.where(x > -math.log(2.0), torch.log(-torch.expm1(x)), torch.log1p(-torch.exp(x)))
+
+
+def _kl(logp: torch.Tensor, logq: torch.Tensor) -> torch.Tensor:
+    """KL(p || q) over the last dim from log-probabilities; [..., V] -> [...]."""
+    return (logp.exp() * (logp - logq)).sum(-1)
+
+
+def _generalized_jsd(logp_s: torch.Tensor, logp_t: torch.Tensor, alpha: float) -> torch.Tensor:
+    """(1 - a) KL(s || M) + a KL(q || M), M = (1 - a) s + a q; endpoints are the exact KLs.
+
+    The interior expression tends to 0 (not to a KL) as a -> 0 or 1; like the SDPO and GKD code,
+    a = 0 and a = 1 therefore mean the forward KL(q || s) and the reverse KL(s || q) themselves.
+    """
+    if alpha == 0.0:
+        return _kl(logp_t, logp_s)
+    if alpha == 1.0:
+        return _kl(logp_s, logp_t)
+    log_m = torch.logaddexp(logp_s + math.log1p(-alpha), logp_t + math.log(alpha))
+    return (1.0 - alpha) * _kl(logp_s, log_m) + alpha * _kl(logp_t, log_m)
+
+
+def _entropy(logp: torch.Tensor) -> torch.Tensor:
+    return -(logp.exp() * logp).sum(-1)
+
+
+def token_distillation_loss(
+    student_logits: torch.Tensor,
+    teacher_logits: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    alpha: float,
+    topk: int | None = None,
+    add_tail: bool = True,
+    is_weights: torch.Tensor | None = None,
+    normalizer: torch.Tensor | float | None = None,
+    temperature: float = 1.0,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Per-token generalized JSD between student and teacher next-token distributions.
+
+    Args:
+        student_logits: [B, T, V] student logits at the response tokens (gets the gradient).
+        teacher_logits: [B, T, V] teacher logits at the same tokens (detached here).
+        mask: [B, T] 1 on tokens to distill (zero for samples without a teacher context).
+        alpha: interpolation in [0, 1]: 0 = forward KL(q || s), 0.5 = JSD, 1 = reverse KL(s || q).
+        topk: None for the full vocabulary, else k: the *student's* top-k ids, teacher
+            log-probabilities gathered at them.
+        add_tail: with topk, add one bucket log(1 - sum of the k probabilities) to each
+            distribution (k + 1 outcomes); without it both are renormalized over the k ids.
+        is_weights: [B, T] importance weights (detached here) multiplying the per-token loss.
+        normalizer: divisor of the masked sum; defaults to mask.sum() (mean over masked tokens).
+            Pass the global token count when this is one micro-batch of a larger batch.
+        temperature: both logit sets are divided by it before the softmax.
+
+    Returns:
+        (loss, metrics): loss = sum(mask * w * loss_t) / normalizer, fp32 scalar, whatever the
+        input dtype. Metrics (detached fp32, shares of the same normalizer):
+        "sdpo/loss_per_token" (unweighted), "sdpo/student_entropy", "sdpo/teacher_entropy"
+        (full-vocabulary), with topk "sdpo/topk_mass_student" / "sdpo/topk_mass_teacher" (mass of
+        the student's top-k ids under each model), with is_weights "sdpo/is_weight_mean".
+    """
+    if not 0.0 <= alpha <= 1.0:
+        raise ConfigError(f"alpha must be in [0, 1], got {alpha}")
+    if temperature <= 0:
+        raise ConfigError(f"temperature must be > 0, got {temperature}")
+    check_same_shape("student_logits", student_logits, "teacher_logits", teacher_logits)
+    if student_logits.dim() != 3:
+        raise ValueError(f"student_logits must be [B, T, V], got shape {tuple(student_logits.shape)}")
+    check_same_shape("mask", mask, "student_logits[..., 0]", student_logits[..., 0])
+    vocab = student_logits.shape[-1]
+    if topk is not None and (isinstance(topk, bool) or not isinstance(topk, int) or not 1 <= topk <= vocab):
+        raise ConfigError(f"topk must be None or an integer in [1, vocab size {vocab}], got {topk!r}")
+
+    s = student_logits.to(torch.float32)
+    t = teacher_logits.detach().to(torch.float32)
+    if temperature != 1.0:
+        s = s / temperature
+        t = t / temperature
+    logp_s_full = torch.log_softmax(s, dim=-1).clamp_min(_LOGP_FLOOR)
+    logp_t_full = torch.log_softmax(t, dim=-1).clamp_min(_LOGP_FLOOR)
+
+    metrics: dict[str, torch.Tensor] = {}
+    norm = as_normalizer(mask.to(torch.float32).sum() if normalizer is None else normalizer, s)
+    if topk is None:
+        logp_s, logp_t = logp_s_full, logp_t_full
+    else:
+        ids = logp_s_full.detach().topk(topk, dim=-1).indices
+        top_s = logp_s_full.gather(-1, ids)
+        top_t = logp_t_full.gather(-1, ids)
+        mass_s = torch.logsumexp(top_s, dim=-1, keepdim=True)
+        mass_t = torch.logsumexp(top_t, dim=-1, keepdim=True)
+        if add_tail:
+            logp_s = torch.cat([top_s, _log1mexp(mass_s)], dim=-1)
+            logp_t = torch.cat([top_t, _log1mexp(mass_t)], dim=-1)
+        else:
+            logp_s = top_s - mass_s
+            logp_t = top_t - mass_t
+        with torch.no_grad():
+            metrics["sdpo/topk_mass_student"] = masked_sum(mass_s.squeeze(-1).exp(), mask) / norm
+            metrics["sdpo/topk_mass_teacher"] = masked_sum(mass_t.squeeze(-1).exp(), mask) / norm
+
+    per_token = _generalized_jsd(logp_s, logp_t, float(alpha))
+    weighted = per_token
+    if is_weights is not None:
+        check_same_shape("is_weights", is_weights, "mask", mask)
+        w = is_weights.detach().to(torch.float32)
+        weighted = per_token * w
+        metrics["sdpo/is_weight_mean"] = masked_sum(w, mask) / norm
+    loss = masked_sum(weighted, mask) / norm
+
+    with torch.no_grad():
+        metrics["sdpo/loss_per_token"] = masked_sum(per_token, mask) / norm
+        metrics["sdpo/student_entropy"] = masked_sum(_entropy(logp_s_full), mask) / norm
+        metrics["sdpo/teacher_entropy"] = masked_sum(_entropy(logp_t_full), mask) / norm
+    return loss, metrics
+
+
+def importance_weights(logp_now: torch.Tensor, logp_rollout: torch.Tensor, clip: float = 2.0) -> torch.Tensor:
+    """min(exp(logp_now - logp_rollout), clip), detached fp32 [B, T].
+
+    Corrects the distillation loss for tokens sampled by a different policy (the rollout engine,
+    or the policy before earlier updates on the same batch).
+    """
+    if clip <= 0:
+        raise ConfigError(f"importance-weight clip must be > 0, got {clip}")
+    check_same_shape("logp_now", logp_now, "logp_rollout", logp_rollout)
+    # Clamping in log space first avoids exp overflow to inf (min(inf, clip) is fine, but its
+    # neighbours in a fused graph are not).
+    d = (logp_now.detach().to(torch.float32) - logp_rollout.detach().to(torch.float32)).clamp(max=math.log(clip))
+    return torch.exp(d)
+
+
+def sampled_token_loss(
+    student_logprobs: torch.Tensor,
+    teacher_logprobs: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    normalizer: torch.Tensor | float,
+    is_weights: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Reverse KL on the sampled tokens only: per_token = (log s(y_t) - log q(y_t)).detach() * log s(y_t).
+
+    Its gradient is the score-function estimate of grad KL(s || q) from the sampled y_t, so it
+    needs only [B, T] logprobs (no logits), e.g. when the teacher is scored by the rollout engine.
+
+    Args:
+        student_logprobs: [B, T] log s(y_t) (gets the gradient).
+        teacher_logprobs: [B, T] log q(y_t) (detached).
+        mask: [B, T].
+        normalizer: global count of distilled tokens.
+        is_weights: [B, T] optional importance weights (detached).
+
+    Returns:
+        (loss, metrics) with "sdpo/sampled_kl" = share of sum(mask * (log s - log q)), the
+        per-token Monte-Carlo estimate of KL(s || q).
+    """
+    check_same_shape("student_logprobs", student_logprobs, "teacher_logprobs", teacher_logprobs)
+    check_same_shape("student_logprobs", student_logprobs, "mask", mask)
+    lp_s = student_logprobs.to(torch.float32)
+    gap = (lp_s - teacher_logprobs.to(torch.float32)).detach()
+    per_token = gap * lp_s
+    norm = as_normalizer(normalizer, lp_s)
+    metrics: dict[str, torch.Tensor] = {"sdpo/sampled_kl": masked_sum(gap, mask) / norm}
+    if is_weights is not None:
+        check_same_shape("is_weights", is_weights, "mask", mask)
+        w = is_weights.detach().to(torch.float32)
+        per_token = per_token * w
+        metrics["sdpo/is_weight_mean"] = masked_sum(w, mask) / norm
+    return masked_sum(per_token, mask) / norm, metrics
+
+
+def sdpo_token_advantages(student_logprobs: torch.Tensor, teacher_logprobs: torch.Tensor) -> torch.Tensor:
+    """Per-token SDPO advantage log q(y_t) - log s(y_t), detached fp32 [B, T]."""
+    check_same_shape("student_logprobs", student_logprobs, "teacher_logprobs", teacher_logprobs)
+    return (teacher_logprobs.detach().to(torch.float32) - student_logprobs.detach().to(torch.float32))
+
+
+def hybrid_advantages(a_grpo: torch.Tensor, a_sdpo: torch.Tensor, lam: float) -> torch.Tensor:
+    """lam * a_grpo + (1 - lam) * a_sdpo (SDPO paper's hybrid).
+
+    Args:
+        a_grpo: [B] per-sample or [B, T] per-token GRPO advantages.
+        a_sdpo: [B, T] per-token SDPO advantages (or [B]).
+        lam: weight of the GRPO term in [0, 1].
+
+    Returns:
+        fp32 [B, T] when either input is per-token, else [B]; a [B] input is broadcast over T.
+    """
+    if not 0.0 <= lam <= 1.0:
+        raise ConfigError(f"hybrid lambda must be in [0, 1], got {lam}")
+    g = a_grpo.detach().to(torch.float32)
+    d = a_sdpo.detach().to(torch.float32)
+    if g.shape[0] != d.shape[0]:
+        raise ValueError(f"a_grpo has {g.shape[0]} samples but a_sdpo has {d.shape[0]}")
+    if g.dim() == 1 and d.dim() == 2:
+        g = g.unsqueeze(-1)
+    elif d.dim() == 1 and g.dim() == 2:
+        d = d.unsqueeze(-1)
+    return lam * g + (1.0 - lam) * d
+
+
+def distill_mask(
+    response_ids: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    reasoning_end_ids: list[int] | None,
+    distill_cot: bool,
+) -> torch.Tensor:
+    """Which response tokens to distill: all of them, or only the answer after the reasoning.
+
+    Args:
+        response_ids: [B, T] response token ids (right-padded).
+        mask: [B, T] 1 on real response tokens (typically already zero for samples without a
+            teacher context).
+        reasoning_end_ids: token ids of the reasoning-end marker (e.g. the ids of `</think>`);
+            required when distill_cot is False.
+        distill_cot: True distills every response token (the chain of thought included).
+
+    Returns:
+        [B, T] fp32 mask. With distill_cot=False, tokens up to and including the *last* complete
+        occurrence of the marker (inside the masked region) are zeroed. A sample without the
+        marker keeps all its tokens: in non-thinking mode, or on short tool-use traces, the whole
+        response is the answer and dropping it would silently remove the sample's signal.
+        (A truncated, never-closed reasoning span is therefore distilled in full.)
+    """
+    check_same_shape("response_ids", response_ids, "mask", mask)
+    out = mask.to(torch.float32).clone()
+    if distill_cot:
+        return out
+    if not reasoning_end_ids:
+        raise ConfigError("distill_cot=False needs reasoning_end_ids (the token ids that close the reasoning span)")
+    L = len(reasoning_end_ids)
+    B, T = response_ids.shape
+    if T < L:
+        return out
+    marker = torch.as_tensor(reasoning_end_ids, dtype=response_ids.dtype, device=response_ids.device)
+    windows = response_ids.unfold(1, L, 1)  # [B, T - L + 1, L]
+    valid = (mask != 0).unfold(1, L, 1).all(-1)
+    found = (windows == marker).all(-1) & valid
+    pos = torch.arange(L - 1, T, device=response_ids.device).expand(B, -1)
+    last_end = torch.where(found, pos, torch.full_like(pos, -1)).amax(dim=1, keepdim=True)  # [B, 1]
+    keep = torch.arange(T, device=response_ids.device).unsqueeze(0) > last_end
+    return out * keep.to(torch.float32)

@@ -1,0 +1,196 @@
+"""Teacher weights and when to update them.
+
+The teacher is a second weight set with the student's layout. The update functions work on
+parameter iterables shard by shard (each rank passes its local shards of both models in the same
+order), so any backend -- plain torch, DDP, Megatron TP/PP -- uses them with no communication.
+
+Schedules (`TeacherController`):
+- "ema": theta_T <- (1 - r) theta_T + r theta_S after every optimizer step (r = 0.05 is "fast";
+  the continual-learning study finds it collapses).
+- "frozen": the teacher is the student as it was at the start of the stage.
+- "restart_freeze" (StableSDPO): copy the student into the teacher at the stage start and then
+  every ceil(gamma * stage_steps) steps; frozen in between (gamma = 0.4 was best).
+"""
+from __future__ import annotations
+
+import math
+from typing import Iterable
+
+import torch
+
+from megatron_sdpo.errors import ConfigError
+
+MODES = ("ema", "frozen", "restart_freeze")
+ACTIONS = ("none", "copy", "ema")
+
+
+def _pairs(name_a: str, a: Iterable[torch.Tensor], name_b: str, b: Iterable[torch.Tensor]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    la, lb = list(a), list(b)
+    if len(la) != len(lb):
+        raise ValueError(f"{name_a} has {len(la)} tensors but {name_b} has {len(lb)}: the layouts differ")
+    for k, (x, y) in enumerate(zip(la, lb)):
+        if x.shape != y.shape:
+            raise ValueError(f"tensor {k}: {name_a} has shape {tuple(x.shape)} but {name_b} has {tuple(y.shape)}")
+    return list(zip(la, lb))
+
+
+def _check_rate(name: str, rate: float) -> None:
+    if not 0.0 <= rate <= 1.0:
+        raise ConfigError(f"{name} must be in [0, 1], got {rate}")
+
+
+@torch.no_grad()
+def ema_update_(teacher_params: Iterable[torch.Tensor], student_params: Iterable[torch.Tensor], rate: float) -> None:
+    """In place: teacher <- (1 - rate) * teacher + rate * student, computed in fp32.
+
+    A bf16 teacher is updated through an fp32 copy and rounded once; note that with small rates
+    bf16 rounding can swallow the update entirely, so keep an fp32 teacher (or fp32 master copy)
+    when the rate is below ~1e-2.
+    """
+    _check_rate("ema rate", rate)
+    for t, s in _pairs("teacher_params", teacher_params, "student_params", student_params):
+        if t.dtype == torch.float32:
+            t.lerp_(s.to(torch.float32), rate)
+        else:
+            t32 = t.to(torch.float32)
+            t32.lerp_(s.to(torch.float32), rate)
+            t.copy_(t32)
+
+
+@torch.no_grad()
+def copy_(teacher_params: Iterable[torch.Tensor], student_params: Iterable[torch.Tensor]) -> None:
+    """In place: teacher <- student (cast to the teacher's dtype)."""
+    for t, s in _pairs("teacher_params", teacher_params, "student_params", student_params):
+        t.copy_(s)
+
+
+@torch.no_grad()
+def blend_(
+    target: Iterable[torch.Tensor], a: Iterable[torch.Tensor], b: Iterable[torch.Tensor], weight: float
+) -> None:
+    """In place: target <- (1 - weight) * a + weight * b, computed in fp32.
+
+    Used to initialize the teacher from a checkpoint (a) blended with the student (b); `target`
+    may be the same tensors as `a` or `b`.
+    """
+    _check_rate("blend weight", weight)
+    ta = _pairs("target", target, "a", a)
+    tb = _pairs("target", [x for x, _ in ta], "b", b)
+    for (out, x), (_, y) in zip(ta, tb):
+        mixed = torch.lerp(x.to(torch.float32), y.to(torch.float32), weight)
+        out.copy_(mixed)
+
+
+class TeacherController:
+    """Decides the teacher action at stage starts and after each optimizer step.
+
+    Args:
+        mode: "ema" | "frozen" | "restart_freeze".
+        ema_rate: the EMA rate r (mode "ema"), in (0, 1].
+        freeze_fraction: gamma in (0, 1] (mode "restart_freeze"): fraction of the stage's steps
+            the teacher stays frozen between restarts.
+        stage_steps: optimizer steps per stage (can be overridden per stage in on_stage_start).
+        ema_reset_at_stage: mode "ema" only: copy the student into the teacher at every stage
+            start; by default the EMA teacher carries over between stages and is copied only at
+            the first stage start.
+
+    Actions are "none", "copy" (student -> teacher) and "ema" (apply `ema_update_` with
+    `ema_rate`); the backend's `teacher_update(action, rate=...)` performs them.
+    """
+
+    def __init__(
+        self,
+        mode: str,
+        ema_rate: float = 0.05,
+        freeze_fraction: float = 0.4,
+        stage_steps: int = 1,
+        *,
+        ema_reset_at_stage: bool = False,
+    ) -> None:
+        if mode not in MODES:
+            raise ConfigError(f"teacher mode must be one of {', '.join(MODES)}, got {mode!r}")
+        if mode == "ema" and not 0.0 < ema_rate <= 1.0:
+            raise ConfigError(f"teacher.ema_rate must be in (0, 1] for mode 'ema', got {ema_rate}")
+        if mode == "restart_freeze" and not 0.0 < freeze_fraction <= 1.0:
+            raise ConfigError(f"teacher.freeze_fraction must be in (0, 1], got {freeze_fraction}")
+        self.mode = mode
+        self.ema_rate = float(ema_rate)
+        self.freeze_fraction = float(freeze_fraction)
+        self.ema_reset_at_stage = bool(ema_reset_at_stage)
+        self.stage_steps = self._check_steps(stage_steps)
+        self.stage_index = -1  # no stage started yet
+        self.step = 0  # optimizer steps completed in the current stage
+        self.num_copies = 0
+
+    @staticmethod
+    def _check_steps(stage_steps: int) -> int:
+        if isinstance(stage_steps, bool) or not isinstance(stage_steps, int) or stage_steps < 1:
+            raise ConfigError(f"stage_steps must be a positive integer, got {stage_steps!r}")
+        return stage_steps
+
+    @property
+    def restart_period(self) -> int:
+        """Steps between restarts in mode "restart_freeze": ceil(freeze_fraction * stage_steps)."""
+        # round() first so that 0.4 * 100 = 40.000000000000004 does not become 41.
+        return max(1, math.ceil(round(self.freeze_fraction * self.stage_steps, 9)))
+
+    def on_stage_start(self, stage_steps: int | None = None) -> str:
+        """Call before the first step of a stage; returns the action to apply now."""
+        if stage_steps is not None:
+            self.stage_steps = self._check_steps(stage_steps)
+        first = self.stage_index < 0
+        self.stage_index += 1
+        self.step = 0
+        if self.mode == "ema" and not (first or self.ema_reset_at_stage):
+            return "none"
+        self.num_copies += 1
+        return "copy"
+
+    def after_step(self, step: int) -> str:
+        """Call after optimizer step `step` (1-based, counted within the stage); returns the action.
+
+        restart_freeze copies at multiples of the restart period, except at the stage's last step
+        (the next stage starts with a copy anyway, and the stage's checkpoint keeps the teacher it
+        trained with).
+        """
+        if self.stage_index < 0:
+            raise RuntimeError("TeacherController.after_step called before on_stage_start")
+        if isinstance(step, bool) or not isinstance(step, int) or step != self.step + 1:
+            raise ValueError(f"after_step expected step {self.step + 1} of the stage, got {step!r}")
+        self.step = step
+        if self.mode == "ema":
+            return "ema"
+        if self.mode == "frozen":
+            return "none"
+        if step % self.restart_period == 0 and step < self.stage_steps:
+            self.num_copies += 1
+            return "copy"
+        return "none"
+
+    def state_dict(self) -> dict:
+        """Everything needed to resume the schedule mid-stage."""
+        return {
+            "mode": self.mode,
+            "ema_rate": self.ema_rate,
+            "freeze_fraction": self.freeze_fraction,
+            "ema_reset_at_stage": self.ema_reset_at_stage,
+            "stage_steps": self.stage_steps,
+            "stage_index": self.stage_index,
+            "step": self.step,
+            "num_copies": self.num_copies,
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore a state written by `state_dict`; the schedule settings must match."""
+        for key in ("mode", "ema_rate", "freeze_fraction", "ema_reset_at_stage"):
+            if key not in state:
+                raise ConfigError(f"teacher controller state lacks {key!r}")
+            if state[key] != getattr(self, key):
+                raise ConfigError(
+                    f"teacher.{key} is {getattr(self, key)!r} in the config but {state[key]!r} in the "
+                    f"checkpoint; resume with the same teacher settings"
+                )
+        self.stage_steps = self._check_steps(int(state["stage_steps"]))
+        self.stage_index = int(state["stage_index"])
+        self.step = int(state["step"])
+        self.num_copies = int(state["num_copies"])

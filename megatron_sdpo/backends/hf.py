@@ -1,0 +1,484 @@
+"""HF transformers backend: a causal LM policy, its teacher copy and torch DDP over gloo/NCCL.
+
+Every rank receives the same global `SequenceBatch`; the backend takes its data-parallel slice,
+splits it into micro-batches, and owns every normalization factor: the loss normalizer is
+computed once over the *global* batch (so it needs no all-reduce), each micro-batch contributes
+`sum(per-token) / normalizer`, and the loss is multiplied by the DP world size because DDP
+averages gradients. Loss, grad norm and updated weights therefore do not depend on the number
+of ranks or micro-batches (tests/unit/backends and tests/distributed check this).
+
+Dropout is disabled (the model stays in eval mode while training): the importance ratios of
+GRPO/SDPO compare the trainer's distribution with the sampler's, which must be the same
+function of the weights.
+"""
+from __future__ import annotations
+
+import copy
+import json
+import random
+import shutil
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from megatron_sdpo.algorithms.teacher import copy_ as teacher_copy_
+from megatron_sdpo.algorithms.teacher import ema_update_
+from megatron_sdpo.backends.base import REQUIRES, LossFn, SequenceBatch
+from megatron_sdpo.backends.checkpoint import (
+    atomic_checkpoint_dir,
+    check_complete,
+    load_hf_weights,
+    torch_load,
+)
+from megatron_sdpo.backends.layout import pack, token_entropy, token_logprobs
+from megatron_sdpo.errors import CheckpointError, ConfigError, DataError
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_TEACHER_NEEDS = {"teacher_logits", "teacher_logprobs"}
+_TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "vocab.json",
+    "merges.txt",
+    "chat_template.jinja",
+)
+
+
+def _resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype not in _DTYPES:
+        raise ConfigError(f"dtype must be one of {sorted(_DTYPES)}, got {dtype!r}")
+    return _DTYPES[dtype]
+
+
+class _ResponseLogits(nn.Module):
+    """Runs the decoder and the output projection on the response columns only, in fp32.
+
+    Taking hidden states P-1 .. P+T-2 before the output projection avoids computing logits
+    over the prompt, and doing the projection in fp32 avoids rounding bf16 GEMM outputs before
+    the log-softmax. DDP wraps this module so the backward hooks see every parameter used."""
+
+    def __init__(self, lm: nn.Module):
+        super().__init__()
+        self.lm = lm
+        cfg = lm.config
+        for unsupported in ("final_logit_softcapping", "logit_scale"):
+            if getattr(cfg, unsupported, None) not in (None, 1.0):
+                raise ConfigError(
+                    f"model config sets {unsupported}; the HF backend's fp32 output projection "
+                    "does not implement it"
+                )
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        position_ids: torch.Tensor,
+        response_len: int,
+        hidden_only: bool = False,
+    ) -> torch.Tensor:
+        """[B, P+T] ids/mask/positions -> [B, T, V] fp32 logits predicting the response tokens
+        (or, with hidden_only, the [B, T, H] final hidden states that predict them)."""
+        decoder = getattr(self.lm, self.lm.base_model_prefix)
+        hidden = decoder(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            use_cache=False,
+        ).last_hidden_state
+        L = hidden.shape[1]
+        h = hidden[:, L - response_len - 1 : L - 1]
+        if hidden_only:
+            return h
+        head = self.lm.get_output_embeddings()
+        bias = None if head.bias is None else head.bias.float()
+        return F.linear(h.float(), head.weight.float(), bias)
+
+
+class HFBackend:
+    """Policy + teacher (+ optional frozen reference) transformers causal LMs trained with AdamW.
+
+    `micro_batch_size` counts samples per forward/backward on one rank. With
+    torch.distributed initialized, the policy is wrapped in DDP (gloo on CPU)."""
+
+    def __init__(
+        self,
+        model_path: str,
+        *,
+        dtype: str = "float32",
+        lr: float,
+        weight_decay: float = 0.0,
+        betas: tuple[float, float] = (0.9, 0.999),
+        grad_clip: float = 1.0,
+        micro_batch_size: int,
+        seed: int = 0,
+        with_teacher: bool = True,
+        with_reference: bool = False,
+        pad_token_id: int | None = None,
+    ):
+        from transformers import AutoModelForCausalLM
+
+        if micro_batch_size < 1:
+            raise ConfigError(f"micro_batch_size must be >= 1, got {micro_batch_size}")
+        if lr <= 0:
+            raise ConfigError(f"lr must be > 0, got {lr}")
+        if not Path(model_path, "config.json").is_file():
+            raise ConfigError(f"model_path {model_path!r} is not a HF model directory (no config.json)")
+        self.model_path = str(model_path)
+        self.dtype = _resolve_dtype(dtype)
+        self.lr, self.weight_decay, self.betas = lr, weight_decay, tuple(betas)
+        self.grad_clip = grad_clip
+        self.micro_batch_size = micro_batch_size
+        self.seed = seed
+        self.step = 0
+
+        torch.manual_seed(seed)
+        random.seed(seed)
+        np.random.seed(seed)
+
+        self.policy = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=self.dtype)
+        self.policy.eval()
+        cfg = self.policy.config
+        if pad_token_id is None:
+            pad_token_id = cfg.pad_token_id if cfg.pad_token_id is not None else cfg.eos_token_id
+        if isinstance(pad_token_id, (list, tuple)):
+            pad_token_id = pad_token_id[0]
+        # Pad ids are masked out everywhere; any valid id works when the config names none.
+        self.pad_token_id = int(pad_token_id) if pad_token_id is not None else 0
+
+        self.teacher = self._frozen_copy() if with_teacher else None
+        self.reference = self._frozen_copy() if with_reference else None
+
+        self.world = dist.get_world_size() if dist.is_initialized() else 1
+        self.rank = dist.get_rank() if dist.is_initialized() else 0
+        self._head = _ResponseLogits(self.policy)
+        # In-process vLLM initializes a world-1 process group of its own: DDP only when there
+        # is data parallelism to do.
+        if self.world > 1:
+            from torch.nn.parallel import DistributedDataParallel as DDP
+
+            self._train_module: nn.Module = DDP(self._head)
+        else:
+            self._train_module = self._head
+        self.optimizer = self._make_optimizer()
+
+    # ------------------------------------------------------------------ setup helpers
+    def _frozen_copy(self) -> nn.Module:
+        m = copy.deepcopy(self.policy)
+        m.requires_grad_(False)
+        m.eval()
+        return m
+
+    def _make_optimizer(self) -> torch.optim.Optimizer:
+        decay, no_decay = [], []
+        for p in self.policy.parameters():
+            if p.requires_grad:
+                # Norm gains and biases are not decayed (the usual AdamW practice).
+                (decay if p.ndim >= 2 else no_decay).append(p)
+        groups = [
+            {"params": decay, "weight_decay": self.weight_decay},
+            {"params": no_decay, "weight_decay": 0.0},
+        ]
+        return torch.optim.AdamW(groups, lr=self.lr, betas=self.betas)
+
+    def _model(self, name: str) -> nn.Module:
+        if name == "policy":
+            return self.policy
+        if name == "teacher":
+            if self.teacher is None:
+                raise ConfigError("this backend was built with with_teacher=False")
+            return self.teacher
+        if name == "reference":
+            if self.reference is None:
+                raise ConfigError("this backend was built with with_reference=False")
+            return self.reference
+        raise ConfigError(f"model must be 'policy', 'teacher' or 'reference', got {name!r}")
+
+    def _dp_slice(self, n: int) -> list[int]:
+        """Contiguous, near-equal split of n samples over DP ranks (np.array_split order)."""
+        if n < self.world:
+            raise DataError(f"global batch of {n} samples is smaller than the DP world size {self.world}")
+        base, extra = divmod(n, self.world)
+        start = self.rank * base + min(self.rank, extra)
+        return list(range(start, start + base + (1 if self.rank < extra else 0)))
+
+    def _micro_batches(self, idx: list[int]) -> list[list[int]]:
+        mbs = self.micro_batch_size
+        return [idx[i : i + mbs] for i in range(0, len(idx), mbs)]
+
+    # ------------------------------------------------------------------ forward
+    def _logits(
+        self, module: nn.Module, prompts: list[list[int]], responses: list[list[int]], T: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """-> ([b, T, V] fp32 logits predicting each response token, [b, T] response ids)."""
+        pk = pack(prompts, responses, response_len=T, pad_id=self.pad_token_id)
+        if not isinstance(module, (_ResponseLogits, nn.parallel.DistributedDataParallel)):
+            module = _ResponseLogits(module)
+        logits = module(pk.input_ids, pk.attention_mask, pk.position_ids, T)
+        return logits, pk.response_ids
+
+    def _fused_kl(self, mb: SequenceBatch, T: int, module: nn.Module, loss_fn) -> torch.Tensor:
+        """[b, T] per-token distillation loss from hidden states through the fused kernel: the
+        [b, T, V] logits of neither model are ever built."""
+        if loss_fn is None or not hasattr(loss_fn, "fused_token_loss"):
+            raise ConfigError("'fused_kl' is only available to a loss with fused_token_loss (SDPOLoss(fused=True))")
+        heads = [m.get_output_embeddings() for m in (self.policy, self._model("teacher"))]
+        if any(h.bias is not None for h in heads):
+            raise ConfigError("kernel.fused_kl needs an LM head without bias")
+        pk = pack(mb.prompt_ids, mb.response_ids, response_len=T, pad_id=self.pad_token_id)
+        h_s = module(pk.input_ids, pk.attention_mask, pk.position_ids, T, hidden_only=True)
+        tp = mb.teacher_prompt_ids or [None] * len(mb)
+        prompts = [t if t is not None else p for t, p in zip(tp, mb.prompt_ids)]
+        tk = pack(prompts, mb.response_ids, response_len=T, pad_id=self.pad_token_id)
+        with torch.no_grad():
+            h_t = _ResponseLogits(self._model("teacher"))(tk.input_ids, tk.attention_mask, tk.position_ids, T, hidden_only=True)
+        mask = mb.tensors[loss_fn.mask_key] > 0
+        b, _, H = h_s.shape
+        per_token = loss_fn.fused_token_loss(
+            h_s.reshape(b * T, H), h_t.reshape(b * T, -1), heads[0].weight, heads[1].weight, mask.reshape(-1)
+        )
+        return per_token.view(b, T)
+
+    def _outputs(
+        self, mb: SequenceBatch, T: int, requires: frozenset, module: nn.Module, loss_fn=None
+    ) -> dict[str, torch.Tensor]:
+        """Computes exactly the quantities in `requires` for one micro-batch (policy with grad
+        when called under grad mode; teacher/reference always under no_grad)."""
+        unknown = set(requires) - REQUIRES
+        if unknown:
+            raise ConfigError(f"loss requires unknown outputs {sorted(unknown)}; known: {sorted(REQUIRES)}")
+        out: dict[str, torch.Tensor] = {}
+        if "fused_kl" in requires:
+            out["fused_kl"] = self._fused_kl(mb, T, module, loss_fn)
+        if requires & {"logprobs", "entropy", "logits"}:
+            logits, targets = self._logits(module, mb.prompt_ids, mb.response_ids, T)
+            if "logits" in requires:
+                out["logits"] = logits
+            if "logprobs" in requires:
+                out["logprobs"] = token_logprobs(logits, targets)
+            if "entropy" in requires:
+                out["entropy"] = token_entropy(logits)
+        if requires & _TEACHER_NEEDS:
+            teacher = self._model("teacher")
+            tp = mb.teacher_prompt_ids or [None] * len(mb)
+            # Samples without a teacher context get their student prompt: their loss mask is 0,
+            # this only keeps the batch rectangular.
+            prompts = [t if t is not None else p for t, p in zip(tp, mb.prompt_ids)]
+            with torch.no_grad():
+                t_logits, targets = self._logits(teacher, prompts, mb.response_ids, T)
+            if "teacher_logits" in requires:
+                out["teacher_logits"] = t_logits
+            if "teacher_logprobs" in requires:
+                out["teacher_logprobs"] = token_logprobs(t_logits, targets)
+        if "ref_logprobs" in requires:
+            with torch.no_grad():
+                r_logits, targets = self._logits(self._model("reference"), mb.prompt_ids, mb.response_ids, T)
+            out["ref_logprobs"] = token_logprobs(r_logits, targets)
+        return out
+
+    def _with_response_mask(self, batch: SequenceBatch) -> SequenceBatch:
+        """Adds "response_mask" [B, T] to the tensors (if absent) and checks per-token shapes."""
+        T = batch.max_response_len
+        tensors = dict(batch.tensors)
+        tensors.setdefault("response_mask", batch.response_mask())
+        for k, v in tensors.items():
+            if v.shape[0] != len(batch):
+                raise DataError(f"tensor {k!r} has {v.shape[0]} rows for a batch of {len(batch)}")
+            if v.ndim >= 2 and v.shape[1] != T:
+                raise DataError(f"tensor {k!r} has {v.shape[1]} columns; the batch's longest response has {T}")
+        return SequenceBatch(batch.prompt_ids, batch.response_ids, batch.teacher_prompt_ids, tensors)
+
+    # ------------------------------------------------------------------ public API
+    def compute(
+        self, batch: SequenceBatch, requires: frozenset | set, *, model: str = "policy"
+    ) -> dict[str, torch.Tensor]:
+        """Quantities in `requires` for the whole batch under no_grad, micro-batched on this rank
+        (not DP-sharded): "logprobs"/"entropy" [B, T], "logits" [B, T, V], teacher/ref as in
+        REQUIRES. `model` selects the weights used for the policy quantities."""
+        batch = self._with_response_mask(batch)
+        T = batch.max_response_len
+        if T == 0:
+            raise DataError("every response in the batch is empty")
+        module = self._model(model)
+        parts: dict[str, list[torch.Tensor]] = {}
+        with torch.no_grad():
+            for mb_idx in self._micro_batches(list(range(len(batch)))):
+                for k, v in self._outputs(batch.select(mb_idx), T, frozenset(requires), module).items():
+                    parts.setdefault(k, []).append(v)
+        return {k: torch.cat(v) for k, v in parts.items()}
+
+    def logprobs(self, batch: SequenceBatch, *, model: str = "policy") -> torch.Tensor:
+        """[B, T] fp32 log-probs of `batch.response_ids` under `model` ("policy" | "teacher" |
+        "reference"); the teacher reads `teacher_prompt_ids` where given. Under DP each rank
+        scores its slice and the rows are all-gathered. Padding columns hold 0."""
+        batch = self._with_response_mask(batch)
+        T = batch.max_response_len
+        if T == 0:
+            raise DataError("every response in the batch is empty")
+        idx = self._dp_slice(len(batch))
+        sub = batch.select(idx)
+        if model == "teacher":
+            tp = sub.teacher_prompt_ids or [None] * len(sub)
+            sub = SequenceBatch(
+                [t if t is not None else p for t, p in zip(tp, sub.prompt_ids)], sub.response_ids, None, sub.tensors
+            )
+        module = self._model(model)
+        rows = []
+        with torch.no_grad():
+            for mb_idx in self._micro_batches(list(range(len(sub)))):
+                mb = sub.select(mb_idx)
+                logits, targets = self._logits(module, mb.prompt_ids, mb.response_ids, T)
+                rows.append(token_logprobs(logits, targets))
+        local = torch.cat(rows) * sub.tensors["response_mask"]
+        if self.world == 1:
+            return local
+        return self._all_gather_rows(local, len(batch))
+
+    def _all_gather_rows(self, local: torch.Tensor, n: int) -> torch.Tensor:
+        base, extra = divmod(n, self.world)
+        width = base + (1 if extra else 0)
+        padded = torch.zeros((width,) + tuple(local.shape[1:]), dtype=local.dtype)
+        padded[: local.shape[0]] = local
+        chunks = [torch.empty_like(padded) for _ in range(self.world)]
+        dist.all_gather(chunks, padded.contiguous())
+        sizes = [base + (1 if r < extra else 0) for r in range(self.world)]
+        return torch.cat([c[:s] for c, s in zip(chunks, sizes)])
+
+    def train_step(self, batch: SequenceBatch, loss_fn: LossFn) -> dict[str, float]:
+        """One AdamW step on the global batch. Returns {"loss", "grad_norm", "skipped",
+        "samples", <loss metrics summed over the global batch>}; identical on every rank."""
+        batch = self._with_response_mask(batch)
+        T = batch.max_response_len
+        if T == 0:
+            raise DataError("every response in the batch is empty")
+        requires = frozenset(loss_fn.requires)
+        normalizer = loss_fn.global_normalizer(batch.tensors)
+        local = self._dp_slice(len(batch))
+        micro = self._micro_batches(local)
+        ddp = self._train_module if self.world > 1 else None
+
+        loss_sum = torch.zeros((), dtype=torch.float32)
+        metric_sums: dict[str, torch.Tensor] = {}
+        self.optimizer.zero_grad(set_to_none=True)
+        for k, mb_idx in enumerate(micro):
+            sync = ddp is None or k == len(micro) - 1
+            with nullcontext() if sync else ddp.no_sync():
+                mb = batch.select(mb_idx)
+                outputs = self._outputs(mb, T, requires, self._train_module, loss_fn)
+                loss, metrics = loss_fn(outputs, mb.tensors, normalizer)
+                # DDP averages gradients over ranks; the loss is already a share of the global
+                # sum, so undo the average.
+                (loss * self.world).backward()
+            loss_sum += loss.detach().float()
+            for name, v in metrics.items():
+                metric_sums[name] = metric_sums.get(name, 0.0) + v.detach().float()
+
+        params = [p for p in self.policy.parameters() if p.requires_grad]
+        max_norm = self.grad_clip if self.grad_clip and self.grad_clip > 0 else float("inf")
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+        finite = bool(torch.isfinite(grad_norm))
+        if finite:
+            self.optimizer.step()
+            self.step += 1
+        self.optimizer.zero_grad(set_to_none=True)
+
+        names = sorted(metric_sums)
+        packed = torch.stack([loss_sum] + [metric_sums[n].reshape(()) for n in names])
+        if self.world > 1:
+            packed = packed.contiguous()
+            dist.all_reduce(packed)
+        values = packed.tolist()
+        result = {"loss": values[0], "grad_norm": float(grad_norm), "skipped": 0.0 if finite else 1.0}
+        result["samples"] = float(len(batch))
+        result.update({n: v for n, v in zip(names, values[1:])})
+        return result
+
+    def export_weights(self, *, model: str = "policy") -> Iterator[tuple[str, torch.Tensor]]:
+        """Yields (HF name, tensor) one at a time, in state-dict order. Tensors are detached
+        views of the live weights (copy them if you keep them); tied weights are yielded once,
+        under the name the HF state dict keeps (e.g. the input embedding)."""
+        seen: set[int] = set()
+        for name, t in self._model(model).state_dict(keep_vars=False).items():
+            ptr = t.untyped_storage().data_ptr()
+            if ptr in seen:
+                continue
+            seen.add(ptr)
+            yield name, t.detach()
+
+    def teacher_update(self, action: str, *, rate: float = 0.0) -> None:
+        """"ema": θ_T ← (1-rate)·θ_T + rate·θ_S; "copy": θ_T ← θ_S; "none": nothing."""
+        if action == "none":
+            return
+        teacher = list(self._model("teacher").parameters())
+        student = list(self.policy.parameters())
+        if action == "ema":
+            ema_update_(teacher, student, rate)
+        elif action == "copy":
+            teacher_copy_(teacher, student)
+        else:
+            raise ConfigError(f"teacher action must be 'ema', 'copy' or 'none', got {action!r}")
+
+    def reset_optimizer(self) -> None:
+        """Fresh AdamW state (moments and step count), e.g. at a stage boundary."""
+        self.optimizer = self._make_optimizer()
+
+    # ------------------------------------------------------------------ checkpoints
+    def save(self, path: str, *, extra: dict | None = None) -> None:
+        """Writes policy/ and teacher/ (HF safetensors dirs), reference/ when present,
+        optimizer.pt, rng.pt, extra.json and a COMPLETE marker, atomically (rank 0 writes)."""
+        extra = dict(extra or {})
+        json.dumps(extra)  # fail before writing anything if extra is not JSON-serializable
+        if self.rank == 0:
+            with atomic_checkpoint_dir(path) as tmp:
+                for name in ("policy", "teacher", "reference"):
+                    m = getattr(self, name)
+                    if m is not None:
+                        m.save_pretrained(str(tmp / name), safe_serialization=True)
+                        self._copy_tokenizer(tmp / name)
+                torch.save({"optimizer": self.optimizer.state_dict(), "step": self.step}, tmp / "optimizer.pt")
+                torch.save(
+                    {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()},
+                    tmp / "rng.pt",
+                )
+                (tmp / "extra.json").write_text(json.dumps(extra))
+        if self.world > 1:
+            dist.barrier()
+
+    def _copy_tokenizer(self, dest: Path) -> None:
+        for f in _TOKENIZER_FILES:
+            src = Path(self.model_path, f)
+            if src.is_file():
+                shutil.copyfile(src, dest / f)
+
+    def load(self, path: str, *, weights_only: bool = False) -> dict:
+        """Restores a checkpoint written by `save`; returns its extra dict. weights_only loads
+        policy and teacher weights only (stage transitions keep the fresh optimizer/RNG)."""
+        root = check_complete(path)
+        load_hf_weights(self.policy, root / "policy")
+        if self.teacher is not None:
+            load_hf_weights(self.teacher, root / "teacher")
+        try:
+            extra = json.loads((root / "extra.json").read_text())
+        except (OSError, ValueError) as exc:
+            raise CheckpointError(f"checkpoint {path}: unreadable extra.json ({exc})") from None
+        if weights_only:
+            return extra
+        if self.reference is not None and (root / "reference").is_dir():
+            load_hf_weights(self.reference, root / "reference")
+        opt = torch_load(root / "optimizer.pt")
+        self.optimizer = self._make_optimizer()
+        self.optimizer.load_state_dict(opt["optimizer"])
+        self.step = int(opt["step"])
+        rng = torch_load(root / "rng.pt")
+        torch.set_rng_state(rng["torch"])
+        np.random.set_state(rng["numpy"])
+        random.setstate(rng["python"])
+        return extra

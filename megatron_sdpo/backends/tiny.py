@@ -1,0 +1,52 @@
+"""A tiny random Qwen3 causal LM for tests and benchmarks (no download, no tokenizer).
+
+The shape is the smallest one every engine accepts: vLLM's CPU attention needs head_dim >= 32,
+so 4 heads x 32 = hidden 128. Weights are random but seeded, so two calls give the same model.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+TINY_QWEN3 = dict(
+    vocab_size=304,
+    hidden_size=128,
+    intermediate_size=256,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=32,
+    max_position_embeddings=512,
+    rope_theta=10000.0,
+    rms_norm_eps=1e-6,
+    tie_word_embeddings=False,
+    bos_token_id=1,
+    eos_token_id=2,
+    pad_token_id=0,
+    attention_dropout=0.0,
+)
+
+
+def save_tiny_qwen3(path: str | Path, *, seed: int = 0, **overrides) -> str:
+    """Build a random `Qwen3ForCausalLM` with `TINY_QWEN3` (plus `overrides`) and save it
+    (safetensors, fp32) to `path`; returns the directory as a string."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    cfg = Qwen3Config(**{**TINY_QWEN3, **overrides})
+    state = torch.random.get_rng_state()
+    torch.manual_seed(seed)
+    try:
+        model = Qwen3ForCausalLM(cfg).float()
+        # The default init (std 0.02) gives near-uniform next-token distributions; a wider
+        # output layer makes sampled tokens and logprobs informative in tests.
+        with torch.no_grad():
+            model.lm_head.weight.normal_(0.0, 0.5)
+    finally:
+        torch.random.set_rng_state(state)
+    model.generation_config.eos_token_id = cfg.eos_token_id
+    model.generation_config.pad_token_id = cfg.pad_token_id
+    out = Path(path)
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(str(out))
+    return str(out)

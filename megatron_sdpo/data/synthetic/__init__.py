@@ -1,0 +1,28 @@
+"""The built-in synthetic suite: four domains x five splits, small enough for a ~1M-param model.
+
+`generate(domain, split, n, seed)` is deterministic (private seeded RNGs, no global state).
+Splits: "train"; "id" (held-out items of the train generator, disjoint from train for every
+seed); "ood_near" / "ood_mid" / "ood_far" (out of distribution at increasing distance).
+Each record carries "solution", an ideal response used for the supervised warm-up.
+"""
+from __future__ import annotations
+
+from megatron_sdpo.data.records import DOMAINS
+from megatron_sdpo.data.synthetic import code, math, science, tooluse
+from megatron_sdpo.data.synthetic.base import SPLITS
+from megatron_sdpo.errors import DataError
+
+_MODULES = {"math": math, "science": science, "tooluse": tooluse, "code": code}
+
+DEFAULT_DIFFICULTY: dict[str, float] = {d: m.DEFAULT_DIFFICULTY for d, m in _MODULES.items()}
+
+
+def generate(domain: str, split: str, n: int, seed: int, difficulty: float | None = None) -> list[dict]:
+    """`n` records of `domain` / `split`; `difficulty` in [0, 1] (None: the calibrated default)."""
+    if domain not in _MODULES:
+        raise DataError(f"unknown domain {domain!r}; expected one of {', '.join(DOMAINS)}")
+    mod = _MODULES[domain]
+    return mod.generate(split, n, seed, mod.DEFAULT_DIFFICULTY if difficulty is None else difficulty)
+
+
+__all__ = ["DOMAINS", "SPLITS", "DEFAULT_DIFFICULTY", "generate"]

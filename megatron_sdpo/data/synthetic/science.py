@@ -1,0 +1,66 @@
+"""Synthetic multiple-choice "lab measurement" questions answered as ``<answer>X</answer>``.
+
+The rule is a monotone property read off the question (pick the largest or the smallest
+reading), not a memorized fact table, so a tiny model can learn it from a little evidence and
+RL can sharpen it. The reference response names the extreme reading first, then its letter.
+`difficulty` is the probability of four choices instead of three (chance 1/4 vs 1/3).
+train / id: "Which sample is hottest / coldest / heaviest / lightest?", one-digit readings.
+ood_near: other phrasings ("has the highest temperature"), one-digit readings.
+ood_mid:  training phrasings, two-digit readings.
+ood_far:  other phrasings, two-digit readings and six choices.
+"""
+from __future__ import annotations
+
+import random
+
+from megatron_sdpo.data.records import LETTERS
+from megatron_sdpo.data.synthetic.base import check_args, make_record, rng_for, sample_unique
+
+DEFAULT_DIFFICULTY = 0.5
+INSTRUCTION = "Reply <answer>X</answer>."
+
+# (superlative, unit, pick max?)
+TRAIN_PROPS = (
+    ("is hottest", "K", True),
+    ("is coldest", "K", False),
+    ("is heaviest", "g", True),
+    ("is lightest", "g", False),
+)
+NEAR_PROPS = (
+    ("has the highest temperature", "K", True),
+    ("has the lowest temperature", "K", False),
+    ("has the largest mass", "g", True),
+    ("has the smallest mass", "g", False),
+)
+
+
+def _draw(split: str, difficulty: float):
+    two_digit = split in ("ood_mid", "ood_far")
+    props = NEAR_PROPS if split in ("ood_near", "ood_far") else TRAIN_PROPS
+    lo, hi = (10, 99) if two_digit else (1, 9)
+
+    def draw(rng: random.Random):
+        p = rng.randrange(len(props))
+        k = 6 if split == "ood_far" else (4 if rng.random() < difficulty else 3)
+        return (p, tuple(rng.sample(range(lo, hi + 1), k)))
+
+    return draw, props
+
+
+def generate(split: str, n: int, seed: int, difficulty: float = DEFAULT_DIFFICULTY) -> list[dict]:
+    """`n` science records of `split`; deterministic in (split, n, seed, difficulty)."""
+    check_args(split, n, difficulty)
+    rng = rng_for("science", split, seed, difficulty)
+    draw, props = _draw(split, difficulty)
+    keys = sample_unique(rng, n, draw, split, what="science")
+    out = []
+    for i, (p, values) in enumerate(keys):
+        word, unit, pick_max = props[p]
+        best = max(values) if pick_max else min(values)
+        letter = LETTERS[values.index(best)]
+        choices = [f"{v} {unit}" for v in values]
+        listing = " ".join(f"{LETTERS[j]}) {c}" for j, c in enumerate(choices))
+        prompt = f"Which sample {word}? {listing}. {INSTRUCTION}"
+        solution = f"{best} {unit} <answer>{letter}</answer>"
+        out.append(make_record("science", split, seed, i, prompt, solution, choices=choices, answer=letter))
+    return out

@@ -1,0 +1,223 @@
+"""Artifact statistics of a batch of responses and a collapse monitor.
+
+The SDPO collapse mode the paper reports is a formatting artifact (e.g. a second `\\boxed`)
+that the teacher-student loop amplifies until every answer is degenerate. These statistics
+are cheap (string work only) so they run every step and every eval.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+from megatron_sdpo.errors import ConfigError, DataError
+
+log = logging.getLogger(__name__)
+
+DEFAULT_FORMAT_TOKENS: tuple[str, ...] = ("\\boxed", "</answer>", "Action:")
+
+
+@dataclass
+class ArtifactConfig:
+    """What counts as an artifact.
+
+    format_tokens: substrings counted per response; "repeated" means more than once in one
+        response (a well-formed answer has exactly one `\\boxed`, one `</answer>`; tool use
+        may legitimately repeat `Action:`, so read its rate against the base).
+    ngram: n of the word n-grams whose repetition within a response is measured.
+    """
+
+    format_tokens: tuple[str, ...] = DEFAULT_FORMAT_TOKENS
+    ngram: int = 4
+
+    def __post_init__(self) -> None:
+        if self.ngram < 1:
+            raise ConfigError(f"artifacts.ngram must be >= 1, got {self.ngram}")
+        if any(not t for t in self.format_tokens):
+            raise ConfigError("artifacts.format_tokens must not contain an empty string")
+
+
+def repeated_ngram_rate(text: str, n: int) -> float | None:
+    """Share of the word n-grams of `text` that repeat an earlier n-gram of the same text:
+    (count - distinct) / count. None when the text has fewer than n words."""
+    words = text.split()
+    if len(words) < n:
+        return None
+    grams = [tuple(words[i : i + n]) for i in range(len(words) - n + 1)]
+    return (len(grams) - len(set(grams))) / len(grams)
+
+
+def format_token_key(token: str) -> str:
+    """Metric-name-safe form of a format token: `\\boxed` -> boxed, `</answer>` -> answer_close."""
+    key = token.strip()
+    if key.startswith("</"):
+        key = key[2:].rstrip(">") + "_close"
+    key = "".join(ch if ch.isalnum() else "_" for ch in key.lstrip("\\<").rstrip(":>")).strip("_")
+    return key.lower() or "token"
+
+
+def artifact_stats(
+    responses: Sequence[str],
+    *,
+    truncated: Sequence[bool] | None = None,
+    token_lengths: Sequence[int] | None = None,
+    teacher_mask: Sequence[bool] | None = None,
+    config: ArtifactConfig = ArtifactConfig(),
+) -> dict[str, float]:
+    """Per-batch (or per-eval) artifact statistics of N response strings.
+
+    truncated [N]: stopped at max length (from the rollout engine); token_lengths [N]:
+    response lengths in tokens; teacher_mask [N]: the sample had a teacher context. Each is
+    optional; its metrics are omitted when not given.
+
+    Keys (all floats): n, repeated_ngram_rate (mean over responses with >= ngram words; NaN if
+    none), repeated_ngram_any (share of responses with any repeated n-gram), empty_rate
+    (whitespace-only responses), truncated_rate, mean_chars, mean_tokens, teacher_share, and for
+    each format token `tok`: fmt_<key>_mean_count, fmt_<key>_repeat_rate (share of responses
+    with more than one occurrence), fmt_<key>_present_rate.
+    """
+    n = len(responses)
+    if n == 0:
+        raise DataError("artifact_stats needs at least one response")
+    for name, seq in (("truncated", truncated), ("token_lengths", token_lengths), ("teacher_mask", teacher_mask)):
+        if seq is not None and len(seq) != n:
+            raise DataError(f"artifact_stats: {name} has {len(seq)} entries for {n} responses")
+    rates = [repeated_ngram_rate(r, config.ngram) for r in responses]
+    measured = [r for r in rates if r is not None]
+    out: dict[str, float] = {
+        "n": float(n),
+        "repeated_ngram_rate": sum(measured) / len(measured) if measured else math.nan,
+        "repeated_ngram_any": sum(1 for r in measured if r > 0) / n,
+        "empty_rate": sum(1 for r in responses if not r.strip()) / n,
+        "mean_chars": sum(len(r) for r in responses) / n,
+    }
+    for tok in config.format_tokens:
+        counts = [r.count(tok) for r in responses]
+        key = format_token_key(tok)
+        out[f"fmt_{key}_mean_count"] = sum(counts) / n
+        out[f"fmt_{key}_repeat_rate"] = sum(1 for c in counts if c > 1) / n
+        out[f"fmt_{key}_present_rate"] = sum(1 for c in counts if c > 0) / n
+    if truncated is not None:
+        out["truncated_rate"] = sum(1 for t in truncated if t) / n
+    if token_lengths is not None:
+        out["mean_tokens"] = sum(token_lengths) / n
+    if teacher_mask is not None:
+        out["teacher_share"] = sum(1 for t in teacher_mask if t) / n
+    return out
+
+
+@dataclass
+class CollapseConfig:
+    """Alarm thresholds (None disables a check); an alarm fires when any enabled check trips.
+
+    max_repeated_ngram_rate / max_format_repeat_rate / max_empty_rate / max_truncated_rate:
+        upper bounds on the artifact_stats of the same names (format repeat: any format token).
+    min_mean_chars: lower bound on mean response length (answers shrinking to nothing).
+    patience: consecutive alarming updates before `should_stop` turns true.
+    stop: whether an alarm may stop the stage (otherwise it only logs and marks the run).
+    """
+
+    max_repeated_ngram_rate: float | None = 0.5
+    max_format_repeat_rate: float | None = 0.5
+    max_empty_rate: float | None = 0.5
+    max_truncated_rate: float | None = None
+    min_mean_chars: float | None = None
+    patience: int = 3
+    stop: bool = False
+
+    def __post_init__(self) -> None:
+        if self.patience < 1:
+            raise ConfigError(f"collapse.patience must be >= 1, got {self.patience}")
+        for name in ("max_repeated_ngram_rate", "max_format_repeat_rate", "max_empty_rate", "max_truncated_rate"):
+            v = getattr(self, name)
+            if v is not None and not 0.0 <= v <= 1.0:
+                raise ConfigError(f"collapse.{name} must be a rate in [0, 1], got {v}")
+
+
+@dataclass
+class Alarm:
+    """Result of one `CollapseMonitor.update`: truthy when the alarm fired."""
+
+    fired: bool
+    reasons: list[str] = field(default_factory=list)
+    step: int | None = None
+
+    def __bool__(self) -> bool:
+        return self.fired
+
+
+class CollapseMonitor:
+    """Watch artifact statistics step by step; alarm, log, mark the run, and optionally stop.
+
+    On every firing update the reason is logged at WARNING and appended to `events`; when
+    `marker_path` is given the events are (re)written there as JSON, so a finished run
+    carries a visible mark. `should_stop` is true once `patience` consecutive updates fired
+    and the config allows stopping.
+    """
+
+    def __init__(self, config: CollapseConfig = CollapseConfig(), *, marker_path: str | Path | None = None):
+        self.config = config
+        self.marker_path = Path(marker_path) if marker_path is not None else None
+        self.events: list[dict] = []
+        self.consecutive = 0
+        self.updates = 0
+
+    def _checks(self, stats: dict[str, float]) -> list[str]:
+        c = self.config
+        reasons = []
+
+        def above(key: str, limit: float | None, value: float | None = None) -> None:
+            v = stats.get(key) if value is None else value
+            if limit is not None and v is not None and not math.isnan(v) and v > limit:
+                reasons.append(f"{key}={v:.3f} > {limit:.3f}")
+
+        above("repeated_ngram_rate", c.max_repeated_ngram_rate)
+        above("empty_rate", c.max_empty_rate)
+        above("truncated_rate", c.max_truncated_rate)
+        if c.max_format_repeat_rate is not None:
+            for key, v in sorted(stats.items()):
+                if key.startswith("fmt_") and key.endswith("_repeat_rate"):
+                    above(key, c.max_format_repeat_rate, v)
+        if c.min_mean_chars is not None and stats.get("mean_chars", math.inf) < c.min_mean_chars:
+            reasons.append(f"mean_chars={stats['mean_chars']:.1f} < {c.min_mean_chars:.1f}")
+        return reasons
+
+    def update(self, stats: dict[str, float], *, step: int | None = None) -> Alarm:
+        """Check one artifact_stats dict; returns an `Alarm` (truthy when it fired)."""
+        self.updates += 1
+        reasons = self._checks(stats)
+        if not reasons:
+            self.consecutive = 0
+            return Alarm(False, [], step)
+        self.consecutive += 1
+        event = {"step": step, "update": self.updates, "reasons": reasons, "consecutive": self.consecutive}
+        self.events.append(event)
+        log.warning("collapse alarm%s: %s", f" at step {step}" if step is not None else "", "; ".join(reasons))
+        if self.marker_path is not None:
+            self.marker_path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self.marker_path.with_suffix(self.marker_path.suffix + ".tmp")
+            tmp.write_text(json.dumps({"config": asdict(self.config), "events": self.events}, indent=2))
+            tmp.replace(self.marker_path)
+        return Alarm(True, reasons, step)
+
+    @property
+    def alarmed(self) -> bool:
+        """Whether any update has fired."""
+        return bool(self.events)
+
+    @property
+    def should_stop(self) -> bool:
+        """True when stopping is enabled and the last `patience` updates all fired."""
+        return self.config.stop and self.consecutive >= self.config.patience
+
+    def state_dict(self) -> dict:
+        """For checkpoints: the counters and events (the config comes from the run config)."""
+        return {"events": list(self.events), "consecutive": self.consecutive, "updates": self.updates}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.events = list(state["events"])
+        self.consecutive = int(state["consecutive"])
+        self.updates = int(state["updates"])

@@ -1,0 +1,42 @@
+"""Worker process for math-verify (run as a script by megatron_sdpo.rewards.math).
+
+sympy can hang in C code (``9^{9^{9}}``) where no signal-based timeout reaches it, so the trainer
+keeps math-verify in this separate process and kills it on a deadline. Protocol: one JSON object
+per line on stdin ({"gold": str, "answer": str}); one per line on stdout
+({"correct": bool, "parsed": str, "error": str | null}). A first line {"ready": true} announces
+that the imports are done.
+"""
+import json
+import sys
+import warnings
+
+
+def main() -> None:
+    warnings.simplefilter("ignore")
+    import logging
+
+    logging.disable(logging.WARNING)  # math-verify warns about disabled timeouts on every call
+    from math_verify import parse, verify
+
+    out = sys.stdout
+    out.write(json.dumps({"ready": True}) + "\n")
+    out.flush()
+    gold_cache: dict = {}
+    for line in sys.stdin:
+        try:
+            req = json.loads(line)
+            gold = req["gold"]
+            if gold not in gold_cache:
+                gold_cache[gold] = parse(f"${gold}$", parsing_timeout=None)
+            answer = parse(f"${req['answer']}$", parsing_timeout=None)
+            correct = bool(answer) and verify(gold_cache[gold], answer, timeout_seconds=None)
+            parsed = str(answer[0]) if answer else ""
+            reply = {"correct": bool(correct), "parsed": parsed[:200], "error": None}
+        except Exception as exc:  # a malformed answer is a wrong answer, not a worker crash
+            reply = {"correct": False, "parsed": "", "error": f"{type(exc).__name__}: {exc}"[:200]}
+        out.write(json.dumps(reply) + "\n")
+        out.flush()
+
+
+if __name__ == "__main__":
+    main()

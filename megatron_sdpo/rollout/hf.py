@@ -1,0 +1,234 @@
+"""HF transformers generation engine: left-padded batched sampling with a KV cache.
+
+It keeps its own copy of the model (the trainer's weights reach it through `update_weights`,
+the same named-tensor path the vLLM engine uses) and its own seeded torch.Generator, so
+sampling never consumes the trainer's global RNG stream.
+
+Reported logprobs are those of the distribution actually sampled from: log-softmax of
+logits / temperature, renormalized over the top-p nucleus. For greedy decoding they are the
+model's temperature-1 logprobs of the argmax token.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Iterable
+
+import torch
+
+from megatron_sdpo.backends.layout import left_pad, position_ids_from_mask
+from megatron_sdpo.errors import ConfigError, DataError
+from megatron_sdpo.rollout.base import Completion, SamplingConfig
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def check_sampling(sampling: SamplingConfig) -> None:
+    """One-line ConfigError for invalid sampling parameters (shared by the engines)."""
+    if sampling.n < 1:
+        raise ConfigError(f"sampling.n must be >= 1, got {sampling.n}")
+    if sampling.max_new_tokens < 1:
+        raise ConfigError(f"sampling.max_new_tokens must be >= 1, got {sampling.max_new_tokens}")
+    if not sampling.greedy and sampling.temperature <= 0:
+        raise ConfigError(f"sampling.temperature must be > 0 (use greedy=True), got {sampling.temperature}")
+    if not 0.0 < sampling.top_p <= 1.0:
+        raise ConfigError(f"sampling.top_p must be in (0, 1], got {sampling.top_p}")
+
+
+def eos_ids_of(model_path: str) -> list[int]:
+    """EOS ids from generation_config.json (preferred) or config.json of a HF model dir."""
+    import json
+
+    for fname in ("generation_config.json", "config.json"):
+        f = Path(model_path, fname)
+        if f.is_file():
+            eos = json.loads(f.read_text()).get("eos_token_id")
+            if eos is not None:
+                return [int(e) for e in (eos if isinstance(eos, list) else [eos])]
+    return []
+
+
+def load_tokenizer(model_path: str):
+    """AutoTokenizer of `model_path`, or ConfigError saying detokenize needs one."""
+    from transformers import AutoTokenizer
+
+    # transformers 5 builds an empty tokenizer (vocab of 1) for a directory without tokenizer
+    # files instead of failing: check for the files first.
+    if not any(Path(model_path, f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "vocab.json")):
+        raise ConfigError(
+            f"detokenize=True needs a tokenizer in {model_path} (no tokenizer files found); "
+            "pass detokenize=False to return token ids only"
+        )
+    try:
+        return AutoTokenizer.from_pretrained(model_path)
+    except Exception as exc:  # noqa: BLE001 - transformers raises many types for a missing tokenizer
+        raise ConfigError(
+            f"detokenize=True needs a tokenizer in {model_path} ({type(exc).__name__}); "
+            "pass detokenize=False to return token ids only"
+        ) from None
+
+
+def top_p_logprobs(logits: torch.Tensor, temperature: float, top_p: float) -> torch.Tensor:
+    """[N, V] logits -> [N, V] fp32 log-probs of the sampling distribution: temperature-scaled,
+    tokens outside the smallest set with cumulative probability >= top_p set to -inf, and
+    renormalized."""
+    logp = torch.log_softmax(logits.float() / temperature, dim=-1)
+    if top_p >= 1.0:
+        return logp
+    sorted_logp, order = logp.sort(dim=-1, descending=True)
+    cum = sorted_logp.exp().cumsum(-1)
+    # Drop a token when the mass strictly before it already reaches top_p; the first always stays.
+    drop_sorted = (cum - sorted_logp.exp()) >= top_p
+    drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+    logp = logp.masked_fill(drop, float("-inf"))
+    return torch.log_softmax(logp, dim=-1)
+
+
+class HFRolloutEngine:
+    """Batched sampling with transformers on CPU (or one GPU)."""
+
+    def __init__(
+        self,
+        model_path: str,
+        *,
+        seed: int = 0,
+        dtype: str = "float32",
+        max_model_len: int | None = None,
+        max_batch_size: int = 256,
+        eos_token_ids: list[int] | None = None,
+        pad_token_id: int | None = None,
+        detokenize: bool = False,
+        device: str = "cpu",
+    ):
+        from transformers import AutoModelForCausalLM
+
+        if dtype not in _DTYPES:
+            raise ConfigError(f"dtype must be one of {sorted(_DTYPES)}, got {dtype!r}")
+        if not Path(model_path, "config.json").is_file():
+            raise ConfigError(f"model_path {model_path!r} is not a HF model directory (no config.json)")
+        if max_batch_size < 1:
+            raise ConfigError(f"max_batch_size must be >= 1, got {max_batch_size}")
+        self.model_path = str(model_path)
+        self.device = torch.device(device)
+        self.model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=_DTYPES[dtype]).to(self.device)
+        self.model.eval()
+        self.model.requires_grad_(False)
+        cfg = self.model.config
+        self.max_model_len = max_model_len or getattr(cfg, "max_position_embeddings", None)
+        self.max_batch_size = max_batch_size
+        self.eos_token_ids = list(eos_token_ids) if eos_token_ids is not None else eos_ids_of(self.model_path)
+        if pad_token_id is None:
+            pad_token_id = cfg.pad_token_id if cfg.pad_token_id is not None else (self.eos_token_ids or [0])[0]
+        self.pad_token_id = int(pad_token_id)
+        self.tokenizer = load_tokenizer(self.model_path) if detokenize else None
+        self.generator = torch.Generator(device=self.device).manual_seed(seed)
+        self._params = dict(self.model.named_parameters())
+        self._names = set(self.model.state_dict().keys())
+
+    # ------------------------------------------------------------------ generation
+    def generate(self, prompt_ids: list[list[int]], sampling: SamplingConfig) -> list[Completion]:
+        """n completions per prompt, grouped consecutively (prompt 0's n, then prompt 1's...)."""
+        check_sampling(sampling)
+        for i, p in enumerate(prompt_ids):
+            if not p:
+                raise DataError(f"prompt {i} is empty")
+            if self.max_model_len is not None and len(p) >= self.max_model_len:
+                raise DataError(f"prompt {i} has {len(p)} tokens; max_model_len is {self.max_model_len}")
+        rows = [(i, p) for i, p in enumerate(prompt_ids) for _ in range(sampling.n)]
+        out: list[Completion] = []
+        if sampling.seed is not None:
+            # A per-call seed makes the call reproducible whatever ran before (resume).
+            self.generator.manual_seed(sampling.seed)
+        for s in range(0, len(rows), self.max_batch_size):
+            out.extend(self._generate_chunk(rows[s : s + self.max_batch_size], sampling))
+        return out
+
+    @torch.no_grad()
+    def _generate_chunk(self, rows: list[tuple[int, list[int]]], sampling: SamplingConfig) -> list[Completion]:
+        from transformers import DynamicCache
+
+        N = len(rows)
+        ids, mask = left_pad([p for _, p in rows], self.pad_token_id)
+        ids, mask = ids.to(self.device), mask.to(self.device)
+        P = ids.shape[1]
+        # Each row may generate up to max_new_tokens, capped so prompt + response fits.
+        budget = torch.tensor(
+            [
+                sampling.max_new_tokens
+                if self.max_model_len is None
+                else min(sampling.max_new_tokens, self.max_model_len - len(p))
+                for _, p in rows
+            ],
+            device=self.device,
+        )
+        steps = int(budget.max())
+        eos = torch.tensor(self.eos_token_ids or [-1], device=self.device)
+        tokens = torch.full((N, steps), self.pad_token_id, dtype=torch.long, device=self.device)
+        logps = torch.zeros((N, steps), dtype=torch.float32, device=self.device)
+        lengths = torch.zeros(N, dtype=torch.long, device=self.device)
+        done = torch.zeros(N, dtype=torch.bool, device=self.device)
+        hit_eos = torch.zeros(N, dtype=torch.bool, device=self.device)
+
+        cache = DynamicCache()
+        positions = position_ids_from_mask(mask)
+        step_input = ids
+        for t in range(steps):
+            logits = self.model(
+                input_ids=step_input,
+                attention_mask=mask,
+                position_ids=positions[:, -step_input.shape[1] :],
+                past_key_values=cache,
+                use_cache=True,
+                logits_to_keep=1,
+            ).logits[:, -1]
+            if sampling.greedy:
+                tok = logits.argmax(-1)
+                lp = torch.log_softmax(logits.float(), -1).gather(-1, tok[:, None])[:, 0]
+            else:
+                dist_logp = top_p_logprobs(logits, sampling.temperature, sampling.top_p)
+                tok = torch.multinomial(dist_logp.exp(), 1, generator=self.generator)[:, 0]
+                lp = dist_logp.gather(-1, tok[:, None])[:, 0]
+            active = ~done
+            tokens[:, t] = torch.where(active, tok, tokens[:, t])
+            logps[:, t] = torch.where(active, lp, logps[:, t])
+            lengths += active.long()
+            is_eos = active & torch.isin(tok, eos)
+            hit_eos |= is_eos
+            done |= is_eos | (lengths >= budget)
+            if bool(done.all()):
+                break
+            step_input = torch.where(done, torch.full_like(tok, self.pad_token_id), tok)[:, None]
+            mask = torch.cat([mask, torch.ones((N, 1), dtype=mask.dtype, device=self.device)], dim=1)
+            positions = torch.cat([positions, positions[:, -1:] + 1], dim=1)
+
+        tokens_l, logps_l, lengths_l, eos_l = tokens.tolist(), logps.tolist(), lengths.tolist(), hit_eos.tolist()
+        result = []
+        for r, (pi, _) in enumerate(rows):
+            n = lengths_l[r]
+            toks = tokens_l[r][:n]
+            text = self.tokenizer.decode(toks, skip_special_tokens=True) if self.tokenizer is not None else ""
+            result.append(Completion(pi, toks, logps_l[r][:n], text, truncated=not eos_l[r]))
+        return result
+
+    # ------------------------------------------------------------------ weights
+    @torch.no_grad()
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Copies HF-named tensors into the engine's model in place. Every parameter must be
+        covered (tied weights count once); unknown names or wrong shapes raise ValueError."""
+        own = self.model.state_dict()
+        done_ptrs: set[int] = set()
+        for name, t in named_tensors:
+            if name not in own:
+                raise ValueError(f"update_weights: unknown tensor {name!r}")
+            if tuple(t.shape) != tuple(own[name].shape):
+                raise ValueError(f"update_weights: {name} has shape {tuple(t.shape)}, expected {tuple(own[name].shape)}")
+            own[name].copy_(t)
+            done_ptrs.add(own[name].untyped_storage().data_ptr())
+        missing = [n for n, p in self._params.items() if p.untyped_storage().data_ptr() not in done_ptrs]
+        if missing:
+            raise ValueError(f"update_weights: {len(missing)} parameters not sent, e.g. {missing[:3]}")
+
+    def sleep(self) -> None:
+        """No-op: the HF engine's memory is a plain model copy."""
+
+    def wake(self) -> None:
+        """No-op (see sleep)."""

@@ -1,0 +1,105 @@
+"""The main job end to end on the tiny model: outputs, resume after a kill, compare."""
+import csv
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+SMALL = """
+defaults: tiny
+name: e2e
+stages:
+  - {domain: math, steps: 4}
+  - {domain: tooluse, steps: 3}
+domains:
+  math: {eval: {id: {n: 12}, ood_near: {n: 4}, ood_mid: {n: 4}, ood_far: {n: 4}}}
+  science: {eval: {id: {n: 8}, ood_near: {n: 4}, ood_mid: {n: 4}, ood_far: {n: 4}}}
+  tooluse: {eval: {id: {n: 12}, ood_near: {n: 4}, ood_mid: {n: 4}, ood_far: {n: 4}}}
+  code: {eval: {id: {n: 8}, ood_near: {n: 4}, ood_mid: {n: 4}, ood_far: {n: 4}}}
+algorithm: {prompts_per_step: 6, group_size: 4}
+rollout: {engine: hf, max_new_tokens: 24}
+eval: {max_new_tokens: 24}
+checkpoint: {save_every: 2}
+diagnostics: {probe_n: 4}
+"""
+
+
+def cli(*args, cwd, **kw):
+    return subprocess.Popen(
+        [sys.executable, "-m", "megatron_sdpo", *args],
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        **kw,
+    )
+
+
+def finish(proc, timeout=900):
+    out, _ = proc.communicate(timeout=timeout)
+    assert proc.returncode == 0, out[-4000:]
+    return out
+
+
+@pytest.fixture(scope="module")
+def small_yaml(tmp_path_factory):
+    path = tmp_path_factory.mktemp("cfg") / "small.yaml"
+    path.write_text(SMALL)
+    return path
+
+
+@pytest.fixture(scope="module")
+def full_run(small_yaml, tmp_path_factory):
+    cwd = tmp_path_factory.mktemp("full")
+    finish(cli("run", str(small_yaml), "--out", "run", "--quiet", cwd=cwd))
+    return cwd / "run"
+
+
+@pytest.mark.slow
+def test_run_writes_every_output(full_run):
+    for name in ("resolved_config.yaml", "metrics.jsonl", "eval_matrix.csv", "report.md"):
+        assert (full_run / name).is_file(), name
+    rows = list(csv.reader((full_run / "eval_matrix.csv").open()))
+    assert rows[0][0] == "after_stage" and "math/id" in rows[0] and "code/ood_far" in rows[0]
+    assert [r[0] for r in rows[1:]] == ["base", "math", "tooluse"]
+    assert all(0.0 <= float(v) <= 1.0 for r in rows[1:] for v in r[1:])
+    metrics = [json.loads(line) for line in (full_run / "metrics.jsonl").read_text().splitlines()]
+    assert [(m["stage"], m["step"]) for m in metrics] == [(0, 1), (0, 2), (0, 3), (0, 4), (1, 1), (1, 2), (1, 3)]
+    for m in metrics:
+        assert {"stage", "step", "algorithm", "reward_mean", "loss"} <= set(m)
+    for png in ("eval_matrix.png", "reward_curves.png"):
+        assert (full_run / "plots" / png).stat().st_size > 1000
+    drift = json.loads((full_run / "drift" / "stage_2.json").read_text())
+    assert drift["param_vs_base"]["summary"]["rel_frob_pooled"] > 0
+    assert (full_run / "checkpoints" / "stage_1_math" / "policy" / "config.json").is_file()
+    report = (full_run / "report.md").read_text()
+    assert "Forgetting" in report and "Drift after each stage" in report
+
+
+@pytest.mark.slow
+def test_killed_and_resumed_run_matches_uninterrupted(full_run, small_yaml, tmp_path):
+    proc = cli("run", str(small_yaml), "--out", "run", "--quiet", cwd=tmp_path, start_new_session=True)
+    marker = tmp_path / "run" / "checkpoints" / "step_1_000002" / "COMPLETE"
+    deadline = time.time() + 900
+    while not marker.exists():
+        assert proc.poll() is None, "the run ended before it could be killed"
+        assert time.time() < deadline, "no mid-stage checkpoint appeared"
+        time.sleep(0.2)
+    os.killpg(proc.pid, signal.SIGKILL)  # mid-stage 2: no chance to clean up
+    proc.wait()
+    assert not (tmp_path / "run" / "report.md").exists()
+    out = finish(cli("run", str(small_yaml), "--out", "run", "--resume", "--quiet", cwd=tmp_path))
+    assert "resumed from step_1_000002" in out
+    assert (tmp_path / "run" / "eval_matrix.csv").read_text() == (full_run / "eval_matrix.csv").read_text()
+    ours = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    theirs = [json.loads(x) for x in (full_run / "metrics.jsonl").read_text().splitlines()]
+    assert [(m["stage"], m["step"], m["reward_mean"]) for m in ours] == [
+        (m["stage"], m["step"], m["reward_mean"]) for m in theirs
+    ]
+    assert [m["loss"] for m in ours] == pytest.approx([m["loss"] for m in theirs], abs=1e-6)

@@ -1,0 +1,130 @@
+"""The synthetic suite: valid, deterministic, train/id disjoint, solutions verified by the rewards."""
+import random
+
+import pytest
+
+from megatron_sdpo.data.records import validate_record
+from megatron_sdpo.data.synthetic import DEFAULT_DIFFICULTY, DOMAINS, SPLITS, generate
+from megatron_sdpo.data.synthetic.base import NUMBER_WORDS
+from megatron_sdpo.errors import DataError
+
+
+def _key(r):
+    return (r["prompt"], r["solution"])
+
+
+@pytest.mark.parametrize("domain", DOMAINS)
+def test_records_valid_and_deterministic(domain):
+    state = random.getstate()
+    for split in SPLITS:
+        a = generate(domain, split, 40, seed=1)
+        assert len(a) == 40
+        for r in a:
+            validate_record(r, f"{domain}/{split}")
+            assert r["split"] == split and r["domain"] == domain and r["solution"]
+        assert generate(domain, split, 40, seed=1) == a
+        assert [_key(r) for r in generate(domain, split, 40, seed=2)] != [_key(r) for r in a]
+    assert random.getstate() == state  # no global RNG use
+
+
+@pytest.mark.parametrize("domain", [d for d in DOMAINS])
+def test_train_and_id_disjoint(domain):
+    train = {r["prompt"] for s in (0, 1) for r in generate(domain, "train", 300, seed=s)}
+    held = {r["prompt"] for s in (0, 1) for r in generate(domain, "id", 100, seed=s)}
+    assert not train & held
+    # items are unique within a split (ood_far code programs repeat by design, tests differ)
+    assert len({r["prompt"] for r in generate(domain, "train", 300, seed=0)}) == 300
+
+
+@pytest.mark.parametrize("domain", DOMAINS)
+def test_prompts_are_short(domain):
+    for split in SPLITS:
+        longest = max(len(r["prompt"].split()) for r in generate(domain, split, 50, seed=0))
+        assert longest <= 32, (domain, split, longest)
+
+
+def test_ood_splits_differ_from_train():
+    math_mid = generate("math", "ood_mid", 50, 0)
+    hi = 9 + round(90 * DEFAULT_DIFFICULTY["math"])
+    assert all(int(r["solution"].split("+")[0].split("-")[0]) > hi for r in math_mid)
+    assert all("*" in r["solution"] for r in generate("math", "ood_far", 20, 0))
+    assert all(len(r["choices"]) == 6 for r in generate("science", "ood_far", 20, 0))
+    assert all(len(r["answer"]) == 2 for r in generate("tooluse", "ood_far", 20, 0))
+    assert all(" " in r["tests"][0]["input"] for r in generate("code", "ood_mid", 20, 0))
+
+
+def test_science_answer_is_extreme_value():
+    for r in generate("science", "train", 100, 0):
+        vals = [int(c.split()[0]) for c in r["choices"]]
+        pick = max(vals) if ("hottest" in r["prompt"] or "heaviest" in r["prompt"]) else min(vals)
+        assert r["choices"][ord(r["answer"]) - 65].startswith(str(pick))
+
+
+def test_difficulty_knob_changes_items():
+    easy = generate("code", "train", 40, 0, difficulty=0.0)
+    hard = generate("code", "train", 40, 0, difficulty=1.0)
+    n_words = lambda recs: {sum(r["prompt"].count(f" {w} ") for w in ("plus", "minus", "times")) for r in recs}
+    assert n_words(easy) == {1} and n_words(hard) == {2}
+    assert max(int(r["answer"]) for r in generate("math", "train", 200, 0, difficulty=0.0)) <= 18
+    assert {len(r["choices"]) for r in generate("science", "train", 50, 0, difficulty=0.0)} == {3}
+    assert {len(r["choices"]) for r in generate("science", "train", 50, 0, difficulty=1.0)} == {4}
+    derived = lambda r: "adults" in r["prompt"] or "hour" in r["prompt"]
+    assert all(derived(r) for r in generate("tooluse", "train", 50, 0, difficulty=1.0))
+    assert not any(derived(r) for r in generate("tooluse", "train", 50, 0, difficulty=0.0))
+
+
+_WORD = {w: i for i, w in enumerate(NUMBER_WORDS)}
+
+
+def test_code_constants_are_folded():
+    """The reference program computes the chained constants: it is not a word-for-word copy."""
+    for r in generate("code", "train", 200, 0, difficulty=1.0):
+        words = r["prompt"].split(" print ")[1].split(".")[0].split()
+        var, total = words[0], 0
+        for op, k in zip(words[1::2], words[2::2]):
+            total += _WORD[k] if op == "plus" else -_WORD[k]
+        want = var if total == 0 else f"{var}{'+' if total > 0 else '-'}{abs(total)}"
+        assert f"print({want})" in r["solution"], (r["prompt"], r["solution"])
+
+
+def test_tooluse_derived_arguments():
+    for r in generate("tooluse", "train", 200, 0, difficulty=1.0):
+        (call,) = r["answer"]
+        (value,) = call["Action_Input"].values()
+        words = r["prompt"].split()
+        if "adults" in words:
+            i = words.index("adults")
+            assert value == _WORD[words[i - 1]] + _WORD[words[i + 2]], r["prompt"]
+        else:
+            i = next(j for j, w in enumerate(words) if w.startswith("hour"))
+            assert value == 60 * int(words[i - 1]) + int(words[i + 1]), r["prompt"]
+        assert call["Action"] in r["prompt"].split("\n")[0]  # the tool is listed
+
+
+def test_science_readings_by_split():
+    digits = lambda recs: {len(c.split()[0]) for r in recs for c in r["choices"]}
+    assert digits(generate("science", "train", 50, 0)) == {1}
+    assert digits(generate("science", "ood_near", 50, 0)) == {1}
+    assert digits(generate("science", "ood_mid", 50, 0)) == {2}
+    assert "has the" in generate("science", "ood_near", 1, 0)[0]["prompt"]
+
+
+def test_bad_arguments():
+    with pytest.raises(DataError, match="unknown domain 'poetry'"):
+        generate("poetry", "train", 1, 0)
+    with pytest.raises(DataError, match="unknown synthetic split 'dev'"):
+        generate("math", "dev", 1, 0)
+    with pytest.raises(DataError, match="difficulty must be in"):
+        generate("math", "train", 1, 0, difficulty=2.0)
+    with pytest.raises(DataError, match="cannot give"):
+        generate("code", "id", 500, 0, difficulty=0.0)
+
+
+@pytest.mark.parametrize("domain", DOMAINS)
+def test_solutions_score_one(domain):
+    score = pytest.importorskip("megatron_sdpo.rewards").score
+
+    for split in SPLITS:
+        for r in generate(domain, split, 25, seed=3):
+            res = score(domain, r["solution"], r)
+            assert res.score == 1.0, (split, r["prompt"], r["solution"], res.feedback)

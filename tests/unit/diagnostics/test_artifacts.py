@@ -1,0 +1,107 @@
+"""Artifact rates on hand-written responses, and the collapse monitor."""
+import json
+import logging
+import math
+
+import pytest
+
+from megatron_sdpo.diagnostics.artifacts import (
+    ArtifactConfig,
+    CollapseConfig,
+    CollapseMonitor,
+    artifact_stats,
+    format_token_key,
+    repeated_ngram_rate,
+)
+from megatron_sdpo.errors import ConfigError, DataError
+
+RESPONSES = [
+    "so x = 4 and \\boxed{4}",  # one \boxed: fine
+    "\\boxed{4} \\boxed{4} \\boxed{4}",  # repeated \boxed
+    "<answer>B</answer>",
+    "   ",  # empty
+    "a b c a b c a b c",  # 3-gram repeats
+    "Action: get\nAction Input: {}\nAction: get\nAction Input: {}",
+]
+
+
+def test_repeated_ngram_rate_by_hand():
+    # 3-grams of "a b c a b c a b c": abc bca cab abc bca cab abc -> 7 grams, 3 distinct
+    assert repeated_ngram_rate("a b c a b c a b c", 3) == pytest.approx(4 / 7)
+    assert repeated_ngram_rate("one two three", 3) == 0.0
+    assert repeated_ngram_rate("too short", 3) is None
+
+
+def test_artifact_stats_hand_written_batch():
+    got = artifact_stats(
+        RESPONSES,
+        truncated=[False, True, False, False, True, False],
+        token_lengths=[10, 12, 5, 0, 9, 20],
+        teacher_mask=[True, False, False, True, True, True],
+        config=ArtifactConfig(ngram=3),
+    )
+    assert got["n"] == 6
+    assert got["empty_rate"] == pytest.approx(1 / 6)
+    assert got["truncated_rate"] == pytest.approx(2 / 6)
+    assert got["teacher_share"] == pytest.approx(4 / 6)
+    assert got["mean_tokens"] == pytest.approx(56 / 6)
+    assert got["mean_chars"] == pytest.approx(sum(len(r) for r in RESPONSES) / 6)
+    assert got["fmt_boxed_repeat_rate"] == pytest.approx(1 / 6)
+    assert got["fmt_boxed_present_rate"] == pytest.approx(2 / 6)
+    assert got["fmt_boxed_mean_count"] == pytest.approx(4 / 6)
+    assert got["fmt_answer_close_repeat_rate"] == 0.0
+    assert got["fmt_answer_close_present_rate"] == pytest.approx(1 / 6)
+    assert got["fmt_action_repeat_rate"] == pytest.approx(1 / 6)
+    # 3-gram rates per response with >= 3 words: r0 "so x = 4 and \boxed{4}" 0; r1 3 words 0;
+    # r4 4/7; r5 "Action: get Action Input: {} Action: get Action Input: {}" -> 8 grams, 5 distinct
+    rates = [0.0, 0.0, 4 / 7, 3 / 8]
+    assert got["repeated_ngram_rate"] == pytest.approx(sum(rates) / 4)
+    assert got["repeated_ngram_any"] == pytest.approx(2 / 6)
+
+
+def test_optional_fields_and_errors():
+    got = artifact_stats(["x"], config=ArtifactConfig(format_tokens=("<tool>",)))
+    assert "truncated_rate" not in got and "teacher_share" not in got and "mean_tokens" not in got
+    assert math.isnan(got["repeated_ngram_rate"])
+    assert "fmt_tool_repeat_rate" in got
+    with pytest.raises(DataError, match="at least one"):
+        artifact_stats([])
+    with pytest.raises(DataError, match="truncated has 1 entries for 2"):
+        artifact_stats(["a", "b"], truncated=[True])
+    with pytest.raises(ConfigError, match="ngram"):
+        ArtifactConfig(ngram=0)
+    assert format_token_key("\\boxed") == "boxed" and format_token_key("Action:") == "action"
+
+
+def test_collapse_monitor_alarm_patience_stop_and_marker(tmp_path, caplog):
+    marker = tmp_path / "run" / "COLLAPSE.json"
+    mon = CollapseMonitor(CollapseConfig(max_format_repeat_rate=0.3, patience=2, stop=True), marker_path=marker)
+    healthy = artifact_stats(["\\boxed{1}", "\\boxed{2}", "so \\boxed{3}"])
+    sick = artifact_stats(["\\boxed{1}\\boxed{1}", "\\boxed{2}\\boxed{2}", "\\boxed{3}"])
+    assert not mon.update(healthy, step=1) and not mon.alarmed
+    with caplog.at_level(logging.WARNING):
+        alarm = mon.update(sick, step=2)
+    assert alarm and alarm.step == 2
+    assert alarm.reasons == ["fmt_boxed_repeat_rate=0.667 > 0.300"]
+    assert "collapse alarm at step 2" in caplog.text
+    assert not mon.should_stop  # patience 2: one alarm is not enough
+    assert not mon.update(healthy, step=3)  # a healthy update resets the streak
+    mon.update(sick, step=4)
+    assert mon.update(sick, step=5) and mon.should_stop
+    saved = json.loads(marker.read_text())
+    assert [e["step"] for e in saved["events"]] == [2, 4, 5]
+    restored = CollapseMonitor(mon.config)
+    restored.load_state_dict(mon.state_dict())
+    assert restored.should_stop and restored.alarmed
+
+
+def test_collapse_monitor_does_not_stop_unless_configured():
+    mon = CollapseMonitor(CollapseConfig(max_empty_rate=0.1, patience=1, stop=False, min_mean_chars=2.0))
+    alarm = mon.update(artifact_stats(["", "", "ok"]))
+    assert alarm and not mon.should_stop
+    assert any(r.startswith("empty_rate=0.667") for r in alarm.reasons)
+    assert any(r.startswith("mean_chars=0.7") for r in alarm.reasons)
+    with pytest.raises(ConfigError, match="patience"):
+        CollapseConfig(patience=0)
+    with pytest.raises(ConfigError, match="max_empty_rate"):
+        CollapseConfig(max_empty_rate=1.5)

@@ -1,0 +1,197 @@
+"""launchers/nemo_run.py: config checks, the Slurm dry-run rendering, a real LocalExecutor job
+through torchrun, and the one-line error when nemo-run is absent."""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[3]
+LAUNCHER = REPO / "launchers" / "nemo_run.py"
+
+
+@pytest.fixture(scope="module")
+def launcher():
+    spec = importlib.util.spec_from_file_location("megatron_sdpo_nemo_launcher", LAUNCHER)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _env(tmp_path: Path) -> dict:
+    env = dict(os.environ)
+    env["NEMORUN_HOME"] = str(tmp_path / "nemorun_home")
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
+    env["TMPDIR"] = str(tmp_path)
+    env["HOME"] = str(tmp_path)
+    return env
+
+
+def _launch(tmp_path: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(LAUNCHER), *args], env=_env(tmp_path), cwd=tmp_path,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+# -- launch decisions (no nemo-run needed) -------------------------------------------------------
+def test_processes_per_node_follows_the_backend(launcher):
+    from megatron_sdpo.config import load_config
+    from megatron_sdpo.errors import ConfigError
+
+    assert launcher.processes_per_node(load_config("qwen3_4b")) == 8
+    assert launcher.processes_per_node(load_config("olmo3_7b", ["launch.gpus_per_node=4"])) == 4
+    assert launcher.processes_per_node(load_config("qwen3_4b"), requested=2) == 2
+    assert launcher.processes_per_node(load_config("tiny")) == 1  # hf backend: one process
+    with pytest.raises(ConfigError, match="single process"):
+        launcher.processes_per_node(load_config("tiny"), requested=2)
+    with pytest.raises(ConfigError, match="single process"):
+        launcher.processes_per_node(load_config("tiny", ["launch.nodes=2"]))
+    with pytest.raises(ConfigError, match=">= 1"):
+        launcher.processes_per_node(load_config("qwen3_4b"), requested=0)
+
+
+def test_launch_flags_become_typed_overrides(launcher):
+    from megatron_sdpo.config import load_config
+
+    args = argparse.Namespace(nodes=3, gpus_per_node=4, partition="batch", account="proj-17",
+                              time="24:00:00", container_image=None)
+    cfg = load_config("tiny", launcher._launch_overrides(args))
+    # 24:00:00 must stay a Slurm time, not YAML 1.1's sexagesimal integer 86400.
+    assert (cfg.launch.nodes, cfg.launch.gpus_per_node, cfg.launch.time) == (3, 4, "24:00:00")
+    assert (cfg.launch.partition, cfg.launch.account, cfg.launch.container_image) == ("batch", "proj-17", "")
+
+
+def test_relative_data_paths_are_anchored_for_slurm(launcher):
+    from megatron_sdpo.config import load_config
+
+    cfg = load_config("olmo3_7b", ["domains.code.eval.ood_far.source=synthetic"])
+    overrides = launcher.data_source_overrides(cfg, "/data/root")
+    anchored = load_config("olmo3_7b", ["domains.code.eval.ood_far.source=synthetic", *overrides])
+    sources = {(d, w): s for d, dc in anchored.domains.items()
+               for w, s in [("train", dc.train.source), *((k, v.source) for k, v in dc.eval.items())]}
+    assert sources[("math", "train")] == "/data/root/data/dapo-math-17k.parquet"
+    assert sources[("code", "ood_far")] == "synthetic"
+    assert all(s == "synthetic" or s.startswith("/data/root/data/") for s in sources.values())
+    assert launcher.data_source_overrides(load_config("tiny"), "/data/root") == []
+
+
+def test_cluster_env_matches_the_sbatch_scripts(launcher):
+    """Both launch paths export the same NCCL / CUDA settings (no drift between them)."""
+    for script in ("continual_4b.sh", "continual_7b.sh"):
+        text = (REPO / "slurm" / script).read_text()
+        for key, value in launcher.CLUSTER_ENV.items():
+            assert re.search(rf"^export {key}=(\"\${{{key}:-)?{re.escape(value)}\b", text, flags=re.M), (script, key)
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["no_such_preset"], "unknown preset 'no_such_preset'"),
+        (["tiny", "backend.bogus=1"], "backend.bogus"),
+        (["tiny", "--executor", "local", "--nproc-per-node", "2"], "single process"),
+        (["qwen3_4b", "--executor", "local", "--nodes", "2"], "runs on this machine only"),
+        (["qwen3_4b", "--executor", "slurm", "--dryrun"], "needs an account"),
+        (["tiny", "--executor", "local", "--resume"], "--resume needs --out"),
+        # The tests run outside the checkout, where NeMo-Run's git packaging cannot find it.
+        (["qwen3_4b", "--executor", "slurm", "--account", "a", "--packager", "git", "--dryrun"],
+         "launch from inside it"),
+        (["qwen3_4b", "--executor", "slurm", "--account", "a", "--ssh-host", "login1"], "needs --job-dir"),
+        (["qwen3_4b", "--executor", "slurm", "--account", "a", "--ssh-host", "login1", "--job-dir", "/j",
+          "--packager", "none"], "--ssh-host needs --out"),
+        (["qwen3_4b", "--executor", "slurm", "--account", "a", "--ssh-host", "login1", "--job-dir", "/j",
+          "--packager", "none", "--out", "/r"], "pass --data-root"),
+        (["qwen3_4b", "--executor", "slurm", "--account", "a", "--packager", "none"], "data file not found"),
+    ],
+)
+def test_user_errors_are_one_line_before_anything_runs(tmp_path, args, message):
+    proc = _launch(tmp_path, *args)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.startswith("error: ") and proc.stderr.count("\n") == 1, proc.stderr
+    assert message in proc.stderr
+    assert not (tmp_path / "nemorun_home").exists()
+
+
+def test_existing_run_dir_needs_resume(tmp_path):
+    run_dir = tmp_path / "runs" / "old"
+    run_dir.mkdir(parents=True)
+    (run_dir / "resolved_config.yaml").write_text("name: tiny\n")
+    proc = _launch(tmp_path, "tiny", "--executor", "local", "--out", str(run_dir))
+    assert proc.returncode == 2 and "already holds a run" in proc.stderr
+    proc = _launch(tmp_path, "tiny", "--executor", "local", "--out", str(tmp_path / "fresh"), "--resume")
+    assert proc.returncode == 2 and "holds no run to resume" in proc.stderr
+
+
+def test_missing_nemo_run_names_the_launch_extra(tmp_path):
+    # `None` in sys.modules makes `import nemo_run` raise ImportError, as if it were not installed.
+    code = ("import runpy, sys; sys.modules['nemo_run'] = None; "
+            f"sys.argv = [{str(LAUNCHER)!r}, 'tiny', '--executor', 'local', '--dryrun']; "
+            f"runpy.run_path({str(LAUNCHER)!r}, run_name='__main__')")
+    proc = subprocess.run([sys.executable, "-c", code], env=_env(tmp_path), cwd=tmp_path,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("error: nemo_run is needed"), proc.stderr
+    assert "pip install -e .[launch]" in proc.stderr
+
+
+# -- NeMo-Run itself ---------------------------------------------------------------------------
+def test_slurm_dryrun_renders_the_sbatch_script(tmp_path):
+    pytest.importorskip("nemo_run")
+    out = "/lustre/runs/olmo-continual"
+    proc = _launch(tmp_path, "olmo3_7b", "algorithm.sdpo.alpha=0.25", "--executor", "slurm", "--dryrun",
+                   "--account", "proj-17", "--partition", "batch", "--time", "12:00:00",
+                   "--job-dir", str(tmp_path / "jobs"), "--packager", "none", "--out", out,
+                   "--data-root", "/lustre/sdpo", timeout=180)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rendered = sorted((tmp_path / "nemorun_home").rglob("*_sbatch.sh"))
+    assert len(rendered) == 1, rendered
+    assert f"rendered sbatch script: {rendered[0]}" in proc.stdout
+    text = rendered[0].read_text()
+    for line in ("#SBATCH --nodes=2", "#SBATCH --partition=batch", "#SBATCH --time=12:00:00",
+                 "#SBATCH --account=proj-17", "#SBATCH --gpus-per-node=8", "#SBATCH --exclusive",
+                 "#SBATCH --ntasks-per-node=1", "export CUDA_DEVICE_MAX_CONNECTIONS=1"):
+        assert re.search(rf"^{re.escape(line)}$", text, flags=re.M), line
+    (srun,) = [ln for ln in text.splitlines() if ln.startswith("srun ")]
+    # One torchrun per node with 8 ranks, running the CLI with the anchored data paths.
+    assert re.search(r"torchrun .*--nnodes 2 --nproc-per-node 8 .*-m megatron_sdpo run olmo3_7b "
+                     r"algorithm\.sdpo\.alpha=0\.25 ", srun), srun
+    assert "domains.math.train.source=/lustre/sdpo/data/dapo-math-17k.parquet" in srun
+    assert srun.endswith(f"--out {out} --quiet"), srun
+
+
+def test_local_executor_runs_ranks_through_torchrun_and_reports_failure(tmp_path):
+    pytest.importorskip("nemo_run")
+    from megatron_sdpo.config import list_presets
+
+    # Experiment() stores the main module's source, so the driver is a file, not `python -c`.
+    # One driver runs both jobs: importing nemo_run dominates the cost of each.
+    driver = tmp_path / "driver.py"
+    driver.write_text(
+        "import importlib.util, sys\n"
+        f"spec = importlib.util.spec_from_file_location('launcher', {str(LAUNCHER)!r})\n"
+        "launcher = importlib.util.module_from_spec(spec)\n"
+        "spec.loader.exec_module(launcher)\n"
+        "if __name__ == '__main__':\n"
+        "    ok = launcher.submit(launcher.megatron_sdpo_task(['presets']), launcher.local_executor(2),\n"
+        "                         name='presets-check')\n"
+        "    bad = launcher.submit(launcher.megatron_sdpo_task(['run', 'no_such_preset']),\n"
+        "                          launcher.local_executor(1), name='failing')\n"
+        "    print(f'RESULT ok={ok} bad={bad}')\n"
+    )
+    proc = subprocess.run([sys.executable, str(driver)], env=_env(tmp_path), cwd=tmp_path,
+                          capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, (proc.stdout[-3000:], proc.stderr[-3000:])
+    assert "RESULT ok=0 bad=1" in proc.stdout, (proc.stdout[-3000:], proc.stderr[-3000:])
+    assert "error: job failing did not succeed" in proc.stderr and "FAILED" in proc.stderr, proc.stderr
+    assert "presets-check did not succeed" not in proc.stderr
+    home = tmp_path / "nemorun_home" / "experiments"
+    logs = [p for p in (home / "presets-check").rglob("stdout.log") if "torchelastic" not in p.parts]
+    text = "".join(p.read_text() for p in logs)
+    for name in list_presets():  # torchrun prefixes each line with its rank
+        assert f"[default0]:{name}\n" in text and f"[default1]:{name}\n" in text, (name, text)
+    failing = "".join(p.read_text() for p in (home / "failing").rglob("*.log"))
+    assert "unknown preset 'no_such_preset'" in failing

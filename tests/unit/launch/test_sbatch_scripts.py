@@ -1,0 +1,205 @@
+"""slurm/continual_*.sh: syntax, no training logic, and their launch behaviour under fake
+`srun` / `scontrol` (rendezvous, overrides, --resume on requeue, signal handling)."""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[3]
+SCRIPTS = {"qwen3_4b": REPO / "slurm" / "continual_4b.sh", "olmo3_7b": REPO / "slurm" / "continual_7b.sh"}
+ALL_SH = sorted([*REPO.joinpath("slurm").glob("*.sh"), *REPO.joinpath("launchers").glob("*.sh")])
+JOB_ID = 4242
+
+FAKE_SRUN = """#!/bin/bash
+# Records its argv (one per line, then a separator) and, if asked, runs until signalled.
+{ printf '%s\\n' "$@"; echo '--END--'; } >> "$FAKE_LOG"
+SLEEP_PID=""
+trap 'echo "srun got TERM" >> "$FAKE_LOG"; [[ -n "$SLEEP_PID" ]] && kill "$SLEEP_PID"; exit 143' TERM
+if [[ -n "${FAKE_SRUN_SLEEP:-}" ]]; then
+  sleep "$FAKE_SRUN_SLEEP" & SLEEP_PID=$!
+  wait "$SLEEP_PID"
+fi
+exit "${FAKE_SRUN_RC:-0}"
+"""
+FAKE_SCONTROL = """#!/bin/bash
+case "$1" in
+  show) printf 'gpu-node-017\\ngpu-node-018\\n' ;;
+  requeue) echo "scontrol requeue $2" >> "$FAKE_LOG" ;;
+  *) echo "unexpected scontrol $*" >&2; exit 1 ;;
+esac
+"""
+
+
+def test_every_shell_script_parses():
+    assert len(ALL_SH) >= 3, ALL_SH
+    for path in ALL_SH:
+        proc = subprocess.run(["bash", "-n", str(path)], capture_output=True, text=True, timeout=30)
+        assert proc.returncode == 0, f"{path.name}: {proc.stderr}"
+
+
+@pytest.mark.parametrize("preset", sorted(SCRIPTS))
+def test_sbatch_header_and_single_megatron_sdpo_call(preset):
+    text = SCRIPTS[preset].read_text()
+    directives = dict(re.findall(r"^#SBATCH --([\w-]+)(?:=(\S+))?", text, flags=re.M))
+    for key in ("nodes", "gpus-per-node", "time", "exclusive", "output", "requeue", "signal"):
+        assert key in directives, f"{preset}: no #SBATCH --{key}"
+    assert directives["output"].startswith("logs/")
+    assert int(directives["nodes"]) == (2 if preset == "olmo3_7b" else 1)
+    assert re.search(rf"python -m megatron_sdpo run {preset} \"\$@\"", text)
+    # No training logic: the only Python this script starts is the megatron_sdpo CLI.
+    code = [ln for ln in text.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
+    python_lines = [ln for ln in code if re.search(r"(?<![-\w])python3?\b", ln)]
+    assert len(python_lines) == 1 and "-m megatron_sdpo run" in python_lines[0], python_lines
+    assert not any(re.search(r"<<|python3? -c|\bimport\b", ln) for ln in code)
+
+
+def test_the_two_sbatch_scripts_share_one_body():
+    """Apart from the header, the preset and the node count they are the same script (no drift)."""
+    def body(preset: str) -> list[str]:
+        lines = SCRIPTS[preset].read_text().splitlines()
+        start = lines.index("set -euo pipefail")
+        return [ln.replace(preset, "PRESET") for ln in lines[start:]]
+
+    assert body("qwen3_4b") == body("olmo3_7b")
+
+
+@pytest.fixture()
+def fake_slurm(tmp_path):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, text in (("srun", FAKE_SRUN), ("scontrol", FAKE_SCONTROL)):
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+    log = tmp_path / "fake.log"
+    env = {
+        "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
+        "HOME": str(tmp_path),
+        "TMPDIR": str(tmp_path),
+        "FAKE_LOG": str(log),
+        "SLURM_JOB_ID": str(JOB_ID),
+        "SLURM_SUBMIT_DIR": str(tmp_path),
+        "SLURM_JOB_NODELIST": "gpu-node-[017-018]",
+        "SLURM_JOB_NUM_NODES": "2",
+        "SLURM_CPUS_ON_NODE": "96",
+        "SLURM_GPUS_ON_NODE": "8",
+    }
+    return tmp_path, env, log
+
+
+def _srun_calls(log: Path) -> list[list[str]]:
+    if not log.exists():
+        return []
+    calls, cur = [], []
+    for line in log.read_text().splitlines():
+        if line == "--END--":
+            calls.append(cur)
+            cur = []
+        elif not line.startswith(("srun got", "scontrol")):
+            cur.append(line)
+    return calls
+
+
+def _run(script: Path, env: dict, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", str(script), *args], env=env, cwd=env["SLURM_SUBMIT_DIR"],
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_first_launch_then_requeued_launch_resumes(fake_slurm):
+    tmp, env, log = fake_slurm
+    proc = _run(SCRIPTS["olmo3_7b"], env, "algorithm.sdpo.alpha=0.25", "logging.wandb_mode=offline")
+    assert proc.returncode == 0, proc.stderr
+    (argv,) = _srun_calls(log)
+    run_dir = tmp / "runs" / f"olmo3_7b-{JOB_ID}"
+    port = 20000 + JOB_ID % 20000
+    torchrun = argv[argv.index("torchrun"):argv.index("python")]
+    assert argv[: argv.index("torchrun")][:2] == ["--nodes=2", "--ntasks-per-node=1"]
+    assert "--cpus-per-task=96" in argv
+    assert {"--nnodes=2", "--nproc-per-node=8", "--rdzv-backend=c10d", f"--rdzv-id={JOB_ID}",
+            f"--rdzv-endpoint=gpu-node-017:{port}", "--no-python"} <= set(torchrun)
+    assert argv[argv.index("python"):] == [
+        "python", "-m", "megatron_sdpo", "run", "olmo3_7b", "algorithm.sdpo.alpha=0.25",
+        "logging.wandb_mode=offline", "--out", str(run_dir), "--quiet",
+    ]
+    # The requeued job (same id) finds the run the first attempt started and resumes it.
+    run_dir.mkdir(parents=True)
+    (run_dir / "resolved_config.yaml").write_text("name: olmo3_7b\n")
+    assert _run(SCRIPTS["olmo3_7b"], env).returncode == 0
+    second = _srun_calls(log)[1]
+    assert second[second.index("python"):][-3:] == [str(run_dir), "--resume", "--quiet"]
+
+
+def test_finished_run_is_not_restarted_and_run_dir_env_wins(fake_slurm):
+    tmp, env, log = fake_slurm
+    run_dir = tmp / "elsewhere" / "q4b"
+    run_dir.mkdir(parents=True)
+    (run_dir / "report.md").write_text("# done\n")
+    proc = _run(SCRIPTS["qwen3_4b"], {**env, "RUN_DIR": str(run_dir)})
+    assert proc.returncode == 0 and "already finished" in proc.stdout
+    assert _srun_calls(log) == []
+
+
+@pytest.mark.parametrize("bad", ["--out=/x", "--resume"])
+def test_out_and_resume_arguments_are_refused(fake_slurm, bad):
+    _, env, log = fake_slurm
+    proc = _run(SCRIPTS["qwen3_4b"], env, "seed=1", bad)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().count("\n") == 0 and "RUN_DIR" in proc.stderr
+    assert _srun_calls(log) == []
+
+
+def _start_and_wait_for_srun(script: Path, env: dict, log: Path) -> subprocess.Popen:
+    proc = subprocess.Popen(["bash", str(script)], env={**env, "FAKE_SRUN_SLEEP": "60"},
+                            cwd=env["SLURM_SUBMIT_DIR"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 30
+    while not _srun_calls(log):
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, "srun was never started"
+        time.sleep(0.05)
+    time.sleep(0.2)  # let the fake srun install its TERM trap
+    return proc
+
+
+@pytest.mark.skipif(sys.platform != "linux" or shutil.which("bash") is None, reason="needs bash signals")
+def test_time_limit_signal_requeues_and_stops_srun(fake_slurm):
+    _, env, log = fake_slurm
+    proc = _start_and_wait_for_srun(SCRIPTS["qwen3_4b"], env, log)
+    t0 = time.monotonic()
+    proc.send_signal(signal.SIGUSR1)
+    out, err = proc.communicate(timeout=30)
+    assert time.monotonic() - t0 < 20, "the script did not stop promptly after USR1"
+    text = log.read_text()
+    assert f"scontrol requeue {JOB_ID}" in text and "srun got TERM" in text, (text, out, err)
+    assert proc.returncode == 143, (out, err)
+
+
+@pytest.mark.skipif(sys.platform != "linux" or shutil.which("bash") is None, reason="needs bash signals")
+def test_plain_sigterm_stops_without_requeue(fake_slurm):
+    _, env, log = fake_slurm
+    proc = _start_and_wait_for_srun(SCRIPTS["qwen3_4b"], env, log)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=30)
+    text = log.read_text()
+    assert "srun got TERM" in text and "requeue" not in text, (text, out, err)
+    assert proc.returncode == 143
+
+
+def test_srun_failure_is_the_job_status(fake_slurm):
+    _, env, _ = fake_slurm
+    proc = _run(SCRIPTS["qwen3_4b"], {**env, "FAKE_SRUN_RC": "3"})
+    assert proc.returncode == 3 and "status 3" in proc.stdout
+
+
+def test_outside_slurm_the_script_refuses_to_start(fake_slurm):
+    _, env, log = fake_slurm
+    env = {k: v for k, v in env.items() if k != "SLURM_JOB_ID"}
+    proc = _run(SCRIPTS["olmo3_7b"], env)
+    assert proc.returncode != 0 and "submit this script with sbatch" in proc.stderr
+    assert _srun_calls(log) == []

@@ -1,0 +1,91 @@
+"""The tiny base: a short build is deterministic; the shipped copy loads, its tokenizer
+round-trips, and the base is a better teacher (with the solution in context) than student."""
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from megatron_sdpo.algorithms.context import build_teacher_message
+from megatron_sdpo.data.synthetic import DOMAINS, generate
+from megatron_sdpo.errors import CheckpointError, ConfigError
+from megatron_sdpo.models import tiny
+
+
+def _short_cfg(seed=0):
+    return tiny.TinyConfig(seed=seed, steps=3, batch_size=8, n_train_per_domain=40, vocab_size=400)
+
+
+def test_short_build_is_deterministic(tmp_path):
+    a = tiny.build_tiny_base(tmp_path / "a", _short_cfg())
+    b = tiny.build_tiny_base(tmp_path / "b", _short_cfg())
+    c = tiny.build_tiny_base(tmp_path / "c", _short_cfg(seed=1))
+    assert a["final_loss"] == b["final_loss"] and a["parameters"] == b["parameters"] > 0
+    wa, wb, wc = (load_file(tmp_path / x / "model.safetensors") for x in "abc")
+    assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+    assert any(not torch.equal(wa[k], wc[k]) for k in wa if wa[k].shape == wc[k].shape)
+    assert (tmp_path / "a" / "tokenizer.json").read_text() == (tmp_path / "b" / "tokenizer.json").read_text()
+    assert "lm_head.weight" in wa  # untied
+    assert not list(tmp_path.glob(".tiny_base.*"))  # no temporary directory left behind
+
+
+def test_config_errors(tmp_path):
+    with pytest.raises(ConfigError, match="head_dim must be >= 32"):
+        tiny.build_tiny_base(tmp_path / "x", tiny.TinyConfig(head_dim=16))
+    with pytest.raises(ConfigError, match="unknown domain"):
+        tiny.build_tiny_base(tmp_path / "x", tiny.TinyConfig(difficulty={"poetry": 0.1}))
+    (tmp_path / "partial").mkdir()
+    (tmp_path / "partial" / "config.json").write_text("{}")
+    with pytest.raises(CheckpointError, match="not a complete tiny base"):
+        tiny.ensure_tiny_base(tmp_path / "partial")
+
+
+@pytest.fixture(scope="module")
+def shipped():
+    if not tiny.is_complete(tiny.SHIPPED_DIR):
+        pytest.fail("the shipped tiny base is missing: run tools/make_tiny_base.py --out megatron_sdpo/assets/tiny_base")
+    return tiny.load_tiny_base()
+
+
+def test_shipped_model_is_small_and_shaped(shipped):
+    model, tok = shipped
+    assert tiny.ensure_tiny_base() == str(tiny.SHIPPED_DIR)
+    size = sum(f.stat().st_size for f in Path(tiny.SHIPPED_DIR).iterdir())
+    assert size < 8 * 2**20
+    c = model.config
+    assert (c.hidden_size, c.num_hidden_layers, c.num_attention_heads, c.head_dim, c.num_key_value_heads) == (128, 4, 4, 32, 2)
+    assert not c.tie_word_embeddings and c.vocab_size == len(tok)
+    assert 600 <= len(tok) <= 1000
+
+
+def test_shipped_tokenizer_round_trips(shipped):
+    _, tok = shipped
+    for d in DOMAINS:
+        for r in generate(d, "ood_far", 10, seed=5):
+            for text in (r["prompt"], r["solution"]):
+                ids = tok(text, add_special_tokens=False)["input_ids"]
+                assert tok.decode(ids) == text
+    digits = tok("12345", add_special_tokens=False)["input_ids"]
+    assert len(digits) == 5  # one token per digit
+    ids = tiny.chat_prompt_ids(tok, "hi")
+    assert tok.decode(ids).endswith("<|im_start|>assistant\n")
+    assert tok.eos_token == "<|im_end|>" and tok.pad_token_id != tok.eos_token_id
+
+
+# The code generator saturates the base (greedy 100% on train): the student's logprob of the
+# reference is already ~-0.01 and the teacher cannot beat it. Strict: passes loudly once fixed.
+@pytest.mark.parametrize("domain", [
+    d if d != "code" else pytest.param(d, marks=pytest.mark.xfail(strict=True, reason="code domain saturated"))
+    for d in DOMAINS
+])
+def test_base_teacher_beats_student_on_reference(shipped, domain):
+    model, tok = shipped
+    torch.set_num_threads(1)
+    recs = generate(domain, "id", 12, seed=11)
+    prompts = [r["prompt"] for r in recs]
+    refs = [r["solution"] for r in recs]
+    teacher = [build_teacher_message(r["prompt"], r["solution"], None) for r in recs]
+    s = tiny.mean_response_logprob(model, tok, prompts, refs)
+    t = tiny.mean_response_logprob(model, tok, teacher, refs)
+    assert s.dtype == torch.float32 and s.shape == (12,)
+    assert t.mean() > s.mean(), (domain, float(t.mean()), float(s.mean()))

