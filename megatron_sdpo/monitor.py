@@ -22,8 +22,9 @@ class RunMonitor:
     def _init_wandb(self, cfg, name: str):
         from megatron_sdpo.errors import require
 
-        # Offline unless the user asked for online: a run must never hang without network.
-        os.environ.setdefault("WANDB_MODE", cfg.logging.wandb_mode)
+        # The config's mode (offline by default) unless WANDB_MODE is set in the environment: a
+        # run must never hang waiting for a network it does not have.
+        mode = os.environ.get("WANDB_MODE") or cfg.logging.wandb_mode
         os.environ.setdefault("WANDB_SILENT", "true")
         wandb = require("wandb", "cpu", "wandb logging")
         from megatron_sdpo.config.loader import to_dict
@@ -33,7 +34,7 @@ class RunMonitor:
             name=name,
             dir=str(self.run_dir.root),
             config=to_dict(cfg),
-            mode=os.environ["WANDB_MODE"],
+            mode=mode,
             settings=wandb.Settings(init_timeout=30, silent=True),
         )
 

@@ -26,6 +26,7 @@ rollout: {engine: hf, max_new_tokens: 24}
 eval: {max_new_tokens: 24}
 checkpoint: {save_every: 2}
 diagnostics: {probe_n: 4}
+logging: {wandb: true, wandb_mode: offline}
 """
 
 
@@ -78,6 +79,7 @@ def test_run_writes_every_output(full_run):
     drift = json.loads((full_run / "drift" / "stage_2.json").read_text())
     assert drift["param_vs_base"]["summary"]["rel_frob_pooled"] > 0
     assert (full_run / "checkpoints" / "stage_1_math" / "policy" / "config.json").is_file()
+    assert any((full_run / "wandb").glob("offline-run-*")), "wandb offline run directory missing"
     report = (full_run / "report.md").read_text()
     assert "Forgetting" in report and "Drift after each stage" in report
 

@@ -1,0 +1,489 @@
+"""MegatronBackend: the backend seam (backends/base.py) on megatron-core GPTModel (TP x PP x DP).
+
+Policy and teacher are two GPTModels with the same layout; only the policy is wrapped in
+megatron DDP and owned by the (distributed) optimizer. Every forward goes through
+`get_forward_backward_func()`, so the same code runs with and without pipeline parallelism.
+Logits stay vocab-sharded: the loss inputs are computed from shards by `vocab_parallel`.
+
+Scaling is owned by `_loss_adapter` alone: the LossFn returns sum(token terms) / normalizer
+for its micro-batch (normalizer global over all DP ranks); megatron's schedule divides the
+returned loss by the number of micro-batches and DDP averages gradients over DP, so the adapter
+multiplies by (micro-batches x DP size). The gradient is then that of the global loss, whatever
+the micro-batch count or DP size.
+"""
+from __future__ import annotations
+
+import os
+from functools import partial
+from pathlib import Path
+from typing import Iterator
+
+import torch
+import torch.distributed as dist
+
+from megatron_sdpo.backends.base import REQUIRES, LossFn, SequenceBatch
+from megatron_sdpo.backends.megatron import batching, vocab_parallel as vp
+from megatron_sdpo.backends.megatron.model import ModelOptions, build_model, weight_layout
+from megatron_sdpo.backends.megatron.parallel import ParallelConfig, init_distributed, initialize
+from megatron_sdpo.errors import ConfigError, DataError, require
+from megatron_sdpo.weights.plan import ModelSpec
+from megatron_sdpo.weights.transport import export_hf, load_hf
+
+_POLICY_OUTPUTS = frozenset({"logprobs", "entropy", "logits"})
+_TEACHER_OUTPUTS = frozenset({"teacher_logits", "teacher_logprobs", "fused_kl"})
+
+
+def _hf_tensors(model_path: str):
+    """A lazy name -> tensor mapping over an HF directory's safetensors files."""
+    from safetensors import safe_open
+
+    files = sorted(Path(model_path).glob("*.safetensors"))
+    if not files:
+        raise ConfigError(f"model_path {model_path!r} has no *.safetensors files")
+    where = {}
+    for f in files:
+        with safe_open(str(f), framework="pt") as h:
+            for k in h.keys():
+                where[k] = f
+
+    class _Lazy(dict):
+        def __missing__(self, key):
+            if key not in where:
+                raise KeyError(key)
+            with safe_open(str(where[key]), framework="pt") as h:
+                return h.get_tensor(key)
+
+        def __contains__(self, key):
+            return key in where
+
+    return _Lazy()
+
+
+def _reduce_op(name: str) -> str:
+    """"max" for names ending in _max, "min" for _min, else "sum" (the losses' convention)."""
+    return "max" if name.endswith("_max") else "min" if name.endswith("_min") else "sum"
+
+
+def _accumulate(sums: dict, name: str, value: torch.Tensor) -> None:
+    v = value.detach().float().reshape(())
+    if name not in sums:
+        sums[name] = v
+    elif _reduce_op(name) == "max":
+        sums[name] = torch.maximum(sums[name], v)
+    elif _reduce_op(name) == "min":
+        sums[name] = torch.minimum(sums[name], v)
+    else:
+        sums[name] = sums[name] + v
+
+
+class MegatronBackend:
+    """Megatron-core backend. Launch one process per rank (torchrun) or call from a single
+    process (a world of one is created). `micro_batch_size` counts samples per micro-batch."""
+
+    def __init__(
+        self,
+        model_path: str,
+        *,
+        lr: float,
+        micro_batch_size: int,
+        parallel: ParallelConfig = ParallelConfig(),
+        options: ModelOptions = ModelOptions(),
+        weight_decay: float = 0.0,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        grad_clip: float = 1.0,
+        seed: int = 0,
+        with_teacher: bool = True,
+        with_reference: bool = False,
+        distributed_optimizer: bool = True,
+        pad_token_id: int | None = None,
+    ):
+        require("megatron.core", "cpu", "the megatron backend")
+        from transformers import AutoConfig
+
+        if micro_batch_size < 1:
+            raise ConfigError(f"micro_batch_size must be >= 1, got {micro_batch_size}")
+        if lr <= 0:
+            raise ConfigError(f"lr must be > 0, got {lr}")
+        if not Path(model_path, "config.json").is_file():
+            raise ConfigError(f"model_path {model_path!r} is not a HF model directory (no config.json)")
+        if not torch.cuda.is_available():
+            from megatron_sdpo.backends.megatron import cpu
+
+            cpu.install()
+        if not dist.is_initialized() and "RANK" not in os.environ:
+            from megatron_sdpo.backends.megatron.launch import free_port
+
+            os.environ.update(RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+        init_distributed()
+        self.layout = initialize(parallel, seed=seed)
+        from megatron.core import parallel_state as ps
+
+        self._ps = ps
+        hf_config = AutoConfig.from_pretrained(model_path)
+        self.spec = ModelSpec.from_hf_config(hf_config)
+        self.options = options
+        self.wlayout = weight_layout(self.layout.tp, self.layout.pp, options)
+        self.model_path = str(model_path)
+        self.micro_batch_size = micro_batch_size
+        self.lr, self.weight_decay, self.betas, self.eps, self.grad_clip = lr, weight_decay, tuple(betas), eps, grad_clip
+        self.distributed_optimizer = distributed_optimizer
+        self.step = 0
+        if pad_token_id is None:
+            pad_token_id = hf_config.pad_token_id if hf_config.pad_token_id is not None else hf_config.eos_token_id
+        if isinstance(pad_token_id, (list, tuple)):
+            pad_token_id = pad_token_id[0]
+        self.pad_token_id = int(pad_token_id) if pad_token_id is not None else 0
+
+        self.tp_rank, self.pp_rank = ps.get_tensor_model_parallel_rank(), ps.get_pipeline_model_parallel_rank()
+        self.dp_rank = ps.get_data_parallel_rank()
+        self.tp_group = ps.get_tensor_model_parallel_group()
+        self.pp_group = ps.get_pipeline_model_parallel_group()
+        self.vocab_start, self.vocab_width = vp.shard_bounds(
+            self.wlayout.padded_vocab(self.spec), self.spec.vocab_size, self.layout.tp, self.tp_rank
+        )
+        if self.vocab_width == 0:
+            raise ConfigError("model.vocab_divisor is so large that a TP rank holds only padded vocabulary rows")
+
+        hf = _hf_tensors(self.model_path)
+        self.policy = self._build(hf, trainable=True)
+        self.teacher = self._build(hf, trainable=False) if with_teacher else None
+        self.reference = self._build(hf, trainable=False) if with_reference else None
+        self._wrap_policy()
+        self.optimizer = self._make_optimizer()
+
+    @classmethod
+    def from_config(cls, cfg, model_path: str, *, pad_token_id: int | None = None) -> "MegatronBackend":
+        """Build from a RunConfig (`backend.*`, `backend.megatron.*`, `algorithm`, `seed`)."""
+        from megatron_sdpo.backends.megatron.precision import PrecisionConfig
+
+        b, m = cfg.backend, cfg.backend.megatron
+        if not m.fp8.keep_lm_head_bf16:
+            raise ConfigError("backend.megatron.fp8.keep_lm_head_bf16=False: the LM head is never FP8 here")
+        recipe = None if m.fp8.recipe == "none" else m.fp8.recipe
+        options = ModelOptions(
+            precision=PrecisionConfig(params=m.params_dtype, fp8=recipe, fp8_format=m.fp8.fp8_format if recipe else None),
+            sequence_parallel=m.sequence_parallel,
+            recompute=None if m.recompute == "none" else m.recompute,
+        )
+        return cls(
+            model_path,
+            lr=b.lr,
+            micro_batch_size=b.micro_batch_size,
+            parallel=ParallelConfig(tp=m.tensor_parallel, pp=m.pipeline_parallel, sequence_parallel=m.sequence_parallel),
+            options=options,
+            weight_decay=b.weight_decay,
+            grad_clip=b.grad_clip,
+            seed=cfg.seed,
+            with_teacher=cfg.algorithm.name != "grpo",
+            with_reference=cfg.algorithm.grpo.kl_coef > 0 or cfg.diagnostics.enabled,
+            distributed_optimizer=m.distributed_optimizer,
+            pad_token_id=pad_token_id,
+        )
+
+    # ------------------------------------------------------------------ setup
+    def _build(self, hf, trainable: bool):
+        model = build_model(self.spec, self.options)
+        load_hf(model, hf, self.spec, self.wlayout, self.tp_rank, self.pp_rank)
+        if not trainable:
+            model.requires_grad_(False)
+        model.eval()  # dropout is 0; eval keeps every forward deterministic
+        return model
+
+    def _wrap_policy(self) -> None:
+        from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
+
+        ddp_config = DistributedDataParallelConfig(
+            grad_reduce_in_fp32=True,
+            overlap_grad_reduce=False,
+            use_distributed_optimizer=self.distributed_optimizer,
+            check_for_nan_in_grad=False,
+        )
+        config = self.policy.config
+        self.policy = DistributedDataParallel(config=config, ddp_config=ddp_config, module=self.policy)
+        config.no_sync_func = self.policy.no_sync
+        config.finalize_model_grads_func = finalize_model_grads
+        config.grad_scale_func = None
+
+    def _make_optimizer(self):
+        from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+
+        cfg = OptimizerConfig(
+            optimizer="adam",
+            lr=self.lr,
+            weight_decay=self.weight_decay,
+            adam_beta1=self.betas[0],
+            adam_beta2=self.betas[1],
+            adam_eps=self.eps,
+            clip_grad=self.grad_clip if self.grad_clip and self.grad_clip > 0 else 0.0,
+            bf16=self.options.precision.params == "bfloat16",
+            params_dtype=self.options.precision.dtype,
+            use_distributed_optimizer=self.distributed_optimizer,
+        )
+        return get_megatron_optimizer(cfg, [self.policy])
+
+    def _model(self, name: str):
+        m = {"policy": self.policy, "teacher": self.teacher, "reference": self.reference}.get(name, "?")
+        if m == "?":
+            raise ConfigError(f"model must be 'policy', 'teacher' or 'reference', got {name!r}")
+        if m is None:
+            raise ConfigError(f"this backend was built without a {name} model")
+        return m
+
+    # ------------------------------------------------------------------ batches
+    def _check(self, batch: SequenceBatch) -> tuple[SequenceBatch, int]:
+        T = batch.max_response_len
+        if T == 0:
+            raise DataError("every response in the batch is empty")
+        tensors = dict(batch.tensors)
+        tensors.setdefault("response_mask", batch.response_mask())
+        for k, v in tensors.items():
+            if v.shape[0] != len(batch):
+                raise DataError(f"tensor {k!r} has {v.shape[0]} rows for a batch of {len(batch)}")
+            if v.ndim >= 2 and v.shape[1] != T:
+                raise DataError(f"tensor {k!r} has {v.shape[1]} columns; the batch's longest response has {T}")
+        return SequenceBatch(batch.prompt_ids, batch.response_ids, batch.teacher_prompt_ids, tensors), T
+
+    def _micro(self, batch: SequenceBatch, T: int, prompts: list[list[int]], local: list[int]) -> tuple[list[dict], int]:
+        """Micro-batch dicts for this DP rank's samples `local`, rows built from `prompts`."""
+        groups = batching.micro_batches(local, self.micro_batch_size, equal=self.layout.pp > 1)
+        mult = self.layout.tp if self.options.sequence_parallel else 1
+        S = batching.seq_len([prompts[i] for i in local], [batch.response_ids[i] for i in local], mult)
+        out = []
+        for g in groups:
+            real = [i for i in g if i >= 0]
+            rows_idx = [i if i >= 0 else real[0] for i in g]
+            rows = batching.build_rows(
+                [prompts[i] for i in rows_idx], [batch.response_ids[i] for i in rows_idx], T, S, self.pad_token_id
+            )
+            keep = torch.tensor([1.0 if i >= 0 else 0.0 for i in g])
+            tensors = {}
+            for k, v in batch.tensors.items():
+                t = v[rows_idx].clone()
+                tensors[k] = t * keep.view(-1, *([1] * (t.ndim - 1))).to(t.dtype) if (keep == 0).any() else t
+            out.append({"rows": rows, "tensors": tensors, "n_real": len(real)})
+        return out, S
+
+    # ------------------------------------------------------------------ forward pieces
+    def _response_shard(self, logits: torch.Tensor, rows: batching.Rows) -> torch.Tensor:
+        """[b, S, V/tp] model output -> [b, T, width] fp32 logits predicting response tokens,
+        padded vocabulary columns cut off."""
+        idx = rows.gather_index.unsqueeze(-1).expand(-1, -1, logits.shape[-1])
+        return logits.gather(1, idx)[..., : self.vocab_width].float()
+
+    def _stats(self, shard: torch.Tensor, rows: batching.Rows, needs: frozenset) -> dict[str, torch.Tensor]:
+        out: dict[str, torch.Tensor] = {}
+        if "logprobs" in needs:
+            out["logprobs"] = vp.logprobs(shard, rows.targets, self.vocab_start, self.tp_group)[0]
+        if "entropy" in needs:
+            out["entropy"] = vp.entropy(shard, self.tp_group)
+        if "logits" in needs:
+            if self.layout.tp > 1:
+                raise ConfigError(
+                    "the loss asks for full-vocabulary 'logits' but tp > 1 keeps them vocab-sharded; "
+                    "use a loss that requires 'fused_kl' (or top-k computed from shards)"
+                )
+            out["logits"] = shard
+        return out
+
+    def _forward_only(self, model, micro: list[dict], S: int, collect) -> list:
+        """Run `model` forward over the micro-batches; `collect(mb, logits)` runs on the last
+        stage and its results are returned in micro-batch order (empty on other stages)."""
+        from megatron.core.pipeline_parallel import get_forward_backward_func
+
+        def step(data_iter, m):
+            mb = next(data_iter)
+            out = m(mb["rows"].tokens, mb["rows"].positions, None)
+
+            def reduce(output):
+                return output.new_zeros(()), {"value": collect(mb, output)}
+
+            return out, reduce
+
+        with torch.no_grad():
+            store = get_forward_backward_func()(
+                forward_step_func=step, data_iterator=iter(micro), model=[model], num_microbatches=len(micro),
+                seq_length=S, micro_batch_size=self.micro_batch_size, forward_only=True,
+            )
+        return [d["value"] for d in store] if self._ps.is_pipeline_last_stage() else []
+
+    def _teacher_outputs(self, batch: SequenceBatch, T: int, local: list[int], needs: frozenset) -> list[dict]:
+        """Teacher quantities per micro-batch (last stage), from a forward-only pass of the
+        teacher over the teacher prompts: sharded response logits and/or logprobs."""
+        tp = batch.teacher_prompt_ids or [None] * len(batch)
+        # Samples without a teacher context reuse the student prompt; their loss mask is 0.
+        prompts = [t if t is not None else p for t, p in zip(tp, batch.prompt_ids)]
+        micro, S = self._micro(batch, T, prompts, local)
+
+        def collect(mb, logits):
+            shard = self._response_shard(logits, mb["rows"])
+            out = {}
+            if "teacher_logprobs" in needs:
+                out["teacher_logprobs"] = vp.logprobs(shard, mb["rows"].targets, self.vocab_start, self.tp_group)[0]
+            if needs & {"teacher_logits", "fused_kl"}:
+                out["teacher_shard"] = shard
+            return out
+
+        return self._forward_only(self._model("teacher"), micro, S, collect)
+
+    # ------------------------------------------------------------------ public API
+    def logprobs(self, batch: SequenceBatch, *, model: str = "policy") -> torch.Tensor:
+        """[B, T] fp32 logprobs of the responses under `model`, on every rank (padding columns 0).
+        The teacher reads `teacher_prompt_ids` where given."""
+        batch, T = self._check(batch)
+        local = batching.dp_slice(len(batch), self.layout.dp, self.dp_rank)
+        prompts = batch.prompt_ids
+        if model == "teacher":
+            tp = batch.teacher_prompt_ids or [None] * len(batch)
+            prompts = [t if t is not None else p for t, p in zip(tp, batch.prompt_ids)]
+        micro, S = self._micro(batch, T, prompts, local)
+
+        def collect(mb, logits):
+            shard = self._response_shard(logits, mb["rows"])
+            return vp.logprobs(shard, mb["rows"].targets, self.vocab_start, self.tp_group)[0][: mb["n_real"]]
+
+        parts = self._forward_only(self._model(model), micro, S, collect)
+        rows = torch.zeros(len(batch), T, dtype=torch.float32)
+        if parts:
+            rows[local] = torch.cat(parts)
+        # Every rank gets every row: the last stages hold disjoint DP slices, the rest zeros.
+        rows = rows.contiguous()
+        dist.all_reduce(rows)
+        if self.layout.tp > 1:
+            rows /= self.layout.tp  # each TP rank of a last stage contributed the same rows
+        return rows * batch.tensors["response_mask"]
+
+    def train_step(self, batch: SequenceBatch, loss_fn: LossFn) -> dict[str, float]:
+        """One optimizer step on the global batch. Returns {"loss", "grad_norm", "skipped",
+        "samples", <loss metrics summed over the batch>}, identical on every rank."""
+        from megatron.core.pipeline_parallel import get_forward_backward_func
+
+        batch, T = self._check(batch)
+        requires = frozenset(loss_fn.requires)
+        unknown = requires - REQUIRES
+        if unknown:
+            raise ConfigError(f"loss requires unknown outputs {sorted(unknown)}; known: {sorted(REQUIRES)}")
+        if "ref_logprobs" in requires and self.reference is None:
+            raise ConfigError("the loss needs 'ref_logprobs' but the backend has no reference model")
+        normalizer = loss_fn.global_normalizer(batch.tensors).float()
+        local = batching.dp_slice(len(batch), self.layout.dp, self.dp_rank)
+        micro, S = self._micro(batch, T, batch.prompt_ids, local)
+        teacher = self._teacher_outputs(batch, T, local, requires & _TEACHER_OUTPUTS) if requires & _TEACHER_OUTPUTS else []
+        ref = []
+        if "ref_logprobs" in requires:
+            ref = self._forward_only(
+                self.reference, micro, S,
+                lambda mb, lg: vp.logprobs(self._response_shard(lg, mb["rows"]), mb["rows"].targets, self.vocab_start, self.tp_group)[0],
+            )
+        for k, mb in enumerate(micro):
+            mb["k"] = k
+        scale = float(len(micro) * self.layout.dp)
+        sums: dict[str, torch.Tensor] = {}
+
+        def loss_adapter(mb, logits):
+            shard = self._response_shard(logits, mb["rows"])
+            outputs = self._stats(shard, mb["rows"], requires & _POLICY_OUTPUTS)
+            if teacher:
+                t = teacher[mb["k"]]
+                if "teacher_logprobs" in requires:
+                    outputs["teacher_logprobs"] = t["teacher_logprobs"]
+                if "teacher_logits" in requires:
+                    if self.layout.tp > 1:
+                        raise ConfigError("'teacher_logits' needs tp == 1 (logits stay vocab-sharded); use 'fused_kl'")
+                    outputs["teacher_logits"] = t["teacher_shard"]
+                if "fused_kl" in requires:
+                    alpha = getattr(loss_fn, "alpha", None)
+                    if alpha is None:
+                        raise ConfigError("a loss that requires 'fused_kl' must define `alpha`")
+                    temp = float(getattr(loss_fn, "temperature", 1.0))
+                    outputs["fused_kl"] = vp.generalized_jsd(shard / temp, t["teacher_shard"] / temp, float(alpha), self.tp_group)
+            if ref:
+                outputs["ref_logprobs"] = ref[mb["k"]]
+            loss, metrics = loss_fn(outputs, mb["tensors"], normalizer)
+            _accumulate(sums, "loss", loss)
+            for name, v in metrics.items():
+                _accumulate(sums, name, v)
+            # The schedule divides by the micro-batch count and DDP averages over DP: undo both.
+            return loss * scale, {}
+
+        def step(data_iter, m):
+            mb = next(data_iter)
+            out = m(mb["rows"].tokens, mb["rows"].positions, None)
+            return out, partial(loss_adapter, mb)
+
+        self.policy.zero_grad_buffer()
+        self.optimizer.zero_grad()
+        self.policy.train()
+        get_forward_backward_func()(
+            forward_step_func=step, data_iterator=iter(micro), model=[self.policy], num_microbatches=len(micro),
+            seq_length=S, micro_batch_size=self.micro_batch_size, forward_only=False,
+        )
+        self.policy.eval()
+        ok, grad_norm, _ = self.optimizer.step()
+        if ok:
+            self.step += 1
+        return self._reduce_metrics(sums, grad_norm, ok, len(batch))
+
+    def _reduce_metrics(self, sums: dict, grad_norm, ok: bool, n: int) -> dict[str, float]:
+        """Combine metric shares over the last stages' DP ranks (sum / max / min per
+        `metric_reduce`); every rank gets the result."""
+        last = self._ps.is_pipeline_last_stage() and self.tp_rank == 0
+        # Only last stages ran the loss: share the metric names so every rank joins each reduce.
+        gathered = [None] * dist.get_world_size()
+        dist.all_gather_object(gathered, sorted(sums) if last else None)
+        names = next((x for x in gathered if x is not None), ["loss"])
+        out: dict[str, float] = {}
+        for op, ident in (("sum", 0.0), ("max", float("-inf")), ("min", float("inf"))):
+            group = [k for k in names if _reduce_op(k) == op]
+            if not group:
+                continue
+            vals = torch.tensor([float(sums[k]) if last else ident for k in group], dtype=torch.float32)
+            dist.all_reduce(vals, op={"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}[op])
+            out.update(zip(group, vals.tolist()))
+        out["grad_norm"] = float(grad_norm) if grad_norm is not None else float("nan")
+        out["skipped"] = 0.0 if ok else 1.0
+        out["samples"] = float(n)
+        return out
+
+    def export_weights(self, *, model: str = "policy") -> Iterator[tuple[str, torch.Tensor]]:
+        """(HF name, full tensor) pairs, gathered over TP and broadcast over PP, one at a time.
+        Collective: every rank of the model-parallel grid must consume it in step."""
+        return export_hf(
+            self._model(model), self.spec, self.wlayout, tp_group=self.tp_group, pp_group=self.pp_group,
+            pp_rank=self.pp_rank,
+        )
+
+    def _params(self, name: str) -> list[torch.Tensor]:
+        m = self._model(name)
+        return list(getattr(m, "module", m).parameters())
+
+    def teacher_update(self, action: str, *, rate: float = 0.0) -> None:
+        """"ema": θ_T ← (1-rate)·θ_T + rate·θ_S; "copy": θ_T ← θ_S; "none". Shard-local: the
+        teacher has the policy's layout, so no communication."""
+        from megatron_sdpo.algorithms.teacher import copy_, ema_update_
+
+        if action == "none":
+            return
+        teacher, student = self._params("teacher"), [p.detach() for p in self._params("policy")]
+        if action == "ema":
+            ema_update_(teacher, student, rate)
+        elif action == "copy":
+            copy_(teacher, student)
+        else:
+            raise ConfigError(f"teacher action must be 'ema', 'copy' or 'none', got {action!r}")
+
+    def reset_optimizer(self) -> None:
+        """Fresh optimizer state (moments, step count) over the same DDP-wrapped policy."""
+        self.optimizer = self._make_optimizer()
+
+    def save(self, path: str, *, extra: dict | None = None) -> None:
+        """Atomic dist_checkpointing save of policy, teacher, optimizer, RNG, step and `extra`."""
+        from megatron_sdpo.backends.megatron.checkpoint import save
+
+        save(self, path, extra=extra)
+
+    def load(self, path: str, *, weights_only: bool = False) -> dict:
+        """Load a checkpoint written by `save` (any DP size); returns its `extra` dict."""
+        from megatron_sdpo.backends.megatron.checkpoint import load
+
+        return load(self, path, weights_only=weights_only)

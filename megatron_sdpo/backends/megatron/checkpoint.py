@@ -1,0 +1,281 @@
+"""Checkpoints of the megatron backend with megatron-core dist_checkpointing.
+
+Layout of a checkpoint directory:
+    (dist_checkpointing files)  policy, teacher (keys prefixed "teacher."), optimizer (the
+                                distributed optimizer in its "fully_reshardable" format, so a
+                                run can resume under another DP size), step and extra (common)
+    rng/rank<r>.pt              per-rank torch and megatron RNG-tracker states
+    policy/                     the policy as an HF model directory (evaluation, diagnostics)
+    layout.json                 tp, pp, dp of the writer
+    COMPLETE                    written last, after every rank finished
+
+Atomic: every rank writes into `<path>.partial`; rank 0 writes COMPLETE and renames it into
+place only after a barrier. A directory without COMPLETE is never loaded.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from megatron_sdpo.errors import CheckpointError
+
+COMPLETE = "COMPLETE"
+_OPT_META = {"distrib_optim_sharding_type": "fully_reshardable"}
+_TEACHER = "teacher."
+
+
+def _inner(model):
+    return getattr(model, "module", model)
+
+
+def _sharded(backend, *, optimizer: bool, is_loading: bool) -> dict:
+    state: dict = {"policy": _inner(backend.policy).sharded_state_dict()}
+    if backend.teacher is not None:
+        state["teacher"] = backend.teacher.sharded_state_dict(prefix=_TEACHER)
+    if optimizer:
+        state["optimizer"] = backend.optimizer.sharded_state_dict(
+            state["policy"], is_loading=is_loading, metadata=_OPT_META
+        )
+    return state
+
+
+def _fsync_dir(d: Path) -> None:
+    fd = os.open(d, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def save(backend, path: str, *, extra: dict | None = None, hf_policy: bool = True) -> None:
+    """Collective save of the backend's policy, teacher, optimizer, RNG, step and `extra`.
+
+    hf_policy: also write `policy/` as an HF model directory (what evaluation and drift
+    diagnostics read); the weights are streamed to rank 0 one tensor at a time."""
+    from megatron.core import dist_checkpointing
+    from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
+
+    extra = dict(extra or {})
+    json.dumps(extra)  # fail on every rank before anything is written
+    final = Path(path)
+    tmp = final.with_name(final.name + ".partial")
+    rank = dist.get_rank()
+    if rank == 0:
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir(parents=True)  # empty: dist_checkpointing warns about a non-empty target
+    dist.barrier()
+    state = _sharded(backend, optimizer=True, is_loading=False)
+    state["step"] = backend.step
+    state["extra"] = extra
+    dist_checkpointing.save(state, str(tmp))
+    if rank == 0:
+        (tmp / "rng").mkdir()
+    dist.barrier()
+    torch.save(
+        {"torch": torch.get_rng_state(), "tracker": get_cuda_rng_tracker().get_states()},
+        tmp / "rng" / f"rank{rank}.pt",
+    )
+    if hf_policy:
+        state = {}
+        for name, t in backend.export_weights(model="policy"):
+            if rank == 0:
+                state[name] = t
+        if rank == 0:
+            write_hf_dir(state, backend.model_path, tmp / "policy", backend.spec.tie_word_embeddings)
+        del state
+    dist.barrier()
+    if rank == 0:
+        lay = backend.layout
+        (tmp / "layout.json").write_text(json.dumps({"tp": lay.tp, "pp": lay.pp, "dp": lay.dp}))
+        for dirpath, _, files in os.walk(tmp):
+            for f in files:
+                fd = os.open(os.path.join(dirpath, f), os.O_RDONLY)
+                os.fsync(fd)
+                os.close(fd)
+        (tmp / COMPLETE).write_text("ok\n")
+        _fsync_dir(tmp)
+        old = final.with_name(final.name + ".old")
+        if final.exists():
+            os.rename(final, old)
+        os.rename(tmp, final)
+        _fsync_dir(final.parent)
+        if old.exists():
+            shutil.rmtree(old)
+    dist.barrier()
+
+
+def write_hf_dir(state: dict, hf_model_dir: str, out_dir: str | Path, tied: bool) -> None:
+    """Save HF-named tensors as an HF model directory (config and tokenizer from hf_model_dir)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(hf_model_dir), dtype=torch.float32)
+    missing, unexpected = hf.load_state_dict(state, strict=False)
+    missing = [k for k in missing if not (tied and k == "lm_head.weight")]
+    if missing or unexpected:
+        raise CheckpointError(f"HF model and exported weights disagree: missing {missing[:4]}, unexpected {unexpected[:4]}")
+    if tied:
+        hf.tie_weights()
+    hf.save_pretrained(str(out_dir), safe_serialization=True)
+    for f in Path(hf_model_dir).iterdir():
+        if f.is_file() and ("token" in f.name or f.name in ("chat_template.jinja", "vocab.json", "merges.txt")):
+            shutil.copyfile(f, Path(out_dir) / f.name)
+
+
+def _strip(sd: dict, prefix: str) -> dict:
+    return {k[len(prefix):] if k.startswith(prefix) else k: v for k, v in sd.items()}
+
+
+def _ensure_optimizer_state(optimizer) -> list:
+    """Give a fresh optimizer its (zero) Adam state and a step, so that its sharded state dict
+    has the structure of a saved one (megatron's non-Apex path reads a step on every param).
+    Returns the per-param states that got a placeholder step, to drop before loading."""
+    added = []
+    for opt in getattr(optimizer, "chained_optimizers", [optimizer]):
+        inner = getattr(opt, "optimizer", None)
+        if inner is None:
+            continue
+        if getattr(opt, "init_state_fn", None) is not None:
+            opt.init_state_fn(inner, opt.config)
+        for group in inner.param_groups:
+            for p in group["params"]:
+                if "step" not in inner.state[p]:
+                    inner.state[p]["step"] = torch.tensor(0.0)
+                    added.append(inner.state[p])
+    return added
+
+
+def _keep_restored_steps(optimizer) -> None:
+    """megatron-core 0.16 without Apex/TE: the distributed optimizer restores Adam's per-param
+    "step" from the common state, then copies the per-param tensors of the checkpoint into
+    *every* key of the param state, "step" included, which the param tensors lack (KeyError).
+    Hand it the already-restored step so that key copies onto itself."""
+    for opt in getattr(optimizer, "chained_optimizers", [optimizer]):
+        orig = getattr(opt, "_set_main_param_and_optimizer_states", None)
+        if orig is None or getattr(orig, "_keeps_step", False):
+            continue
+
+        def patched(model_param, tensors, _opt=opt, _orig=orig):
+            gi, go = _opt.model_param_group_index_map[model_param]
+            state = _opt.optimizer.state[_opt.optimizer.param_groups[gi]["params"][go]]
+            if "step" in state and "step" not in tensors:
+                tensors = {**tensors, "step": state["step"].clone()}
+            return _orig(model_param, tensors)
+
+        patched._keeps_step = True
+        opt._set_main_param_and_optimizer_states = patched
+
+
+def _unshare_steps(optimizer) -> None:
+    """The non-Apex restore puts one `step` tensor object into every param's state; torch Adam
+    increments each param's step in place, so a shared tensor would advance once per param per
+    step and corrupt the bias correction. Give every param its own copy."""
+    for opt in getattr(optimizer, "chained_optimizers", [optimizer]):
+        inner = getattr(opt, "optimizer", None)
+        if inner is None:
+            continue
+        for st in inner.state.values():
+            if isinstance(st.get("step"), torch.Tensor):
+                st["step"] = st["step"].clone()
+
+
+def _load_module(module, sd: dict, what: str) -> None:
+    missing, unexpected = module.load_state_dict(sd, strict=False)
+    # TE/extra-state entries may legitimately differ between writer and reader specs.
+    missing = [k for k in missing if not k.endswith("_extra_state")]
+    unexpected = [k for k in unexpected if not k.endswith("_extra_state")]
+    if missing or unexpected:
+        raise CheckpointError(f"{what}: missing {missing[:4]}, unexpected {unexpected[:4]}")
+
+
+def load(backend, path: str, *, weights_only: bool = False) -> dict:
+    """Collective load; returns the saved `extra`. weights_only restores policy and teacher
+    weights only (the optimizer keeps its fresh state: stage transitions)."""
+    from megatron.core import dist_checkpointing
+    from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
+
+    root = Path(path)
+    if not (root / COMPLETE).is_file():
+        raise CheckpointError(f"{path} is not a complete megatron checkpoint (no {COMPLETE} marker)")
+    placeholders = [] if weights_only else _ensure_optimizer_state(backend.optimizer)
+    state = _sharded(backend, optimizer=not weights_only, is_loading=True)
+    for st in placeholders:
+        # The saved step comes back through the optimizer's common state, not per param.
+        st.pop("step", None)
+    try:
+        loaded = dist_checkpointing.load(state, str(root))
+        common = dist_checkpointing.load_common_state_dict(str(root))
+    except Exception as exc:  # dist_checkpointing raises many types for foreign/corrupt dirs
+        raise CheckpointError(f"cannot load megatron checkpoint {path}: {type(exc).__name__}: {exc}") from None
+    _load_module(_inner(backend.policy), loaded["policy"], "policy")
+    if backend.teacher is not None:
+        _load_module(backend.teacher, _strip(loaded["teacher"], _TEACHER), "teacher")
+    if weights_only:
+        backend.optimizer.reload_model_params()
+        return dict(common.get("extra", {}))
+    _keep_restored_steps(backend.optimizer)
+    backend.optimizer.load_state_dict(loaded["optimizer"])
+    # Keep the optimizer's main (master) shards in sync with the loaded weights (with bf16
+    # params they are separate fp32 copies).
+    backend.optimizer.reload_model_params()
+    _unshare_steps(backend.optimizer)
+    backend.step = int(common.get("step", 0))
+    layout = json.loads((root / "layout.json").read_text())
+    lay = backend.layout
+    rng_file = root / "rng" / f"rank{dist.get_rank()}.pt"
+    # RNG streams are per rank: they only carry over to the same layout.
+    if (layout["tp"], layout["pp"], layout["dp"]) == (lay.tp, lay.pp, lay.dp) and rng_file.is_file():
+        rng = torch.load(rng_file, weights_only=False)
+        torch.set_rng_state(rng["torch"])
+        get_cuda_rng_tracker().set_states(rng["tracker"])
+    return dict(common.get("extra", {}))
+
+
+def convert_to_hf(checkpoint: str, hf_model_dir: str, out_dir: str, *, model: str = "policy", vocab_divisor: int = 128) -> list[str]:
+    """Write `model` ("policy" | "teacher") of a megatron checkpoint as an HF model directory.
+
+    Runs in the calling process as a world of one (TP=1, PP=1): dist_checkpointing reshards
+    whatever layout wrote the checkpoint. `hf_model_dir` supplies config and tokenizer files
+    (the model the run started from). Returns the HF tensor names written."""
+    import os as _os
+
+    from transformers import AutoConfig
+
+    from megatron.core import dist_checkpointing
+
+    from megatron_sdpo.backends.megatron import cpu
+    from megatron_sdpo.backends.megatron.launch import free_port
+    from megatron_sdpo.backends.megatron.model import ModelOptions, build_model, weight_layout
+    from megatron_sdpo.backends.megatron.parallel import ParallelConfig, init_distributed, initialize
+    from megatron_sdpo.weights.plan import ModelSpec
+    from megatron_sdpo.weights.transport import export_hf
+
+    if model not in ("policy", "teacher"):
+        raise CheckpointError(f"model must be 'policy' or 'teacher', got {model!r}")
+    root = Path(checkpoint)
+    if not (root / COMPLETE).is_file():
+        raise CheckpointError(f"{checkpoint} is not a complete megatron checkpoint (no {COMPLETE} marker)")
+    if not torch.cuda.is_available():
+        cpu.install()
+    if not dist.is_initialized():
+        _os.environ.update(RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+        init_distributed()
+    initialize(ParallelConfig())
+    hf_config = AutoConfig.from_pretrained(hf_model_dir)
+    spec = ModelSpec.from_hf_config(hf_config)
+    options = ModelOptions(vocab_divisor=vocab_divisor, perform_initialization=False)
+    gpt = build_model(spec, options)
+    prefix = _TEACHER if model == "teacher" else ""
+    try:
+        loaded = dist_checkpointing.load({model: gpt.sharded_state_dict(prefix=prefix)}, str(root))
+    except Exception as exc:
+        raise CheckpointError(f"cannot read {model} from {checkpoint}: {type(exc).__name__}: {exc}") from None
+    _load_module(gpt, _strip(loaded[model], prefix), model)
+    state = dict(export_hf(gpt, spec, weight_layout(1, 1, options), tp_group=None, pp_group=None, pp_rank=0))
+    write_hf_dir(state, hf_model_dir, out_dir, spec.tie_word_embeddings)
+    return sorted(state)

@@ -1,0 +1,155 @@
+"""The HF <-> megatron weight plan, checked against real HF models and hand-written layouts."""
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+from megatron_sdpo.errors import CheckpointError, ConfigError
+from megatron_sdpo.weights import Layout, ModelSpec, hf_names, hf_to_megatron, megatron_to_hf, owner_stage, plan
+
+
+def _config(arch: str, tied: bool = False, vocab: int = 131):
+    common = dict(
+        vocab_size=vocab, hidden_size=48, intermediate_size=40, num_hidden_layers=4,
+        num_attention_heads=6, num_key_value_heads=2, head_dim=8, tie_word_embeddings=tied,
+        max_position_embeddings=64, rms_norm_eps=1e-6,
+    )
+    if arch == "qwen3":
+        return transformers.Qwen3Config(**common)
+    return transformers.LlamaConfig(**common)
+
+
+def _hf_state(arch: str, tied: bool = False, vocab: int = 131) -> dict:
+    torch.manual_seed(0)
+    cls = transformers.Qwen3ForCausalLM if arch == "qwen3" else transformers.LlamaForCausalLM
+    model = cls(_config(arch, tied, vocab))
+    sd = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    # Random norms so that a swapped norm would show up.
+    for k in sd:
+        if k.endswith("norm.weight"):
+            sd[k] = torch.randn_like(sd[k])
+    if tied:
+        sd.pop("lm_head.weight", None)
+    return sd
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "llama"])
+@pytest.mark.parametrize("tied", [False, True])
+def test_plan_covers_every_hf_tensor_exactly_once(arch, tied):
+    spec = ModelSpec.from_hf_config(_config(arch, tied))
+    sd = _hf_state(arch, tied)
+    assert sorted(hf_names(spec)) == sorted(sd)
+    for layout in (Layout(pp=2), Layout(tp=2, pp=4)):
+        owned = [n for p in range(layout.pp) for mp in plan(spec, layout, p) for n in mp.hf]
+        # Under PP with tied embeddings the last stage reads the embedding a second time.
+        extra = 1 if tied and layout.pp > 1 else 0
+        assert len(owned) == len(sd) + extra and set(owned) == set(sd)
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "llama"])
+@pytest.mark.parametrize("tied", [False, True])
+@pytest.mark.parametrize("tp,pp", [(1, 1), (2, 1), (1, 2), (2, 2), (2, 4)])
+def test_round_trip_is_bit_exact(arch, tied, tp, pp):
+    spec = ModelSpec.from_hf_config(_config(arch, tied))
+    sd = _hf_state(arch, tied)
+    layout = Layout(tp=tp, pp=pp, vocab_divisor=4)
+    shards = {(t, p): hf_to_megatron(sd, spec, layout, t, p) for t in range(tp) for p in range(pp)}
+    for (t, p), msd in shards.items():
+        for mp in plan(spec, layout, p):
+            assert msd[mp.megatron].is_contiguous()
+    back = megatron_to_hf(lambda t, p: shards[(t, p)], spec, layout)
+    assert list(back) == hf_names(spec)
+    for k, v in sd.items():
+        assert back[k].dtype == v.dtype and torch.equal(back[k], v), k
+
+
+def test_qkv_is_grouped_per_query_group_and_sharded_by_group():
+    spec = ModelSpec.from_hf_config(_config("qwen3"))
+    sd = _hf_state("qwen3")
+    D, r = spec.head_dim, spec.num_heads // spec.num_kv_heads
+    q = sd["model.layers.1.self_attn.q_proj.weight"]
+    k = sd["model.layers.1.self_attn.k_proj.weight"]
+    v = sd["model.layers.1.self_attn.v_proj.weight"]
+    for tp in (1, 2):
+        layout = Layout(tp=tp)
+        for t in range(tp):
+            got = hf_to_megatron(sd, spec, layout, t, 0)["decoder.layers.1.self_attention.linear_qkv.weight"]
+            rows = []
+            for g in range(t * spec.num_kv_heads // tp, (t + 1) * spec.num_kv_heads // tp):
+                rows += [q[g * r * D : (g + 1) * r * D], k[g * D : (g + 1) * D], v[g * D : (g + 1) * D]]
+            assert torch.equal(got, torch.cat(rows))
+
+
+def test_fc1_holds_gate_then_up_per_tp_shard_and_row_parallel_splits_columns():
+    spec = ModelSpec.from_hf_config(_config("llama"))
+    sd = _hf_state("llama")
+    gate, up = sd["model.layers.2.mlp.gate_proj.weight"], sd["model.layers.2.mlp.up_proj.weight"]
+    down = sd["model.layers.2.mlp.down_proj.weight"]
+    F = spec.ffn_hidden_size
+    layout = Layout(tp=2, pp=2)
+    for t in range(2):
+        msd = hf_to_megatron(sd, spec, layout, t, 1)  # layer 2 is stage 1's local layer 0
+        half = slice(t * F // 2, (t + 1) * F // 2)
+        assert torch.equal(msd["decoder.layers.0.mlp.linear_fc1.weight"], torch.cat([gate[half], up[half]]))
+        assert torch.equal(msd["decoder.layers.0.mlp.linear_fc2.weight"], down[:, half])
+        assert torch.equal(msd["decoder.layers.0.pre_mlp_layernorm.weight"], sd["model.layers.2.post_attention_layernorm.weight"])
+
+
+def test_vocab_is_padded_with_zero_rows_and_split_by_rank():
+    spec = ModelSpec.from_hf_config(_config("qwen3", vocab=131))
+    sd = _hf_state("qwen3", vocab=131)
+    layout = Layout(tp=2, vocab_divisor=8)
+    assert layout.padded_vocab(spec) == 136 == Layout(tp=1, vocab_divisor=8).padded_vocab(spec)
+    emb = [hf_to_megatron(sd, spec, layout, t, 0)["embedding.word_embeddings.weight"] for t in range(2)]
+    assert emb[0].shape == (68, spec.hidden_size) and emb[1].shape == (68, spec.hidden_size)
+    full = torch.cat(emb)
+    assert torch.equal(full[:131], sd["model.embed_tokens.weight"])
+    assert not full[131:].any()
+
+
+def test_tied_embedding_under_pp_puts_a_copy_on_the_last_stage():
+    spec = ModelSpec.from_hf_config(_config("qwen3", tied=True))
+    sd = _hf_state("qwen3", tied=True)
+    layout = Layout(pp=2)
+    first, last = hf_to_megatron(sd, spec, layout, 0, 0), hf_to_megatron(sd, spec, layout, 0, 1)
+    assert "output_layer.weight" not in first
+    assert torch.equal(last["output_layer.weight"], first["embedding.word_embeddings.weight"])
+    assert "output_layer.weight" not in hf_to_megatron(sd, spec, Layout(), 0, 0)
+    assert owner_stage(spec, layout, "model.embed_tokens.weight") == 0
+    assert owner_stage(spec, layout, "model.layers.3.mlp.up_proj.weight") == 1
+
+
+def test_te_spec_names_fuse_the_norms_into_the_next_linear():
+    spec = ModelSpec.from_hf_config(_config("qwen3"))
+    names = {mp.megatron for mp in plan(spec, Layout(te_names=True), 0)}
+    assert "decoder.layers.0.self_attention.linear_qkv.layer_norm_weight" in names
+    assert "decoder.layers.0.mlp.linear_fc1.layer_norm_weight" in names
+    assert not any("input_layernorm" in n or "pre_mlp_layernorm" in n for n in names)
+    assert "decoder.layers.0.self_attention.q_layernorm.weight" in names
+
+
+def test_invalid_layouts_and_architectures_are_config_errors():
+    spec = ModelSpec.from_hf_config(_config("qwen3"))
+    with pytest.raises(ConfigError, match="num_key_value_heads"):
+        plan(spec, Layout(tp=4), 0)
+    with pytest.raises(ConfigError, match="num_hidden_layers"):
+        plan(spec, Layout(pp=3), 0)
+    with pytest.raises(ConfigError, match="vocab_divisor"):
+        plan(spec, Layout(tp=2, vocab_divisor=3), 0)
+    with pytest.raises(ConfigError, match="Olmo"):
+        ModelSpec.from_hf_config(transformers.Olmo3Config(num_hidden_layers=2, hidden_size=32, num_attention_heads=4))
+    with pytest.raises(ConfigError, match="attention_bias"):
+        ModelSpec.from_hf_config(transformers.LlamaConfig(attention_bias=True, hidden_size=32, num_attention_heads=4))
+
+
+def test_missing_or_misshapen_hf_tensor_is_a_checkpoint_error():
+    spec = ModelSpec.from_hf_config(_config("llama"))
+    sd = _hf_state("llama")
+    broken = dict(sd)
+    del broken["model.layers.0.mlp.up_proj.weight"]
+    with pytest.raises(CheckpointError, match="up_proj"):
+        hf_to_megatron(broken, spec, Layout(), 0, 0)
+    broken = dict(sd)
+    broken["model.layers.0.self_attn.o_proj.weight"] = torch.zeros(3, 3)
+    with pytest.raises(CheckpointError, match="linear_proj"):
+        hf_to_megatron(broken, spec, Layout(), 0, 0)
