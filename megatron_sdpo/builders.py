@@ -8,6 +8,12 @@ from megatron_sdpo.config.schema import RunConfig
 from megatron_sdpo.errors import ConfigError, UserError
 
 
+def _cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
 def resolve_model_path(cfg: RunConfig) -> str:
     """"tiny" -> the shipped tiny base (built on first use); else an existing HF directory."""
     if cfg.model.path == "tiny":
@@ -75,8 +81,16 @@ def make_rollout(cfg: RunConfig, model_path: str, tokenizer, work_dir: str):
 
     os.makedirs(work_dir, exist_ok=True)
     kind = cfg.rollout.engine
+    # vLLM's CPU sampler rejects the generator that the Megatron CPU shim redirects, so on a
+    # machine without CUDA the two cannot share a process.
+    shim = cfg.backend.name == "megatron" and not _cuda()
     if kind == "auto":
-        kind = "vllm" if vllm_available() else "hf"
+        kind = "vllm" if vllm_available() and not shim else "hf"
+    elif kind == "vllm" and shim:
+        raise ConfigError(
+            "rollout.engine=vllm cannot run in one process with backend.name=megatron on CPU "
+            "(the CPU shim); use rollout.engine=hf or auto"
+        )
     common = dict(
         seed=cfg.seed,
         dtype=cfg.model.dtype,

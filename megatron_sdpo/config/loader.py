@@ -249,6 +249,12 @@ def validate(cfg: RunConfig) -> RunConfig:
         raise ConfigError("backend.megatron.tensor_parallel / pipeline_parallel must be >= 1")
     if m.sequence_parallel and m.tensor_parallel == 1:
         raise ConfigError("backend.megatron.sequence_parallel needs tensor_parallel > 1")
+    if cfg.backend.name == "megatron" and m.tensor_parallel > 1 and a.name != "grpo" and a.sdpo.variant == "logits":
+        # Full logits are vocab-sharded under TP: the distillation goes through the fused kernel.
+        if a.sdpo.topk is not None:
+            raise ConfigError("algorithm.sdpo.topk is not supported with backend.megatron.tensor_parallel > 1; use topk=null")
+        if not cfg.kernel.fused_kl:
+            raise ConfigError("SDPO with backend.megatron.tensor_parallel > 1 needs kernel.fused_kl=true")
     if m.fp8.recipe != "none" and cfg.backend.name != "megatron":
         raise ConfigError("backend.megatron.fp8.recipe needs backend.name=megatron")
     return cfg

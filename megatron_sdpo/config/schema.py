@@ -91,6 +91,7 @@ class TeacherConfig:
 
 @dataclass
 class RolloutConfig:
+    # auto: vLLM where installed (on CPU not next to the Megatron backend's shim), else HF generate
     engine: Literal["auto", "vllm", "hf"] = "auto"
     temperature: float = 1.0
     top_p: float = 1.0

@@ -102,3 +102,11 @@ def test_yaml_12_numbers_in_overrides_and_files(tmp_path):
     f.write_text("defaults: tiny\nbackend: {lr: 3e-5}\nlaunch: {time: 12:30:00}\n")
     cfg = load_config(str(f))
     assert cfg.backend.lr == 3e-5 and cfg.launch.time == "12:30:00"
+
+
+def test_megatron_tp_sdpo_needs_the_fused_kernel():
+    with pytest.raises(ConfigError, match="kernel.fused_kl=true"):
+        load_config("qwen3_4b", ["kernel.fused_kl=false"])
+    with pytest.raises(ConfigError, match="topk"):
+        load_config("qwen3_4b", ["algorithm.sdpo.topk=100"])
+    assert load_config("qwen3_4b", ["backend.megatron.tensor_parallel=1", "algorithm.sdpo.topk=100", "kernel.fused_kl=false"])
