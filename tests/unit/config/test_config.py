@@ -109,4 +109,4 @@ def test_megatron_tp_sdpo_needs_the_fused_kernel():
         load_config("qwen3_4b", ["kernel.fused_kl=false"])
     with pytest.raises(ConfigError, match="topk"):
         load_config("qwen3_4b", ["algorithm.sdpo.topk=100"])
-    assert load_config("qwen3_4b", ["backend.megatron.tensor_parallel=1", "algorithm.sdpo.topk=100", "kernel.fused_kl=false"])
+    assert load_config("qwen3_4b", ["backend.megatron.tensor_parallel=1", "backend.megatron.sequence_parallel=false", "algorithm.sdpo.topk=100", "kernel.fused_kl=false"])
