@@ -43,8 +43,6 @@ def stage_diagnostics(run, k: int) -> dict:
     similarity and MMD of this stage's eval answers to the base's on the same prompts, artifact
     rates, and the excess KL of the policy to the base on its own answers.
     """
-    import torch
-
     from megatron_sdpo.backends.base import SequenceBatch
     from megatron_sdpo.chat import encode_prompts
     from megatron_sdpo.diagnostics.artifacts import artifact_stats
@@ -98,7 +96,6 @@ def stage_diagnostics(run, k: int) -> dict:
     out["response_cosine_mean"] = sum(cos) / len(cos) if cos else None
     mmd = [e["drift"]["mmd"] for e in responses.values() if "drift" in e]
     out["response_mmd_mean"] = sum(mmd) / len(mmd) if mmd else None
-    del torch
     path = rd.drift / f"stage_{k + 1}.json"
     path.write_text(json.dumps(out, indent=1, default=float))
     return out

@@ -81,6 +81,21 @@ def blend_(
         out.copy_(mixed)
 
 
+def apply_action_(
+    action: str, teacher_params: Iterable[torch.Tensor], student_params: Iterable[torch.Tensor], *, rate: float = 0.0
+) -> None:
+    """Perform a TeacherController action in place: "ema" (rate), "copy" (student -> teacher) or
+    "none". Shard-local, so every backend calls it on its own parameter shards."""
+    if action == "none":
+        return
+    if action == "ema":
+        ema_update_(teacher_params, student_params, rate)
+    elif action == "copy":
+        copy_(teacher_params, student_params)
+    else:
+        raise ConfigError(f"teacher action must be 'ema', 'copy' or 'none', got {action!r}")
+
+
 class TeacherController:
     """Decides the teacher action at stage starts and after each optimizer step.
 

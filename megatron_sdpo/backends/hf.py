@@ -27,8 +27,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from megatron_sdpo.algorithms.teacher import copy_ as teacher_copy_
-from megatron_sdpo.algorithms.teacher import ema_update_
+from megatron_sdpo.algorithms.teacher import apply_action_
 from megatron_sdpo.backends.base import REQUIRES, LossFn, SequenceBatch
 from megatron_sdpo.backends.checkpoint import (
     atomic_checkpoint_dir,
@@ -417,14 +416,7 @@ class HFBackend:
         """"ema": θ_T ← (1-rate)·θ_T + rate·θ_S; "copy": θ_T ← θ_S; "none": nothing."""
         if action == "none":
             return
-        teacher = list(self._model("teacher").parameters())
-        student = list(self.policy.parameters())
-        if action == "ema":
-            ema_update_(teacher, student, rate)
-        elif action == "copy":
-            teacher_copy_(teacher, student)
-        else:
-            raise ConfigError(f"teacher action must be 'ema', 'copy' or 'none', got {action!r}")
+        apply_action_(action, list(self._model("teacher").parameters()), list(self.policy.parameters()), rate=rate)
 
     def reset_optimizer(self) -> None:
         """Fresh AdamW state (moments and step count), e.g. at a stage boundary."""

@@ -460,17 +460,11 @@ class MegatronBackend:
     def teacher_update(self, action: str, *, rate: float = 0.0) -> None:
         """"ema": θ_T ← (1-rate)·θ_T + rate·θ_S; "copy": θ_T ← θ_S; "none". Shard-local: the
         teacher has the policy's layout, so no communication."""
-        from megatron_sdpo.algorithms.teacher import copy_, ema_update_
+        from megatron_sdpo.algorithms.teacher import apply_action_
 
         if action == "none":
             return
-        teacher, student = self._params("teacher"), [p.detach() for p in self._params("policy")]
-        if action == "ema":
-            ema_update_(teacher, student, rate)
-        elif action == "copy":
-            copy_(teacher, student)
-        else:
-            raise ConfigError(f"teacher action must be 'ema', 'copy' or 'none', got {action!r}")
+        apply_action_(action, self._params("teacher"), [p.detach() for p in self._params("policy")], rate=rate)
 
     def reset_optimizer(self) -> None:
         """Fresh optimizer state (moments, step count) over the same DDP-wrapped policy."""
