@@ -105,3 +105,38 @@ def test_killed_and_resumed_run_matches_uninterrupted(full_run, small_yaml, tmp_
         (m["stage"], m["step"], m["reward_mean"]) for m in theirs
     ]
     assert [m["loss"] for m in ours] == pytest.approx([m["loss"] for m in theirs], abs=1e-6)
+
+
+COMPARE = """
+defaults: tiny
+name: cmp
+stages:
+  - {domain: math, steps: 2}
+  - {domain: science, steps: 2}
+domains:
+  math: {eval: {id: {n: 8}, ood_near: {n: 4}, ood_mid: {n: 4}, ood_far: {n: 4}}}
+  science: {eval: {id: {n: 8}, ood_near: {n: 4}, ood_mid: {n: 4}, ood_far: {n: 4}}}
+  tooluse: {eval: {id: {n: 4}, ood_near: {n: 4}, ood_mid: {n: 4}, ood_far: {n: 4}}}
+  code: {eval: {id: {n: 4}, ood_near: {n: 4}, ood_mid: {n: 4}, ood_far: {n: 4}}}
+algorithm: {prompts_per_step: 4, group_size: 4}
+rollout: {engine: hf, max_new_tokens: 16}
+eval: {max_new_tokens: 16}
+checkpoint: {save_every: 0}
+diagnostics: {probe_n: 2}
+"""
+
+
+@pytest.mark.slow
+def test_compare_puts_algorithms_side_by_side(tmp_path):
+    cfg = tmp_path / "cmp.yaml"
+    cfg.write_text(COMPARE)
+    out = finish(cli("compare", str(cfg), "--algorithms", "grpo,sdpo", "--out", "cmp", "--quiet", cwd=tmp_path))
+    assert "compare directory" in out
+    text = (tmp_path / "cmp" / "compare.md").read_text()
+    table = [line for line in text.splitlines() if line.startswith("| grpo") or line.startswith("| sdpo")]
+    assert len(table) >= 2, text
+    assert "Drift:" in text and "Training and artifacts:" in text
+    for algo in ("grpo", "sdpo"):
+        resolved = (tmp_path / "cmp" / algo / "resolved_config.yaml").read_text()
+        assert f"name: {algo}" in resolved
+    assert (tmp_path / "cmp" / "plots" / "compare.png").stat().st_size > 1000
