@@ -27,6 +27,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from megatron_sdpo.algorithms.losses import metric_reduce
 from megatron_sdpo.algorithms.teacher import apply_action_
 from megatron_sdpo.backends.base import REQUIRES, LossFn, SequenceBatch
 from megatron_sdpo.backends.checkpoint import (
@@ -56,6 +57,18 @@ def _resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
     if dtype not in _DTYPES:
         raise ConfigError(f"dtype must be one of {sorted(_DTYPES)}, got {dtype!r}")
     return _DTYPES[dtype]
+
+
+_REDUCE_OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
+
+
+def _combine(op: str, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Combine one metric of two micro-batches the way it reduces over ranks."""
+    if op == "max":
+        return torch.maximum(a, b)
+    if op == "min":
+        return torch.minimum(a, b)
+    return a + b
 
 
 class _ResponseLogits(nn.Module):
@@ -378,7 +391,10 @@ class HFBackend:
                 (loss * self.world).backward()
             loss_sum += loss.detach().float()
             for name, v in metrics.items():
-                metric_sums[name] = metric_sums.get(name, 0.0) + v.detach().float()
+                v = v.detach().float()
+                if name in metric_sums:
+                    v = _combine(metric_reduce(name), metric_sums[name], v)
+                metric_sums[name] = v
 
         params = [p for p in self.policy.parameters() if p.requires_grad]
         max_norm = self.grad_clip if self.grad_clip and self.grad_clip > 0 else float("inf")
@@ -389,15 +405,18 @@ class HFBackend:
             self.step += 1
         self.optimizer.zero_grad(set_to_none=True)
 
-        names = sorted(metric_sums)
-        packed = torch.stack([loss_sum] + [metric_sums[n].reshape(()) for n in names])
-        if self.world > 1:
-            packed = packed.contiguous()
-            dist.all_reduce(packed)
-        values = packed.tolist()
-        result = {"loss": values[0], "grad_norm": float(grad_norm), "skipped": 0.0 if finite else 1.0}
-        result["samples"] = float(len(batch))
-        result.update({n: v for n, v in zip(names, values[1:])})
+        result = {"grad_norm": float(grad_norm), "skipped": 0.0 if finite else 1.0, "samples": float(len(batch))}
+        groups: dict[str, list[str]] = {}
+        for n in sorted(metric_sums):
+            groups.setdefault(metric_reduce(n), []).append(n)
+        sums = ["loss"] + groups.pop("sum", [])
+        metric_sums["loss"] = loss_sum
+        # One collective per reduction kind (sum, max, min), each over a packed tensor.
+        for op, names in [("sum", sums), *groups.items()]:
+            packed = torch.stack([metric_sums[n].reshape(()) for n in names]).contiguous()
+            if self.world > 1:
+                dist.all_reduce(packed, op=_REDUCE_OPS[op])
+            result.update(zip(names, packed.tolist()))
         return result
 
     def export_weights(self, *, model: str = "policy") -> Iterator[tuple[str, torch.Tensor]]:

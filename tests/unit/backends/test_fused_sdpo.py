@@ -50,3 +50,16 @@ def test_fused_path_matches_logits_path(tmp_path, alpha, is_clip):
 def test_fused_needs_full_vocabulary():
     with pytest.raises(ConfigError, match="fused_kl"):
         SDPOLoss(topk=20, fused=True)
+
+
+def test_max_and_min_metrics_reduce_as_max_and_min(tmp_path):
+    from megatron_sdpo.algorithms.losses import GRPOLoss
+
+    path = save_tiny_qwen3(tmp_path / "m", seed=2)
+    batch = batch_with_teacher(1, B=6)
+    batch.tensors["loss_mask"] = batch.response_mask()
+    batch.tensors["advantages"] = torch.linspace(-1, 1, 6)
+    m = HFBackend(path, lr=1e-3, micro_batch_size=2).train_step(batch, GRPOLoss(on_policy=True))
+    # On-policy: every ratio is exactly 1, in each of the 3 micro-batches.
+    assert m["grpo/ratio_max"] == pytest.approx(1.0) and m["grpo/ratio_min"] == pytest.approx(1.0)
+    assert m["grpo/ratio_mean"] == pytest.approx(1.0)
