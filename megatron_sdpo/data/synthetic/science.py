@@ -2,7 +2,11 @@
 
 The rule is a monotone property read off the question (pick the largest or the smallest
 reading), not a memorized fact table, so a tiny model can learn it from a little evidence and
-RL can sharpen it. The reference response names the extreme reading first, then its letter.
+RL can sharpen it. Each reading is listed before its letter ("5 K (B)") and the reference
+response restates the extreme reading, then its letter: finding the letter is then a forward
+copy (an induction pattern), where the letter-first listing "B) 5 K" needs a backward lookup
+that a ~1M-parameter base does not learn in warm-up (measured: value right 100%, letter at
+chance).
 `difficulty` is the probability of four choices instead of three (chance 1/4 vs 1/3).
 train / id: "Which sample is hottest / coldest / heaviest / lightest?", one-digit readings.
 ood_near: other phrasings ("has the highest temperature"), one-digit readings.
@@ -59,8 +63,8 @@ def generate(split: str, n: int, seed: int, difficulty: float = DEFAULT_DIFFICUL
         best = max(values) if pick_max else min(values)
         letter = LETTERS[values.index(best)]
         choices = [f"{v} {unit}" for v in values]
-        listing = " ".join(f"{LETTERS[j]}) {c}" for j, c in enumerate(choices))
+        listing = ", ".join(f"{c} ({LETTERS[j]})" for j, c in enumerate(choices))
         prompt = f"Which sample {word}? {listing}. {INSTRUCTION}"
-        solution = f"{best} {unit} <answer>{letter}</answer>"
+        solution = f"{best} {unit} ({letter}) <answer>{letter}</answer>"
         out.append(make_record("science", split, seed, i, prompt, solution, choices=choices, answer=letter))
     return out

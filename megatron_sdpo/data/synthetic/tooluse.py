@@ -1,6 +1,6 @@
 """Synthetic tool selection with argument filling, answered as ReAct ``Action`` lines.
 
-Each prompt lists 3-5 tools (compactly, ``name(arg, ...)``) and a request; the response names
+Each prompt lists 2-3 tools (3-4 with two calls) (compactly, ``name(arg, ...)``) and a request; the response names
 the right tool and fills its argument. Copying alone saturates a tiny model, so with
 probability `difficulty` the request targets a numeric tool whose argument must be *computed*
 from the wording: a party of "two adults and three kids" -> 5 people, "2 hours 5 minutes" ->
@@ -17,7 +17,7 @@ import random
 
 from megatron_sdpo.data.synthetic.base import NUMBER_WORDS, check_args, make_record, rng_for, sample_unique
 
-DEFAULT_DIFFICULTY = 0.5
+DEFAULT_DIFFICULTY = 0.8
 INSTRUCTION = "Reply with Action and Action Input."
 
 TOOLS = {
@@ -69,15 +69,16 @@ def _value(rng: random.Random, tool: str, derived: bool, novel: bool) -> tuple[s
         return v, v
     if tool == "set_timer":
         if derived:  # 60h + m with m < 10: the digits of 6h followed by m
-            h, m = rng.randint(1, 3), rng.randint(2, 9)
+            h, m = rng.randint(1, 5), rng.randint(2, 9)
             return f"{h} hour{'s' if h > 1 else ''} {m} minutes", 60 * h + m
         m = rng.randint(1, 59)
         return f"{m} minutes", m
     noun = "people" if tool == "book_table" else "tickets"
-    if derived:  # a one-digit sum of two number words
-        a, b = rng.randint(1, 6), rng.randint(1, 6)
+    if derived:  # the sum of two number words, with a carry about half the time
+        a, b = rng.randint(1, 9), rng.randint(1, 9)
         lead = "tickets for " if tool == "buy_tickets" else ""
-        return f"{lead}{NUMBER_WORDS[a]} adults and {NUMBER_WORDS[b]} kids", a + b
+        adults, kids = ("adult" if a == 1 else "adults"), ("kid" if b == 1 else "kids")
+        return f"{lead}{NUMBER_WORDS[a]} {adults} and {NUMBER_WORDS[b]} {kids}", a + b
     n = rng.randint(2, 12)
     return f"{n} {noun}", n
 
@@ -98,7 +99,7 @@ def _draw(split: str, difficulty: float):
             t = rng.randrange(len(phrases[tool]))
             parts.append((tool, t, text, json.dumps(value)))
         others = [t for t in names if t not in targets]
-        shown = targets + rng.sample(others, rng.randint(3, 5) - n_calls)
+        shown = targets + rng.sample(others, rng.randint(1, 2))
         rng.shuffle(shown)
         return (tuple(shown), tuple(parts))
 

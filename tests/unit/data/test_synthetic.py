@@ -68,7 +68,7 @@ def test_difficulty_knob_changes_items():
     assert max(int(r["answer"]) for r in generate("math", "train", 200, 0, difficulty=0.0)) <= 18
     assert {len(r["choices"]) for r in generate("science", "train", 50, 0, difficulty=0.0)} == {3}
     assert {len(r["choices"]) for r in generate("science", "train", 50, 0, difficulty=1.0)} == {4}
-    derived = lambda r: "adults" in r["prompt"] or "hour" in r["prompt"]
+    derived = lambda r: "adult" in r["prompt"] or "hour" in r["prompt"]
     assert all(derived(r) for r in generate("tooluse", "train", 50, 0, difficulty=1.0))
     assert not any(derived(r) for r in generate("tooluse", "train", 50, 0, difficulty=0.0))
 
@@ -92,8 +92,8 @@ def test_tooluse_derived_arguments():
         (call,) = r["answer"]
         (value,) = call["Action_Input"].values()
         words = r["prompt"].split()
-        if "adults" in words:
-            i = words.index("adults")
+        if "adult" in r["prompt"]:
+            i = words.index("and") - 1
             assert value == _WORD[words[i - 1]] + _WORD[words[i + 2]], r["prompt"]
         else:
             i = next(j for j, w in enumerate(words) if w.startswith("hour"))

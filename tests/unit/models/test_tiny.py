@@ -72,12 +72,7 @@ def test_shipped_tokenizer_round_trips(shipped):
     assert tok.eos_token == "<|im_end|>" and tok.pad_token_id != tok.eos_token_id
 
 
-# The code generator saturates the base (greedy 100% on train): the student's logprob of the
-# reference is already ~-0.01 and the teacher cannot beat it. Strict: passes loudly once fixed.
-@pytest.mark.parametrize("domain", [
-    d if d != "code" else pytest.param(d, marks=pytest.mark.xfail(strict=True, reason="code domain saturated"))
-    for d in DOMAINS
-])
+@pytest.mark.parametrize("domain", DOMAINS)
 def test_base_teacher_beats_student_on_reference(shipped, domain):
     model, tok = shipped
     torch.set_num_threads(1)
@@ -89,3 +84,15 @@ def test_base_teacher_beats_student_on_reference(shipped, domain):
     t = tiny.mean_response_logprob(model, tok, teacher, refs)
     assert s.dtype == torch.float32 and s.shape == (12,)
     assert t.mean() > s.mean(), (domain, float(t.mean()), float(s.mean()))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("domain", DOMAINS)
+def test_base_is_calibrated_for_rl(shipped, domain):
+    """RL only moves the base where it solves part of the items: neither chance-free nor saturated.
+    (The shipped build measured 0.2-0.5 sampled on train; the band here leaves room for noise.)"""
+    model, tok = shipped
+    torch.set_num_threads(1)
+    recs = generate(domain, "train", 32, seed=21)
+    acc = tiny.accuracy(model, tok, recs, greedy=False, seed=3)
+    assert 0.1 <= acc <= 0.7, (domain, acc)
