@@ -228,13 +228,13 @@ class VLLMRolloutEngine:
             )
 
         requests = [p for p in prompt_ids for _ in range(reps)]
-        if sampling.seed is None:
-            by_len = {k: params_for(k, None) for k in {len(p) for p in prompt_ids}}
-            params = [by_len[len(p)] for p in requests]
-        else:
-            # vLLM derives sample j's stream from (request seed, j): spacing request seeds by n
-            # keeps every sample of the call distinct and the call reproducible (resume).
-            params = [params_for(len(p), sampling.seed * 65_537 + r * n) for r, p in enumerate(requests)]
+        by_len = {k: params_for(k, None) for k in {len(p) for p in prompt_ids}}
+        params = [by_len[len(p)] for p in requests]
+        if sampling.seed is not None:
+            # In-process, vLLM samples unseeded requests from torch's default generator: seeding
+            # it makes the call reproducible (resume). Per-request seeds are not an option on CPU:
+            # vLLM rewinds their generators' offset, which CPU generators do not support.
+            torch.manual_seed(sampling.seed)
         with keep_torch_threads():
             outs = self.llm.generate(
                 [TokensPrompt(prompt_token_ids=list(p)) for p in requests], params, use_tqdm=False
