@@ -110,6 +110,9 @@ def isolate(limits: dict) -> None:
     _mount(workdir, workdir, None, MS_BIND | MS_REC)
     _expose_interpreter()
     exe = os.path.realpath(sys.executable)
+    # The launcher may be a virtualenv's python under a directory masked below (e.g. /tmp):
+    # programs that start an interpreter must find the real one.
+    sys.executable = exe
     for point in _mount_points():
         if point == workdir:
             continue
