@@ -21,7 +21,7 @@ def test_grpo_steps_raise_reward_on_math(tmp_path):
     backend = builders.make_backend(cfg, model_path, tok)
     engine = builders.make_rollout(cfg, model_path, tok, str(tmp_path))
     trainer = Trainer(cfg, backend, engine, tok)
-    records = synthetic.generate("math", "train", 256, seed=0)
+    records = synthetic.generate("math", "train", 512, seed=0)
     held_out = {"math/id": synthetic.generate("math", "id", 64, seed=1)}
 
     def accuracy():
