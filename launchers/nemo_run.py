@@ -83,26 +83,18 @@ def _nemo_run():
 
 
 def processes_per_node(cfg: "RunConfig", requested: int | None = None) -> int:
-    """Training processes per node for `cfg`: `requested`, else launch.gpus_per_node.
-
-    The `hf` backend trains in one process, so it gets one process on one node; asking it for
-    more is a ConfigError rather than N independent copies writing one run directory.
-    """
+    """Training processes per node for `cfg`: `requested`, else launch.gpus_per_node for the
+    megatron backend and 1 for the `hf` backend (which runs torch DDP when given more: every
+    rank generates the same seeded batch, trains on its slice, and rank 0 writes the run)."""
     if requested is not None and requested < 1:
         raise ConfigError(f"--nproc-per-node must be >= 1, got {requested}")
     if cfg.launch.nodes < 1:
         raise ConfigError(f"launch.nodes must be >= 1, got {cfg.launch.nodes}")
-    if cfg.backend.name == "megatron":
-        nproc = requested if requested is not None else cfg.launch.gpus_per_node
-        if nproc < 1:
-            raise ConfigError(f"launch.gpus_per_node must be >= 1, got {nproc}")
-        return nproc
-    if cfg.launch.nodes > 1 or (requested or 1) > 1:
-        raise ConfigError(
-            f"backend.name={cfg.backend.name} trains in a single process; launch.nodes="
-            f"{cfg.launch.nodes}, --nproc-per-node={requested} need backend.name=megatron"
-        )
-    return 1
+    default = cfg.launch.gpus_per_node if cfg.backend.name == "megatron" else 1
+    nproc = requested if requested is not None else default
+    if nproc < 1:
+        raise ConfigError(f"launch.gpus_per_node must be >= 1, got {nproc}")
+    return nproc
 
 
 def megatron_sdpo_task(cli_args: Sequence[str], env: Mapping[str, str] | None = None) -> "run.Script":

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from megatron_sdpo import builders
+from megatron_sdpo import builders, ranks
 from megatron_sdpo.config.loader import dump_yaml, load_config
 from megatron_sdpo.config.schema import RunConfig
 from megatron_sdpo.data.sources import load_source
@@ -55,15 +55,19 @@ class ContinualRun:
 
     def __init__(self, cfg: RunConfig, out_dir: str | Path, *, resume: bool = False, quiet: bool = False):
         check_data_files(cfg)
+        ranks.init_if_launched()
+        self.main = ranks.is_main()
         self.run_dir = RunDir(out_dir)
-        self.run_dir.prepare(resume=resume)
+        if self.main:
+            self.run_dir.prepare(resume=resume)
+            if not resume:
+                self.run_dir.config.write_text(dump_yaml(cfg))
+        ranks.barrier()
         if resume:  # the run continues with the configuration it started with
             cfg = load_config(str(self.run_dir.config))
-        else:
-            self.run_dir.config.write_text(dump_yaml(cfg))
         self.cfg = cfg
         self.resume = resume
-        self.monitor = RunMonitor(self.run_dir, cfg, quiet=quiet)
+        self.monitor = RunMonitor(self.run_dir, cfg, quiet=quiet, write=self.main)
 
     # -- set-up -----------------------------------------------------------------------------
     def _setup(self) -> None:
@@ -107,7 +111,9 @@ class ContinualRun:
             batch_size=e.batch_size,
             seed=step_seed(self.cfg.seed, 99, 0),
         )
-        (self.run_dir.eval_samples / f"{label}.json").write_text(json.dumps(samples, indent=1))
+        if self.main:
+            (self.run_dir.eval_samples / f"{label}.json").write_text(json.dumps(samples, indent=1))
+        ranks.barrier()  # the stage diagnostics of every rank read these samples back
         return accs
 
     # -- checkpoints --------------------------------------------------------------------------
@@ -115,8 +121,10 @@ class ContinualRun:
         path = self.run_dir.checkpoints / name
         extra = {"stage": stage, "step": step, "teacher": self.teacher.state_dict(), "name": name}
         self.backend.save(str(path), extra=extra)
-        (self.run_dir.checkpoints / "latest").write_text(name)
-        self._prune()
+        if self.main:
+            (self.run_dir.checkpoints / "latest").write_text(name)
+            self._prune()
+        ranks.barrier()
         return path
 
     def _prune(self) -> None:
@@ -135,7 +143,8 @@ class ContinualRun:
         extra = self.backend.load(str(self.run_dir.checkpoints / latest.read_text().strip()))
         self.teacher.load_state_dict(extra["teacher"])
         stage, step = int(extra["stage"]), int(extra["step"])
-        self.run_dir.truncate_metrics(lambda r: (r["stage"], r["step"]) <= (stage, step))
+        if self.main:
+            self.run_dir.truncate_metrics(lambda r: (r["stage"], r["step"]) <= (stage, step))
         self.engine.update_weights(self.backend.export_weights(model="policy"))
         self.monitor.log(f"resumed from {extra['name']} (stage {stage}, step {step})")
         return stage, step
@@ -150,7 +159,7 @@ class ContinualRun:
         rows = rows[: start_stage + 1]
         if not rows:
             rows.append(("base", self._evaluate("base")))
-            self.run_dir.write_eval_matrix(rows)
+            self._write_matrix(rows)
         self._base_checkpoint()
         for k in range(start_stage, len(cfg.stages)):
             stage = cfg.stages[k]
@@ -162,10 +171,14 @@ class ContinualRun:
                 self._save(f"stage_{k + 1}_{stage.domain}", k, stage.steps)
             if len(rows) <= k + 1:
                 rows.append((stage.domain, self._evaluate(f"stage_{k + 1}_{stage.domain}")))
-                self.run_dir.write_eval_matrix(rows)
+                self._write_matrix(rows)
             self._stage_diagnostics(k)
         self._finish(time.perf_counter() - t_start)
         return self.run_dir
+
+    def _write_matrix(self, rows: list) -> None:
+        if self.main:
+            self.run_dir.write_eval_matrix(rows)
 
     def _stage_start(self, k: int) -> None:
         stage = self.cfg.stages[k]
@@ -245,6 +258,7 @@ class ContinualRun:
     def _finish(self, seconds: float) -> None:
         from megatron_sdpo.report import write_report
 
-        write_report(self.run_dir, self.cfg, wall_seconds=seconds)
+        if self.main:
+            write_report(self.run_dir, self.cfg, wall_seconds=seconds)
         self.monitor.log(f"done in {seconds:.0f}s: {self.run_dir.root}")
         self.monitor.close()

@@ -10,13 +10,14 @@ from megatron_sdpo.run_dir import RunDir
 class RunMonitor:
     """Fans one metrics record out to metrics.jsonl, wandb (optional) and the terminal."""
 
-    def __init__(self, run_dir: RunDir, cfg, *, quiet: bool = False, run_name: str = ""):
+    def __init__(self, run_dir: RunDir, cfg, *, quiet: bool = False, run_name: str = "", write: bool = True):
         self.run_dir = run_dir
+        self.write = write  # only rank 0 of a launch writes and prints
         self.quiet = quiet or cfg.logging.quiet or not sys.stderr.isatty()
         self._wandb = None
         self._progress = None
         self._task = None
-        if cfg.logging.wandb:
+        if cfg.logging.wandb and write:
             self._wandb = self._init_wandb(cfg, run_name or cfg.name)
 
     def _init_wandb(self, cfg, name: str):
@@ -40,6 +41,8 @@ class RunMonitor:
 
     # -- stages -----------------------------------------------------------------------------
     def stage_start(self, label: str, total: int, done: int = 0) -> None:
+        if not self.write:
+            return
         if self.quiet:
             print(f"[{label}] {total} steps (starting at {done})", flush=True)
             return
@@ -57,6 +60,8 @@ class RunMonitor:
         self._task = self._progress.add_task(label, total=total, completed=done, reward=0.0, loss=0.0, dt=0.0)
 
     def step(self, record: dict) -> None:
+        if not self.write:
+            return
         self.run_dir.append_metrics(record)
         if self._wandb is not None:
             self._wandb.log({k: v for k, v in record.items() if isinstance(v, (int, float))})
@@ -76,7 +81,8 @@ class RunMonitor:
             self._progress = None
 
     def log(self, message: str) -> None:
-        print(message, flush=True)
+        if self.write:
+            print(message, flush=True)
 
     def summary(self, values: dict) -> None:
         if self._wandb is not None:

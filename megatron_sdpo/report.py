@@ -96,8 +96,8 @@ def stage_diagnostics(run, k: int) -> dict:
     out["response_cosine_mean"] = sum(cos) / len(cos) if cos else None
     mmd = [e["drift"]["mmd"] for e in responses.values() if "drift" in e]
     out["response_mmd_mean"] = sum(mmd) / len(mmd) if mmd else None
-    path = rd.drift / f"stage_{k + 1}.json"
-    path.write_text(json.dumps(out, indent=1, default=float))
+    if run.main:
+        (rd.drift / f"stage_{k + 1}.json").write_text(json.dumps(out, indent=1, default=float))
     return out
 
 
@@ -218,7 +218,9 @@ def write_report(run_dir: RunDir, cfg, *, wall_seconds: float | None = None) -> 
     lines.append(
         f"Model `{cfg.model.path}`, backend `{cfg.backend.name}`, rollout `{cfg.rollout.engine}`, "
         f"{cfg.algorithm.prompts_per_step} prompts × {cfg.algorithm.group_size} samples per step, "
-        f"lr {cfg.backend.lr:g}, teacher `{cfg.teacher.mode}`, seed {cfg.seed}."
+        f"lr {cfg.backend.lr:g}, "
+        + ("" if cfg.algorithm.name == "grpo" else f"teacher `{cfg.teacher.mode}`, ")
+        + f"seed {cfg.seed}."
         + (f" Wall time {wall_seconds:.0f} s." if wall_seconds else "")
     )
     lines += ["", "## Eval matrix (accuracy after each stage)", "", _matrix_table(run_dir.read_eval_matrix()), ""]

@@ -46,11 +46,8 @@ def test_processes_per_node_follows_the_backend(launcher):
     assert launcher.processes_per_node(load_config("qwen3_4b")) == 8
     assert launcher.processes_per_node(load_config("olmo3_7b", ["launch.gpus_per_node=4"])) == 4
     assert launcher.processes_per_node(load_config("qwen3_4b"), requested=2) == 2
-    assert launcher.processes_per_node(load_config("tiny")) == 1  # hf backend: one process
-    with pytest.raises(ConfigError, match="single process"):
-        launcher.processes_per_node(load_config("tiny"), requested=2)
-    with pytest.raises(ConfigError, match="single process"):
-        launcher.processes_per_node(load_config("tiny", ["launch.nodes=2"]))
+    assert launcher.processes_per_node(load_config("tiny")) == 1  # hf backend: one process unless asked
+    assert launcher.processes_per_node(load_config("tiny"), requested=2) == 2  # torch DDP
     with pytest.raises(ConfigError, match=">= 1"):
         launcher.processes_per_node(load_config("qwen3_4b"), requested=0)
 
@@ -93,7 +90,6 @@ def test_cluster_env_matches_the_sbatch_scripts(launcher):
     [
         (["no_such_preset"], "unknown preset 'no_such_preset'"),
         (["tiny", "backend.bogus=1"], "backend.bogus"),
-        (["tiny", "--executor", "local", "--nproc-per-node", "2"], "single process"),
         (["qwen3_4b", "--executor", "local", "--nodes", "2"], "runs on this machine only"),
         (["qwen3_4b", "--executor", "slurm", "--dryrun"], "needs an account"),
         (["tiny", "--executor", "local", "--resume"], "--resume needs --out"),

@@ -1,0 +1,43 @@
+"""Which process this is in a torchrun / srun launch, and the few collectives the loop needs.
+
+Every rank runs the same loop (same seeds, so the same rollouts and evals); the backend trains
+on its slice of each global batch. Only rank 0 writes the run directory.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.distributed as dist
+
+
+def launched_world_size() -> int:
+    """WORLD_SIZE of the launch (1 for a plain `python -m megatron_sdpo`)."""
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def init_if_launched() -> None:
+    """Join the launch's process group (gloo on CPU, NCCL on CUDA) when started by torchrun."""
+    if launched_world_size() > 1 and not dist.is_initialized():
+        from megatron_sdpo.errors import ConfigError
+
+        missing = [k for k in ("RANK", "MASTER_ADDR", "MASTER_PORT") if k not in os.environ]
+        if missing:
+            raise ConfigError(f"WORLD_SIZE > 1 but {missing} are not set (launch with torchrun)")
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        if backend == "nccl":
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        dist.init_process_group(backend)
+
+
+def rank() -> int:
+    return dist.get_rank() if dist.is_initialized() else int(os.environ.get("RANK", "0"))
+
+
+def is_main() -> bool:
+    return rank() == 0
+
+
+def barrier() -> None:
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.barrier()
