@@ -110,6 +110,7 @@ class ContinualRun:
             temperature=self.cfg.rollout.temperature,
             batch_size=e.batch_size,
             seed=step_seed(self.cfg.seed, 99, 0),
+            batched_code=self.cfg.rewards.batched_code,
         )
         if self.main:
             (self.run_dir.eval_samples / f"{label}.json").write_text(json.dumps(samples, indent=1))

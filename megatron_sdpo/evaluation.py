@@ -32,6 +32,7 @@ def evaluate(
     temperature: float,
     batch_size: int,
     seed: int,
+    batched_code: bool = True,
 ) -> tuple[dict[str, float], dict[str, list[dict]]]:
     """Accuracy per "domain/split" key (greedy, or avg@k when `greedy` is false) and the samples.
 
@@ -52,7 +53,7 @@ def evaluate(
         )
         comps = generate_texts(engine, tokenizer, records, sampling, batch_size)
         recs = [records[c.prompt_index] for c in comps]
-        results = score_batch(domain, [c.text for c in comps], recs)
+        results = score_batch(domain, [c.text for c in comps], recs, batched_code=batched_code)
         scores = [float(r.score >= 1.0) for r in results]  # accuracy: fully correct answers
         accs[key] = sum(scores) / len(scores)
         samples[key] = [

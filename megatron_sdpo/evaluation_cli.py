@@ -33,6 +33,7 @@ def run_eval(cfg: RunConfig, out: str | Path) -> dict[str, float]:
         temperature=cfg.rollout.temperature,
         batch_size=e.batch_size,
         seed=cfg.seed,
+        batched_code=cfg.rewards.batched_code,
     )
     run_dir.write_eval_matrix([(Path(model_path).name or "model", accs)])
     for key, acc in accs.items():

@@ -104,7 +104,7 @@ class Trainer:
 
         sample_records = [records[c.prompt_index] for c in comps]
         texts = [c.text for c in comps]
-        results = score_batch(domain, texts, sample_records)
+        results = score_batch(domain, texts, sample_records, batched_code=cfg.rewards.batched_code)
         rewards = torch.tensor([r.score for r in results], dtype=torch.float32)
         batch = SequenceBatch(
             prompt_ids=[prompt_ids[c.prompt_index] for c in comps],

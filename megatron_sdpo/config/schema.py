@@ -131,6 +131,13 @@ class BackendConfig:
 
 
 @dataclass
+class RewardConfig:
+    # Code: one sandbox per batch that forks per program (processes killed and directories wiped
+    # between programs) instead of one sandbox process per program: ~3x cheaper, same isolation.
+    batched_code: bool = True
+
+
+@dataclass
 class KernelConfig:
     impl: Literal["auto", "reference", "chunked", "triton"] = "auto"
     fused_kl: bool = False  # full-vocab SDPO through the fused linear KL (hidden states)
@@ -197,6 +204,7 @@ class RunConfig:
     teacher: TeacherConfig = field(default_factory=TeacherConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     backend: BackendConfig = field(default_factory=BackendConfig)
+    rewards: RewardConfig = field(default_factory=RewardConfig)
     kernel: KernelConfig = field(default_factory=KernelConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
