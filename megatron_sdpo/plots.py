@@ -73,10 +73,13 @@ def drift_per_layer(drift: list[dict], path: Path, title: str) -> Path | None:
     if not any_line:
         plt.close(fig)
         return None
+    from matplotlib.ticker import MaxNLocator
+
     a1.set_title("relative weight change vs base")
     a2.set_title("mean principal angle vs base (°)")
     for ax in (a1, a2):
         ax.set_xlabel("layer")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.legend(fontsize=7)
     fig.suptitle(title)
     fig.tight_layout()
