@@ -24,8 +24,17 @@ needs_namespaces = pytest.mark.skipif(
     reason="namespace isolation needs root and unshare(2) (the sandbox falls back to rlimits)")
 
 
+def _own_sandbox_uids() -> set[int]:
+    """The uids this test process's sandboxes have used so far (other runs on the same machine
+    allocate from the same range with another pid, and must not fail these tests)."""
+    upto = int(repr(sb._uid_counter)[len("count("):-1])  # peek without consuming
+    return {sb._UID_BASE + (os.getpid() * 7919 + n) % sb._UID_SPAN for n in range(upto)}
+
+
 def _sandbox_uid_processes() -> list[str]:
-    """Live processes owned by any sandbox uid (zombies included: they must be reaped too)."""
+    """Live processes owned by one of this process's sandbox uids (zombies included: they must
+    be reaped too)."""
+    own = _own_sandbox_uids()
     found = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -36,7 +45,7 @@ def _sandbox_uid_processes() -> list[str]:
         except OSError:
             continue
         uid = int(status.split("Uid:")[1].split()[0])
-        if sb._UID_BASE <= uid < sb._UID_BASE + sb._UID_SPAN:
+        if uid in own:
             found.append(f"{entry}:{status.splitlines()[0]}")
     return found
 
