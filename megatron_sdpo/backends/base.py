@@ -65,6 +65,21 @@ class SequenceBatch:
             m[i, : len(r)] = 1.0
         return m
 
+    def checked(self) -> "SequenceBatch":
+        """This batch with "response_mask" [B, T] added (if absent), after checking that every
+        tensor has B rows and every per-token tensor the global T columns (DataError if not)."""
+        from megatron_sdpo.errors import DataError
+
+        T = self.max_response_len
+        tensors = dict(self.tensors)
+        tensors.setdefault("response_mask", self.response_mask())
+        for k, v in tensors.items():
+            if v.shape[0] != len(self):
+                raise DataError(f"tensor {k!r} has {v.shape[0]} rows for a batch of {len(self)}")
+            if v.ndim >= 2 and v.shape[1] != T:
+                raise DataError(f"tensor {k!r} has {v.shape[1]} columns; the batch's longest response has {T}")
+        return SequenceBatch(self.prompt_ids, self.response_ids, self.teacher_prompt_ids, tensors)
+
     def select(self, idx: list[int]) -> "SequenceBatch":
         """Sub-batch with samples `idx`; per-token tensors keep the global T so shapes agree."""
         sub = {}

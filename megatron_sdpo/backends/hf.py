@@ -296,17 +296,6 @@ class HFBackend:
             out["ref_logprobs"] = token_logprobs(r_logits, targets)
         return out
 
-    def _with_response_mask(self, batch: SequenceBatch) -> SequenceBatch:
-        """Adds "response_mask" [B, T] to the tensors (if absent) and checks per-token shapes."""
-        T = batch.max_response_len
-        tensors = dict(batch.tensors)
-        tensors.setdefault("response_mask", batch.response_mask())
-        for k, v in tensors.items():
-            if v.shape[0] != len(batch):
-                raise DataError(f"tensor {k!r} has {v.shape[0]} rows for a batch of {len(batch)}")
-            if v.ndim >= 2 and v.shape[1] != T:
-                raise DataError(f"tensor {k!r} has {v.shape[1]} columns; the batch's longest response has {T}")
-        return SequenceBatch(batch.prompt_ids, batch.response_ids, batch.teacher_prompt_ids, tensors)
 
     # ------------------------------------------------------------------ public API
     def compute(
@@ -315,7 +304,7 @@ class HFBackend:
         """Quantities in `requires` for the whole batch under no_grad, micro-batched on this rank
         (not DP-sharded): "logprobs"/"entropy" [B, T], "logits" [B, T, V], teacher/ref as in
         REQUIRES. `model` selects the weights used for the policy quantities."""
-        batch = self._with_response_mask(batch)
+        batch = batch.checked()
         T = batch.max_response_len
         if T == 0:
             raise DataError("every response in the batch is empty")
@@ -331,7 +320,7 @@ class HFBackend:
         """[B, T] fp32 log-probs of `batch.response_ids` under `model` ("policy" | "teacher" |
         "reference"); the teacher reads `teacher_prompt_ids` where given. Under DP each rank
         scores its slice and the rows are all-gathered. Padding columns hold 0."""
-        batch = self._with_response_mask(batch)
+        batch = batch.checked()
         T = batch.max_response_len
         if T == 0:
             raise DataError("every response in the batch is empty")
@@ -367,7 +356,7 @@ class HFBackend:
     def train_step(self, batch: SequenceBatch, loss_fn: LossFn) -> dict[str, float]:
         """One AdamW step on the global batch. Returns {"loss", "grad_norm", "skipped",
         "samples", <loss metrics summed over the global batch>}; identical on every rank."""
-        batch = self._with_response_mask(batch)
+        batch = batch.checked()
         T = batch.max_response_len
         if T == 0:
             raise DataError("every response in the batch is empty")

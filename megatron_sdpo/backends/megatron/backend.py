@@ -235,14 +235,7 @@ class MegatronBackend:
         T = batch.max_response_len
         if T == 0:
             raise DataError("every response in the batch is empty")
-        tensors = dict(batch.tensors)
-        tensors.setdefault("response_mask", batch.response_mask())
-        for k, v in tensors.items():
-            if v.shape[0] != len(batch):
-                raise DataError(f"tensor {k!r} has {v.shape[0]} rows for a batch of {len(batch)}")
-            if v.ndim >= 2 and v.shape[1] != T:
-                raise DataError(f"tensor {k!r} has {v.shape[1]} columns; the batch's longest response has {T}")
-        return SequenceBatch(batch.prompt_ids, batch.response_ids, batch.teacher_prompt_ids, tensors), T
+        return batch.checked(), T
 
     def _micro(self, batch: SequenceBatch, T: int, prompts: list[list[int]], local: list[int]) -> tuple[list[dict], int]:
         """Micro-batch dicts for this DP rank's samples `local`, rows built from `prompts`."""
