@@ -17,7 +17,7 @@ from megatron_sdpo import builders, ranks
 from megatron_sdpo.config.loader import dump_yaml, load_config
 from megatron_sdpo.config.schema import RunConfig
 from megatron_sdpo.data.sources import load_source
-from megatron_sdpo.evaluation import evaluate
+from megatron_sdpo.evaluation import evaluate_config, load_eval_sets
 from megatron_sdpo.monitor import RunMonitor
 from megatron_sdpo.run_dir import RunDir
 from megatron_sdpo.trainer import Trainer
@@ -76,13 +76,10 @@ class ContinualRun:
         random.seed(cfg.seed)
         self.model_path = builders.resolve_model_path(cfg)
         self.tokenizer = builders.load_tokenizer(self.model_path)
-        self.train_sets = {}
-        self.eval_sets = {}
-        for i, (domain, dcfg) in enumerate(cfg.domains.items()):
-            if any(s.domain == domain for s in cfg.stages):
-                self.train_sets[domain] = load_source(dcfg.train, domain, "train", seed=cfg.seed)
-            for split, src in dcfg.eval.items():
-                self.eval_sets[f"{domain}/{split}"] = load_source(src, domain, split, seed=cfg.seed + 1)
+        self.train_sets = {
+            s.domain: load_source(cfg.domains[s.domain].train, s.domain, "train", seed=cfg.seed) for s in cfg.stages
+        }
+        self.eval_sets = load_eval_sets(cfg)
         self.backend = builders.make_backend(cfg, self.model_path, self.tokenizer)
         self.engine = builders.make_rollout(
             cfg, self.model_path, self.tokenizer, str(self.run_dir.root / ".rollout")
@@ -98,19 +95,9 @@ class ContinualRun:
         )
 
     def _evaluate(self, label: str) -> dict[str, float]:
-        e = self.cfg.eval
         self.engine.wake()
-        accs, samples = evaluate(
-            self.engine,
-            self.tokenizer,
-            self.eval_sets,
-            greedy=e.greedy,
-            avg_k=e.avg_k,
-            max_new_tokens=e.max_new_tokens,
-            temperature=self.cfg.rollout.temperature,
-            batch_size=e.batch_size,
-            seed=step_seed(self.cfg.seed, 99, 0),
-            batched_code=self.cfg.rewards.batched_code,
+        accs, samples = evaluate_config(
+            self.engine, self.tokenizer, self.eval_sets, self.cfg, seed=step_seed(self.cfg.seed, 99, 0)
         )
         if self.main:
             (self.run_dir.eval_samples / f"{label}.json").write_text(json.dumps(samples, indent=1))

@@ -61,3 +61,31 @@ def evaluate(
             for rec, c, r in zip(recs, comps, results)
         ]
     return accs, samples
+
+
+def load_eval_sets(cfg) -> dict[str, list[dict]]:
+    """Every domain's eval splits of a RunConfig, keyed "domain/split" (the eval-matrix columns)."""
+    from megatron_sdpo.data.sources import load_source
+
+    return {
+        f"{domain}/{split}": load_source(src, domain, split, seed=cfg.seed + 1)
+        for domain, dcfg in cfg.domains.items()
+        for split, src in dcfg.eval.items()
+    }
+
+
+def evaluate_config(engine, tokenizer, eval_sets: dict[str, list[dict]], cfg, *, seed: int):
+    """`evaluate` with the settings of a RunConfig's `eval`, `rollout` and `rewards` sections."""
+    e = cfg.eval
+    return evaluate(
+        engine,
+        tokenizer,
+        eval_sets,
+        greedy=e.greedy,
+        avg_k=e.avg_k,
+        max_new_tokens=e.max_new_tokens,
+        temperature=cfg.rollout.temperature,
+        batch_size=e.batch_size,
+        seed=seed,
+        batched_code=cfg.rewards.batched_code,
+    )

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import random
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import torch
 
@@ -147,18 +147,8 @@ class Trainer:
         from megatron_sdpo.algorithms.sdpo import distill_mask
 
         s = self.cfg.algorithm.sdpo
-        c = s.context
-        templates = ContextTemplates(
-            solution_template=c.solution_template,
-            feedback_template=c.feedback_template,
-            instruction=c.instruction,
-            max_solution_chars=c.max_solution_chars,
-            max_feedback_chars=c.max_feedback_chars,
-            use_solution=c.use_solution,
-            use_feedback=c.use_feedback,
-            success_threshold=c.success_threshold,
-            strip_thinking=c.strip_thinking,
-        )
+        # ContextConfig and ContextTemplates have the same fields: the config is the template set.
+        templates = ContextTemplates(**asdict(s.context))
         contexts = build_teacher_contexts(
             [r["prompt"] for r in records],
             texts,

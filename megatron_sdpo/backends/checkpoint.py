@@ -29,10 +29,11 @@ def _fsync_tree(root: Path) -> None:
                 os.fsync(fd)
             finally:
                 os.close(fd)
-        _fsync_dir(Path(dirpath))
+        fsync_dir(Path(dirpath))
 
 
-def _fsync_dir(d: Path) -> None:
+def fsync_dir(d: Path) -> None:
+    """fsync a directory, so a rename or new entry in it survives a crash."""
     fd = os.open(d, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -61,13 +62,13 @@ def atomic_checkpoint_dir(path: str | os.PathLike) -> Iterator[Path]:
             os.fsync(fd)
         finally:
             os.close(fd)
-        _fsync_dir(tmp)
+        fsync_dir(tmp)
         old = None
         if final.exists():
             old = final.with_name(f"{final.name}.old-{os.getpid()}")
             os.rename(final, old)
         os.rename(tmp, final)
-        _fsync_dir(final.parent)
+        fsync_dir(final.parent)
         if old is not None:
             shutil.rmtree(old)
     except BaseException:

@@ -29,7 +29,7 @@ from torch import nn
 
 from megatron_sdpo.algorithms.losses import metric_reduce
 from megatron_sdpo.algorithms.teacher import apply_action_
-from megatron_sdpo.backends.base import REQUIRES, LossFn, SequenceBatch
+from megatron_sdpo.backends.base import REQUIRES, LossFn, SequenceBatch, check_backend_args
 from megatron_sdpo.backends.checkpoint import (
     atomic_checkpoint_dir,
     check_complete,
@@ -138,12 +138,7 @@ class HFBackend:
     ):
         from transformers import AutoModelForCausalLM
 
-        if micro_batch_size < 1:
-            raise ConfigError(f"micro_batch_size must be >= 1, got {micro_batch_size}")
-        if lr <= 0:
-            raise ConfigError(f"lr must be > 0, got {lr}")
-        if not Path(model_path, "config.json").is_file():
-            raise ConfigError(f"model_path {model_path!r} is not a HF model directory (no config.json)")
+        check_backend_args(model_path, lr=lr, micro_batch_size=micro_batch_size)
         self.model_path = str(model_path)
         self.dtype = _resolve_dtype(dtype)
         self.lr, self.weight_decay, self.betas = lr, weight_decay, tuple(betas)

@@ -21,7 +21,7 @@ from typing import Iterator
 import torch
 import torch.distributed as dist
 
-from megatron_sdpo.backends.base import REQUIRES, LossFn, SequenceBatch
+from megatron_sdpo.backends.base import REQUIRES, LossFn, SequenceBatch, check_backend_args
 from megatron_sdpo.backends.megatron import batching, vocab_parallel as vp
 from megatron_sdpo.backends.megatron.model import ModelOptions, build_model, weight_layout
 from megatron_sdpo.backends.megatron.parallel import ParallelConfig, init_distributed, initialize
@@ -101,12 +101,7 @@ class MegatronBackend:
         require("megatron.core", "cpu", "the megatron backend")
         from transformers import AutoConfig
 
-        if micro_batch_size < 1:
-            raise ConfigError(f"micro_batch_size must be >= 1, got {micro_batch_size}")
-        if lr <= 0:
-            raise ConfigError(f"lr must be > 0, got {lr}")
-        if not Path(model_path, "config.json").is_file():
-            raise ConfigError(f"model_path {model_path!r} is not a HF model directory (no config.json)")
+        check_backend_args(model_path, lr=lr, micro_batch_size=micro_batch_size)
         if not torch.cuda.is_available():
             from megatron_sdpo.backends.megatron import cpu
 

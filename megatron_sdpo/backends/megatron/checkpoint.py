@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from megatron_sdpo.backends.checkpoint import fsync_dir
 from megatron_sdpo.errors import CheckpointError
 
 COMPLETE = "COMPLETE"
@@ -42,14 +43,6 @@ def _sharded(backend, *, optimizer: bool, is_loading: bool) -> dict:
             state["policy"], is_loading=is_loading, metadata=_OPT_META
         )
     return state
-
-
-def _fsync_dir(d: Path) -> None:
-    fd = os.open(d, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def save(backend, path: str, *, extra: dict | None = None, hf_policy: bool = True) -> None:
@@ -99,12 +92,12 @@ def save(backend, path: str, *, extra: dict | None = None, hf_policy: bool = Tru
                 os.fsync(fd)
                 os.close(fd)
         (tmp / COMPLETE).write_text("ok\n")
-        _fsync_dir(tmp)
+        fsync_dir(tmp)
         old = final.with_name(final.name + ".old")
         if final.exists():
             os.rename(final, old)
         os.rename(tmp, final)
-        _fsync_dir(final.parent)
+        fsync_dir(final.parent)
         if old.exists():
             shutil.rmtree(old)
     dist.barrier()
