@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from megatron_sdpo.config.loader import lr_schedule
 from megatron_sdpo.config.schema import RunConfig
 from megatron_sdpo.errors import ConfigError, UserError
 
@@ -60,6 +61,7 @@ def make_backend(cfg: RunConfig, model_path: str, tokenizer):
             model_path,
             dtype=cfg.model.dtype,
             lr=b.lr,
+            lr_schedule=lr_schedule(cfg),
             weight_decay=b.weight_decay,
             grad_clip=b.grad_clip,
             micro_batch_size=b.micro_batch_size,

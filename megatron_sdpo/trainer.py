@@ -50,6 +50,8 @@ def build_loss(cfg: RunConfig):
         kernel_impl=cfg.kernel.impl,
         chunk_tokens=cfg.kernel.chunk_tokens,
         chunk_vocab=cfg.kernel.chunk_vocab,
+        # Megatron keeps logits vocab-sharded: it hands the loss the top-k log-probabilities.
+        topk_source="shards" if cfg.backend.name == "megatron" and s.topk is not None and s.variant == "logits" else "logits",
     )
     if a.name == "hybrid":
         return losses.HybridLoss(sdpo=sdpo, grpo=grpo, lam=s.hybrid_lambda)

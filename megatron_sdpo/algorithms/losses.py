@@ -10,8 +10,14 @@ from __future__ import annotations
 import torch
 
 from megatron_sdpo.algorithms.grpo import policy_loss
-from megatron_sdpo.algorithms.sdpo import importance_weights, sampled_token_loss, token_distillation_loss
-from megatron_sdpo.algorithms.reduction import as_normalizer, masked_sum
+from megatron_sdpo.algorithms.sdpo import (
+    importance_weights,
+    reduce_token_loss,
+    sampled_token_loss,
+    token_distillation_loss,
+    topk_distillation_loss,
+)
+from megatron_sdpo.algorithms.reduction import as_normalizer
 from megatron_sdpo.errors import ConfigError
 
 SDPO_VARIANTS = ("logits", "sampled")
@@ -117,6 +123,9 @@ class SDPOLoss:
             tensors "rollout_logprobs"; None disables them. With IS on, "logprobs" is required.
         temperature: logit temperature of the distillation.
         mask_key: name of the mask tensor.
+        topk_source: with topk, "logits" (the loss picks the ids from [B, T, V] logits) or
+            "shards" (the backend computes the k ids' log-probabilities from vocab-sharded
+            logits: requires "topk_logprobs" and "teacher_topk_logprobs"; megatron TP).
     """
 
     def __init__(
@@ -133,7 +142,12 @@ class SDPOLoss:
         kernel_impl: str = "auto",
         chunk_tokens: int = 1024,
         chunk_vocab: int = 8192,
+        topk_source: str = "logits",
     ) -> None:
+        if topk_source not in ("logits", "shards"):
+            raise ConfigError(f"topk_source must be 'logits' or 'shards', got {topk_source!r}")
+        if topk_source == "shards" and (topk is None or variant != "logits" or fused):
+            raise ConfigError("topk_source='shards' is the top-k path: it needs variant=logits, a topk and no fused kernel")
         if fused and (variant != "logits" or topk is not None):
             raise ConfigError("kernel.fused_kl is the full-vocabulary path: it needs sdpo.variant=logits and sdpo.topk=null")
         if variant not in SDPO_VARIANTS:
@@ -153,6 +167,9 @@ class SDPOLoss:
         self.fused, self.kernel_impl = fused, kernel_impl
         self.chunk_tokens, self.chunk_vocab = chunk_tokens, chunk_vocab
         needs = {"logits", "teacher_logits"} if variant == "logits" else {"logprobs", "teacher_logprobs"}
+        self.topk_source = topk_source
+        if topk_source == "shards":
+            needs = {"topk_logprobs", "teacher_topk_logprobs"}
         if fused:
             needs = {"fused_kl"}
         if is_clip is not None:
@@ -176,13 +193,17 @@ class SDPOLoss:
             )
         if self.fused:
             per_token = _output(outputs, "fused_kl", "SDPOLoss")
-            norm = as_normalizer(normalizer, per_token)
-            weighted = per_token if weights is None else per_token * weights
-            loss = masked_sum(weighted, mask) / norm
-            metrics = {"sdpo/loss_per_token": masked_sum(per_token.detach(), mask) / norm}
-            if weights is not None:
-                metrics["sdpo/is_weight_mean"] = masked_sum(weights, mask) / norm
-            return loss, metrics
+            return reduce_token_loss(per_token, mask, weights, as_normalizer(normalizer, per_token))
+        if self.topk_source == "shards":
+            return topk_distillation_loss(
+                _output(outputs, "topk_logprobs", "SDPOLoss"),
+                _output(outputs, "teacher_topk_logprobs", "SDPOLoss"),
+                mask,
+                alpha=self.alpha,
+                add_tail=self.add_tail,
+                is_weights=weights,
+                normalizer=normalizer,
+            )
         if self.variant == "sampled":
             return sampled_token_loss(
                 _output(outputs, "logprobs", "SDPOLoss"),
@@ -249,6 +270,8 @@ class HybridLoss:
             raise ConfigError(f"hybrid lambda (weight of the GRPO term) must be in [0, 1], got {lam}")
         self.sdpo, self.grpo, self.lam = sdpo, grpo, float(lam)
         self.requires = sdpo.requires | grpo.requires
+        # What a backend reads to fill the distillation outputs ("fused_kl", "topk_logprobs").
+        self.alpha, self.temperature, self.topk = sdpo.alpha, sdpo.temperature, sdpo.topk
 
     def global_normalizer(self, tensors: dict[str, torch.Tensor]) -> torch.Tensor:
         """[2] fp32: (GRPO loss-token count, SDPO distilled-token count)."""

@@ -110,27 +110,27 @@ def token_distillation_loss(
     logp_s_full = torch.log_softmax(s, dim=-1).clamp_min(_LOGP_FLOOR)
     logp_t_full = torch.log_softmax(t, dim=-1).clamp_min(_LOGP_FLOOR)
 
-    metrics: dict[str, torch.Tensor] = {}
     norm = as_normalizer(mask.to(torch.float32).sum() if normalizer is None else normalizer, s)
     if topk is None:
-        logp_s, logp_t = logp_s_full, logp_t_full
+        loss, metrics = reduce_token_loss(_generalized_jsd(logp_s_full, logp_t_full, float(alpha)), mask, is_weights, norm)
     else:
         ids = logp_s_full.detach().topk(topk, dim=-1).indices
-        top_s = logp_s_full.gather(-1, ids)
-        top_t = logp_t_full.gather(-1, ids)
-        mass_s = torch.logsumexp(top_s, dim=-1, keepdim=True)
-        mass_t = torch.logsumexp(top_t, dim=-1, keepdim=True)
-        if add_tail:
-            logp_s = torch.cat([top_s, _log1mexp(mass_s)], dim=-1)
-            logp_t = torch.cat([top_t, _log1mexp(mass_t)], dim=-1)
-        else:
-            logp_s = top_s - mass_s
-            logp_t = top_t - mass_t
-        with torch.no_grad():
-            metrics["sdpo/topk_mass_student"] = masked_sum(mass_s.squeeze(-1).exp(), mask) / norm
-            metrics["sdpo/topk_mass_teacher"] = masked_sum(mass_t.squeeze(-1).exp(), mask) / norm
+        loss, metrics = topk_distillation_loss(
+            logp_s_full.gather(-1, ids), logp_t_full.gather(-1, ids), mask,
+            alpha=alpha, add_tail=add_tail, is_weights=is_weights, normalizer=norm,
+        )
+    with torch.no_grad():
+        metrics["sdpo/student_entropy"] = masked_sum(_entropy(logp_s_full), mask) / norm
+        metrics["sdpo/teacher_entropy"] = masked_sum(_entropy(logp_t_full), mask) / norm
+    return loss, metrics
 
-    per_token = _generalized_jsd(logp_s, logp_t, float(alpha))
+
+def reduce_token_loss(
+    per_token: torch.Tensor, mask: torch.Tensor, is_weights: torch.Tensor | None, norm: torch.Tensor
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """sum(mask * w * per_token) / norm with the loss-per-token and IS-weight metrics.
+    per_token, mask, is_weights: [B, T]; norm: the global normalizer."""
+    metrics: dict[str, torch.Tensor] = {}
     weighted = per_token
     if is_weights is not None:
         check_same_shape("is_weights", is_weights, "mask", mask)
@@ -138,11 +138,52 @@ def token_distillation_loss(
         weighted = per_token * w
         metrics["sdpo/is_weight_mean"] = masked_sum(w, mask) / norm
     loss = masked_sum(weighted, mask) / norm
-
     with torch.no_grad():
         metrics["sdpo/loss_per_token"] = masked_sum(per_token, mask) / norm
-        metrics["sdpo/student_entropy"] = masked_sum(_entropy(logp_s_full), mask) / norm
-        metrics["sdpo/teacher_entropy"] = masked_sum(_entropy(logp_t_full), mask) / norm
+    return loss, metrics
+
+
+def topk_distillation_loss(
+    top_s: torch.Tensor,
+    top_t: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    alpha: float,
+    add_tail: bool = True,
+    is_weights: torch.Tensor | None = None,
+    normalizer: torch.Tensor | float | None = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The top-k generalized JSD from the k ids' full-vocabulary log-probabilities.
+
+    Args:
+        top_s: [B, T, k] student log-probabilities (normalized over the whole vocabulary) of the
+            student's top-k ids; gets the gradient.
+        top_t: [B, T, k] teacher log-probabilities of the same ids (detached here).
+        mask, alpha, add_tail, is_weights, normalizer: as in `token_distillation_loss`.
+
+    This is the part of the top-k loss that needs no vocabulary: a backend whose logits are
+    vocab-sharded (megatron TP) computes top_s / top_t from shards and calls this directly.
+    Returns (loss, metrics) with "sdpo/topk_mass_student" / "sdpo/topk_mass_teacher".
+    """
+    if not 0.0 <= alpha <= 1.0:
+        raise ConfigError(f"alpha must be in [0, 1], got {alpha}")
+    check_same_shape("top_s", top_s, "top_t", top_t)
+    check_same_shape("mask", mask, "top_s[..., 0]", top_s[..., 0])
+    top_s = top_s.to(torch.float32).clamp_min(_LOGP_FLOOR)
+    top_t = top_t.detach().to(torch.float32).clamp_min(_LOGP_FLOOR)
+    norm = as_normalizer(mask.to(torch.float32).sum() if normalizer is None else normalizer, top_s)
+    mass_s = torch.logsumexp(top_s, dim=-1, keepdim=True)
+    mass_t = torch.logsumexp(top_t, dim=-1, keepdim=True)
+    if add_tail:
+        logp_s = torch.cat([top_s, _log1mexp(mass_s)], dim=-1)
+        logp_t = torch.cat([top_t, _log1mexp(mass_t)], dim=-1)
+    else:
+        logp_s = top_s - mass_s
+        logp_t = top_t - mass_t
+    loss, metrics = reduce_token_loss(_generalized_jsd(logp_s, logp_t, float(alpha)), mask, is_weights, norm)
+    with torch.no_grad():
+        metrics["sdpo/topk_mass_student"] = masked_sum(mass_s.squeeze(-1).exp(), mask) / norm
+        metrics["sdpo/topk_mass_teacher"] = masked_sum(mass_t.squeeze(-1).exp(), mask) / norm
     return loss, metrics
 
 

@@ -29,6 +29,8 @@ REQUIRES = frozenset(
         "teacher_logprobs",  # [B, T] teacher log q(y_t | x, c, y_<t) (no grad)
         "ref_logprobs",  # [B, T] reference (base) model logprobs (no grad)
         "fused_kl",  # [B, T] per-token KL/JSD from the fused linear kernel (hidden states)
+        "topk_logprobs",  # [B, T, k] full-vocab logprobs of the student's top-k ids (k = loss.topk)
+        "teacher_topk_logprobs",  # [B, T, k] teacher logprobs of the same ids (no grad)
     }
 )
 
@@ -154,6 +156,10 @@ class Backend(Protocol):
 
     def reset_optimizer(self) -> None:
         """Fresh optimizer state (used at stage boundaries)."""
+
+    def set_lr_schedule(self, total_steps: int | None) -> None:
+        """Restart the learning-rate schedule (backends/schedule.py) at step 0 of a stage of
+        `total_steps` optimizer steps (None: hold the peak lr)."""
 
     def save(self, path: str, *, extra: dict | None = None) -> None:
         """Save policy, teacher, optimizer, scheduler and RNG (atomically)."""

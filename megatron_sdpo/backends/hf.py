@@ -37,10 +37,11 @@ from megatron_sdpo.backends.checkpoint import (
     torch_load,
 )
 from megatron_sdpo.backends.layout import pack, token_entropy, token_logprobs
+from megatron_sdpo.backends.schedule import LRSchedule
 from megatron_sdpo.errors import CheckpointError, ConfigError, DataError
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-_TEACHER_NEEDS = {"teacher_logits", "teacher_logprobs"}
+_TEACHER_NEEDS = {"teacher_logits", "teacher_logprobs", "topk_logprobs", "teacher_topk_logprobs"}
 _TOKENIZER_FILES = (
     "tokenizer.json",
     "tokenizer_config.json",
@@ -115,6 +116,18 @@ class _ResponseLogits(nn.Module):
         return F.linear(h.float(), head.weight.float(), bias)
 
 
+def _topk_logprobs(logits: torch.Tensor, t_logits: torch.Tensor, loss_fn) -> tuple[torch.Tensor, torch.Tensor]:
+    """[B, T, V] student / teacher logits -> [B, T, k] full-vocabulary log-probs of the
+    student's top-k ids (k and temperature read from the loss), as a sharded backend gives them."""
+    k = getattr(loss_fn, "topk", None)
+    if not isinstance(k, int):
+        raise ConfigError("a loss that requires 'topk_logprobs' must define an integer `topk`")
+    temp = float(getattr(loss_fn, "temperature", 1.0))
+    logp_s = torch.log_softmax(logits.float() / temp, dim=-1)
+    ids = logp_s.detach().topk(k, dim=-1).indices
+    return logp_s.gather(-1, ids), torch.log_softmax(t_logits.float() / temp, dim=-1).gather(-1, ids)
+
+
 class HFBackend:
     """Policy + teacher (+ optional frozen reference) transformers causal LMs trained with AdamW.
 
@@ -127,6 +140,7 @@ class HFBackend:
         *,
         dtype: str = "float32",
         lr: float,
+        lr_schedule: LRSchedule = LRSchedule(),
         weight_decay: float = 0.0,
         betas: tuple[float, float] = (0.9, 0.999),
         grad_clip: float = 1.0,
@@ -142,6 +156,10 @@ class HFBackend:
         self.model_path = str(model_path)
         self.dtype = _resolve_dtype(dtype)
         self.lr, self.weight_decay, self.betas = lr, weight_decay, tuple(betas)
+        lr_schedule.check()
+        self.lr_schedule = lr_schedule
+        # (optimizer steps taken in the stage, stage length or None): see set_lr_schedule.
+        self._sched = (0, None)
         self.grad_clip = grad_clip
         self.micro_batch_size = micro_batch_size
         self.seed = seed
@@ -265,7 +283,8 @@ class HFBackend:
         out: dict[str, torch.Tensor] = {}
         if "fused_kl" in requires:
             out["fused_kl"] = self._fused_kl(mb, T, module, loss_fn)
-        if requires & {"logprobs", "entropy", "logits"}:
+        topk = requires & {"topk_logprobs", "teacher_topk_logprobs"}
+        if requires & {"logprobs", "entropy", "logits"} or topk:
             logits, targets = self._logits(module, mb.prompt_ids, mb.response_ids, T)
             if "logits" in requires:
                 out["logits"] = logits
@@ -285,6 +304,8 @@ class HFBackend:
                 out["teacher_logits"] = t_logits
             if "teacher_logprobs" in requires:
                 out["teacher_logprobs"] = token_logprobs(t_logits, targets)
+            if topk:
+                out["topk_logprobs"], out["teacher_topk_logprobs"] = _topk_logprobs(logits, t_logits, loss_fn)
         if "ref_logprobs" in requires:
             with torch.no_grad():
                 r_logits, targets = self._logits(self._model("reference"), mb.prompt_ids, mb.response_ids, T)
@@ -385,11 +406,20 @@ class HFBackend:
         grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
         finite = bool(torch.isfinite(grad_norm))
         if finite:
+            lr = self.lr_schedule.lr(self._sched[0], self._sched[1], self.lr)
+            for group in self.optimizer.param_groups:
+                group["lr"] = lr
             self.optimizer.step()
             self.step += 1
+            self._sched = (self._sched[0] + 1, self._sched[1])
         self.optimizer.zero_grad(set_to_none=True)
 
-        result = {"grad_norm": float(grad_norm), "skipped": 0.0 if finite else 1.0, "samples": float(len(batch))}
+        result = {
+            "grad_norm": float(grad_norm),
+            "skipped": 0.0 if finite else 1.0,
+            "samples": float(len(batch)),
+            "lr": self.optimizer.param_groups[0]["lr"],
+        }
         groups: dict[str, list[str]] = {}
         for n in sorted(metric_sums):
             groups.setdefault(metric_reduce(n), []).append(n)
@@ -425,6 +455,11 @@ class HFBackend:
         """Fresh AdamW state (moments and step count), e.g. at a stage boundary."""
         self.optimizer = self._make_optimizer()
 
+    def set_lr_schedule(self, total_steps: int | None) -> None:
+        """Restart the LR schedule at step 0 of a stage of `total_steps` optimizer steps."""
+        self.lr_schedule.check(total_steps)
+        self._sched = (0, total_steps)
+
     # ------------------------------------------------------------------ checkpoints
     def save(self, path: str, *, extra: dict | None = None) -> None:
         """Writes policy/ and teacher/ (HF safetensors dirs), reference/ when present,
@@ -438,7 +473,10 @@ class HFBackend:
                     if m is not None:
                         m.save_pretrained(str(tmp / name), safe_serialization=True)
                         self._copy_tokenizer(tmp / name)
-                torch.save({"optimizer": self.optimizer.state_dict(), "step": self.step}, tmp / "optimizer.pt")
+                torch.save(
+                    {"optimizer": self.optimizer.state_dict(), "step": self.step, "lr_schedule": list(self._sched)},
+                    tmp / "optimizer.pt",
+                )
                 torch.save(
                     {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()},
                     tmp / "rng.pt",
@@ -472,6 +510,7 @@ class HFBackend:
         self.optimizer = self._make_optimizer()
         self.optimizer.load_state_dict(opt["optimizer"])
         self.step = int(opt["step"])
+        self._sched = tuple(opt.get("lr_schedule", (0, None)))
         rng = torch_load(root / "rng.pt")
         torch.set_rng_state(rng["torch"])
         np.random.set_state(rng["numpy"])

@@ -78,11 +78,14 @@ def _read_yaml(path: Path) -> dict:
 
 
 def deep_merge(base: dict, over: dict) -> dict:
-    """Recursive dict merge; `over` wins; lists and scalars are replaced, not merged."""
+    """Recursive dict merge; `over` wins; lists and scalars are replaced, not merged; a name
+    given to a section (`backend: megatron`) sets its `name` and keeps the rest."""
     out = copy.deepcopy(base)
     for k, v in over.items():
         if isinstance(v, dict) and isinstance(out.get(k), dict):
             out[k] = deep_merge(out[k], v)
+        elif isinstance(v, str) and isinstance(out.get(k), dict):
+            out[k] = {**out[k], "name": v}
         else:
             out[k] = copy.deepcopy(v)
     return out
@@ -105,7 +108,8 @@ def load_raw(ref: str, _relative_to: Path | None = None, _seen: tuple = ()) -> d
 
 
 def apply_override(data: dict, override: str) -> None:
-    """Apply one `a.b.c=value` override in place (value parsed as YAML: 3, 1e-4, true, [a,b])."""
+    """Apply one `a.b.c=value` override in place (value parsed as YAML: 3, 1e-4, true, [a,b]).
+    A name given to a section (`backend=megatron`) sets the section's `name`."""
     if "=" not in override:
         raise ConfigError(f"override {override!r} must look like key.path=value")
     dotted, _, raw = override.partition("=")
@@ -133,7 +137,8 @@ def apply_override(data: dict, override: str) -> None:
         if not isinstance(node, dict):
             raise ConfigError(f"override {dotted}: {'.'.join(parts[:i])} is not a section")
         if last:
-            node[part] = value
+            # `backend=megatron` is short for `backend.name=megatron` (the rest stays).
+            node.update(deep_merge(node, {part: value}))
         else:
             node = node.setdefault(part, {})
 
@@ -195,6 +200,8 @@ def build(cls: type, data: Any, prefix: str = "") -> Any:
     where = prefix or "config"
     if isinstance(data, cls):
         return data
+    if isinstance(data, str) and "name" in {f.name for f in dataclasses.fields(cls)}:
+        data = {"name": data}  # a section given by its name alone: `backend: megatron`
     if not isinstance(data, dict):
         raise ConfigError(f"{where}: expected a mapping, got {type(data).__name__}")
     hints = typing.get_type_hints(cls)
@@ -244,17 +251,26 @@ def validate(cfg: RunConfig) -> RunConfig:
         raise ConfigError("backend.lr must be > 0")
     if cfg.backend.micro_batch_size < 1:
         raise ConfigError("backend.micro_batch_size must be >= 1")
+    sched = lr_schedule(cfg)
+    for i, stage in enumerate(cfg.stages):
+        try:
+            sched.check(stage.steps)
+        except ConfigError as exc:
+            raise ConfigError(f"backend.{exc} (stages.{i})") from None
     m = cfg.backend.megatron
     if m.tensor_parallel < 1 or m.pipeline_parallel < 1:
         raise ConfigError("backend.megatron.tensor_parallel / pipeline_parallel must be >= 1")
     if m.sequence_parallel and m.tensor_parallel == 1:
         raise ConfigError("backend.megatron.sequence_parallel needs tensor_parallel > 1")
+    if cfg.kernel.fused_kl and a.name != "grpo" and (a.sdpo.topk is not None or a.sdpo.variant != "logits"):
+        raise ConfigError(
+            "kernel.fused_kl=true is the full-vocabulary path: it needs algorithm.sdpo.topk=null and variant=logits"
+        )
     if cfg.backend.name == "megatron" and m.tensor_parallel > 1 and a.name != "grpo" and a.sdpo.variant == "logits":
-        # Full logits are vocab-sharded under TP: the distillation goes through the fused kernel.
-        if a.sdpo.topk is not None:
-            raise ConfigError("algorithm.sdpo.topk is not supported with backend.megatron.tensor_parallel > 1; use topk=null")
-        if not cfg.kernel.fused_kl:
-            raise ConfigError("SDPO with backend.megatron.tensor_parallel > 1 needs kernel.fused_kl=true")
+        # Full logits are vocab-sharded under TP: the full-vocabulary distillation goes through
+        # the vocab-parallel KL (top-k is computed from shards by the backend).
+        if a.sdpo.topk is None and not cfg.kernel.fused_kl:
+            raise ConfigError("full-vocabulary SDPO (sdpo.topk=null) with backend.megatron.tensor_parallel > 1 needs kernel.fused_kl=true")
     if m.fp8.recipe != "none" and cfg.backend.name != "megatron":
         raise ConfigError("backend.megatron.fp8.recipe needs backend.name=megatron")
     return cfg
@@ -275,3 +291,11 @@ def to_dict(cfg: Any) -> dict:
 
 def dump_yaml(cfg: Any) -> str:
     return yaml.safe_dump(to_dict(cfg), sort_keys=False)
+
+
+def lr_schedule(cfg):
+    """The backends' LRSchedule from `backend.lr_schedule`."""
+    from megatron_sdpo.backends.schedule import LRSchedule
+
+    s = cfg.backend.lr_schedule
+    return LRSchedule(style=s.style, warmup_steps=s.warmup_steps, min_lr_ratio=s.min_lr_ratio)

@@ -120,9 +120,18 @@ class MegatronConfig:
 
 
 @dataclass
+class LRScheduleConfig:
+    # Restarts at every stage: linear warmup from 0, then decay over the stage's steps.
+    style: Literal["constant", "linear", "cosine"] = "constant"
+    warmup_steps: int = 0
+    min_lr_ratio: float = 0.0
+
+
+@dataclass
 class BackendConfig:
     name: Literal["hf", "megatron"] = "hf"
     lr: float = 1e-4
+    lr_schedule: LRScheduleConfig = field(default_factory=LRScheduleConfig)
     weight_decay: float = 0.0
     grad_clip: float = 1.0
     micro_batch_size: int = 64  # samples per micro-batch

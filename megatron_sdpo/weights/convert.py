@@ -10,7 +10,7 @@ from typing import Callable, Iterator, Mapping as MappingT
 import torch
 
 from megatron_sdpo.errors import CheckpointError
-from megatron_sdpo.weights.plan import COLUMN, FC1, REPLICATED, ROW, VOCAB, Layout, Mapping, ModelSpec, plan
+from megatron_sdpo.weights.plan import COLUMN, FC1, HEADS, REPLICATED, ROW, VOCAB, Layout, Mapping, ModelSpec, plan
 
 
 def hf_to_full(spec: ModelSpec, mp: Mapping, hf: MappingT[str, torch.Tensor]) -> torch.Tensor:
@@ -61,7 +61,7 @@ def full_to_hf(spec: ModelSpec, mp: Mapping, full: torch.Tensor) -> dict[str, to
 
 def shard(mp: Mapping, full: torch.Tensor, tp: int, rank: int) -> torch.Tensor:
     """TP rank `rank`'s shard of a full megatron tensor."""
-    if mp.kind in (COLUMN, VOCAB):
+    if mp.kind in (COLUMN, VOCAB, HEADS):
         out = full.chunk(tp, dim=0)[rank]
     elif mp.kind == ROW:
         out = full.chunk(tp, dim=1)[rank]
@@ -77,7 +77,7 @@ def shard(mp: Mapping, full: torch.Tensor, tp: int, rank: int) -> torch.Tensor:
 
 def unshard(mp: Mapping, shards: list[torch.Tensor]) -> torch.Tensor:
     """Inverse of `shard`: the full tensor from all TP ranks' shards (rank order)."""
-    if mp.kind in (COLUMN, VOCAB):
+    if mp.kind in (COLUMN, VOCAB, HEADS):
         return torch.cat(shards, dim=0)
     if mp.kind == ROW:
         return torch.cat(shards, dim=1)

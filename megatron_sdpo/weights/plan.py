@@ -18,14 +18,28 @@ Megatron layouts that differ from HF:
   ``pre_mlp_layernorm``) and fused into the next linear in the Transformer Engine spec
   (``linear_qkv.layer_norm_weight``, ``linear_fc1.layer_norm_weight``).
 * Pipeline stage p holds layers ``[p * L/pp, (p+1) * L/pp)`` under local indices 0..L/pp-1.
+
+Olmo-2/3 (``norm_placement="post"``, ``qk_norm="full"``; modules in
+`megatron_sdpo.backends.megatron.olmo`):
+* There is no pre-norm. ``post_attention_layernorm`` / ``post_feedforward_layernorm`` normalize
+  the sublayer output and live inside the row-parallel output linears, as
+  ``linear_proj.post_layernorm`` and ``linear_fc2.post_layernorm`` (same names in both specs).
+* ``q_norm`` / ``k_norm`` span all heads ([heads * D]). TP rank t holds the heads of its query
+  groups, which are contiguous in HF order, so they split along dim 0 in tp equal blocks.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Optional
 
 from megatron_sdpo.errors import ConfigError
 
-SUPPORTED = ("qwen3", "llama")
+SUPPORTED = ("qwen3", "llama", "olmo2", "olmo3")
+OLMO = ("olmo2", "olmo3")
+# RoPE types whose frequencies HF computes once at init (no sequence-length-dependent update,
+# unlike "dynamic" and "longrope"); Olmo takes any of them through transformers' own functions.
+STATIC_ROPE_TYPES = ("default", "linear", "yarn", "llama3")
+LAYER_TYPES = ("full_attention", "sliding_attention")
 
 # Shard kinds: how a full megatron tensor splits over TP ranks.
 REPLICATED = "replicated"  # every rank holds the whole tensor (norms)
@@ -33,11 +47,30 @@ COLUMN = "column"  # split along dim 0 (output features): linear_qkv
 ROW = "row"  # split along dim 1 (input features): linear_proj, linear_fc2
 FC1 = "fc1"  # gate and up each split along dim 0, then concatenated per rank
 VOCAB = "vocab"  # split along dim 0 after padding the vocabulary: embedding, output layer
+HEADS = "heads"  # one HF tensor split along dim 0 in whole heads: Olmo's full-width q/k norms
+
+
+@dataclass(frozen=True)
+class Rope:
+    """One rotary embedding exactly as HF builds it: inverse frequencies [head_dim / 2] (fp32
+    values) and the factor HF multiplies cos and sin by (YaRN's attention scaling, else 1.0)."""
+
+    rope_type: str
+    inv_freq: tuple[float, ...] = field(repr=False)
+    attention_scaling: float = 1.0
 
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """Architecture facts shared by HF and megatron (dense decoder, SwiGLU, RMSNorm, RoPE)."""
+    """Architecture facts shared by HF and megatron (dense decoder, SwiGLU, RMSNorm, RoPE).
+
+    qk_norm: None, "head" (Qwen3: one RMSNorm over head_dim, shared by all heads) or "full"
+    (Olmo: RMSNorm over all heads at once). norm_placement: "pre" (norm before each sublayer) or
+    "post" (Olmo: norm of each sublayer's output). layer_types: per layer "full_attention" or
+    "sliding_attention" (empty: all full); sliding layers attend to the last `sliding_window`
+    tokens including their own. ropes: (layer type, Rope) pairs when each layer type has its own
+    rotary embedding applied by the Olmo attention (empty: megatron's RotaryEmbedding with
+    rope_theta for every layer)."""
 
     arch: str
     num_layers: int
@@ -48,22 +81,20 @@ class ModelSpec:
     ffn_hidden_size: int
     vocab_size: int
     tie_word_embeddings: bool
-    qk_norm: bool
+    qk_norm: Optional[str]
     rms_norm_eps: float
     rope_theta: float
     max_position_embeddings: int
+    norm_placement: str = "pre"
+    layer_types: tuple[str, ...] = ()
+    sliding_window: Optional[int] = None
+    ropes: tuple[tuple[str, Rope], ...] = ()
 
     @classmethod
     def from_hf_config(cls, config) -> "ModelSpec":
-        """Read an HF `PretrainedConfig` (Qwen3, Llama); raise ConfigError for what has no
-        megatron GPT equivalent (Olmo-3's post-norms, biases, sliding windows...)."""
+        """Read an HF `PretrainedConfig` (Qwen3, Llama, Olmo-2, Olmo-3); raise ConfigError for
+        what has no mapping (biases, other activations, rope types, sliding windows outside Olmo)."""
         arch = getattr(config, "model_type", None)
-        if arch == "olmo3" or arch == "olmo2":
-            raise ConfigError(
-                f"model_type={arch!r}: Olmo-2/3 put RMSNorm after each sublayer and normalize q/k over "
-                "all heads at once; megatron-core's GPT layer has pre-norms and per-head QK-norm, so "
-                "there is no weight mapping (use the HF backend for Olmo)"
-            )
         if arch not in SUPPORTED:
             raise ConfigError(f"model_type={arch!r} is not supported by the megatron backend; expected one of {SUPPORTED}")
         if getattr(config, "attention_bias", False) or getattr(config, "mlp_bias", False):
@@ -71,21 +102,12 @@ class ModelSpec:
         act = getattr(config, "hidden_act", "silu")
         if act != "silu":
             raise ConfigError(f"{arch}: hidden_act={act!r}; only SwiGLU (silu) is mapped")
-        if getattr(config, "layer_types", None) and any(t != "full_attention" for t in config.layer_types):
-            raise ConfigError(f"{arch}: sliding-window layers are not supported by the megatron backend")
         heads = config.num_attention_heads
         kv = getattr(config, "num_key_value_heads", None) or heads
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
-        rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
-        rope_type = rope.get("rope_type", rope.get("type", "default"))
-        if rope_type != "default":
-            raise ConfigError(f"{arch}: rope_type={rope_type!r} is not supported (only 'default')")
-        theta = rope.get("rope_theta", getattr(config, "rope_theta", None))
-        if theta is None:
-            raise ConfigError(f"{arch}: the HF config has no rope_theta")
         if heads % kv:
             raise ConfigError(f"{arch}: num_attention_heads={heads} is not a multiple of num_key_value_heads={kv}")
-        return cls(
+        common = dict(
             arch=arch,
             num_layers=config.num_hidden_layers,
             hidden_size=config.hidden_size,
@@ -95,11 +117,82 @@ class ModelSpec:
             ffn_hidden_size=config.intermediate_size,
             vocab_size=config.vocab_size,
             tie_word_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
-            qk_norm=arch == "qwen3",
             rms_norm_eps=float(config.rms_norm_eps),
-            rope_theta=float(theta),
             max_position_embeddings=int(getattr(config, "max_position_embeddings", 4096)),
         )
+        if arch in OLMO:
+            return cls(**common, **_olmo_fields(config, arch, head_dim))
+        if getattr(config, "layer_types", None) and any(t != "full_attention" for t in config.layer_types):
+            raise ConfigError(f"{arch}: sliding-window layers are not supported by the megatron backend")
+        rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
+        rope_type = rope.get("rope_type", rope.get("type", "default"))
+        if rope_type != "default":
+            raise ConfigError(f"{arch}: rope_type={rope_type!r} is not supported (only 'default')")
+        theta = rope.get("rope_theta", getattr(config, "rope_theta", None))
+        if theta is None:
+            raise ConfigError(f"{arch}: the HF config has no rope_theta")
+        return cls(**common, qk_norm="head" if arch == "qwen3" else None, rope_theta=float(theta))
+
+    def layer_type(self, layer: int) -> str:
+        """Attention type of global layer `layer` (0-based)."""
+        return self.layer_types[layer] if self.layer_types else "full_attention"
+
+    def rope(self, layer: int) -> Optional[Rope]:
+        """The rotary embedding of global layer `layer` when layers carry their own (Olmo)."""
+        return dict(self.ropes).get(self.layer_type(layer)) if self.ropes else None
+
+
+def _olmo_fields(config, arch: str, head_dim: int) -> dict:
+    """ModelSpec fields particular to Olmo-2/3: post-norms, full-width QK-norm, layer types,
+    sliding window and one rotary embedding per layer type, computed by transformers itself."""
+    n = config.num_hidden_layers
+    types = tuple(getattr(config, "layer_types", None) or ("full_attention",) * n)
+    unknown = sorted(set(types) - set(LAYER_TYPES))
+    if len(types) != n or unknown:
+        raise ConfigError(f"{arch}: layer_types must list one of {LAYER_TYPES} per layer (got {unknown or len(types)})")
+    window = None
+    if "sliding_attention" in types:
+        window = getattr(config, "sliding_window", None)
+        if not isinstance(window, int) or window < 1:
+            raise ConfigError(f"{arch}: sliding_attention layers need an integer sliding_window >= 1, got {window!r}")
+    ropes = tuple((t, _hf_rope(config, arch, t if arch == "olmo3" else None, head_dim)) for t in sorted(set(types)))
+    # rope_theta is informational here (the ropes carry the frequencies): the full-attention one.
+    ref = "full_attention" if "full_attention" in types else types[0]
+    params = config.rope_parameters[ref] if arch == "olmo3" else config.rope_parameters
+    return dict(
+        qk_norm="full",
+        norm_placement="post",
+        layer_types=types,
+        sliding_window=window,
+        ropes=ropes,
+        rope_theta=float(params["rope_theta"]),
+    )
+
+
+def _hf_rope(config, arch: str, layer_type: Optional[str], head_dim: int) -> Rope:
+    """The rotary embedding HF's `<Arch>RotaryEmbedding` builds for `layer_type` (None: the one
+    rope of Olmo-2), by calling the same transformers functions with the same config."""
+    import importlib
+
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    params = config.rope_parameters[layer_type] if layer_type else config.rope_parameters
+    rope_type = params.get("rope_type", "default")
+    if rope_type not in STATIC_ROPE_TYPES:
+        raise ConfigError(
+            f"{arch}: rope_type={rope_type!r} for {layer_type or 'all layers'} is not supported "
+            f"(supported: {STATIC_ROPE_TYPES}; dynamic/longrope change with the sequence length)"
+        )
+    if rope_type == "default":
+        modeling = importlib.import_module(f"transformers.models.{arch}.modeling_{arch}")
+        init = getattr(modeling, f"{arch.capitalize()}RotaryEmbedding").compute_default_rope_parameters
+    else:
+        init = ROPE_INIT_FUNCTIONS[rope_type]
+    kwargs = {"layer_type": layer_type} if layer_type else {}
+    inv_freq, scaling = init(config, **kwargs)
+    if tuple(inv_freq.shape) != (head_dim // 2,):
+        raise ConfigError(f"{arch}: partial rotary embeddings are not supported (inv_freq {tuple(inv_freq.shape)})")
+    return Rope(rope_type, tuple(float(x) for x in inv_freq.float()), float(scaling))
 
 
 @dataclass(frozen=True)
@@ -164,23 +257,34 @@ def plan(spec: ModelSpec, layout: Layout, pp_rank: int) -> list[Mapping]:
         out.append(Mapping("embedding.word_embeddings.weight", ("model.embed_tokens.weight",), VOCAB, (V, H)))
     for local, i in enumerate(layout.stage_layers(spec, pp_rank)):
         m, h = f"decoder.layers.{local}", _hf_layer(spec, i)
-        attn_norm = (
-            f"{m}.self_attention.linear_qkv.layer_norm_weight" if layout.te_names else f"{m}.input_layernorm.weight"
-        )
-        mlp_norm = f"{m}.mlp.linear_fc1.layer_norm_weight" if layout.te_names else f"{m}.pre_mlp_layernorm.weight"
-        out.append(Mapping(attn_norm, (f"{h}.input_layernorm.weight",), REPLICATED, (H,)))
+        post = spec.norm_placement == "post"
+        if not post:
+            attn_norm = (
+                f"{m}.self_attention.linear_qkv.layer_norm_weight" if layout.te_names else f"{m}.input_layernorm.weight"
+            )
+            out.append(Mapping(attn_norm, (f"{h}.input_layernorm.weight",), REPLICATED, (H,)))
         qkv = tuple(f"{h}.self_attn.{p}_proj.weight" for p in "qkv")
         out.append(Mapping(f"{m}.self_attention.linear_qkv.weight", qkv, COLUMN, (qkv_rows, H)))
-        if spec.qk_norm:
-            out.append(Mapping(f"{m}.self_attention.q_layernorm.weight", (f"{h}.self_attn.q_norm.weight",), REPLICATED, (D,)))
-            out.append(Mapping(f"{m}.self_attention.k_layernorm.weight", (f"{h}.self_attn.k_norm.weight",), REPLICATED, (D,)))
-        out.append(
-            Mapping(f"{m}.self_attention.linear_proj.weight", (f"{h}.self_attn.o_proj.weight",), ROW, (H, spec.num_heads * D))
-        )
-        out.append(Mapping(mlp_norm, (f"{h}.post_attention_layernorm.weight",), REPLICATED, (H,)))
+        if spec.qk_norm is not None:
+            # "head": one [D] weight shared by all heads; "full": [heads * D], split by head over TP.
+            full = spec.qk_norm == "full"
+            kind = HEADS if full else REPLICATED
+            for p, n in (("q", spec.num_heads), ("k", spec.num_kv_heads)):
+                name = f"{m}.self_attention.{p}_layernorm.weight"
+                out.append(Mapping(name, (f"{h}.self_attn.{p}_norm.weight",), kind, (n * D,) if full else (D,)))
+        proj = f"{m}.self_attention.linear_proj"
+        out.append(Mapping(f"{proj}.weight", (f"{h}.self_attn.o_proj.weight",), ROW, (H, spec.num_heads * D)))
+        if post:
+            out.append(Mapping(f"{proj}.post_layernorm.weight", (f"{h}.post_attention_layernorm.weight",), REPLICATED, (H,)))
+        else:
+            mlp_norm = f"{m}.mlp.linear_fc1.layer_norm_weight" if layout.te_names else f"{m}.pre_mlp_layernorm.weight"
+            out.append(Mapping(mlp_norm, (f"{h}.post_attention_layernorm.weight",), REPLICATED, (H,)))
         fc1 = (f"{h}.mlp.gate_proj.weight", f"{h}.mlp.up_proj.weight")
         out.append(Mapping(f"{m}.mlp.linear_fc1.weight", fc1, FC1, (2 * spec.ffn_hidden_size, H)))
-        out.append(Mapping(f"{m}.mlp.linear_fc2.weight", (f"{h}.mlp.down_proj.weight",), ROW, (H, spec.ffn_hidden_size)))
+        fc2 = f"{m}.mlp.linear_fc2"
+        out.append(Mapping(f"{fc2}.weight", (f"{h}.mlp.down_proj.weight",), ROW, (H, spec.ffn_hidden_size)))
+        if post:
+            out.append(Mapping(f"{fc2}.post_layernorm.weight", (f"{h}.post_feedforward_layernorm.weight",), REPLICATED, (H,)))
     if last:
         out.append(Mapping("decoder.final_layernorm.weight", ("model.norm.weight",), REPLICATED, (H,)))
         if not spec.tie_word_embeddings:

@@ -50,10 +50,20 @@ class FusedJSD:
         return loss, {"sdpo/loss": loss.detach()}
 
 
-def _grpo():
+def _grpo(kl_coef: float = 0.0):
     from megatron_sdpo.algorithms.losses import GRPOLoss
 
-    return GRPOLoss(clip_low=0.2, clip_high=0.28)
+    return GRPOLoss(clip_low=0.2, clip_high=0.28, kl_coef=kl_coef)
+
+
+KL_COEF = 0.5  # large, so that a wrong reference shows in the loss
+TOPK = 5
+
+
+def _sdpo_topk(source: str):
+    from megatron_sdpo.algorithms.losses import SDPOLoss
+
+    return SDPOLoss(variant="logits", alpha=0.5, topk=TOPK, is_clip=None, mask_key="distill_mask", topk_source=source)
 
 
 def _hf_logits(model, prompts, responses, T):
@@ -76,7 +86,7 @@ def reference(model_dir: str, kind: str) -> list[tuple[float, float]]:
     from megatron_sdpo.algorithms.losses import SDPOLoss
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    teacher = copy.deepcopy(model).requires_grad_(False)
+    teacher = copy.deepcopy(model).requires_grad_(False)  # also the frozen reference
     b = make_batch()
     T = b.max_response_len
     params = list(model.parameters())
@@ -89,14 +99,20 @@ def reference(model_dir: str, kind: str) -> list[tuple[float, float]]:
         old = (torch.log_softmax(lg, -1).gather(-1, torch.tensor(_targets(b, T)).unsqueeze(-1)).squeeze(-1) + b.tensors["noise"]) * b.tensors["loss_mask"]
     b.tensors["old_logprobs"] = old
     out = []
-    for _ in range(STEPS if kind == "grpo" else 1):
+    for _ in range(1 if kind.startswith("sdpo") else STEPS):
         lg = _hf_logits(model, b.prompt_ids, b.response_ids, T)
-        if kind == "grpo":
-            loss_fn = _grpo()
+        if kind in ("grpo", "grpo_kl"):
+            loss_fn = _grpo(KL_COEF if kind == "grpo_kl" else 0.0)
             lp = torch.log_softmax(lg, -1).gather(-1, torch.tensor(_targets(b, T)).unsqueeze(-1)).squeeze(-1)
             outputs = {"logprobs": lp}
+            if kind == "grpo_kl":
+                with torch.no_grad():
+                    rl = _hf_logits(teacher, b.prompt_ids, b.response_ids, T)
+                outputs["ref_logprobs"] = torch.log_softmax(rl, -1).gather(-1, torch.tensor(_targets(b, T)).unsqueeze(-1)).squeeze(-1)
         else:
             loss_fn = SDPOLoss(variant="logits", alpha=0.5, topk=None, is_clip=None, mask_key="distill_mask")
+            if kind == "sdpo_topk":
+                loss_fn = _sdpo_topk("logits")
             tprompts = [t if t is not None else p for t, p in zip(b.teacher_prompt_ids, b.prompt_ids)]
             with torch.no_grad():
                 tl = _hf_logits(teacher, tprompts, b.response_ids, T)
@@ -115,19 +131,27 @@ def _targets(b, T):
 
 
 def _backend_worker(model_dir: str, layouts: list) -> list:
-    """Per layout (tp, pp, micro_batch_size, kind): the backend's (loss, grad_norm) per step."""
+    """Per layout (tp, pp, micro_batch_size, kind[, sequence_parallel]): the backend's
+    (loss, grad_norm) per step."""
     from megatron_sdpo.backends.megatron.backend import MegatronBackend
+    from megatron_sdpo.backends.megatron.model import ModelOptions
     from megatron_sdpo.backends.megatron.parallel import ParallelConfig, destroy
 
     results = []
-    for tp, pp, mbs, kind in layouts:
-        be = MegatronBackend(model_dir, lr=LR, micro_batch_size=mbs, parallel=ParallelConfig(tp=tp, pp=pp), grad_clip=1.0)
+    for tp, pp, mbs, kind, *sp in layouts:
+        sp = bool(sp and sp[0])
+        be = MegatronBackend(
+            model_dir, lr=LR, micro_batch_size=mbs, parallel=ParallelConfig(tp=tp, pp=pp, sequence_parallel=sp),
+            options=ModelOptions(sequence_parallel=sp), grad_clip=1.0, with_reference=kind == "grpo_kl",
+        )
         b = make_batch()
         lp = be.logprobs(b)
         b.tensors["old_logprobs"] = (lp + b.tensors["noise"]) * b.tensors["loss_mask"]
-        loss_fn = _grpo() if kind == "grpo" else FusedJSD(alpha=0.5)
+        loss_fn = {"sdpo": lambda: FusedJSD(alpha=0.5), "sdpo_topk": lambda: _sdpo_topk("shards")}.get(
+            kind, lambda: _grpo(KL_COEF if kind == "grpo_kl" else 0.0)
+        )()
         steps = []
-        for _ in range(STEPS if kind == "grpo" else 1):
+        for _ in range(1 if kind.startswith("sdpo") else STEPS):
             m = be.train_step(b, loss_fn)
             steps.append((m["loss"], m["grad_norm"]))
         results.append(steps)
@@ -147,7 +171,7 @@ def model_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def refs(model_dir):
-    return {k: reference(model_dir, k) for k in ("grpo", "sdpo")}
+    return {k: reference(model_dir, k) for k in ("grpo", "grpo_kl", "sdpo", "sdpo_topk")}
 
 
 def _compare(got, want, tol_first=1e-5, tol_later=1e-4):
@@ -162,33 +186,44 @@ def test_reference_is_not_degenerate(refs):
     losses = [l for l, _ in refs["grpo"]]
     assert all(g > 1e-3 for _, g in refs["grpo"]) and refs["sdpo"][0][1] > 1e-4
     assert refs["sdpo"][0][0] > 1e-4  # teacher prompts differ: a real distillation signal
+    assert refs["sdpo_topk"][0][0] > 1e-4 and abs(refs["sdpo_topk"][0][0] - refs["sdpo"][0][0]) > 1e-4
     assert len(set(losses)) == STEPS  # the policy moves between steps
+    # The policy leaves the reference after step 1: the KL term changes the later losses.
+    assert refs["grpo_kl"][0][0] == pytest.approx(refs["grpo"][0][0], abs=1e-6)
+    assert abs(refs["grpo_kl"][-1][0] - refs["grpo"][-1][0]) > 1e-6
 
 
 def test_world1_grpo_steps_and_sdpo_match_hf(model_dir, refs):
     from megatron_sdpo.backends.megatron.launch import spawn
 
-    (r,) = spawn(_backend_worker, 1, model_dir, [(1, 1, 2, "grpo"), (1, 1, 4, "sdpo")], timeout_s=300)
-    _compare(r[0], refs["grpo"])
-    _compare(r[1], refs["sdpo"])
+    layouts = [(1, 1, 2, "grpo"), (1, 1, 4, "sdpo"), (1, 1, 3, "grpo_kl"), (1, 1, 2, "sdpo_topk")]
+    (r,) = spawn(_backend_worker, 1, model_dir, layouts, timeout_s=300)
+    for got, layout in zip(r, layouts):
+        _compare(got, refs[layout[3]])
 
 
 @pytest.mark.slow
 def test_world2_tp2_pp2_dp2_match_hf(model_dir, refs):
     from megatron_sdpo.backends.megatron.launch import spawn
 
-    layouts = [(2, 1, 3, "grpo"), (2, 1, 2, "sdpo"), (1, 2, 4, "grpo"), (1, 2, 2, "sdpo"), (1, 1, 1, "grpo")]
+    layouts = [
+        (2, 1, 3, "grpo"), (2, 1, 2, "sdpo"), (2, 1, 4, "sdpo_topk"), (1, 2, 4, "grpo"), (1, 2, 2, "sdpo"),
+        (1, 2, 2, "grpo_kl"), (1, 1, 1, "grpo"), (1, 1, 2, "sdpo_topk"),
+        # Sequence parallelism: norms' grads summed over TP, activations sequence-sharded.
+        (2, 1, 2, "grpo", True), (2, 1, 3, "sdpo", True), (2, 1, 2, "sdpo_topk", True),
+    ]
     ranks = spawn(_backend_worker, 2, model_dir, layouts, timeout_s=500)
     for rank in ranks:  # every rank reports the same reduced metrics
-        for got, (_, _, _, kind) in zip(rank, layouts):
-            _compare(got, refs[kind])
+        for got, layout in zip(rank, layouts):
+            _compare(got, refs[layout[3]])
 
 
 @pytest.mark.slow
 def test_world4_tp2_x_pp2_matches_hf(model_dir, refs):
     from megatron_sdpo.backends.megatron.launch import spawn
 
-    ranks = spawn(_backend_worker, 4, model_dir, [(2, 2, 2, "grpo"), (2, 2, 3, "sdpo")], timeout_s=500)
+    layouts = [(2, 2, 2, "grpo"), (2, 2, 3, "sdpo"), (2, 2, 2, "sdpo_topk"), (2, 2, 2, "sdpo", True)]
+    ranks = spawn(_backend_worker, 4, model_dir, layouts, timeout_s=500)
     for rank in ranks:
-        _compare(rank[0], refs["grpo"])
-        _compare(rank[1], refs["sdpo"])
+        for got, layout in zip(rank, layouts):
+            _compare(got, refs[layout[3]])

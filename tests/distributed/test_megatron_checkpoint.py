@@ -8,7 +8,11 @@ pytestmark = [pytest.mark.megatron, pytest.mark.distributed]
 def _run(be, b, steps):
     from test_megatron_backend import _grpo
 
-    return [be.train_step(b, _grpo())["loss"] for _ in range(steps)]
+    out = []
+    for _ in range(steps):
+        m = be.train_step(b, _grpo())
+        out += [m["loss"], m["lr"]]
+    return out
 
 
 def _ckpt_worker(model_dir: str, ckpt: str) -> dict:
@@ -16,8 +20,16 @@ def _ckpt_worker(model_dir: str, ckpt: str) -> dict:
     from megatron_sdpo.backends.megatron.parallel import ParallelConfig, destroy
     from test_megatron_backend import make_batch
 
+    from megatron_sdpo.backends.schedule import LRSchedule
+
     def backend(tp):
-        return MegatronBackend(model_dir, lr=1e-4, micro_batch_size=2, parallel=ParallelConfig(tp=tp))
+        # A decaying LR: a resume that restarted the schedule would take a different step.
+        be = MegatronBackend(
+            model_dir, lr=1e-4, micro_batch_size=2, parallel=ParallelConfig(tp=tp),
+            lr_schedule=LRSchedule("cosine", warmup_steps=0, min_lr_ratio=0.1),
+        )
+        be.set_lr_schedule(3)
+        return be
 
     out = {}
     be = backend(2)
@@ -55,10 +67,12 @@ def test_resume_at_tp2_and_dp2_continues_the_uninterrupted_run(tmp_path):
         for name in ("tp2", "dp2"):
             assert r[name + "_extra"] == {"stage": 1, "data_position": 12}
             assert r[name + "_step"] == 1
-            assert r[name] == pytest.approx(want, rel=1e-5, abs=1e-6), (name, r[name], want)
+            assert r[name] == pytest.approx(want, rel=1e-5, abs=1e-9), (name, r[name], want)
+        # cosine over 3 steps from 1e-4 to 1e-5: steps 2 and 3 run at 7.75e-5 and 3.25e-5.
+        assert want[1::2] == pytest.approx([7.75e-5, 3.25e-5], rel=1e-9)
         # Weights-only: same weights (same next loss), fresh Adam moments (different update).
         assert r["weights_only"][0] == pytest.approx(want[0], rel=1e-5, abs=1e-6)
-        assert abs(r["weights_only"][1] - want[1]) > 1e-4
+        assert abs(r["weights_only"][2] - want[2]) > 1e-4
 
     # The checkpoint converts to an HF directory holding exactly the saved policy.
     import subprocess

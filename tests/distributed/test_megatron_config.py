@@ -94,3 +94,27 @@ def test_parallel_layout_is_validated_against_world_size():
         ParallelConfig(tp=0).resolve(2)
     with pytest.raises(ConfigError, match="sequence_parallel"):
         ParallelConfig(tp=1, sequence_parallel=True).resolve(2)
+
+
+def test_olmo3_config_carries_sliding_windows_and_no_megatron_qk_layernorm():
+    from megatron_sdpo.backends.megatron.model import ModelOptions, layer_spec, transformer_config
+    from megatron_sdpo.errors import ConfigError
+    from megatron_sdpo.weights import ModelSpec
+
+    types = ["sliding_attention", "full_attention", "sliding_attention", "sliding_attention"]
+    hf = transformers.Olmo3Config(vocab_size=131, hidden_size=64, intermediate_size=96, num_hidden_layers=4,
+                                  num_attention_heads=4, num_key_value_heads=2, layer_types=types, sliding_window=7,
+                                  eos_token_id=2)
+    spec = ModelSpec.from_hf_config(hf)
+    c = transformer_config(spec, 2, 2, ModelOptions(), gpu=False, have_te=False)
+    # HF's window of 7 keys (the query's own among them) is megatron's 6 to the left, 0 to the right.
+    assert c.window_size == (6, 0) and c.window_attn_skip_freq == [1, 0, 1, 1]
+    # Olmo's q/k norms are TP shards: megatron must not sum their grads over TP as qk_layernorm would.
+    assert not c.qk_layernorm
+    with pytest.raises(ConfigError, match="block_spec"):
+        layer_spec(spec, use_te=False)
+    full = ModelSpec.from_hf_config(transformers.Olmo3Config(
+        vocab_size=131, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+        layer_types=["full_attention"] * 2, eos_token_id=2))
+    c = transformer_config(full, 1, 1, ModelOptions(), gpu=False, have_te=False)
+    assert c.window_size is None and c.window_attn_skip_freq is None

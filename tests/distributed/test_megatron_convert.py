@@ -41,15 +41,12 @@ def _convert_worker(cases: list) -> list:
 
 
 def _convert_case(arch: str, tied: bool, tp: int, pp: int) -> dict:
-    import torch.distributed as dist
     from megatron.core import parallel_state as ps
-    from megatron.core import tensor_parallel
-    from megatron.core.pipeline_parallel import get_forward_backward_func
 
     from megatron_sdpo.backends.megatron.model import ModelOptions, build_model, weight_layout
     from megatron_sdpo.backends.megatron.parallel import ParallelConfig, initialize
     from megatron_sdpo.weights import ModelSpec
-    from megatron_sdpo.weights.transport import export_hf, load_hf
+    from megatron_sdpo.weights.transport import load_hf
 
     hf = tiny_hf(arch, tied)
     spec = ModelSpec.from_hf_config(hf.config)
@@ -66,7 +63,24 @@ def _convert_case(arch: str, tied: bool, tp: int, pp: int) -> dict:
     with torch.no_grad():
         ref = hf(input_ids=ids).logits.float()
 
-    micro = [ids]
+    result = {"case": (arch, tied, tp, pp), "tp": tp_rank, "pp": pp_rank}
+    logits = forward_logits(model, ids)
+    if logits is not None:
+        result["padded_vocab"] = logits.shape[-1]
+        result["logit_err"] = (logits[..., : spec.vocab_size] - ref).abs().max().item()
+        result["logit_scale"] = ref.abs().max().item()
+    expect = {k: v for k, v in hf_sd.items() if not (tied and k == "lm_head.weight")}
+    result.update(export_check(model, spec, layout, expect))
+    return result
+
+
+def forward_logits(model, ids: torch.Tensor):
+    """[b, S, padded V] logits (gathered over TP) of a forward-only schedule on this stage's
+    model; None on stages other than the last."""
+    from megatron.core import parallel_state as ps
+    from megatron.core import tensor_parallel
+    from megatron.core.pipeline_parallel import get_forward_backward_func
+
     pos = torch.arange(ids.shape[1]).expand_as(ids)
 
     def step(data_iter, m):
@@ -81,21 +95,25 @@ def _convert_case(arch: str, tied: bool, tp: int, pp: int) -> dict:
 
     with torch.no_grad():
         store = get_forward_backward_func()(
-            forward_step_func=step, data_iterator=iter(micro), model=[model], num_microbatches=len(micro),
+            forward_step_func=step, data_iterator=iter([ids]), model=[model], num_microbatches=1,
             seq_length=ids.shape[1], micro_batch_size=ids.shape[0], forward_only=True,
         )
-    result = {"case": (arch, tied, tp, pp), "tp": tp_rank, "pp": pp_rank}
-    if ps.is_pipeline_last_stage():
-        logits = store[0]["logits"]
-        result["padded_vocab"] = logits.shape[-1]
-        result["logit_err"] = (logits[..., : spec.vocab_size] - ref).abs().max().item()
-        result["logit_scale"] = ref.abs().max().item()
+    return store[0]["logits"] if ps.is_pipeline_last_stage() else None
+
+
+def export_check(model, spec, layout, expect: dict) -> dict:
+    """Export the model to HF names (collective) and compare with `expect` bit for bit."""
+    from megatron.core import parallel_state as ps
+
+    from megatron_sdpo.weights.transport import export_hf
+
     exported = dict(export_hf(model, spec, layout, tp_group=ps.get_tensor_model_parallel_group(),
-                              pp_group=ps.get_pipeline_model_parallel_group(), pp_rank=pp_rank))
-    expect = {k: v for k, v in hf_sd.items() if not (tied and k == "lm_head.weight")}
-    result["export_keys_equal"] = sorted(exported) == sorted(expect)
-    result["export_mismatch"] = [k for k in expect if k not in exported or not torch.equal(exported[k], expect[k])]
-    return result
+                              pp_group=ps.get_pipeline_model_parallel_group(),
+                              pp_rank=ps.get_pipeline_model_parallel_rank()))
+    return {
+        "export_keys_equal": sorted(exported) == sorted(expect),
+        "export_mismatch": [k for k in expect if k not in exported or not torch.equal(exported[k], expect[k])],
+    }
 
 
 def _check(results: list, tp: int, pp: int) -> None:

@@ -6,7 +6,6 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
@@ -140,3 +139,25 @@ def test_compare_puts_algorithms_side_by_side(tmp_path):
         resolved = (tmp_path / "cmp" / algo / "resolved_config.yaml").read_text()
         assert f"name: {algo}" in resolved
     assert (tmp_path / "cmp" / "plots" / "compare.png").stat().st_size > 1000
+
+
+@pytest.mark.slow
+@pytest.mark.megatron
+def test_megatron_backend_runs_the_continual_job_with_sdpo(small_yaml, tmp_path):
+    """The same loop through megatron-core (CPU shim): SDPO with the teacher scored in the
+    student's schedule, a cosine LR restarted per stage, eval of every domain per stage."""
+    overrides = [
+        "backend=megatron", "algorithm=sdpo", "stages.0.steps=2", "stages.1.steps=2",
+        "backend.lr_schedule.style=cosine", "backend.lr_schedule.min_lr_ratio=0.5",
+    ]
+    finish(cli("run", str(small_yaml), *overrides, "--out", "mrun", "--quiet", cwd=tmp_path), timeout=1500)
+    run = tmp_path / "mrun"
+    rows = list(csv.reader((run / "eval_matrix.csv").open()))
+    assert [r[0] for r in rows[1:]] == ["base", "math", "tooluse"]
+    steps = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [(m["stage"], m["step"], m["algorithm"]) for m in steps] == [(0, 1, "sdpo"), (0, 2, "sdpo"), (1, 1, "sdpo"), (1, 2, "sdpo")]
+    # Each stage restarts the cosine: the peak, then halfway down to 0.5 x peak.
+    assert [m["lr"] for m in steps] == pytest.approx([1e-4, 7.5e-5, 1e-4, 7.5e-5])
+    assert all(m["sdpo/loss_per_token"] >= 0 and m["grad_norm"] > 0 for m in steps)
+    assert (run / "checkpoints" / "stage_2_tooluse" / "COMPLETE").is_file()
+    assert "name: megatron" in (run / "resolved_config.yaml").read_text()

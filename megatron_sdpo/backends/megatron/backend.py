@@ -5,6 +5,13 @@ megatron DDP and owned by the (distributed) optimizer. Every forward goes throug
 `get_forward_backward_func()`, so the same code runs with and without pipeline parallelism.
 Logits stay vocab-sharded: the loss inputs are computed from shards by `vocab_parallel`.
 
+Frozen models the loss needs (the teacher on its privileged prompts, the reference on the
+student's) ride along in the student's own forward-backward schedule: each micro-batch runs
+them forward (no grad) next to the student, and under pipeline parallelism their hidden states
+travel with the student's through the same P2P sends, stacked along the batch dimension. So
+the teacher costs no extra schedule, no extra pipeline bubble, and only one micro-batch's
+teacher logits (vocab-sharded) are alive at a time.
+
 Scaling is owned by `_loss_adapter` alone: the LossFn returns sum(token terms) / normalizer
 for its micro-batch (normalizer global over all DP ranks); megatron's schedule divides the
 returned loss by the number of micro-batches and DDP averages gradients over DP, so the adapter
@@ -25,12 +32,13 @@ from megatron_sdpo.backends.base import REQUIRES, LossFn, SequenceBatch, check_b
 from megatron_sdpo.backends.megatron import batching, vocab_parallel as vp
 from megatron_sdpo.backends.megatron.model import ModelOptions, build_model, weight_layout
 from megatron_sdpo.backends.megatron.parallel import ParallelConfig, init_distributed, initialize
+from megatron_sdpo.backends.schedule import LRSchedule
 from megatron_sdpo.errors import ConfigError, DataError, require
 from megatron_sdpo.weights.plan import ModelSpec
 from megatron_sdpo.weights.transport import export_hf, load_hf
 
 _POLICY_OUTPUTS = frozenset({"logprobs", "entropy", "logits"})
-_TEACHER_OUTPUTS = frozenset({"teacher_logits", "teacher_logprobs", "fused_kl"})
+_TEACHER_OUTPUTS = frozenset({"teacher_logits", "teacher_logprobs", "fused_kl", "topk_logprobs", "teacher_topk_logprobs"})
 
 
 def _hf_tensors(model_path: str):
@@ -86,6 +94,7 @@ class MegatronBackend:
         *,
         lr: float,
         micro_batch_size: int,
+        lr_schedule: LRSchedule = LRSchedule(),
         parallel: ParallelConfig = ParallelConfig(),
         options: ModelOptions = ModelOptions(),
         weight_decay: float = 0.0,
@@ -123,6 +132,8 @@ class MegatronBackend:
         self.micro_batch_size = micro_batch_size
         self.lr, self.weight_decay, self.betas, self.eps, self.grad_clip = lr, weight_decay, tuple(betas), eps, grad_clip
         self.distributed_optimizer = distributed_optimizer
+        lr_schedule.check()
+        self.lr_schedule = lr_schedule
         self.step = 0
         if pad_token_id is None:
             pad_token_id = hf_config.pad_token_id if hf_config.pad_token_id is not None else hf_config.eos_token_id
@@ -146,11 +157,13 @@ class MegatronBackend:
         self.reference = self._build(hf, trainable=False) if with_reference else None
         self._wrap_policy()
         self.optimizer = self._make_optimizer()
+        self.scheduler = self._make_scheduler(None)
 
     @classmethod
     def from_config(cls, cfg, model_path: str, *, pad_token_id: int | None = None) -> "MegatronBackend":
         """Build from a RunConfig (`backend.*`, `backend.megatron.*`, `algorithm`, `seed`)."""
         from megatron_sdpo.backends.megatron.precision import PrecisionConfig
+        from megatron_sdpo.config.loader import lr_schedule
 
         b, m = cfg.backend, cfg.backend.megatron
         if not m.fp8.keep_lm_head_bf16:
@@ -165,6 +178,7 @@ class MegatronBackend:
             model_path,
             lr=b.lr,
             micro_batch_size=b.micro_batch_size,
+            lr_schedule=lr_schedule(cfg),
             parallel=ParallelConfig(tp=m.tensor_parallel, pp=m.pipeline_parallel, sequence_parallel=m.sequence_parallel),
             options=options,
             weight_decay=b.weight_decay,
@@ -206,6 +220,8 @@ class MegatronBackend:
         cfg = OptimizerConfig(
             optimizer="adam",
             lr=self.lr,
+            # Each param group reads its lr bounds from here, not from the scheduler.
+            min_lr=self.lr * self.lr_schedule.min_lr_ratio,
             weight_decay=self.weight_decay,
             adam_beta1=self.betas[0],
             adam_beta2=self.betas[1],
@@ -216,6 +232,22 @@ class MegatronBackend:
             use_distributed_optimizer=self.distributed_optimizer,
         )
         return get_megatron_optimizer(cfg, [self.policy])
+
+    def _make_scheduler(self, total_steps: int | None):
+        """megatron's OptimizerParamScheduler for a stage of `total_steps` steps (None: hold the
+        peak after warmup); same values as LRSchedule.lr."""
+        from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+
+        s = self.lr_schedule
+        style = s.style if total_steps else "constant"
+        # megatron needs decay steps > warmup steps even when nothing decays.
+        decay = max(total_steps or 0, s.warmup_steps + 1)
+        self._sched_total = total_steps
+        return OptimizerParamScheduler(
+            self.optimizer, init_lr=0.0, max_lr=self.lr, min_lr=self.lr * s.min_lr_ratio,
+            lr_warmup_steps=s.warmup_steps, lr_decay_steps=decay, lr_decay_style=style,
+            start_wd=self.weight_decay, end_wd=self.weight_decay, wd_incr_steps=decay, wd_incr_style="constant",
+        )
 
     def _model(self, name: str):
         m = {"policy": self.policy, "teacher": self.teacher, "reference": self.reference}.get(name, "?")
@@ -232,24 +264,29 @@ class MegatronBackend:
             raise DataError("every response in the batch is empty")
         return batch.checked(), T
 
-    def _micro(self, batch: SequenceBatch, T: int, prompts: list[list[int]], local: list[int]) -> tuple[list[dict], int]:
-        """Micro-batch dicts for this DP rank's samples `local`, rows built from `prompts`."""
+    def _micro(
+        self, batch: SequenceBatch, T: int, prompts: list[list[int]], local: list[int], riders: tuple = ()
+    ) -> tuple[list[dict], int]:
+        """Micro-batch dicts for this DP rank's samples `local`, rows built from `prompts`;
+        `riders` are further prompt lists (teacher, reference) built into `rider_rows` with the
+        same samples and the same padded length S (their hidden states share P2P buffers)."""
         groups = batching.micro_batches(local, self.micro_batch_size, equal=self.layout.pp > 1)
         mult = self.layout.tp if self.options.sequence_parallel else 1
-        S = batching.seq_len([prompts[i] for i in local], [batch.response_ids[i] for i in local], mult)
+        responses = [batch.response_ids[i] for i in local]
+        S = max(batching.seq_len([p[i] for i in local], responses, mult) for p in (prompts, *riders))
         out = []
         for g in groups:
             real = [i for i in g if i >= 0]
             rows_idx = [i if i >= 0 else real[0] for i in g]
-            rows = batching.build_rows(
-                [prompts[i] for i in rows_idx], [batch.response_ids[i] for i in rows_idx], T, S, self.pad_token_id
-            )
+            resp = [batch.response_ids[i] for i in rows_idx]
+            rows = batching.build_rows([prompts[i] for i in rows_idx], resp, T, S, self.pad_token_id)
+            rider_rows = [batching.build_rows([p[i] for i in rows_idx], resp, T, S, self.pad_token_id) for p in riders]
             keep = torch.tensor([1.0 if i >= 0 else 0.0 for i in g])
             tensors = {}
             for k, v in batch.tensors.items():
                 t = v[rows_idx].clone()
                 tensors[k] = t * keep.view(-1, *([1] * (t.ndim - 1))).to(t.dtype) if (keep == 0).any() else t
-            out.append({"rows": rows, "tensors": tensors, "n_real": len(real)})
+            out.append({"rows": rows, "rider_rows": rider_rows, "tensors": tensors, "n_real": len(real)})
         return out, S
 
     # ------------------------------------------------------------------ forward pieces
@@ -295,24 +332,11 @@ class MegatronBackend:
             )
         return [d["value"] for d in store] if self._ps.is_pipeline_last_stage() else []
 
-    def _teacher_outputs(self, batch: SequenceBatch, T: int, local: list[int], needs: frozenset) -> list[dict]:
-        """Teacher quantities per micro-batch (last stage), from a forward-only pass of the
-        teacher over the teacher prompts: sharded response logits and/or logprobs."""
-        tp = batch.teacher_prompt_ids or [None] * len(batch)
+    @staticmethod
+    def _teacher_prompts(batch: SequenceBatch) -> list[list[int]]:
         # Samples without a teacher context reuse the student prompt; their loss mask is 0.
-        prompts = [t if t is not None else p for t, p in zip(tp, batch.prompt_ids)]
-        micro, S = self._micro(batch, T, prompts, local)
-
-        def collect(mb, logits):
-            shard = self._response_shard(logits, mb["rows"])
-            out = {}
-            if "teacher_logprobs" in needs:
-                out["teacher_logprobs"] = vp.logprobs(shard, mb["rows"].targets, self.vocab_start, self.tp_group)[0]
-            if needs & {"teacher_logits", "fused_kl"}:
-                out["teacher_shard"] = shard
-            return out
-
-        return self._forward_only(self._model("teacher"), micro, S, collect)
+        tp = batch.teacher_prompt_ids or [None] * len(batch)
+        return [t if t is not None else p for t, p in zip(tp, batch.prompt_ids)]
 
     # ------------------------------------------------------------------ public API
     def logprobs(self, batch: SequenceBatch, *, model: str = "policy") -> torch.Tensor:
@@ -320,10 +344,7 @@ class MegatronBackend:
         The teacher reads `teacher_prompt_ids` where given."""
         batch, T = self._check(batch)
         local = batching.dp_slice(len(batch), self.layout.dp, self.dp_rank)
-        prompts = batch.prompt_ids
-        if model == "teacher":
-            tp = batch.teacher_prompt_ids or [None] * len(batch)
-            prompts = [t if t is not None else p for t, p in zip(tp, batch.prompt_ids)]
+        prompts = self._teacher_prompts(batch) if model == "teacher" else batch.prompt_ids
         micro, S = self._micro(batch, T, prompts, local)
 
         def collect(mb, logits):
@@ -355,38 +376,44 @@ class MegatronBackend:
             raise ConfigError("the loss needs 'ref_logprobs' but the backend has no reference model")
         normalizer = loss_fn.global_normalizer(batch.tensors).float()
         local = batching.dp_slice(len(batch), self.layout.dp, self.dp_rank)
-        micro, S = self._micro(batch, T, batch.prompt_ids, local)
-        teacher = self._teacher_outputs(batch, T, local, requires & _TEACHER_OUTPUTS) if requires & _TEACHER_OUTPUTS else []
-        ref = []
+        riders: list[tuple[str, object, list]] = []
+        if requires & _TEACHER_OUTPUTS:
+            riders.append(("teacher", self._model("teacher"), self._teacher_prompts(batch)))
         if "ref_logprobs" in requires:
-            ref = self._forward_only(
-                self.reference, micro, S,
-                lambda mb, lg: vp.logprobs(self._response_shard(lg, mb["rows"]), mb["rows"].targets, self.vocab_start, self.tp_group)[0],
-            )
-        for k, mb in enumerate(micro):
-            mb["k"] = k
+            riders.append(("reference", self.reference, batch.prompt_ids))
+        micro, S = self._micro(batch, T, batch.prompt_ids, local, tuple(r[2] for r in riders))
         scale = float(len(micro) * self.layout.dp)
         sums: dict[str, torch.Tensor] = {}
+        policy = self.policy.module
+        first, last = self._ps.is_pipeline_first_stage(), self._ps.is_pipeline_last_stage()
 
-        def loss_adapter(mb, logits):
+        def loss_adapter(mb, rider_logits, logits):
             shard = self._response_shard(logits, mb["rows"])
             outputs = self._stats(shard, mb["rows"], requires & _POLICY_OUTPUTS)
-            if teacher:
-                t = teacher[mb["k"]]
+            for (name, _, _), rows, lg in zip(riders, mb["rider_rows"], rider_logits):
+                rshard = self._response_shard(lg, rows)
+                if name == "reference":
+                    outputs["ref_logprobs"] = vp.logprobs(rshard, rows.targets, self.vocab_start, self.tp_group)[0]
+                    continue
                 if "teacher_logprobs" in requires:
-                    outputs["teacher_logprobs"] = t["teacher_logprobs"]
+                    outputs["teacher_logprobs"] = vp.logprobs(rshard, rows.targets, self.vocab_start, self.tp_group)[0]
                 if "teacher_logits" in requires:
                     if self.layout.tp > 1:
                         raise ConfigError("'teacher_logits' needs tp == 1 (logits stay vocab-sharded); use 'fused_kl'")
-                    outputs["teacher_logits"] = t["teacher_shard"]
+                    outputs["teacher_logits"] = rshard
+                temp = float(getattr(loss_fn, "temperature", 1.0))
                 if "fused_kl" in requires:
                     alpha = getattr(loss_fn, "alpha", None)
                     if alpha is None:
                         raise ConfigError("a loss that requires 'fused_kl' must define `alpha`")
-                    temp = float(getattr(loss_fn, "temperature", 1.0))
-                    outputs["fused_kl"] = vp.generalized_jsd(shard / temp, t["teacher_shard"] / temp, float(alpha), self.tp_group)
-            if ref:
-                outputs["ref_logprobs"] = ref[mb["k"]]
+                    outputs["fused_kl"] = vp.generalized_jsd(shard / temp, rshard / temp, float(alpha), self.tp_group)
+                if requires & {"topk_logprobs", "teacher_topk_logprobs"}:
+                    k = getattr(loss_fn, "topk", None)
+                    if not isinstance(k, int):
+                        raise ConfigError("a loss that requires 'topk_logprobs' must define an integer `topk`")
+                    outputs["topk_logprobs"], outputs["teacher_topk_logprobs"], _ = vp.topk_logprobs(
+                        shard / temp, rshard / temp, k, self.vocab_start, self.spec.vocab_size, self.tp_group
+                    )
             loss, metrics = loss_fn(outputs, mb["tensors"], normalizer)
             _accumulate(sums, "loss", loss)
             for name, v in metrics.items():
@@ -396,21 +423,39 @@ class MegatronBackend:
 
         def step(data_iter, m):
             mb = next(data_iter)
+            if riders and not first:
+                # The received tensor stacks [student | rider 1 | ...] along the batch dim.
+                parts = policy.decoder.input_tensor.chunk(1 + len(riders), dim=1)
+                policy.set_input_tensor(parts[0])
+                for (_, model, _), part in zip(riders, parts[1:]):
+                    model.set_input_tensor(part.detach())
+            with torch.no_grad():
+                rider_out = [
+                    model(rows.tokens, rows.positions, None) for (_, model, _), rows in zip(riders, mb["rider_rows"])
+                ]
             out = m(mb["rows"].tokens, mb["rows"].positions, None)
-            return out, partial(loss_adapter, mb)
+            if not last and riders:
+                out = torch.cat([out, *rider_out], dim=1)
+            return out, partial(loss_adapter, mb, rider_out)
 
         self.policy.zero_grad_buffer()
         self.optimizer.zero_grad()
         self.policy.train()
         get_forward_backward_func()(
             forward_step_func=step, data_iterator=iter(micro), model=[self.policy], num_microbatches=len(micro),
-            seq_length=S, micro_batch_size=self.micro_batch_size, forward_only=False,
+            seq_length=S, micro_batch_size=self.micro_batch_size * (1 + len(riders)), forward_only=False,
         )
         self.policy.eval()
+        for _, model, _ in riders:
+            model.set_input_tensor(None)
+        lr = self.optimizer.param_groups[0]["lr"]
         ok, grad_norm, _ = self.optimizer.step()
         if ok:
             self.step += 1
-        return self._reduce_metrics(sums, grad_norm, ok, len(batch))
+            self.scheduler.step(1)
+        out = self._reduce_metrics(sums, grad_norm, ok, len(batch))
+        out["lr"] = float(lr)
+        return out
 
     def _reduce_metrics(self, sums: dict, grad_norm, ok: bool, n: int) -> dict[str, float]:
         """Combine metric shares over the last stages' DP ranks (sum / max / min per
@@ -455,8 +500,15 @@ class MegatronBackend:
         apply_action_(action, self._params("teacher"), [p.detach() for p in self._params("policy")], rate=rate)
 
     def reset_optimizer(self) -> None:
-        """Fresh optimizer state (moments, step count) over the same DDP-wrapped policy."""
+        """Fresh optimizer state (moments, step count) over the same DDP-wrapped policy; the
+        LR schedule restarts at step 0 of the same stage length."""
         self.optimizer = self._make_optimizer()
+        self.scheduler = self._make_scheduler(self._sched_total)
+
+    def set_lr_schedule(self, total_steps: int | None) -> None:
+        """Restart the LR schedule at step 0 of a stage of `total_steps` optimizer steps."""
+        self.lr_schedule.check(total_steps)
+        self.scheduler = self._make_scheduler(total_steps)
 
     def save(self, path: str, *, extra: dict | None = None) -> None:
         """Atomic dist_checkpointing save of policy, teacher, optimizer, RNG, step and `extra`."""

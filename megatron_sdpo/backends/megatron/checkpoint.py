@@ -3,7 +3,7 @@
 Layout of a checkpoint directory:
     (dist_checkpointing files)  policy, teacher (keys prefixed "teacher."), optimizer (the
                                 distributed optimizer in its "fully_reshardable" format, so a
-                                run can resume under another DP size), step and extra (common)
+                                run can resume under another DP size), step, LR schedule and extra (common)
     rng/rank<r>.pt              per-rank torch and megatron RNG-tracker states
     policy/                     the policy as an HF model directory (evaluation, diagnostics)
     layout.json                 tp, pp, dp of the writer
@@ -46,7 +46,7 @@ def _sharded(backend, *, optimizer: bool, is_loading: bool) -> dict:
 
 
 def save(backend, path: str, *, extra: dict | None = None, hf_policy: bool = True) -> None:
-    """Collective save of the backend's policy, teacher, optimizer, RNG, step and `extra`.
+    """Collective save of the backend's policy, teacher, optimizer, LR schedule, RNG, step and `extra`.
 
     hf_policy: also write `policy/` as an HF model directory (what evaluation and drift
     diagnostics read); the weights are streamed to rank 0 one tensor at a time."""
@@ -65,6 +65,7 @@ def save(backend, path: str, *, extra: dict | None = None, hf_policy: bool = Tru
     dist.barrier()
     state = _sharded(backend, optimizer=True, is_loading=False)
     state["step"] = backend.step
+    state["lr_schedule"] = {"total": backend._sched_total, "state": backend.scheduler.state_dict()}
     state["extra"] = extra
     dist_checkpointing.save(state, str(tmp))
     if rank == 0:
@@ -218,6 +219,10 @@ def load(backend, path: str, *, weights_only: bool = False) -> dict:
     backend.optimizer.reload_model_params()
     _unshare_steps(backend.optimizer)
     backend.step = int(common.get("step", 0))
+    sched = common.get("lr_schedule")
+    if sched is not None:
+        backend.scheduler = backend._make_scheduler(sched["total"])
+        backend.scheduler.load_state_dict(sched["state"])
     layout = json.loads((root / "layout.json").read_text())
     lay = backend.layout
     rng_file = root / "rng" / f"rank{dist.get_rank()}.pt"

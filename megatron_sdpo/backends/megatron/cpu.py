@@ -18,6 +18,7 @@ this module on a GPU machine.
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
 
 import torch
@@ -130,6 +131,39 @@ def _patch_megatron_rng() -> None:
     mrandom._set_cuda_rng_state = lambda state, *a, **k: torch.set_rng_state(state)
 
 
+def _under_mode(fn):
+    """fn run with the CPU device mode active (autograd runs backward without the caller's
+    torch-function modes, so device arguments there would still say CUDA)."""
+
+    @functools.wraps(fn)
+    def wrapped(*args, **kwargs):
+        if _mode_active():
+            return fn(*args, **kwargs)
+        with _CpuDeviceMode():
+            return fn(*args, **kwargs)
+
+    return wrapped
+
+
+def _patch_megatron_backward() -> None:
+    """The backward of megatron's tensor-parallel autograd Functions allocates its all-gather /
+    reduce-scatter buffers on `torch.cuda.current_device()` (sequence parallelism, TP linears):
+    run those backwards under the device mode."""
+    try:
+        from megatron.core.tensor_parallel import layers, mappings
+    except ImportError:
+        return
+    for mod in (mappings, layers):
+        for obj in list(vars(mod).values()):
+            if not (isinstance(obj, type) and issubclass(obj, torch.autograd.Function) and obj.__module__ == mod.__name__):
+                continue
+            backward = vars(obj).get("backward")
+            if isinstance(backward, staticmethod) and not getattr(backward.__func__, "_cpu_shim", False):
+                fn = _under_mode(backward.__func__)
+                fn._cpu_shim = True
+                obj.backward = staticmethod(fn)
+
+
 def install() -> None:
     """Install the shim in this process/thread; idempotent.
 
@@ -143,6 +177,7 @@ def install() -> None:
         if _mode is None:
             _patch_torch_cuda()
             _patch_megatron_rng()
+            _patch_megatron_backward()
             _mode = _CpuDeviceMode()
             _mode.__enter__()
         elif not _mode_active():

@@ -2,7 +2,8 @@
 
 The layer spec is chosen once per process: Transformer Engine modules when TE is importable
 (required for FP8), megatron-core's local modules otherwise (CPU, tests). The weight plan
-(`megatron_sdpo.weights`) knows both naming schemes.
+(`megatron_sdpo.weights`) knows both naming schemes. Olmo-2/3 (post-norms, full-width QK-norm,
+a rope per layer type, sliding windows) use the layers of `megatron_sdpo.backends.megatron.olmo`.
 """
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from typing import Optional
 
 import torch
 
+from megatron_sdpo.backends.megatron.norm import RMSNorm
 from megatron_sdpo.backends.megatron.precision import PrecisionConfig, have_transformer_engine, transformer_config_fields
 from megatron_sdpo.errors import ConfigError
 from megatron_sdpo.weights.plan import Layout, ModelSpec
@@ -76,6 +78,10 @@ def transformer_config(
         options.precision, have_te=have_te, capability=capability, detect_capability=capability is None and gpu
     )
     fields.setdefault("pipeline_dtype", torch.float32 if pp > 1 else None)
+    if spec.norm_placement == "post":
+        from megatron_sdpo.backends.megatron.olmo import window_fields
+
+        fields.update(window_fields(spec))
     return TransformerConfig(
         num_layers=spec.num_layers,
         hidden_size=spec.hidden_size,
@@ -88,7 +94,9 @@ def transformer_config(
         sequence_parallel=options.sequence_parallel,
         normalization="RMSNorm",
         layernorm_epsilon=spec.rms_norm_eps,
-        qk_layernorm=spec.qk_norm,
+        # Only megatron's per-head QK-norm: finalize_model_grads sums q/k_layernorm grads over TP
+        # when this is set, which would be wrong for Olmo's TP-sharded full-width norms.
+        qk_layernorm=spec.qk_norm == "head",
         gated_linear_unit=True,
         activation_func=torch.nn.functional.silu,
         add_bias_linear=False,
@@ -112,12 +120,38 @@ def transformer_config(
 
 
 def layer_spec(spec: ModelSpec, use_te: bool):
-    """The GPT layer spec: TE modules (fused norms, FP8-capable linears) or local modules."""
+    """The GPT layer spec of pre-norm models: TE modules (fused norms, FP8-capable linears) or
+    local modules with this project's RMSNorm (megatron's torch-norm fallback refuses sequence
+    parallelism). (Olmo: `olmo.block_spec`, one spec per layer.)"""
     from megatron.core.models.gpt import gpt_layer_specs as specs
 
+    if spec.norm_placement != "pre":
+        raise ConfigError(f"{spec.arch}: post-norm layers are built by olmo.block_spec, not layer_spec")
+    qk = spec.qk_norm == "head"
     if use_te:
-        return specs.get_gpt_layer_with_transformer_engine_spec(qk_layernorm=spec.qk_norm)
-    return specs.get_gpt_layer_local_spec(qk_layernorm=spec.qk_norm, normalization="RMSNorm")
+        return specs.get_gpt_layer_with_transformer_engine_spec(qk_layernorm=qk)
+    layer = specs.get_gpt_layer_local_spec(qk_layernorm=qk, normalization="RMSNorm")
+    sub = layer.submodules
+    sub.input_layernorm = sub.pre_mlp_layernorm = RMSNorm
+    if qk:
+        sub.self_attention.submodules.q_layernorm = sub.self_attention.submodules.k_layernorm = RMSNorm
+    return layer
+
+
+def block_spec(spec: ModelSpec, config, use_te: bool, pp_rank: int):
+    """This stage's layer specs and final norm (TE's under TE, else this project's RMSNorm)."""
+    from megatron.core.transformer.transformer_block import TransformerBlockSubmodules, get_num_layers_to_build
+
+    if spec.norm_placement == "post":
+        from megatron_sdpo.backends.megatron.olmo import block_spec as olmo_block_spec
+
+        return olmo_block_spec(spec, config, use_te, pp_rank)
+    if use_te:
+        from megatron.core.extensions.transformer_engine import TENorm as final_norm
+    else:
+        final_norm = RMSNorm
+    n = get_num_layers_to_build(config, None, pp_rank)
+    return TransformerBlockSubmodules(layer_specs=[layer_spec(spec, use_te)] * n, layer_norm=final_norm)
 
 
 def build_model(spec: ModelSpec, options: ModelOptions = ModelOptions()):
@@ -133,14 +167,15 @@ def build_model(spec: ModelSpec, options: ModelOptions = ModelOptions()):
     use_te = resolve_use_te(options)
     return GPTModel(
         config=config,
-        transformer_layer_spec=layer_spec(spec, use_te),
+        transformer_layer_spec=block_spec(spec, config, use_te, ps.get_pipeline_model_parallel_rank()),
         vocab_size=weight_layout(tp, pp, options).padded_vocab(spec),
         max_sequence_length=spec.max_position_embeddings,
         pre_process=ps.is_pipeline_first_stage(),
         post_process=ps.is_pipeline_last_stage(),
         parallel_output=True,
         share_embeddings_and_output_weights=spec.tie_word_embeddings,
-        position_embedding_type="rope",
+        # Per-layer ropes are applied inside the Olmo attention (megatron has one rope per model).
+        position_embedding_type="none" if spec.ropes else "rope",
         rotary_percent=1.0,
         rotary_base=int(spec.rope_theta) if float(spec.rope_theta).is_integer() else spec.rope_theta,
     )

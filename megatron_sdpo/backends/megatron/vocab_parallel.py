@@ -119,6 +119,52 @@ def generalized_jsd(student: torch.Tensor, teacher: torch.Tensor, alpha: float, 
     return all_reduce_sum(local, group)
 
 
+def _pick(logits: torch.Tensor, ids: torch.Tensor, start: int, group) -> torch.Tensor:
+    """[..., Vr] shard, [..., k] global ids -> [..., k] logits at those ids, summed over the
+    group (each id lives on exactly one rank; identity backward, the result is replicated)."""
+    local = ids - start
+    inside = (local >= 0) & (local < logits.shape[-1])
+    picked = logits.gather(-1, local.clamp(0, logits.shape[-1] - 1))
+    return all_reduce_sum(torch.where(inside, picked, torch.zeros_like(picked)), group)
+
+
+def topk_logprobs(
+    student: torch.Tensor, teacher: torch.Tensor, k: int, start: int, vocab: int, group
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Full-vocabulary log-probabilities of the student's k most likely ids, from shards.
+
+    student, teacher: [..., Vr] fp32 shards for ids [start, start + Vr) (teacher without grad);
+    vocab: the real vocabulary size (k must not exceed it). Each rank proposes its local top-k
+    (padded with -inf where its shard is narrower than k, never chosen since the vocabulary
+    holds k finite logits); the [..., tp * k] candidates (values and global ids, no gradient)
+    are all-gathered in rank order and every rank keeps the same global top-k.
+    Returns (student logprobs [..., k] differentiable, teacher logprobs [..., k], ids [..., k]).
+    """
+    if not 1 <= k <= vocab:
+        raise ValueError(f"topk={k} must be in [1, vocabulary size {vocab}]")
+    kk = min(k, student.shape[-1])
+    vals, idx = student.detach().topk(kk, dim=-1)
+    ids = idx + start
+    if kk < k:
+        pad = (*vals.shape[:-1], k - kk)
+        vals = torch.cat([vals, vals.new_full(pad, float("-inf"))], dim=-1)
+        ids = torch.cat([ids, ids.new_full(pad, start)], dim=-1)
+    n = _size(group)
+    if n > 1:
+        cands = []
+        for t in (vals, ids):
+            parts = [torch.empty_like(t) for _ in range(n)]
+            dist.all_gather(parts, t.contiguous(), group=group)
+            cands.append(torch.cat(parts, dim=-1))
+        vals, ids = cands
+    ids = ids.gather(-1, vals.topk(k, dim=-1).indices)
+    lse_s = log_normalizer(student, group)
+    lse_t = log_normalizer(teacher.detach(), group)
+    top_s = _pick(student, ids, start, group) - lse_s.unsqueeze(-1)
+    top_t = _pick(teacher.detach(), ids, start, group) - lse_t.unsqueeze(-1)
+    return top_s, top_t, ids
+
+
 def shard_bounds(padded_vocab: int, vocab: int, tp: int, rank: int) -> tuple[int, int]:
     """(start, width) of rank's real-vocabulary columns within its equal shard of the padded
     vocabulary (width may be smaller on the last ranks, never negative)."""

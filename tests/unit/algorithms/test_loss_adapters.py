@@ -9,6 +9,7 @@ from megatron_sdpo.backends.base import REQUIRES, LossFn
 from megatron_sdpo.errors import ConfigError
 
 B, T, V, H = 5, 6, 29, 8
+K = 7  # top-k of the "topk_logprobs" outputs
 
 
 class TinyPolicy(torch.nn.Module):
@@ -49,6 +50,10 @@ def _outputs(model, teacher, hidden, teacher_hidden, ids, requires):
         t_logits, t_logprobs = teacher(teacher_hidden, ids)
     available = {"logits": logits, "logprobs": logprobs, "teacher_logits": t_logits,
                  "teacher_logprobs": t_logprobs, "ref_logprobs": t_logprobs - 0.1}
+    # What a vocab-sharded backend hands over: the student's top-K ids' log-probabilities.
+    ids_k = logits.detach().topk(K, dim=-1).indices
+    available["topk_logprobs"] = torch.log_softmax(logits, -1).gather(-1, ids_k)
+    available["teacher_topk_logprobs"] = torch.log_softmax(t_logits, -1).gather(-1, ids_k)
     return {k: available[k] for k in requires}
 
 
@@ -71,10 +76,11 @@ def _train_grad(loss_fn, micro_batches):
     [
         lambda: GRPOLoss(kl_coef=0.1, tis_cap=2.0),
         lambda: SDPOLoss(alpha=0.5, topk=7, mask_key="distill_mask"),
+        lambda: SDPOLoss(alpha=0.5, topk=K, mask_key="distill_mask", topk_source="shards"),
         lambda: SDPOLoss(variant="sampled", alpha=1.0, mask_key="distill_mask"),
         lambda: HybridLoss(SDPOLoss(alpha=1.0, topk=None, mask_key="distill_mask"), GRPOLoss(), lam=0.5),
     ],
-    ids=["grpo", "sdpo_topk", "sdpo_sampled", "hybrid"],
+    ids=["grpo", "sdpo_topk", "sdpo_topk_shards", "sdpo_sampled", "hybrid"],
 )
 def test_micro_batch_split_gives_the_full_batch_loss_and_gradient(make):
     loss_fn = make()
@@ -84,6 +90,17 @@ def test_micro_batch_split_gives_the_full_batch_loss_and_gradient(make):
     torch.testing.assert_close(split, full)
     torch.testing.assert_close(g_split, g_full)
     assert g_full.abs().sum() > 0
+
+
+@pytest.mark.parametrize("alpha, add_tail", [(0.0, True), (0.5, False), (1.0, True)])
+def test_topk_from_shards_equals_topk_from_logits(alpha, add_tail):
+    kw = dict(alpha=alpha, topk=K, add_tail=add_tail, mask_key="distill_mask")
+    a, g_a = _train_grad(SDPOLoss(**kw), [[0, 1, 2], [3, 4]])
+    b, g_b = _train_grad(SDPOLoss(**kw, topk_source="shards"), [[0, 1, 2], [3, 4]])
+    torch.testing.assert_close(b, a, rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(g_b, g_a, rtol=1e-5, atol=1e-7)
+    with pytest.raises(ConfigError, match="topk_source"):
+        SDPOLoss(topk=None, topk_source="shards")
 
 
 def test_requirements_follow_the_configuration():
@@ -100,6 +117,7 @@ def test_adapters_compute_exactly_the_pure_functions():
     hidden, teacher_hidden, ids, tensors = _batch(3)
     model, teacher = TinyPolicy(4), TinyPolicy(5)
     outs = _outputs(model, teacher, hidden, teacher_hidden, ids, REQUIRES - {"entropy", "fused_kl"})
+    assert outs["topk_logprobs"].shape == (B, T, K)
     grpo = GRPOLoss(clip_low=0.1, clip_high=0.3, tis_cap=1.5)
     n = grpo.global_normalizer(tensors)
     assert n.dtype == torch.float32 and n.item() == tensors["loss_mask"].sum().item()

@@ -155,7 +155,11 @@ def test_train_step_matches_reference_and_is_microbatch_invariant(model_dir, gra
 
 
 def test_checkpoint_round_trip_restores_next_step_exactly(model_dir, tmp_path):
-    a = HFBackend(model_dir, lr=1e-3, micro_batch_size=4, seed=1)
+    from megatron_sdpo.backends.schedule import LRSchedule
+
+    sched = LRSchedule("linear", warmup_steps=0, min_lr_ratio=0.0)
+    a = HFBackend(model_dir, lr=1e-3, micro_batch_size=4, seed=1, lr_schedule=sched)
+    a.set_lr_schedule(4)
     a.train_step(make_batch(10), WeightedNLL())
     a.teacher_update("ema", rate=0.5)
     ckpt = tmp_path / "ckpt"
@@ -165,12 +169,12 @@ def test_checkpoint_round_trip_restores_next_step_exactly(model_dir, tmp_path):
     draw_a = torch.rand(3)
     m_a = a.train_step(make_batch(11), WeightedNLL())
 
-    b = HFBackend(model_dir, lr=1e-3, micro_batch_size=4, seed=99)
+    b = HFBackend(model_dir, lr=1e-3, micro_batch_size=4, seed=99, lr_schedule=sched)
     assert b.load(str(ckpt)) == {"stage": "math", "step": 1}
     assert b.step == 1
     torch.testing.assert_close(torch.rand(3), draw_a, atol=0, rtol=0)
     m_b = b.train_step(make_batch(11), WeightedNLL())
-    assert m_a == m_b
+    assert m_a == m_b and m_b["lr"] == pytest.approx(7.5e-4)  # the schedule resumed at step 1 of 4
     for which in ("policy", "teacher"):
         pa, pb = params_of(a, which), params_of(b, which)
         assert all(torch.equal(pa[k], pb[k]) for k in pa)
@@ -294,3 +298,24 @@ def test_reset_optimizer_and_user_errors(model_dir, tmp_path):
         HFBackend(str(tmp_path), lr=1e-3, micro_batch_size=1)
     with pytest.raises(ConfigError, match="dtype"):
         HFBackend(model_dir, lr=1e-3, micro_batch_size=1, dtype="fp8")
+
+
+def test_topk_outputs_give_the_logits_path_step(model_dir):
+    """The "topk_logprobs" outputs (what megatron computes from vocab shards) drive the same
+    SDPO step as the loss picking the top-k from full logits."""
+    from megatron_sdpo.algorithms.losses import SDPOLoss
+
+    batch = make_batch(4, with_teacher=True)
+    has = torch.tensor([0.0 if t is None else 1.0 for t in batch.teacher_prompt_ids])
+    batch.tensors["loss_mask"] = batch.tensors["loss_mask"] * has[:, None]
+    got = []
+    for source in ("logits", "shards"):
+        be = HFBackend(model_dir, lr=1e-3, micro_batch_size=3, seed=0)
+        be.teacher_update("ema", rate=0.0)
+        with torch.no_grad():
+            for p in be.teacher.parameters():
+                p.add_(0.02 * torch.sin(torch.arange(p.numel(), dtype=torch.float32)).view_as(p))
+        m = be.train_step(batch, SDPOLoss(alpha=0.5, topk=5, is_clip=None, temperature=1.3, topk_source=source))
+        got.append((m["loss"], m["grad_norm"], m["sdpo/topk_mass_student"]))
+    assert got[0][0] > 1e-4
+    assert got[1] == pytest.approx(got[0], rel=1e-5)

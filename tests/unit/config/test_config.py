@@ -34,9 +34,20 @@ def test_defaults_inheritance_and_overrides():
     assert cfg.stages[1].steps == 7 and cfg.seed == 3
 
 
+def test_a_section_given_by_name_keeps_its_other_keys(tmp_path):
+    cfg = load_config("tiny", ["backend=megatron", "backend.lr=3e-4"])
+    assert cfg.backend.name == "megatron" and cfg.backend.lr == pytest.approx(3e-4)
+    assert cfg.backend.micro_batch_size == load_config("tiny").backend.micro_batch_size
+    f = tmp_path / "run.yaml"
+    f.write_text("defaults: tiny\nbackend: megatron\n")
+    assert load_config(str(f)).backend == cfg.backend.__class__(**{**vars(load_config("tiny").backend), "name": "megatron"})
+
+
 @pytest.mark.parametrize(
     "override, needle",
     [
+        ("backend=tpu", "backend.name"),
+        ("rollout=vllm", "rollout.name"),
         ("algorithm.sdpo.alpah=0.5", "algorithm.sdpo.alpah"),
         ("backend.lr=fast", "backend.lr"),
         ("algorithm.name=ppo", "algorithm.name"),
@@ -107,6 +118,12 @@ def test_yaml_12_numbers_in_overrides_and_files(tmp_path):
 def test_megatron_tp_sdpo_needs_the_fused_kernel():
     with pytest.raises(ConfigError, match="kernel.fused_kl=true"):
         load_config("qwen3_4b", ["kernel.fused_kl=false"])
-    with pytest.raises(ConfigError, match="topk"):
-        load_config("qwen3_4b", ["algorithm.sdpo.topk=100"])
+    with pytest.raises(ConfigError, match="topk=null"):
+        load_config("qwen3_4b", ["algorithm.sdpo.topk=100"])  # the fused kernel is full-vocabulary
+    # Top-k under TP: the backend computes the k ids' log-probabilities from shards.
+    cfg = load_config("qwen3_4b", ["algorithm.sdpo.topk=100", "kernel.fused_kl=false"])
+    from megatron_sdpo.trainer import build_loss
+
+    loss = build_loss(cfg)
+    assert loss.topk_source == "shards" and loss.requires == {"topk_logprobs", "teacher_topk_logprobs", "logprobs"}
     assert load_config("qwen3_4b", ["backend.megatron.tensor_parallel=1", "backend.megatron.sequence_parallel=false", "algorithm.sdpo.topk=100", "kernel.fused_kl=false"])
