@@ -188,9 +188,12 @@ class ContinualRun:
         collapse = CollapseMonitor(
             CollapseConfig(
                 max_format_repeat_rate=cfg.diagnostics.collapse_repeat_threshold,
+                min_length_ratio=cfg.diagnostics.collapse_min_length_ratio,
                 stop=cfg.diagnostics.stop_on_collapse,
             ),
-            marker_path=self.run_dir.root / "collapse_alarms.json",
+            # Written by the main rank only; every stage's alarms stay in the one file.
+            marker_path=self.run_dir.root / "collapse_alarms.json" if self.main else None,
+            label=f"stage_{k + 1}_{stage.domain}",
         )
         for step in range(first, stage.steps):
             batch = train_batch(
@@ -204,7 +207,7 @@ class ContinualRun:
                 token_lengths=out.token_lengths,
                 teacher_mask=out.has_context if self.trainer.uses_teacher else None,
             )
-            alarm = collapse.update(stats)
+            alarm = collapse.update(stats, step=step + 1)
             record = {
                 "stage": k,
                 "stage_domain": stage.domain,

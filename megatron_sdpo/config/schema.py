@@ -184,6 +184,9 @@ class DiagnosticsConfig:
     response_drift: bool = True
     svd_rank: int = 16
     collapse_repeat_threshold: float = 0.5  # share of responses with repeated format tokens
+    # Alarm when the mean response length falls below this share of its value at the stage start
+    # (null: off).
+    collapse_min_length_ratio: Optional[float] = 0.6
     stop_on_collapse: bool = False
 
 

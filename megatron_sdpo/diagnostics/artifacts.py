@@ -116,6 +116,9 @@ class CollapseConfig:
     max_repeated_ngram_rate / max_format_repeat_rate / max_empty_rate / max_truncated_rate:
         upper bounds on the artifact_stats of the same names (format repeat: any format token).
     min_mean_chars: lower bound on mean response length (answers shrinking to nothing).
+    min_length_ratio: lower bound on the mean response length (tokens where known, else chars)
+        relative to its mean over the monitor's first `length_reference_updates` updates (the
+        stage's start): answers shrinking to fragments, which no absolute bound fits every domain.
     patience: consecutive alarming updates before `should_stop` turns true.
     stop: whether an alarm may stop the stage (otherwise it only logs and marks the run).
     """
@@ -125,12 +128,18 @@ class CollapseConfig:
     max_empty_rate: float | None = 0.5
     max_truncated_rate: float | None = None
     min_mean_chars: float | None = None
+    min_length_ratio: float | None = 0.6
+    length_reference_updates: int = 3
     patience: int = 3
     stop: bool = False
 
     def __post_init__(self) -> None:
         if self.patience < 1:
             raise ConfigError(f"collapse.patience must be >= 1, got {self.patience}")
+        if self.length_reference_updates < 1:
+            raise ConfigError(f"collapse.length_reference_updates must be >= 1, got {self.length_reference_updates}")
+        if self.min_length_ratio is not None and not 0.0 < self.min_length_ratio <= 1.0:
+            raise ConfigError(f"collapse.min_length_ratio must be in (0, 1], got {self.min_length_ratio}")
         for name in ("max_repeated_ngram_rate", "max_format_repeat_rate", "max_empty_rate", "max_truncated_rate"):
             v = getattr(self, name)
             if v is not None and not 0.0 <= v <= 1.0:
@@ -154,16 +163,28 @@ class CollapseMonitor:
 
     On every firing update the reason is logged at WARNING and appended to `events`; when
     `marker_path` is given the events are (re)written there as JSON, so a finished run
-    carries a visible mark. `should_stop` is true once `patience` consecutive updates fired
-    and the config allows stopping.
+    carries a visible mark; events already in the marker under another `label` (earlier stages
+    of the run) are kept. `should_stop` is true once `patience` consecutive updates fired and
+    the config allows stopping.
     """
 
-    def __init__(self, config: CollapseConfig = CollapseConfig(), *, marker_path: str | Path | None = None):
+    def __init__(
+        self, config: CollapseConfig = CollapseConfig(), *, marker_path: str | Path | None = None, label: str = ""
+    ):
         self.config = config
         self.marker_path = Path(marker_path) if marker_path is not None else None
+        self.label = label
         self.events: list[dict] = []
         self.consecutive = 0
         self.updates = 0
+        self.lengths: list[float] = []  # the first length_reference_updates mean lengths
+        self._others: list[dict] = []
+        if self.marker_path is not None and self.marker_path.is_file():
+            try:
+                old = json.loads(self.marker_path.read_text())["events"]
+            except (OSError, ValueError, KeyError, TypeError):
+                old = []  # an unreadable marker is rewritten, not fatal
+            self._others = [e for e in old if isinstance(e, dict) and e.get("label") != label]
 
     def _checks(self, stats: dict[str, float]) -> list[str]:
         c = self.config
@@ -183,6 +204,15 @@ class CollapseMonitor:
                     above(key, c.max_format_repeat_rate, v)
         if c.min_mean_chars is not None and stats.get("mean_chars", math.inf) < c.min_mean_chars:
             reasons.append(f"mean_chars={stats['mean_chars']:.1f} < {c.min_mean_chars:.1f}")
+        key = "mean_tokens" if "mean_tokens" in stats else "mean_chars"
+        length = stats.get(key)
+        if c.min_length_ratio is not None and length is not None:
+            if len(self.lengths) < c.length_reference_updates:
+                self.lengths.append(float(length))
+            else:
+                ref = sum(self.lengths) / len(self.lengths)
+                if length < c.min_length_ratio * ref:
+                    reasons.append(f"{key}={length:.1f} < {c.min_length_ratio:.2f} x stage start {ref:.1f}")
         return reasons
 
     def update(self, stats: dict[str, float], *, step: int | None = None) -> Alarm:
@@ -193,13 +223,15 @@ class CollapseMonitor:
             self.consecutive = 0
             return Alarm(False, [], step)
         self.consecutive += 1
-        event = {"step": step, "update": self.updates, "reasons": reasons, "consecutive": self.consecutive}
+        event = {"label": self.label, "step": step, "update": self.updates, "reasons": reasons,
+                 "consecutive": self.consecutive}
         self.events.append(event)
         log.warning("collapse alarm%s: %s", f" at step {step}" if step is not None else "", "; ".join(reasons))
         if self.marker_path is not None:
             self.marker_path.parent.mkdir(parents=True, exist_ok=True)
             tmp = self.marker_path.with_suffix(self.marker_path.suffix + ".tmp")
-            tmp.write_text(json.dumps({"config": asdict(self.config), "events": self.events}, indent=2))
+            events = self._others + self.events
+            tmp.write_text(json.dumps({"config": asdict(self.config), "events": events}, indent=2))
             tmp.replace(self.marker_path)
         return Alarm(True, reasons, step)
 
@@ -215,9 +247,11 @@ class CollapseMonitor:
 
     def state_dict(self) -> dict:
         """For checkpoints: the counters and events (the config comes from the run config)."""
-        return {"events": list(self.events), "consecutive": self.consecutive, "updates": self.updates}
+        return {"events": list(self.events), "consecutive": self.consecutive, "updates": self.updates,
+                "lengths": list(self.lengths)}
 
     def load_state_dict(self, state: dict) -> None:
         self.events = list(state["events"])
         self.consecutive = int(state["consecutive"])
         self.updates = int(state["updates"])
+        self.lengths = [float(x) for x in state.get("lengths", [])]

@@ -105,3 +105,33 @@ def test_collapse_monitor_does_not_stop_unless_configured():
         CollapseConfig(patience=0)
     with pytest.raises(ConfigError, match="max_empty_rate"):
         CollapseConfig(max_empty_rate=1.5)
+
+
+def test_shrinking_answers_alarm_against_the_stage_start_and_markers_keep_every_stage(tmp_path):
+    """Lengths of the SDPO collapse measured on the tiny code stage (mean tokens per step):
+    healthy for 3 steps, then shrinking to fragments; GRPO's stay within a few percent."""
+
+    def stats(n_tokens: float) -> dict:
+        return {"mean_tokens": n_tokens, "mean_chars": 3 * n_tokens, "empty_rate": 0.0}
+
+    marker = tmp_path / "collapse_alarms.json"
+    cfg = CollapseConfig(min_length_ratio=0.6, length_reference_updates=3, patience=2)
+    sdpo = CollapseMonitor(cfg, marker_path=marker, label="stage_4_code")
+    fired = [bool(sdpo.update(stats(n), step=i + 1)) for i, n in enumerate([19.3, 19.2, 19.4, 18.7, 13.8, 10.6, 8.6, 4.2])]
+    assert fired == [False] * 5 + [True] * 3  # 0.6 x 19.3 = 11.58: 13.8 passes, 10.6 does not
+    assert sdpo.events[0]["reasons"] == ["mean_tokens=10.6 < 0.60 x stage start 19.3"]
+    grpo = CollapseMonitor(cfg)
+    assert not any(grpo.update(stats(n)) for n in [19.3, 19.3, 19.5, 19.1, 18.9, 19.6, 19.0])
+    # A later stage's monitor keeps the earlier stage's events in the marker.
+    nxt = CollapseMonitor(cfg, marker_path=marker, label="stage_5_math")
+    for i, n in enumerate([10.0, 10.0, 10.0, 2.0]):
+        nxt.update(stats(n), step=i + 1)
+    saved = json.loads(marker.read_text())["events"]
+    assert [(e["label"], e["step"]) for e in saved] == [
+        ("stage_4_code", 6), ("stage_4_code", 7), ("stage_4_code", 8), ("stage_5_math", 4),
+    ]
+    restored = CollapseMonitor(cfg)
+    restored.load_state_dict(sdpo.state_dict())
+    assert restored.update(stats(5.0))  # the stage-start reference survives a resume
+    with pytest.raises(ConfigError, match="min_length_ratio"):
+        CollapseConfig(min_length_ratio=1.5)
