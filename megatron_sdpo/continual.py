@@ -199,7 +199,7 @@ class ContinualRun:
             batch = train_batch(
                 records, seed=cfg.seed, stage=k, step=step, size=cfg.algorithm.prompts_per_step
             )
-            out = self.trainer.step(stage.domain, batch, seed=step_seed(cfg.seed, k, step))
+            out = self.trainer.step(stage.domain, batch, seed=step_seed(cfg.seed, k, step), step=step)
             self._teacher_action(self.teacher.after_step(step + 1))
             stats = artifact_stats(
                 out.responses,

@@ -167,6 +167,8 @@ def artifact_rows(metrics: list[dict]) -> list[list]:
                 mean("artifacts/empty_rate", last),
                 mean("artifacts/truncated_rate", last),
                 mean("teacher_context_frac", last),
+                mean("teacher/gain_gap", first),
+                mean("teacher/gain_gap", last),
                 sum(1 for m in ms if m.get("collapse_alarm")),
                 mean("step_time", ms),
             ]
@@ -184,6 +186,9 @@ ARTIFACT_HEADER = [
     "empty rate",
     "truncated rate",
     "teacher-context share",
+    # Teacher log-prob gain over the student on rewarded minus unrewarded answers (per token).
+    "teacher gain gap (first 20%)",
+    "teacher gain gap (last 20%)",
     "collapse alarms",
     "s/step",
 ]

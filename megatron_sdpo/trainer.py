@@ -83,8 +83,9 @@ class Trainer:
             else None
         )
 
-    def step(self, domain: str, records: list[dict], *, seed: int) -> StepOutput:
-        """One optimizer step on `records` (prompts_per_step records of one domain)."""
+    def step(self, domain: str, records: list[dict], *, seed: int, step: int = 0) -> StepOutput:
+        """One optimizer step on `records` (prompts_per_step records of one domain); `step`
+        (0-based within the stage) schedules the periodic diagnostics."""
         from megatron_sdpo.algorithms.grpo import group_advantages
         from megatron_sdpo.rewards import score_batch
 
@@ -119,8 +120,12 @@ class Trainer:
         has_context = [False] * len(comps)
         if a.name in ("grpo", "hybrid"):
             batch.tensors["advantages"] = group_advantages(rewards, group_size=n, norm_by_std=a.grpo.norm_by_std)
+        signal: dict[str, float] = {}
         if self.uses_teacher:
             has_context = self._attach_teacher(batch, sample_records, texts, rewards, results, seed)
+            every = cfg.diagnostics.teacher_signal_every if cfg.diagnostics.enabled else 0
+            if every and step % every == 0:
+                signal = self._teacher_signal(batch, rewards)
         t1 = time.perf_counter()
         train_metrics = self.backend.train_step(batch, self.loss_fn)
         t_train = time.perf_counter() - t1
@@ -139,9 +144,29 @@ class Trainer:
             "train_time": t_train,
             "sync_time": t_sync,
             "step_time": time.perf_counter() - t0,
+            **signal,
             **train_metrics,
         }
         return StepOutput(metrics, texts, [c.truncated for c in comps], lengths, has_context)
+
+    def _teacher_signal(self, batch: SequenceBatch, rewards: torch.Tensor) -> dict[str, float]:
+        """Whether the teacher's signal points the right way: per distilled response, the mean
+        per-token log-probability gain of the teacher (with its context) over the student that
+        sampled it (rollout logprobs), averaged over rewarded (score >= 1) and unrewarded
+        responses. SDPO only pulls towards correct answers when `teacher/gain_gap` =
+        gain_rewarded - gain_unrewarded is clearly positive."""
+        mask = batch.tensors["sdpo_mask" if "sdpo_mask" in batch.tensors else "loss_mask"]
+        teacher = self.backend.logprobs(batch, model="teacher")
+        tokens = mask.sum(1)
+        gain = ((teacher - batch.tensors["rollout_logprobs"]) * mask).sum(1) / tokens.clamp_min(1.0)
+        distilled = tokens > 0
+        out = {}
+        for name, sel in (("rewarded", distilled & (rewards >= 1.0)), ("unrewarded", distilled & (rewards < 1.0))):
+            if bool(sel.any()):
+                out[f"teacher/gain_{name}"] = float(gain[sel].mean())
+        if len(out) == 2:
+            out["teacher/gain_gap"] = out["teacher/gain_rewarded"] - out["teacher/gain_unrewarded"]
+        return out
 
     def _attach_teacher(self, batch, records, texts, rewards, results, seed) -> list[bool]:
         """Teacher prompts (successful sibling and/or feedback) and the distillation mask."""

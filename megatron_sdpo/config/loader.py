@@ -247,6 +247,8 @@ def validate(cfg: RunConfig) -> RunConfig:
         raise ConfigError("teacher.ema_rate must be in [0, 1]")
     if not 0.0 < cfg.teacher.freeze_fraction <= 1.0:
         raise ConfigError("teacher.freeze_fraction must be in (0, 1]")
+    if cfg.diagnostics.teacher_signal_every < 0:
+        raise ConfigError("diagnostics.teacher_signal_every must be >= 0 (0: off)")
     r = cfg.diagnostics.collapse_min_length_ratio
     if r is not None and not 0.0 < r <= 1.0:
         raise ConfigError("diagnostics.collapse_min_length_ratio must be in (0, 1] or null")

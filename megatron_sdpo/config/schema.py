@@ -187,6 +187,10 @@ class DiagnosticsConfig:
     # Alarm when the mean response length falls below this share of its value at the stage start
     # (null: off).
     collapse_min_length_ratio: Optional[float] = 0.6
+    # Every N steps (0: never) score the sampled responses under the teacher too: how much more
+    # likely the teacher (with its context) finds rewarded vs unrewarded responses than the
+    # student did. One extra teacher forward pass on those steps.
+    teacher_signal_every: int = 1
     stop_on_collapse: bool = False
 
 
