@@ -9,12 +9,6 @@ from megatron_sdpo.config.schema import RunConfig
 from megatron_sdpo.errors import ConfigError, UserError
 
 
-def _cuda() -> bool:
-    import torch
-
-    return torch.cuda.is_available()
-
-
 def resolve_model_path(cfg: RunConfig) -> str:
     """"tiny" -> the shipped tiny base (built on first use); else an existing HF directory."""
     if cfg.model.path == "tiny":
@@ -83,23 +77,15 @@ def make_rollout(cfg: RunConfig, model_path: str, tokenizer, work_dir: str):
 
     os.makedirs(work_dir, exist_ok=True)
     kind = cfg.rollout.engine
-    # vLLM's CPU sampler rejects the generator that the Megatron CPU shim redirects, so on a
-    # machine without CUDA the two cannot share a process.
-    shim = cfg.backend.name == "megatron" and not _cuda()
     from megatron_sdpo.ranks import launched_world_size
 
     # Several ranks: each generates the same seeded batch; in-process vLLM would open a process
     # group of its own inside the launch's.
     multi = launched_world_size() > 1
     if kind == "auto":
-        kind = "vllm" if vllm_available() and not shim and not multi else "hf"
+        kind = "vllm" if vllm_available() and not multi else "hf"
     elif kind == "vllm" and multi:
         raise ConfigError("rollout.engine=vllm is single-process here; a torchrun launch uses rollout.engine=hf or auto")
-    elif kind == "vllm" and shim:
-        raise ConfigError(
-            "rollout.engine=vllm cannot run in one process with backend.name=megatron on CPU "
-            "(the CPU shim); use rollout.engine=hf or auto"
-        )
     common = dict(
         seed=cfg.seed,
         dtype=cfg.model.dtype,
