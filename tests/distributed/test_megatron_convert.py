@@ -8,19 +8,20 @@ import torch
 pytestmark = [pytest.mark.megatron, pytest.mark.distributed]
 
 
-def tiny_hf(arch: str, tied: bool, seed: int = 0):
-    """A tiny random HF model with non-trivial norms (so a swapped norm changes the logits)."""
+def tiny_hf(arch: str, tied: bool, seed: int = 0, **overrides):
+    """A tiny random HF model (qwen3, llama, olmo2, olmo3) with non-trivial norms (so a swapped
+    norm changes the logits); `overrides` change config fields."""
     import transformers
 
+    names = {"qwen3": "Qwen3", "llama": "Llama", "olmo2": "Olmo2", "olmo3": "Olmo3"}[arch]
     kw = dict(
         vocab_size=131, hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=4,
         num_key_value_heads=2, head_dim=16, tie_word_embeddings=tied, max_position_embeddings=64,
         rms_norm_eps=1e-6, initializer_range=0.1, rope_theta=1000.0,
     )
-    cfg = transformers.Qwen3Config(**kw) if arch == "qwen3" else transformers.LlamaConfig(**kw)
-    cls = transformers.Qwen3ForCausalLM if arch == "qwen3" else transformers.LlamaForCausalLM
+    cfg = getattr(transformers, f"{names}Config")(**{**kw, **overrides})
     torch.manual_seed(seed)
-    model = cls(cfg).float().eval()
+    model = getattr(transformers, f"{names}ForCausalLM")(cfg).float().eval()
     with torch.no_grad():
         for n, p in model.named_parameters():
             if n.endswith("norm.weight"):

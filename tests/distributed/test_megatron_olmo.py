@@ -19,27 +19,14 @@ def tiny_olmo(arch: str = "olmo3", yarn: bool = False, seed: int = 0):
     """A tiny random Olmo with non-trivial norms (so a swapped or misplaced norm changes the
     logits). yarn: YaRN on the full-attention layers with original_max_position_embeddings=4,
     so the scaling matters at SEQ tokens."""
-    import transformers
+    from test_megatron_convert import tiny_hf
 
-    kw = dict(
-        vocab_size=131, hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=32, rms_norm_eps=1e-6, initializer_range=0.1,
-        rope_theta=1000.0, tie_word_embeddings=False, eos_token_id=2,
-    )
+    kw = dict(max_position_embeddings=32, eos_token_id=2)
     if arch == "olmo3":
         kw.update(layer_types=LAYER_TYPES, sliding_window=WINDOW)
         if yarn:
             kw["rope_scaling"] = {"rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": 4}
-        cfg, cls = transformers.Olmo3Config(**kw), transformers.Olmo3ForCausalLM
-    else:
-        cfg, cls = transformers.Olmo2Config(**kw), transformers.Olmo2ForCausalLM
-    torch.manual_seed(seed)
-    model = cls(cfg).float().eval()
-    with torch.no_grad():
-        for n, p in model.named_parameters():
-            if n.endswith("norm.weight"):
-                p.copy_(1.0 + 0.3 * torch.randn_like(p))
-    return model
+    return tiny_hf(arch, False, seed, **kw)
 
 
 def _olmo_worker(cases: list) -> list:
