@@ -67,6 +67,13 @@ class SequenceBatch:
             m[i, : len(r)] = 1.0
         return m
 
+    def teacher_prompts(self) -> list[list[int]]:
+        """The prompt each sample is scored on by the teacher: its teacher prompt, or its student
+        prompt where it has no teacher context (its distillation mask is 0 there; this only keeps
+        the batch rectangular)."""
+        tp = self.teacher_prompt_ids or [None] * len(self)
+        return [t if t is not None else p for t, p in zip(tp, self.prompt_ids)]
+
     def checked(self) -> "SequenceBatch":
         """This batch with "response_mask" [B, T] added (if absent), after checking that every
         tensor has B rows and every per-token tensor the global T columns (DataError if not)."""

@@ -118,14 +118,16 @@ class _ResponseLogits(nn.Module):
 
 def _topk_logprobs(logits: torch.Tensor, t_logits: torch.Tensor, loss_fn) -> tuple[torch.Tensor, torch.Tensor]:
     """[B, T, V] student / teacher logits -> [B, T, k] full-vocabulary log-probs of the
-    student's top-k ids (k and temperature read from the loss), as a sharded backend gives them."""
+    student's top-k ids (k and temperature read from the loss): megatron's vocab-parallel
+    selection over a single shard, so both backends pick the ids the same way."""
+    from megatron_sdpo.backends.megatron.vocab_parallel import topk_logprobs
+
     k = getattr(loss_fn, "topk", None)
     if not isinstance(k, int):
         raise ConfigError("a loss that requires 'topk_logprobs' must define an integer `topk`")
     temp = float(getattr(loss_fn, "temperature", 1.0))
-    logp_s = torch.log_softmax(logits.float() / temp, dim=-1)
-    ids = logp_s.detach().topk(k, dim=-1).indices
-    return logp_s.gather(-1, ids), torch.log_softmax(t_logits.float() / temp, dim=-1).gather(-1, ids)
+    top_s, top_t, _ = topk_logprobs(logits.float() / temp, t_logits.float() / temp, k, 0, logits.shape[-1], None)
+    return top_s, top_t
 
 
 class HFBackend:
@@ -260,9 +262,7 @@ class HFBackend:
             raise ConfigError("kernel.fused_kl needs an LM head without bias")
         pk = pack(mb.prompt_ids, mb.response_ids, response_len=T, pad_id=self.pad_token_id)
         h_s = module(pk.input_ids, pk.attention_mask, pk.position_ids, T, hidden_only=True)
-        tp = mb.teacher_prompt_ids or [None] * len(mb)
-        prompts = [t if t is not None else p for t, p in zip(tp, mb.prompt_ids)]
-        tk = pack(prompts, mb.response_ids, response_len=T, pad_id=self.pad_token_id)
+        tk = pack(mb.teacher_prompts(), mb.response_ids, response_len=T, pad_id=self.pad_token_id)
         with torch.no_grad():
             h_t = _ResponseLogits(self._model("teacher"))(tk.input_ids, tk.attention_mask, tk.position_ids, T, hidden_only=True)
         mask = mb.tensors[loss_fn.mask_key] > 0
@@ -294,12 +294,8 @@ class HFBackend:
                 out["entropy"] = token_entropy(logits)
         if requires & _TEACHER_NEEDS:
             teacher = self._model("teacher")
-            tp = mb.teacher_prompt_ids or [None] * len(mb)
-            # Samples without a teacher context get their student prompt: their loss mask is 0,
-            # this only keeps the batch rectangular.
-            prompts = [t if t is not None else p for t, p in zip(tp, mb.prompt_ids)]
             with torch.no_grad():
-                t_logits, targets = self._logits(teacher, prompts, mb.response_ids, T)
+                t_logits, targets = self._logits(teacher, mb.teacher_prompts(), mb.response_ids, T)
             if "teacher_logits" in requires:
                 out["teacher_logits"] = t_logits
             if "teacher_logprobs" in requires:
@@ -343,10 +339,7 @@ class HFBackend:
         idx = self._dp_slice(len(batch))
         sub = batch.select(idx)
         if model == "teacher":
-            tp = sub.teacher_prompt_ids or [None] * len(sub)
-            sub = SequenceBatch(
-                [t if t is not None else p for t, p in zip(tp, sub.prompt_ids)], sub.response_ids, None, sub.tensors
-            )
+            sub = SequenceBatch(sub.teacher_prompts(), sub.response_ids, None, sub.tensors)
         module = self._model(model)
         rows = []
         with torch.no_grad():

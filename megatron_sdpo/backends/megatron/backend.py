@@ -332,19 +332,13 @@ class MegatronBackend:
             )
         return [d["value"] for d in store] if self._ps.is_pipeline_last_stage() else []
 
-    @staticmethod
-    def _teacher_prompts(batch: SequenceBatch) -> list[list[int]]:
-        # Samples without a teacher context reuse the student prompt; their loss mask is 0.
-        tp = batch.teacher_prompt_ids or [None] * len(batch)
-        return [t if t is not None else p for t, p in zip(tp, batch.prompt_ids)]
-
     # ------------------------------------------------------------------ public API
     def logprobs(self, batch: SequenceBatch, *, model: str = "policy") -> torch.Tensor:
         """[B, T] fp32 logprobs of the responses under `model`, on every rank (padding columns 0).
         The teacher reads `teacher_prompt_ids` where given."""
         batch, T = self._check(batch)
         local = batching.dp_slice(len(batch), self.layout.dp, self.dp_rank)
-        prompts = self._teacher_prompts(batch) if model == "teacher" else batch.prompt_ids
+        prompts = batch.teacher_prompts() if model == "teacher" else batch.prompt_ids
         micro, S = self._micro(batch, T, prompts, local)
 
         def collect(mb, logits):
@@ -378,7 +372,7 @@ class MegatronBackend:
         local = batching.dp_slice(len(batch), self.layout.dp, self.dp_rank)
         riders: list[tuple[str, object, list]] = []
         if requires & _TEACHER_OUTPUTS:
-            riders.append(("teacher", self._model("teacher"), self._teacher_prompts(batch)))
+            riders.append(("teacher", self._model("teacher"), batch.teacher_prompts()))
         if "ref_logprobs" in requires:
             riders.append(("reference", self.reference, batch.prompt_ids))
         micro, S = self._micro(batch, T, batch.prompt_ids, local, tuple(r[2] for r in riders))

@@ -12,14 +12,19 @@ from __future__ import annotations
 import torch
 
 
+def param_device(config) -> torch.device:
+    """Where megatron's own layers put their parameters for this config (the backend never
+    moves a model after building it)."""
+    return torch.device("cpu") if config.use_cpu_initialization else torch.device("cuda", torch.cuda.current_device())
+
+
 class RMSNorm(torch.nn.Module):
     """y = x / sqrt(mean(x^2) + eps) * weight over the last dim; x: [..., hidden_size]."""
 
     def __init__(self, config, hidden_size: int, eps: float = 1e-5, **_unused):
         super().__init__()
         self.eps = eps
-        device = "cpu" if config.use_cpu_initialization else torch.cuda.current_device()
-        self.weight = torch.nn.Parameter(torch.ones(hidden_size, dtype=config.params_dtype, device=device))
+        self.weight = torch.nn.Parameter(torch.ones(hidden_size, dtype=config.params_dtype, device=param_device(config)))
         # Read by megatron's finalize_model_grads: all-reduce this grad over TP under SP.
         self.weight.sequence_parallel = bool(config.sequence_parallel)
 

@@ -52,13 +52,9 @@ from megatron.core.transformer.transformer_layer import (
 )
 from megatron.core.transformer.utils import ensure_metadata_has_dp_cp_group, make_sharded_tensors_for_checkpoint
 
+from megatron_sdpo.backends.megatron.norm import param_device
 from megatron_sdpo.errors import ConfigError
 from megatron_sdpo.weights.plan import ModelSpec, Rope
-
-
-def _device(config: TransformerConfig) -> torch.device:
-    # Where megatron's own layers put their parameters (no later .cuda() in the backend).
-    return torch.device("cpu") if config.use_cpu_initialization else torch.device("cuda", torch.cuda.current_device())
 
 
 class RMSNorm(torch.nn.Module):
@@ -68,7 +64,7 @@ class RMSNorm(torch.nn.Module):
     def __init__(self, hidden_size: int, eps: float, config: TransformerConfig):
         super().__init__()
         self.eps = eps
-        self.weight = torch.nn.Parameter(torch.ones(hidden_size, dtype=config.params_dtype, device=_device(config)))
+        self.weight = torch.nn.Parameter(torch.ones(hidden_size, dtype=config.params_dtype, device=param_device(config)))
         # Under sequence parallelism each TP rank normalizes its own tokens, so the weight's
         # gradient is partial: finalize_model_grads sums grads of weights marked like this over
         # TP, as it does for megatron's own norms.
@@ -160,7 +156,7 @@ class QKNorm(torch.nn.Module):
         self.head_dim, self.eps = hidden_size, eps
         self.width = heads * hidden_size  # the full normalized width, over all TP ranks
         local = heads // self.tp * hidden_size
-        self.weight = torch.nn.Parameter(torch.ones(local, dtype=config.params_dtype, device=_device(config)))
+        self.weight = torch.nn.Parameter(torch.ones(local, dtype=config.params_dtype, device=param_device(config)))
         # A TP shard: counted on every rank in the gradient norm, never summed over TP. Not marked
         # sequence_parallel either: q / k cover the whole sequence (linear_qkv gathered it), so
         # each rank's gradient for its heads is already complete.
