@@ -81,6 +81,10 @@ def make_rollout(cfg: RunConfig, model_path: str, tokenizer, work_dir: str):
         kind = "vllm" if vllm_available() else "hf"
     if kind != "vllm" and cfg.rollout.tensor_parallel_size != 1:
         raise ConfigError(f"rollout.tensor_parallel_size={cfg.rollout.tensor_parallel_size} needs rollout.engine=vllm (the engine here is {kind})")
+    from megatron_sdpo.rollout.replicas import ReplicaLayout, ReplicatedRollout
+
+    # Checked before anything loads: the tensor-parallel size must fit the launch.
+    layout = ReplicaLayout.of_launch(cfg.rollout.tensor_parallel_size) if kind == "vllm" else None
     common = dict(
         seed=cfg.seed,
         dtype=cfg.model.dtype,
@@ -90,9 +94,7 @@ def make_rollout(cfg: RunConfig, model_path: str, tokenizer, work_dir: str):
     )
     if kind == "vllm":
         from megatron_sdpo.ranks import rank
-        from megatron_sdpo.rollout.replicas import ReplicaLayout, ReplicatedRollout
 
-        layout = ReplicaLayout.of_launch(cfg.rollout.tensor_parallel_size)
         engine = make_engine(
             "vllm",
             model_path=model_path,
