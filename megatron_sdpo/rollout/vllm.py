@@ -256,7 +256,6 @@ class VLLMRolloutEngine:
                 disable_log_stats=True,
                 **parallel,
             )
-        self.engine_dtype = self.llm.llm_engine.vllm_config.model_config.dtype
         if not on_gpu and self.llm.llm_engine.vllm_config.scheduler_config.enable_chunked_prefill:
             raise RuntimeError("vLLM re-enabled chunked prefill: seeded CPU sampling would fail")
         self.startup_seconds = time.perf_counter() - t0
