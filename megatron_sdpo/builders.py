@@ -77,15 +77,14 @@ def make_rollout(cfg: RunConfig, model_path: str, tokenizer, work_dir: str):
 
     os.makedirs(work_dir, exist_ok=True)
     kind = cfg.rollout.engine
-    from megatron_sdpo.ranks import launched_world_size
-
-    # Several ranks: each generates the same seeded batch; in-process vLLM would open a process
-    # group of its own inside the launch's.
-    multi = launched_world_size() > 1
     if kind == "auto":
-        kind = "vllm" if vllm_available() and not multi else "hf"
-    elif kind == "vllm" and multi:
-        raise ConfigError("rollout.engine=vllm is single-process here; a torchrun launch uses rollout.engine=hf or auto")
+        kind = "vllm" if vllm_available() else "hf"
+    if kind != "vllm" and cfg.rollout.tensor_parallel_size != 1:
+        raise ConfigError(f"rollout.tensor_parallel_size={cfg.rollout.tensor_parallel_size} needs rollout.engine=vllm (the engine here is {kind})")
+    from megatron_sdpo.rollout.replicas import ReplicaLayout, ReplicatedRollout
+
+    # Checked before anything loads: the tensor-parallel size must fit the launch.
+    layout = ReplicaLayout.of_launch(cfg.rollout.tensor_parallel_size) if kind == "vllm" else None
     common = dict(
         seed=cfg.seed,
         dtype=cfg.model.dtype,
@@ -94,15 +93,21 @@ def make_rollout(cfg: RunConfig, model_path: str, tokenizer, work_dir: str):
         detokenize=True,
     )
     if kind == "vllm":
-        return make_engine(
+        from megatron_sdpo.ranks import rank
+
+        engine = make_engine(
             "vllm",
             model_path=model_path,
-            run_dir=work_dir,
+            # Each rank's engine part keeps its caches and sockets apart from the others'.
+            run_dir=work_dir if layout.world == 1 else os.path.join(work_dir, f"rank_{rank()}"),
             bucket_bytes=cfg.rollout.bucket_bytes,
             gpu_memory_utilization=cfg.rollout.gpu_memory_utilization,
             max_num_seqs=max(cfg.algorithm.prompts_per_step * cfg.algorithm.group_size, cfg.eval.batch_size),
+            tensor_parallel_size=layout.tp,
             **common,
         )
+        # Several ranks: each replica generates its share of a call's prompts, gathered to all.
+        return engine if layout.world == 1 else ReplicatedRollout(engine, layout)
     return make_engine(
         "hf", model_path=model_path, pad_token_id=tokenizer.pad_token_id, max_batch_size=cfg.eval.batch_size * 2, **common
     )

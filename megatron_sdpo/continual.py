@@ -199,7 +199,9 @@ class ContinualRun:
             batch = train_batch(
                 records, seed=cfg.seed, stage=k, step=step, size=cfg.algorithm.prompts_per_step
             )
-            out = self.trainer.step(stage.domain, batch, seed=step_seed(cfg.seed, k, step), step=step)
+            out = self.trainer.step(
+                stage.domain, batch, seed=step_seed(cfg.seed, k, step), step=step, label=f"stage {k + 1} step {step + 1}"
+            )
             self._teacher_action(self.teacher.after_step(step + 1))
             stats = artifact_stats(
                 out.responses,

@@ -33,3 +33,7 @@ def require(module: str, extra: str, what: str = ""):
             f"{module} is needed{purpose} but is not installed ({exc}); "
             f"install it with `pip install -e .[{extra}]`"
         ) from None
+
+
+class RefitError(UserError):
+    """The rollout engine's weights disagree with the trainer's (the refit guard tripped)."""

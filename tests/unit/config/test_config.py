@@ -57,6 +57,10 @@ def test_a_section_given_by_name_keeps_its_other_keys(tmp_path):
         ("algorithm.sdpo.alpha=1.5", "alpha"),
         ("stages.0.domain=poetry", "stages.0.domain"),
         ("backend.megatron.tensor_parallel=1.5", "tensor_parallel"),
+        ("rollout.tensor_parallel_size=0", "rollout.tensor_parallel_size"),
+        ("rollout.bucket_bytes=0", "rollout.bucket_bytes"),
+        ("rollout.guard.max_mismatch=0", "rollout.guard.max_mismatch"),
+        ("rollout.temperature=0.7", "rollout.guard.max_mismatch=null"),
     ],
 )
 def test_bad_overrides_name_the_key(override, needle):
@@ -127,3 +131,23 @@ def test_megatron_tp_sdpo_needs_the_fused_kernel():
     loss = build_loss(cfg)
     assert loss.topk_source == "shards" and loss.requires == {"topk_logprobs", "teacher_topk_logprobs", "logprobs"}
     assert load_config("qwen3_4b", ["backend.megatron.tensor_parallel=1", "backend.megatron.sequence_parallel=false", "algorithm.sdpo.topk=100", "kernel.fused_kl=false"])
+
+
+def test_tempered_sampling_runs_with_the_guard_off():
+    cfg = load_config("tiny", ["rollout.temperature=0.7", "rollout.guard.max_mismatch=null"])
+    assert cfg.rollout.guard.max_mismatch is None
+
+
+def test_rollout_tensor_parallel_size_checks_the_launch(monkeypatch, tmp_path):
+    from megatron_sdpo.builders import make_rollout
+
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    with pytest.raises(ConfigError, match="needs rollout.engine=vllm"):
+        make_rollout(load_config("tiny", ["rollout.engine=hf", "rollout.tensor_parallel_size=2"]), "unused", None, str(tmp_path))
+    pytest.importorskip("vllm")
+    with pytest.raises(ConfigError, match="tensor_parallel_size=2 needs a launch of at least 2 ranks"):
+        make_rollout(load_config("tiny", ["rollout.engine=vllm", "rollout.tensor_parallel_size=2"]), "unused", None, str(tmp_path))
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("RANK", "0")
+    with pytest.raises(ConfigError, match="tensor_parallel_size=3 must divide the number of ranks"):
+        make_rollout(load_config("tiny", ["rollout.engine=vllm", "rollout.tensor_parallel_size=3"]), "unused", None, str(tmp_path))

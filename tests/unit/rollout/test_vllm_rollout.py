@@ -137,3 +137,64 @@ def test_vllm_seeded_calls_repeat_exactly(setup):
     first, other, again = sample(3), sample(4), sample(3)
     assert first == again
     assert first != other
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_vllm_samples_do_not_depend_on_how_prompts_are_split(setup):
+    """What a rollout replica sees: its share of the prompts and the share's global offset.
+    Per-request seeds make the samples those of the whole batch in one call."""
+    engine, _ = setup
+    cfg = SamplingConfig(n=3, max_new_tokens=10, seed=7)
+    whole = [(c.prompt_index, c.token_ids) for c in engine.generate(PROMPTS, cfg)]
+    split = []
+    for start, end in ((0, 1), (1, 3), (3, 4)):
+        split += [(c.prompt_index + start, c.token_ids) for c in engine.generate(PROMPTS[start:end], cfg, first_index=start)]
+    assert split == whole
+    assert len({tuple(t) for _, t in whole}) > 1  # not a degenerate sampler
+    assert engine.generate([], cfg) == []  # an empty share (a replica without prompts)
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_refit_guard_names_a_tensor_corrupted_in_transit(setup):
+    from megatron_sdpo.errors import RefitError
+    from megatron_sdpo.rollout.guard import RefitGuard, attach_guard_tensors, mismatch_metrics
+
+    engine, backend = setup
+    target = "model.layers.1.mlp.down_proj.weight"
+    cfg = SamplingConfig(n=2, max_new_tokens=10, seed=3)
+    guard = RefitGuard(0.5)
+
+    def metrics():
+        comps = engine.generate(PROMPTS, cfg)
+        batch = SequenceBatch([PROMPTS[c.prompt_index] for c in comps], [c.token_ids for c in comps])
+        t = {}
+        attach_guard_tensors(t, batch.response_mask())
+        from megatron_sdpo.trainer import pad_2d
+
+        rollout = pad_2d([c.logprobs for c in comps], batch.max_response_len)
+        return {k: float(v) for k, v in mismatch_metrics(backend.logprobs(batch), rollout, t["guard_token_weight"], t["guard_seq_weight"]).items()}
+
+    def corrupt(bucket):
+        g = torch.Generator().manual_seed(0)
+        return [(n, t + torch.randn(t.shape, generator=g) if n == target else t) for n, t in bucket]
+
+    engine.bucket_bytes = 100_000
+    try:
+        engine.update_weights(backend.export_weights())
+        assert engine.last_sync["sync_buckets"] > 1 and engine.sent_checksums == engine.received_checksums
+        clean = metrics()
+        guard.check("step 1", clean, engine)  # passes
+        assert clean["refit/logprob_diff_max"] <= 1e-4  # the tolerance of check_against_backend
+
+        engine.transit = corrupt
+        engine.update_weights(backend.export_weights())
+        bad = metrics()
+        assert bad["refit/logprob_diff_mean"] > 0.5, bad
+        with pytest.raises(RefitError, match=f"^refit guard at stage 2 step 5: mean .*: {target}$"):
+            guard.check("stage 2 step 5", bad, engine)
+    finally:
+        engine.transit = None
+        engine.bucket_bytes = None
+        engine.update_weights(backend.export_weights())
