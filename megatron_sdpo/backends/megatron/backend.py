@@ -20,6 +20,7 @@ the micro-batch count or DP size.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 from functools import partial
 from pathlib import Path
@@ -29,7 +30,7 @@ import torch
 import torch.distributed as dist
 
 from megatron_sdpo.backends.base import REQUIRES, LossFn, SequenceBatch, check_backend_args
-from megatron_sdpo.backends.megatron import batching, vocab_parallel as vp
+from megatron_sdpo.backends.megatron import batching, heads, vocab_parallel as vp
 from megatron_sdpo.backends.megatron.model import ModelOptions, build_model, weight_layout
 from megatron_sdpo.backends.megatron.parallel import ParallelConfig, group_device, init_distributed, initialize, launch_device
 from megatron_sdpo.backends.schedule import LRSchedule
@@ -107,11 +108,17 @@ class MegatronBackend:
         distributed_optimizer: bool = True,
         pad_token_id: int | None = None,
         device: torch.device | str | None = None,
+        fused_kl: str = "kernel",
     ):
         require("megatron.core", "cpu", "the megatron backend")
         from transformers import AutoConfig
 
         check_backend_args(model_path, lr=lr, micro_batch_size=micro_batch_size)
+        if fused_kl not in ("kernel", "shards"):
+            raise ConfigError(f"fused_kl={fused_kl!r}; expected 'kernel' or 'shards'")
+        # How a loss's "fused_kl" is computed: "kernel" from final hidden states and the sharded
+        # LM head (no logits, `heads`), "shards" from vocab-sharded logits (`vocab_parallel`).
+        self.fused_kl = fused_kl
         if not torch.cuda.is_available():
             from megatron_sdpo.backends.megatron import cpu
 
@@ -393,6 +400,20 @@ class MegatronBackend:
         sums: dict[str, torch.Tensor] = {}
         policy = self.policy.module
         first, last = self._ps.is_pipeline_first_stage(), self._ps.is_pipeline_last_stage()
+        from_hidden = "fused_kl" in requires and self.fused_kl == "kernel"
+        if from_hidden:
+            heads.check_requires(requires, loss_fn)
+
+        def finish(mb, outputs):
+            loss, metrics = loss_fn(outputs, mb["tensors"], normalizer)
+            _accumulate(sums, "loss", loss)
+            for name, v in metrics.items():
+                _accumulate(sums, name, v)
+            # The schedule divides by the micro-batch count and DDP averages over DP: undo both.
+            return loss * scale, {}
+
+        def hidden_adapter(mb, rider_hidden, hidden):
+            return finish(mb, self._hidden_outputs(mb, riders, rider_hidden, hidden, requires, loss_fn))
 
         def loss_adapter(mb, rider_logits, logits):
             shard = self._response_shard(logits, mb["rows"])
@@ -421,12 +442,7 @@ class MegatronBackend:
                     outputs["topk_logprobs"], outputs["teacher_topk_logprobs"], _ = vp.topk_logprobs(
                         shard / temp, rshard / temp, k, self.vocab_start, self.spec.vocab_size, self.tp_group
                     )
-            loss, metrics = loss_fn(outputs, mb["tensors"], normalizer)
-            _accumulate(sums, "loss", loss)
-            for name, v in metrics.items():
-                _accumulate(sums, name, v)
-            # The schedule divides by the micro-batch count and DDP averages over DP: undo both.
-            return loss * scale, {}
+            return finish(mb, outputs)
 
         def step(data_iter, m):
             mb = next(data_iter)
@@ -436,14 +452,17 @@ class MegatronBackend:
                 policy.set_input_tensor(parts[0])
                 for (_, model, _), part in zip(riders, parts[1:]):
                     model.set_input_tensor(part.detach())
-            with torch.no_grad():
-                rider_out = [
-                    model(rows.tokens, rows.positions, None) for (_, model, _), rows in zip(riders, mb["rider_rows"])
-                ]
-            out = m(mb["rows"].tokens, mb["rows"].positions, None)
+            # On the last stage of the fused path every model stops at its final norm.
+            hidden = heads.hidden_only(m, *(r[1] for r in riders)) if from_hidden else contextlib.nullcontext()
+            with hidden:
+                with torch.no_grad():
+                    rider_out = [
+                        model(rows.tokens, rows.positions, None) for (_, model, _), rows in zip(riders, mb["rider_rows"])
+                    ]
+                out = m(mb["rows"].tokens, mb["rows"].positions, None)
             if not last and riders:
                 out = torch.cat([out, *rider_out], dim=1)
-            return out, partial(loss_adapter, mb, rider_out)
+            return out, partial(hidden_adapter if from_hidden else loss_adapter, mb, rider_out)
 
         self.policy.zero_grad_buffer()
         self.optimizer.zero_grad()
@@ -462,6 +481,33 @@ class MegatronBackend:
             self.scheduler.step(1)
         out = self._reduce_metrics(sums, grad_norm, ok, len(batch))
         out["lr"] = float(lr)
+        return out
+
+    def _hidden_outputs(self, mb: dict, riders: list, rider_hidden: list, hidden: torch.Tensor, requires: frozenset, loss_fn) -> dict:
+        """The loss inputs of one micro-batch from final hidden states (`heads`): "fused_kl"
+        through `loss_fn.fused_token_loss`, logprobs / entropy through the fused logprob kernel."""
+        rows, sp = mb["rows"], self.options.sequence_parallel
+        b, T = rows.targets.shape
+        impl = getattr(loss_fn, "kernel_impl", "auto")
+        lp_args = dict(start=self.vocab_start, vocab=self.spec.vocab_size, tp_group=self.tp_group, impl=impl)
+        h_s = heads.response_hidden(hidden, rows.gather_index, self.tp_group, sp)
+        w_s = heads.output_weight(self.policy, self.vocab_width)
+        out: dict[str, torch.Tensor] = {}
+        if requires & {"logprobs", "entropy"}:
+            lp, ent = heads.token_logprobs(h_s, w_s, rows.targets, want_entropy="entropy" in requires, **lp_args)
+            out["logprobs"] = lp
+            if ent is not None:
+                out["entropy"] = ent
+        for (name, model, _), rrows, rh in zip(riders, mb["rider_rows"], rider_hidden):
+            with torch.no_grad():
+                h_r = heads.response_hidden(rh, rrows.gather_index, self.tp_group, sp)
+                w_r = heads.output_weight(model, self.vocab_width)
+                if name == "reference" or "teacher_logprobs" in requires:
+                    key = "ref_logprobs" if name == "reference" else "teacher_logprobs"
+                    out[key] = heads.token_logprobs(h_r, w_r, rrows.targets, **lp_args)[0]
+            if name == "teacher":
+                kl = loss_fn.fused_token_loss(h_s, h_r, w_s, w_r, None, tp_group=self.tp_group)
+                out["fused_kl"] = kl.view(b, T)
         return out
 
     def _reduce_metrics(self, sums: dict, grad_norm, ok: bool, n: int) -> dict[str, float]:
