@@ -78,8 +78,10 @@ def _model_dir(cfg: RunConfig) -> Path | None:
     return p if (p / "config.json").is_file() else None
 
 
-def resolve_arch(cfg: RunConfig) -> tuple[Arch, object, list[str]]:
-    """(Arch, the weight plan's ModelSpec, notes) from config.json or the built-in table."""
+def resolve_arch(cfg: RunConfig) -> tuple[Arch | None, object, list[str]]:
+    """(Arch, the weight plan's ModelSpec, notes) from config.json or the built-in table;
+    (None, None, [why]) for a model that is neither here nor in the table (a launch from a
+    machine without the model: the checks that need the architecture are skipped)."""
     from transformers import AutoConfig
 
     from megatron_sdpo.weights.plan import ModelSpec
@@ -93,10 +95,10 @@ def resolve_arch(cfg: RunConfig) -> tuple[Arch, object, list[str]]:
         key = cfg.model.path.rstrip("/").lower()
         match = next((k for k in BUILTIN_ARCHS if key == k or key.endswith("/" + k.split("/")[1])), None)
         if match is None:
-            raise ConfigError(
+            return None, None, [
                 f"model.path {cfg.model.path!r}: no config.json there and no built-in architecture for it "
-                f"(built in: {', '.join(BUILTIN_ARCHS)}); download the model or point model.path at its directory"
-            )
+                f"(built in: {', '.join(BUILTIN_ARCHS)}): model checks and the memory estimate are skipped"
+            ]
         fields = dict(BUILTIN_ARCHS[match])
         source = f"built-in table ({match})"
         notes.append(
@@ -174,8 +176,8 @@ class LaunchPlan:
     samples_per_step: int
     samples_per_dp_rank: int
     micro_batches: int
-    arch: Arch
-    memory: dict[str, int]
+    arch: Arch | None
+    memory: dict[str, int]  # empty when the architecture is unknown here
     gpu_memory_bytes: int
     data: list[DataCheck] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
@@ -199,7 +201,6 @@ class LaunchPlan:
 
     def render(self) -> str:
         g = lambda b: f"{b / GIB:.2f}"  # noqa: E731
-        m = self.memory
         lines = [
             f"dry run of {self.preset}: configuration, layout, data and memory checked; no weights loaded",
             f"ranks: {self.world_size} ({self.world_source})",
@@ -209,6 +210,19 @@ class LaunchPlan:
             f"vLLM replicas={self.replicas}, {self.prompts_per_replica} prompts per replica per step",
             f"batch: {self.samples_per_step} samples per step, {self.samples_per_dp_rank} per DP rank, "
             f"{self.micro_batches} micro-batches per step",
+        ]
+        if self.arch is None:
+            lines.append("model: architecture unknown on this machine; no memory estimate (see warnings)")
+        else:
+            lines += self._model_lines(g)
+        lines.append("data: " + self._data_summary())
+        lines += [f"note: {n}" for n in self.notes]
+        lines += [f"warning: {w}" for w in self.warnings]
+        return "\n".join(lines)
+
+    def _model_lines(self, g) -> list[str]:
+        m = self.memory
+        return [
             f"model: {self.arch.params / 1e6:,.1f}M parameters, {self.arch.layers} layers, hidden {self.arch.hidden}, "
             f"vocab {self.arch.vocab} (from {self.arch.source})",
             f"memory per rank (GiB, rough): params {g(m['params'])}, grads {g(m['grads'])}, optimizer {g(m['optimizer'])}, "
@@ -217,11 +231,7 @@ class LaunchPlan:
             f"logits {g(m['logits'])}, vLLM weights {g(m['vllm_weights'])}, KV budget {g(m['kv_budget'])}",
             f"peak per rank (GiB, rough): training {g(self.train_peak)}, rollout {g(self.rollout_peak)} "
             f"of {g(self.gpu_memory_bytes)} per GPU",
-            "data: " + self._data_summary(),
         ]
-        lines += [f"note: {n}" for n in self.notes]
-        lines += [f"warning: {w}" for w in self.warnings]
-        return "\n".join(lines)
 
 
 def world_size_from(requested: int | None) -> tuple[int, str]:
@@ -261,8 +271,9 @@ def plan(cfg: RunConfig, world_size: int | None = None, *, gpu_memory_gib: float
             f"pipeline_parallel = {tp} * {pp}"
         )
     layout = ParallelConfig(tp=tp, pp=pp, sequence_parallel=sp).resolve(world_size)
-    arch, spec, notes = resolve_arch(cfg)
-    if megatron:
+    arch, spec, unknown = resolve_arch(cfg)
+    notes, warnings = (unknown, []) if arch is not None else ([], unknown)
+    if megatron and spec is not None:
         Layout(tp=tp, pp=pp, vocab_divisor=ModelOptions().vocab_divisor).validate(spec)
 
     a = cfg.algorithm
@@ -273,13 +284,12 @@ def plan(cfg: RunConfig, world_size: int | None = None, *, gpu_memory_gib: float
         )
     per_dp = -(-samples // layout.dp)
     micro = -(-per_dp // cfg.backend.micro_batch_size)
-    warnings: list[str] = []
 
     rtp_cfg = getattr(cfg.rollout, "tensor_parallel_size", None)
     rtp, rtp_source = (int(rtp_cfg), "rollout.tensor_parallel_size") if rtp_cfg else (tp, "the trainer's TP")
     if rtp < 1 or world_size % rtp:
         raise ConfigError(f"rollout tensor parallel size {rtp} ({rtp_source}) must divide the world size {world_size}")
-    if arch.heads % rtp:
+    if arch is not None and arch.heads % rtp:
         raise ConfigError(f"rollout tensor parallel size {rtp} must divide num_attention_heads={arch.heads}")
     replicas = world_size // rtp
     per_replica = -(-a.prompts_per_step // replicas)
@@ -292,7 +302,7 @@ def plan(cfg: RunConfig, world_size: int | None = None, *, gpu_memory_gib: float
     data, data_warn = check_data(cfg)
     warnings += data_warn
 
-    memory = _memory(cfg, arch, layout.tp, layout.pp, layout.dp, rtp, gpu_memory_gib)
+    memory = _memory(cfg, arch, layout.tp, layout.pp, layout.dp, rtp, gpu_memory_gib) if arch is not None else {}
     out = LaunchPlan(
         preset=cfg.name, world_size=world_size, world_source=world_source, tp=layout.tp, pp=layout.pp,
         dp=layout.dp, sequence_parallel=sp, rollout_engine=cfg.rollout.engine, rollout_tp=rtp,
@@ -300,7 +310,7 @@ def plan(cfg: RunConfig, world_size: int | None = None, *, gpu_memory_gib: float
         samples_per_dp_rank=per_dp, micro_batches=micro, arch=arch, memory=memory,
         gpu_memory_bytes=int(gpu_memory_gib * GIB), data=data, notes=notes, warnings=warnings,
     )
-    if max(out.train_peak, out.rollout_peak) > out.gpu_memory_bytes:
+    if memory and max(out.train_peak, out.rollout_peak) > out.gpu_memory_bytes:
         out.warnings.append(
             f"the rough peak ({max(out.train_peak, out.rollout_peak) / GIB:.1f} GiB) exceeds {gpu_memory_gib:g} GiB per GPU"
         )
