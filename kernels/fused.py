@@ -90,10 +90,10 @@ class _LinearKL(torch.autograd.Function):
 
 class _LinearLogprobs(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, h, w, labels, mask, temperature, group, engine, chunks):
+    def forward(ctx, h, w, labels, mask, temperature, group, engine, chunks, start):
         kw = {"chunks": chunks} if engine is chunked else {}
         with torch.no_grad():
-            local_labels = (labels.long() - vocab_start(group, w.shape[0])).contiguous()
+            local_labels = (labels.long() - start).contiguous()
             stats = engine.lp_stats(h, w, local_labels, temperature, **kw)
             lse, mean_z, z_label = combine_lp_stats(gather_stats(stats, group))
             logprobs = z_label - lse
@@ -112,7 +112,7 @@ class _LinearLogprobs(torch.autograd.Function):
         temperature, group, engine, kw = ctx.cfg
         need_dh, need_dw = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         if not (need_dh or need_dw):
-            return (None,) * 8
+            return (None,) * 9
         g_lp = torch.zeros_like(lse) if g_lp is None else g_lp.float() / temperature
         g_ent = torch.zeros_like(lse) if g_ent is None else g_ent.float() / temperature
         if mask is not None:
@@ -126,7 +126,7 @@ class _LinearLogprobs(torch.autograd.Function):
             dh = all_reduce_sum(dh, group).to(h.dtype)
         if dw is not None:
             dw = dw.to(w.dtype)
-        return dh, dw, None, None, None, None, None, None
+        return dh, dw, None, None, None, None, None, None, None
 
 
 def fused_linear_kl(
@@ -192,6 +192,8 @@ def fused_linear_logprobs(
     impl: str = "auto",
     tp_group=None,
     chunk_sizes: ChunkSizes | None = None,
+    shard_start: int | None = None,
+    vocab_size: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-token log-probability of ``labels`` and softmax entropy, straight from hidden states.
 
@@ -202,11 +204,15 @@ def fused_linear_logprobs(
         temperature: divides the logits.
         mask: optional ``[N]`` bool; False tokens return 0 for both outputs and get no gradient.
         impl, tp_group, chunk_sizes: as in :func:`fused_linear_kl`.
+        shard_start: first global id of this rank's rows when the shards are not equal (e.g. a
+            padded vocabulary whose last shards are cut at the real size); default
+            ``rank * V_local``.
+        vocab_size: the real vocabulary size the labels index (default ``V_local * tp``).
 
     Returns:
         ``(logprobs [N], entropy [N])`` fp32, both differentiable w.r.t. ``hidden`` and ``weight``.
     """
-    vocab = weight.shape[0] * group_size(tp_group)
+    vocab = weight.shape[0] * group_size(tp_group) if vocab_size is None else vocab_size
     check_logprob_inputs(hidden, weight, labels, temperature, mask, vocab_size=vocab)
     impl = resolve_impl(impl, hidden.device)
     if impl == "reference":
@@ -217,6 +223,7 @@ def fused_linear_logprobs(
     if hidden.shape[0] == 0:
         empty = (hidden.sum() * 0 + weight.sum() * 0).float().expand(0)
         return empty, empty.clone()
+    start = vocab_start(tp_group, weight.shape[0]) if shard_start is None else int(shard_start)
     return _LinearLogprobs.apply(
-        hidden, weight, labels, mask, float(temperature), tp_group, engine, chunk_sizes or ChunkSizes()
+        hidden, weight, labels, mask, float(temperature), tp_group, engine, chunk_sizes or ChunkSizes(), start
     )

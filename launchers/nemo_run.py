@@ -9,8 +9,9 @@
 
 Resources come from the preset's `launch:` section (`launch.nodes=4` style overrides work as for
 `megatron_sdpo run`); the flags above override them. The launcher holds no training logic: it
-validates the config (a bad preset or key fails here, before anything is queued), then hands
-NeMo-Run one task, `python -m megatron_sdpo run PRESET [overrides] --out RUN_DIR [--resume]`,
+validates the config (a bad preset or key fails here, before anything is queued), runs the CLI's
+own preflight `python -m megatron_sdpo run PRESET [overrides] --dry-run --world-size N` (layout,
+rollout plan, data schemas, memory estimate for the job's N ranks), then hands NeMo-Run one task, `python -m megatron_sdpo run PRESET [overrides] --out RUN_DIR [--resume]`,
 started through torchrun when the job has more than one process.
 
 `--executor local` runs the job here with this interpreter (its bin directory first on PATH) and
@@ -29,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -262,6 +264,17 @@ def _check_data_files(cfg: "RunConfig") -> None:
                 raise DataError(f"domains.{domain}.{where}.source: data file not found: {src.source}")
 
 
+def preflight(preset: str, overrides: Sequence[str], world_size: int) -> int:
+    """`python -m megatron_sdpo run PRESET [overrides] --dry-run --world-size N` with this
+    interpreter and checkout; its report and any one-line error go to this terminal. Returns
+    its exit status (0: the plan resolves)."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p)
+    cmd = [sys.executable, "-m", "megatron_sdpo", "run", preset, *overrides, "--dry-run", "--world-size", str(world_size)]
+    print(f"[nemo_run] preflight: python -m megatron_sdpo {' '.join(cmd[3:])}", file=sys.stderr, flush=True)
+    return subprocess.call(cmd, env=env)
+
+
 def _find_rendered_sbatch(title: str) -> Path | None:
     from nemo_run.config import get_nemorun_home
 
@@ -371,6 +384,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 if not args.dryrun:
                     _check_data_files(anchored)
         _nemo_run()
+        world = nproc * (cfg.launch.nodes if executor_kind == "slurm" else 1)
+        rc = preflight(preset, overrides, world)
+        if rc != 0:
+            return rc
         cli = ["run", preset, *overrides, "--out", out]
         cli += ["--resume"] if args.resume else []
         cli += ["--quiet"] if args.quiet or executor_kind == "slurm" else []

@@ -35,6 +35,14 @@ def cmd_run(args) -> int:
     if args.resume_if_exists and not args.out:
         raise UserError("--resume-if-exists needs --out DIR")
     cfg = load_config(args.config, args.overrides)
+    if args.dry_run:
+        from megatron_sdpo.launch_plan import plan, world_size_from
+
+        world, source = world_size_from(args.world_size)
+        print(plan(cfg, world, world_source=source, gpu_memory_gib=args.gpu_memory_gib).render())
+        return 0
+    if args.world_size is not None:
+        raise UserError("--world-size is for --dry-run; a run takes its world from the launcher (torchrun)")
     out = args.out or _default_out(cfg.name)
     resume = args.resume or (args.resume_if_exists and (Path(out) / "resolved_config.yaml").exists())
     ContinualRun(cfg, out, resume=resume, quiet=args.quiet).run()
@@ -129,6 +137,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--resume-if-exists", action="store_true", help="resume when --out already holds a run, else start it (requeued jobs)"
     )
     r.add_argument("--quiet", action="store_true", help="plain log lines instead of progress bars")
+    r.add_argument(
+        "--dry-run", action="store_true",
+        help="check config, layout, data and rollout plan, print ranks, TP/PP/DP, vLLM replicas and a memory "
+        "estimate per rank; loads no weights",
+    )
+    r.add_argument("--world-size", type=int, help="ranks to plan for with --dry-run (default: WORLD_SIZE, else 1)")
+    r.add_argument("--gpu-memory-gib", type=float, default=80.0, help="memory per GPU for the --dry-run estimate")
     r.set_defaults(fn=cmd_run)
 
     c = sub.add_parser("compare", help="run several algorithms on one preset and compare them")

@@ -14,7 +14,9 @@
 #   MASTER_PORT  rendezvous port on the first node    (default: derived from the job id)
 #   CONTAINER_IMAGE / CONTAINER_MOUNTS  run inside a pyxis/enroot container when set
 #
-# No training logic lives here: every rank runs `python -m megatron_sdpo run olmo3_7b ...`.
+# No training logic lives here: a preflight `python -m megatron_sdpo run olmo3_7b ... --dry-run`
+# (config, layout for this allocation, data, memory; no weights) on one node, then every rank runs
+# `python -m megatron_sdpo run olmo3_7b ...`.
 # Requeue: the job asks for USR1 ten minutes before its time limit, requeues itself and stops;
 # on preemption Slurm requeues it (--requeue). The requeued job keeps its id, finds the run
 # directory with its resolved_config.yaml and passes --resume, so training continues from the
@@ -88,12 +90,13 @@ export TRITON_CACHE_DIR="${TRITON_CACHE_DIR:-${NODE_CACHE}/triton}"
 export TORCHINDUCTOR_CACHE_DIR="${TORCHINDUCTOR_CACHE_DIR:-${NODE_CACHE}/inductor}"
 export VLLM_CACHE_ROOT="${VLLM_CACHE_ROOT:-${NODE_CACHE}/vllm}"
 
-SRUN_ARGS=(--nodes="${SLURM_JOB_NUM_NODES}" --ntasks-per-node=1 --kill-on-bad-exit=1
-           --cpus-per-task="${SLURM_CPUS_ON_NODE:-1}")
+CONTAINER_ARGS=()
 if [[ -n "${CONTAINER_IMAGE:-}" ]]; then
-  SRUN_ARGS+=(--container-image="${CONTAINER_IMAGE}" --container-workdir="${SLURM_SUBMIT_DIR}"
-              --container-mounts="${CONTAINER_MOUNTS:-${SLURM_SUBMIT_DIR}:${SLURM_SUBMIT_DIR}}")
+  CONTAINER_ARGS=(--container-image="${CONTAINER_IMAGE}" --container-workdir="${SLURM_SUBMIT_DIR}"
+                  --container-mounts="${CONTAINER_MOUNTS:-${SLURM_SUBMIT_DIR}:${SLURM_SUBMIT_DIR}}")
 fi
+SRUN_ARGS=(--nodes="${SLURM_JOB_NUM_NODES}" --ntasks-per-node=1 --kill-on-bad-exit=1
+           --cpus-per-task="${SLURM_CPUS_ON_NODE:-1}" ${CONTAINER_ARGS[@]+"${CONTAINER_ARGS[@]}"})
 
 SRUN_PID=""
 SIGNALLED=""
@@ -117,6 +120,17 @@ trap on_term TERM
 
 echo "$(date '+%F %T') job ${SLURM_JOB_ID} (restart ${SLURM_RESTART_COUNT:-0}): ${SLURM_JOB_NUM_NODES} node(s) x" \
      "${GPUS_PER_NODE} GPU(s), rendezvous ${MASTER_ADDR}:${MASTER_PORT}, run ${RUN_DIR} ${RESUME}"
+
+# Preflight: the same command with --dry-run for this allocation's world size, one task on one
+# node: a bad override, layout or data schema stops the job here, before any rank loads weights.
+WORLD=$((SLURM_JOB_NUM_NODES * GPUS_PER_NODE))
+preflight=0
+srun --nodes=1 --ntasks=1 ${CONTAINER_ARGS[@]+"${CONTAINER_ARGS[@]}"} \
+  python -m megatron_sdpo run olmo3_7b "$@" --dry-run --world-size "${WORLD}" || preflight=$?
+if ((preflight != 0)); then
+  echo "$(date '+%F %T') preflight (--dry-run) failed with status ${preflight}; nothing launched"
+  exit "${preflight}"
+fi
 
 # srun in the background: bash runs a trap only between commands, and `wait` is interruptible.
 srun "${SRUN_ARGS[@]}" \

@@ -9,6 +9,12 @@ Time is the wall time of forward + backward (CUDA: after one warm-up, median of 
 
 Implementations: reference (materializes [N, V]), chunked, triton (CUDA), liger (Liger's Triton
 fused linear JSD, CUDA), liger_chunked (Liger's plain-torch chunked JSD loss; a CPU peer).
+The megatron backend's two ways to fill "fused_kl", side by side (TP=1, one process):
+megatron_logits (output layer -> [N, V] logits of student and teacher -> the vocab-parallel
+JSD, kernel.fused_kl=false's shard path) and megatron_fused (final hidden states + LM heads ->
+fused_linear_kl, what kernel.fused_kl=true runs).
+
+    python tools/bench_kl.py --impls megatron_logits,megatron_fused --tokens 256,1024 --out mcore.csv
 
     python tools/bench_kl.py --out bench_kl.csv                      # CPU defaults
     python tools/bench_kl.py --device cuda --hidden 4096 --dtype bfloat16 \
@@ -44,6 +50,19 @@ def _loss_fn(impl: str, alpha: float):
 
     if impl in ("reference", "chunked", "triton"):
         return lambda hs, ht, ws, wt: fused_linear_kl(hs, ht, ws, wt, alpha=alpha, impl=impl)
+    if impl == "megatron_logits":
+        from megatron_sdpo.backends.megatron import vocab_parallel as vp
+
+        def logits_path(hs, ht, ws, wt):
+            # As the backend: output layer in the model dtype, fp32 logits, teacher without grad.
+            s = (hs @ ws.t()).float()
+            with torch.no_grad():
+                t = (ht @ wt.t()).float()
+            return vp.generalized_jsd(s, t, alpha, None)
+
+        return logits_path
+    if impl == "megatron_fused":
+        return lambda hs, ht, ws, wt: fused_linear_kl(hs, ht, ws, wt, alpha=alpha, impl="auto")
     if impl == "liger":
         from liger_kernel.transformers import LigerFusedLinearJSD
 
@@ -152,7 +171,7 @@ def main(argv: list[str] | None = None) -> None:
                    "device": args.device, "peak_mem_bytes": "", "time_s": "", "cpu_time_s": "", "note": ""}
             # Measured on CPU: the reference peaks at about ten fp32 [N, V] tensors.
             est = 10 * 4 * n * args.vocab
-            if impl == "reference" and limit is not None and est > limit:
+            if impl in ("reference", "megatron_logits") and limit is not None and est > limit:
                 row["note"] = f"skipped: estimated {est / 2**30:.1f} GiB exceeds {limit / 2**30:.1f} GiB"
             else:
                 cmd = [sys.executable, os.path.abspath(__file__), "--case", f"{impl},{n}",
@@ -177,9 +196,10 @@ def main(argv: list[str] | None = None) -> None:
         w.writerows(rows)
     by = {(r["impl"], r["N"]): r["peak_mem_bytes"] for r in rows}
     for n in sorted({r["N"] for r in rows}):
-        ref, chk = by.get(("reference", n)), by.get(("chunked", n))
-        if ref and chk:
-            print(f"N={n}: chunked / reference peak memory = {chk / ref:.4f} (1/{ref / chk:.1f})")
+        for full, fused in (("reference", "chunked"), ("megatron_logits", "megatron_fused")):
+            ref, chk = by.get((full, n)), by.get((fused, n))
+            if ref and chk:
+                print(f"N={n}: {fused} / {full} peak memory = {chk / ref:.4f} (1/{ref / chk:.1f})")
 
 
 if __name__ == "__main__":

@@ -272,6 +272,10 @@ class HybridLoss:
         self.requires = sdpo.requires | grpo.requires
         # What a backend reads to fill the distillation outputs ("fused_kl", "topk_logprobs").
         self.alpha, self.temperature, self.topk = sdpo.alpha, sdpo.temperature, sdpo.topk
+        self.kernel_impl = sdpo.kernel_impl
+        if sdpo.fused:
+            # The backend fills "fused_kl" through the SDPO term's kernel settings.
+            self.fused_token_loss = sdpo.fused_token_loss
 
     def global_normalizer(self, tensors: dict[str, torch.Tensor]) -> torch.Tensor:
         """[2] fp32: (GRPO loss-token count, SDPO distilled-token count)."""

@@ -32,7 +32,7 @@ def hf_to_full(spec: ModelSpec, mp: Mapping, hf: MappingT[str, torch.Tensor]) ->
         full = torch.cat(ts, dim=0)
     elif mp.kind == VOCAB:
         (w,) = ts
-        full = torch.zeros(mp.shape, dtype=w.dtype)
+        full = torch.zeros(mp.shape, dtype=w.dtype, device=w.device)
         full[: w.shape[0]] = w
     else:
         (full,) = ts

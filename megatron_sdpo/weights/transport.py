@@ -41,7 +41,7 @@ def load_hf(model: torch.nn.Module, hf: MappingT[str, torch.Tensor], spec: Model
         p = params[mp.megatron]
         if tuple(p.shape) != tuple(t.shape):
             raise CheckpointError(f"{mp.megatron}: shard shape {tuple(t.shape)} != parameter {tuple(p.shape)}")
-        p.copy_(t.to(p.dtype))
+        p.copy_(t.to(device=p.device, dtype=p.dtype))
 
 
 @torch.no_grad()
@@ -54,12 +54,19 @@ def export_hf(
     pp_group: dist.ProcessGroup | None,
     pp_rank: int,
     dtype: torch.dtype | None = None,
+    device: torch.device | None = None,
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """Yield (HF name, full tensor) on every rank of the TP x PP grid, stage by stage.
 
     Collective: every rank of the model-parallel grid must consume the iterator in step. At most
-    one gathered megatron tensor (plus its HF pieces) is alive at a time."""
+    one gathered megatron tensor (plus its HF pieces) is alive at a time. Receive buffers are
+    made on `device` (default: where this rank's parameters live), which must suit the groups'
+    backend (the model's GPU under NCCL)."""
     params = _params(model) if model is not None else {}
+    if device is None:
+        if not params:
+            raise CheckpointError("export_hf needs `device` when this rank has no parameters")
+        device = next(iter(params.values())).device
     seen: set[str] = set()
     for p in range(layout.pp):
         for mp in plan(spec, layout, p):
@@ -76,7 +83,7 @@ def export_hf(
                 else:
                     full = local.clone()
             else:
-                full = torch.empty(mp.shape, dtype=dtype or next(iter(params.values())).dtype)
+                full = torch.empty(mp.shape, dtype=dtype or next(iter(params.values())).dtype, device=device)
             if layout.pp > 1:
                 full = full.contiguous()
                 dist.broadcast(full, src=dist.get_global_rank(pp_group, p), group=pp_group)

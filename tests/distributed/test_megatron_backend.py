@@ -34,20 +34,12 @@ def make_batch(vocab: int = 131):
     return b
 
 
-class FusedJSD:
-    """SDPO over the full vocabulary from the backend's per-token vocab-parallel JSD."""
+def _sdpo_fused():
+    """Full-vocabulary SDPO through the fused kernel: the backend feeds it final hidden states
+    and the vocab-sharded LM head (no logits)."""
+    from megatron_sdpo.algorithms.losses import SDPOLoss
 
-    requires = frozenset({"fused_kl"})
-
-    def __init__(self, alpha: float):
-        self.alpha, self.temperature = alpha, 1.0
-
-    def global_normalizer(self, tensors):
-        return tensors["distill_mask"].float().sum()
-
-    def __call__(self, outputs, tensors, normalizer):
-        loss = (outputs["fused_kl"] * tensors["distill_mask"]).sum() / normalizer
-        return loss, {"sdpo/loss": loss.detach()}
+    return SDPOLoss(variant="logits", alpha=0.5, topk=None, is_clip=None, mask_key="distill_mask", fused=True)
 
 
 def _grpo(kl_coef: float = 0.0):
@@ -147,7 +139,7 @@ def _backend_worker(model_dir: str, layouts: list) -> list:
         b = make_batch()
         lp = be.logprobs(b)
         b.tensors["old_logprobs"] = (lp + b.tensors["noise"]) * b.tensors["loss_mask"]
-        loss_fn = {"sdpo": lambda: FusedJSD(alpha=0.5), "sdpo_topk": lambda: _sdpo_topk("shards")}.get(
+        loss_fn = {"sdpo": _sdpo_fused, "sdpo_topk": lambda: _sdpo_topk("shards")}.get(
             kind, lambda: _grpo(KL_COEF if kind == "grpo_kl" else 0.0)
         )()
         steps = []

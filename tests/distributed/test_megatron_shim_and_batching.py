@@ -52,13 +52,25 @@ def test_rows_put_each_response_token_after_its_own_prompt():
     prompts, responses = [[5, 6, 7], [8]], [[1, 2], [3, 4, 9]]
     S = seq_len(prompts, responses, multiple=4)
     assert S == 8
-    rows = build_rows(prompts, responses, T=3, S=S, pad_id=0)
+    rows = build_rows(prompts, responses, T=3, S=S, pad_id=0, device=torch.device("cpu"))
     assert rows.tokens.tolist() == [[5, 6, 7, 1, 2, 0, 0, 0], [8, 3, 4, 9, 0, 0, 0, 0]]
     # Column predicting response token j is len(prompt) + j - 1; past the end it is clamped.
     assert rows.gather_index.tolist() == [[2, 3, 4], [0, 1, 2]]
     assert rows.targets.tolist() == [[1, 2, 0], [3, 4, 9]]
     picked = rows.tokens.gather(1, rows.gather_index + 1)
     assert picked[0, :2].tolist() == [1, 2] and picked[1].tolist() == [3, 4, 9]
+    assert all(t.device.type == "cpu" and t.dtype == torch.long for t in vars(rows).values())
+
+
+def test_fp8_rounds_each_ranks_share_of_the_sequence_to_16():
+    from megatron_sdpo.backends.megatron.batching import seq_len, seq_multiple
+
+    assert seq_multiple(1, False, fp8=False) == 1 and seq_multiple(4, True, fp8=False) == 4
+    assert seq_multiple(1, False, fp8=True) == 16 and seq_multiple(2, False, fp8=True) == 16
+    # Under sequence parallelism each TP rank holds S / tp tokens: that share must be a multiple of 16.
+    assert seq_multiple(2, True, fp8=True) == 32
+    assert seq_len([[1] * 5], [[2] * 12], multiple=16) == 32
+    assert seq_len([[1] * 5], [[2] * 11], multiple=16) == 16
 
 
 def test_dp_slices_and_micro_batches():

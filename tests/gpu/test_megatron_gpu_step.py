@@ -1,7 +1,9 @@
-"""GPU check: one TP=1 megatron training step, TE FP8 when Transformer Engine is present
-(and the GPU supports the recipe), BF16 otherwise. Prints which precision ran.
+"""GPU checks of the megatron backend (skipped without CUDA): TP=1 training steps in BF16 (GRPO,
+SDPO through the fused kernel and through vocab-sharded logits), one FP8 step where Transformer
+Engine and the GPU support it, and a refit of the trained policy into a colocated vLLM engine.
 
-Run on a GPU machine: pytest tests/gpu/test_megatron_gpu_step.py -m gpu -s
+Run on a GPU machine: tests/gpu/run_gpu_checks.sh (or pytest -m gpu tests/gpu -s).
+Each check runs in a fresh one-rank world (NCCL) through the project's spawn helper.
 """
 import pytest
 import torch
@@ -9,56 +11,171 @@ import torch
 pytestmark = [pytest.mark.gpu, pytest.mark.megatron]
 
 
-def _choose_precision():
+def _batch(n: int = 8, prompt_len: int = 13, response_len: int = 11, vocab: int = 500, seed: int = 0):
+    """n samples; odd lengths so that FP8 has to pad the rows (13 + 11 = 24 -> 32)."""
+    from megatron_sdpo.backends.base import SequenceBatch
+
+    g = torch.Generator().manual_seed(seed)
+    ids = lambda k: [int(x) for x in torch.randint(0, vocab, (k,), generator=g)]  # noqa: E731
+    prompts = [ids(prompt_len) for _ in range(n)]
+    responses = [ids(response_len) for _ in range(n)]
+    teacher = [p + ids(5) for p in prompts]
+    b = SequenceBatch(prompts, responses, teacher, {})
+    mask = b.response_mask()
+    b.tensors.update(advantages=torch.randn(n, generator=g), loss_mask=mask, distill_mask=mask.clone())
+    return b
+
+
+def _fp8_precision():
     from megatron_sdpo.backends.megatron.precision import PrecisionConfig, have_transformer_engine
 
     if not have_transformer_engine():
-        return PrecisionConfig(params="bfloat16"), "bf16 (Transformer Engine not installed)"
-    major, minor = torch.cuda.get_device_capability()
-    if (major, minor) >= (10, 0):
-        return PrecisionConfig(params="bfloat16", fp8="mxfp8"), "fp8 mxfp8 (TE)"
-    if (major, minor) >= (8, 9):
-        return PrecisionConfig(params="bfloat16", fp8="tensorwise"), "fp8 tensorwise (TE)"
-    return PrecisionConfig(params="bfloat16"), f"bf16 (sm_{major}{minor} has no FP8)"
+        return None, "Transformer Engine not installed"
+    cap = torch.cuda.get_device_capability()
+    if cap >= (10, 0):
+        return PrecisionConfig(params="bfloat16", fp8="mxfp8"), "mxfp8"
+    if cap >= (8, 9):
+        return PrecisionConfig(params="bfloat16", fp8="tensorwise"), "tensorwise"
+    return None, f"sm_{cap[0]}{cap[1]} has no FP8"
 
 
-def _gpu_worker(model_dir: str) -> dict:
+def _sdpo(fused: bool):
+    from megatron_sdpo.algorithms.losses import SDPOLoss
+
+    return SDPOLoss(variant="logits", alpha=0.5, topk=None, is_clip=2.0, mask_key="distill_mask", fused=fused)
+
+
+def _steps_worker(model_dir: str, fp8: bool) -> dict:
     import time
 
     from megatron_sdpo.algorithms.losses import GRPOLoss
-    from megatron_sdpo.backends.base import SequenceBatch
     from megatron_sdpo.backends.megatron.backend import MegatronBackend
     from megatron_sdpo.backends.megatron.model import ModelOptions
+    from megatron_sdpo.backends.megatron.parallel import destroy
+    from megatron_sdpo.backends.megatron.precision import PrecisionConfig
 
-    precision, what = _choose_precision()
-    # FP8 GEMMs need dims that are multiples of 16; pad the vocabulary to 128.
-    be = MegatronBackend(model_dir, lr=1e-5, micro_batch_size=4, options=ModelOptions(precision=precision, vocab_divisor=128))
-    g = torch.Generator().manual_seed(0)
-    prompts = [[int(x) for x in torch.randint(0, 500, (16,), generator=g)] for _ in range(8)]
-    responses = [[int(x) for x in torch.randint(0, 500, (16,), generator=g)] for _ in range(8)]
-    b = SequenceBatch(prompts, responses, None, {})
-    mask = b.response_mask()
-    b.tensors.update(advantages=torch.randn(8, generator=g), loss_mask=mask)
-    b.tensors["old_logprobs"] = be.logprobs(b) * mask
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    m = be.train_step(b, GRPOLoss())
-    torch.cuda.synchronize()
-    return {"what": what, "metrics": m, "step_s": time.perf_counter() - t0, "device": torch.cuda.get_device_name()}
+    precision = _fp8_precision()[0] if fp8 else PrecisionConfig(params="bfloat16")
+    out = {}
+    for source in ("kernel", "shards"):
+        be = MegatronBackend(model_dir, lr=1e-5, micro_batch_size=4, options=ModelOptions(precision=precision),
+                             fused_kl=source)
+        assert be.device == torch.device("cuda", 0) and be.comm_device.type == "cuda"
+        assert be.seq_multiple == (16 if fp8 else 1)
+        b = _batch()
+        lp = be.logprobs(b)
+        assert lp.device.type == "cpu" and torch.isfinite(lp).all()  # returned where the batch lives
+        b.tensors["old_logprobs"] = lp
+        b.tensors["rollout_logprobs"] = lp
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        res = {"grpo": be.train_step(b, GRPOLoss()), "sdpo": be.train_step(b, _sdpo(fused=True))}
+        torch.cuda.synchronize()
+        res["seconds"] = time.perf_counter() - t0
+        res["peak_bytes"] = torch.cuda.max_memory_allocated()
+        out[source] = res
+        del be
+        destroy()
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+    return out
 
 
-def test_one_tp1_training_step_on_gpu(tmp_path):
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
     import transformers
-
-    from megatron_sdpo.backends.megatron.launch import spawn
 
     cfg = transformers.Qwen3Config(
         vocab_size=512, hidden_size=256, intermediate_size=768, num_hidden_layers=4, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=64, max_position_embeddings=256,
+        num_key_value_heads=2, head_dim=64, max_position_embeddings=256, tie_word_embeddings=False,
     )
     torch.manual_seed(0)
-    transformers.Qwen3ForCausalLM(cfg).save_pretrained(str(tmp_path / "m"))
-    (r,) = spawn(_gpu_worker, 1, str(tmp_path / "m"), timeout_s=400)
-    print(f"\nGPU step on {r['device']}: {r['what']}; {r['step_s']:.3f} s; metrics {r['metrics']}")
-    assert torch.isfinite(torch.tensor(r["metrics"]["loss"])) and r["metrics"]["grad_norm"] > 0
-    assert r["metrics"]["skipped"] == 0.0
+    d = tmp_path_factory.mktemp("gpu-qwen3")
+    transformers.Qwen3ForCausalLM(cfg).to(torch.bfloat16).save_pretrained(str(d))
+    return str(d)
+
+
+def _check_steps(r: dict) -> None:
+    for source in ("kernel", "shards"):
+        for kind in ("grpo", "sdpo"):
+            m = r[source][kind]
+            assert m["skipped"] == 0.0 and torch.isfinite(torch.tensor(m["loss"])) and m["grad_norm"] > 0, (source, kind, m)
+    # Same weights, batch and first steps on both paths: BF16 activations give a few 2^-8
+    # relative errors per layer, so the paths agree to about 1e-2 (never bit-equal).
+    k, s = r["kernel"]["sdpo"], r["shards"]["sdpo"]
+    assert abs(k["loss"] - s["loss"]) <= 2e-2 * max(abs(s["loss"]), 1e-3), (k, s)
+    assert abs(k["grad_norm"] - s["grad_norm"]) <= 5e-2 * s["grad_norm"], (k, s)
+
+
+def test_grpo_and_sdpo_steps_bf16_tp1(model_dir):
+    from megatron_sdpo.backends.megatron.launch import spawn
+
+    (r,) = spawn(_steps_worker, 1, model_dir, False, timeout_s=600)
+    print(f"\nBF16 steps on {torch.cuda.get_device_name()}: kernel {r['kernel']['seconds']:.3f} s, "
+          f"peak {r['kernel']['peak_bytes'] / 2**20:.0f} MiB; shards {r['shards']['seconds']:.3f} s, "
+          f"peak {r['shards']['peak_bytes'] / 2**20:.0f} MiB")
+    _check_steps(r)
+
+
+def test_fp8_steps_when_transformer_engine_is_present(model_dir):
+    from megatron_sdpo.backends.megatron.launch import spawn
+
+    precision, what = _fp8_precision()
+    if precision is None:
+        pytest.skip(f"no FP8 here: {what}")
+    (r,) = spawn(_steps_worker, 1, model_dir, True, timeout_s=600)
+    print(f"\nFP8 ({what}) steps: kernel {r['kernel']['seconds']:.3f} s, shards {r['shards']['seconds']:.3f} s")
+    for source in ("kernel", "shards"):
+        for kind in ("grpo", "sdpo"):
+            m = r[source][kind]
+            assert m["skipped"] == 0.0 and torch.isfinite(torch.tensor(m["loss"])) and m["grad_norm"] > 0
+
+
+def _refit_worker(model_dir: str, run_dir: str) -> dict:
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    from megatron_sdpo.algorithms.losses import GRPOLoss
+    from megatron_sdpo.backends.megatron.backend import MegatronBackend
+    from megatron_sdpo.backends.megatron.model import ModelOptions
+    from megatron_sdpo.backends.megatron.precision import PrecisionConfig
+    from megatron_sdpo.rollout.vllm import VLLMRolloutEngine
+
+    be = MegatronBackend(model_dir, lr=1e-2, micro_batch_size=4, with_teacher=False,
+                         options=ModelOptions(precision=PrecisionConfig(params="bfloat16")))
+    b = _batch()
+    b.tensors["old_logprobs"] = be.logprobs(b)
+    for _ in range(3):  # large steps: the policy leaves the weights on disk
+        be.train_step(b, GRPOLoss())
+    trainer = be.logprobs(b)
+    engine = VLLMRolloutEngine(model_dir, dtype="bfloat16", max_model_len=256, max_num_seqs=16, run_dir=run_dir,
+                               kv_cache_memory_bytes=1 << 30, gpu_memory_utilization=0.3, enable_sleep_mode=False)
+
+    def engine_logprobs() -> torch.Tensor:
+        prompts = [TokensPrompt(prompt_token_ids=p + r) for p, r in zip(b.prompt_ids, b.response_ids)]
+        outs = engine.llm.generate(prompts, SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=1.0),
+                                   use_tqdm=False)
+        rows = torch.zeros_like(trainer)
+        for i, (o, p, r) in enumerate(zip(outs, b.prompt_ids, b.response_ids)):
+            for j, tok in enumerate(r):
+                rows[i, j] = o.prompt_logprobs[len(p) + j][tok].logprob
+        return rows
+
+    mask = b.response_mask().bool()
+    before = (engine_logprobs() - trainer).abs()[mask]
+    engine.update_weights(be.export_weights())
+    after = (engine_logprobs() - trainer).abs()[mask]
+    return {"before_mean": float(before.mean()), "after_mean": float(after.mean()), "after_max": float(after.max())}
+
+
+@pytest.mark.vllm
+def test_refit_into_vllm_matches_the_trainer_logprobs(model_dir, tmp_path):
+    from megatron_sdpo.backends.megatron.launch import spawn
+
+    (r,) = spawn(_refit_worker, 1, model_dir, str(tmp_path / "vllm"), timeout_s=600)
+    print(f"\nrefit: |engine - trainer| logprob mean {r['before_mean']:.4f} before, {r['after_mean']:.4f} after "
+          f"(max {r['after_max']:.4f})")
+    assert r["before_mean"] > 0.1, r  # the steps moved the policy away from the weights on disk
+    # Both sides run the same BF16 weights through different kernels: per-token logprobs differ by
+    # a few BF16 roundings of logits of magnitude ~10 (2^-8 each), not by the policy change.
+    assert r["after_mean"] <= 0.05 and r["after_max"] <= 0.3, r
+    assert r["after_mean"] <= 0.25 * r["before_mean"], r

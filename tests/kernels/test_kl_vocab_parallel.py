@@ -11,6 +11,7 @@ HERE = Path(__file__).resolve().parent
 TP = 2
 V = 1030  # divisible by TP (Megatron requires it), 515 rows per rank: no tile multiple
 TIMEOUT_S = 180
+UNEVEN = 700  # rank 0's rows in the unequal split (rank 1: V - UNEVEN)
 
 
 def _worker(rank: int, world: int, store_file: str, out_dir: str) -> None:
@@ -49,6 +50,13 @@ def _worker(rank: int, world: int, store_file: str, out_dir: str) -> None:
                     h, w, x["labels"], temperature=1.3, mask=x["mask"], impl=impl, tp_group=grp, chunk_sizes=chunks
                 )
                 results[(str(dtype), "lp", None, name)] = grads_of(fn, x["hs"], ws, x["go"], g2)
+            # Unequal shards (a padded vocabulary cut at its real size): explicit first ids.
+            cut = slice(0, UNEVEN) if rank == 0 else slice(UNEVEN, V)
+            fn = lambda h, w: fused_linear_logprobs(  # noqa: E731
+                h, w, x["labels"], temperature=1.3, mask=x["mask"], impl="chunked", tp_group=group,
+                chunk_sizes=chunks, shard_start=cut.start, vocab_size=V,
+            )
+            results[(str(dtype), "lp_uneven", None, "uneven")] = grads_of(fn, x["hs"], x["ws"][cut], x["go"], g2)
         torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
     finally:
         dist.destroy_process_group()
@@ -86,3 +94,13 @@ def test_vocab_parallel_tp2_equals_unsharded(tmp_path):
         # Every rank ends with the same bits: statistics are combined in rank order, then all-reduced.
         for i in range(len(res[0][key][0])):
             assert torch.equal(res[0][key][0][i], res[1][key][0][i]), f"{key}: ranks disagree"
+    for dtype in ("torch.float32", "torch.bfloat16"):
+        key, ref_key = (dtype, "lp_uneven", None, "uneven"), (dtype, "lp", None, "ref")
+        tol_grad = dict(rtol=2e-5, atol=2e-5) if dtype == "torch.float32" else dict(rtol=2e-2, atol=2e-3)
+        outs_ref, dh_ref, dw_ref = res[0][ref_key]
+        for r, rows in enumerate((slice(0, UNEVEN), slice(UNEVEN, V))):
+            outs, dh, dw = res[r][key]
+            for o, o_ref in zip(outs, outs_ref):
+                torch.testing.assert_close(o, o_ref, rtol=2e-5, atol=2e-5, msg=lambda m: f"{key} rank {r}: {m}")
+            torch.testing.assert_close(dh, dh_ref, **tol_grad, msg=lambda m: f"{key} rank {r} dh: {m}")
+            torch.testing.assert_close(dw, dw_ref[rows], **tol_grad, msg=lambda m: f"{key} rank {r} dw: {m}")

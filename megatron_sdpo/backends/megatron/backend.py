@@ -20,6 +20,7 @@ the micro-batch count or DP size.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 from functools import partial
 from pathlib import Path
@@ -29,9 +30,9 @@ import torch
 import torch.distributed as dist
 
 from megatron_sdpo.backends.base import REQUIRES, LossFn, SequenceBatch, check_backend_args
-from megatron_sdpo.backends.megatron import batching, vocab_parallel as vp
+from megatron_sdpo.backends.megatron import batching, heads, vocab_parallel as vp
 from megatron_sdpo.backends.megatron.model import ModelOptions, build_model, weight_layout
-from megatron_sdpo.backends.megatron.parallel import ParallelConfig, init_distributed, initialize
+from megatron_sdpo.backends.megatron.parallel import ParallelConfig, group_device, init_distributed, initialize, launch_device
 from megatron_sdpo.backends.schedule import LRSchedule
 from megatron_sdpo.errors import ConfigError, DataError, require
 from megatron_sdpo.weights.plan import ModelSpec
@@ -106,11 +107,18 @@ class MegatronBackend:
         with_reference: bool = False,
         distributed_optimizer: bool = True,
         pad_token_id: int | None = None,
+        device: torch.device | str | None = None,
+        fused_kl: str = "kernel",
     ):
         require("megatron.core", "cpu", "the megatron backend")
         from transformers import AutoConfig
 
         check_backend_args(model_path, lr=lr, micro_batch_size=micro_batch_size)
+        if fused_kl not in ("kernel", "shards"):
+            raise ConfigError(f"fused_kl={fused_kl!r}; expected 'kernel' or 'shards'")
+        # How a loss's "fused_kl" is computed: "kernel" from final hidden states and the sharded
+        # LM head (no logits, `heads`), "shards" from vocab-sharded logits (`vocab_parallel`).
+        self.fused_kl = fused_kl
         if not torch.cuda.is_available():
             from megatron_sdpo.backends.megatron import cpu
 
@@ -120,6 +128,12 @@ class MegatronBackend:
 
             os.environ.update(RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
         init_distributed()
+        # Every tensor the backend makes lives on `device` (the models' device); buffers handed
+        # to collectives on `comm_device` (NCCL: the same GPU, gloo: the CPU).
+        self.device = torch.device(device) if device is not None else launch_device()
+        self.comm_device = group_device()
+        if self.device.type == "cuda" and torch.cuda.is_available():
+            torch.cuda.set_device(self.device)
         self.layout = initialize(parallel, seed=seed)
         from megatron.core import parallel_state as ps
 
@@ -130,6 +144,10 @@ class MegatronBackend:
         self.wlayout = weight_layout(self.layout.tp, self.layout.pp, options)
         self.model_path = str(model_path)
         self.micro_batch_size = micro_batch_size
+        # Row length multiple (the sequence split over TP under SP; 16 tokens a rank under FP8).
+        self.seq_multiple = batching.seq_multiple(
+            self.layout.tp, options.sequence_parallel, fp8=options.precision.fp8 is not None
+        )
         self.lr, self.weight_decay, self.betas, self.eps, self.grad_clip = lr, weight_decay, tuple(betas), eps, grad_clip
         self.distributed_optimizer = distributed_optimizer
         lr_schedule.check()
@@ -271,20 +289,20 @@ class MegatronBackend:
         `riders` are further prompt lists (teacher, reference) built into `rider_rows` with the
         same samples and the same padded length S (their hidden states share P2P buffers)."""
         groups = batching.micro_batches(local, self.micro_batch_size, equal=self.layout.pp > 1)
-        mult = self.layout.tp if self.options.sequence_parallel else 1
         responses = [batch.response_ids[i] for i in local]
-        S = max(batching.seq_len([p[i] for i in local], responses, mult) for p in (prompts, *riders))
+        S = max(batching.seq_len([p[i] for i in local], responses, self.seq_multiple) for p in (prompts, *riders))
         out = []
         for g in groups:
             real = [i for i in g if i >= 0]
             rows_idx = [i if i >= 0 else real[0] for i in g]
             resp = [batch.response_ids[i] for i in rows_idx]
-            rows = batching.build_rows([prompts[i] for i in rows_idx], resp, T, S, self.pad_token_id)
-            rider_rows = [batching.build_rows([p[i] for i in rows_idx], resp, T, S, self.pad_token_id) for p in riders]
-            keep = torch.tensor([1.0 if i >= 0 else 0.0 for i in g])
+            dev = self.device
+            rows = batching.build_rows([prompts[i] for i in rows_idx], resp, T, S, self.pad_token_id, dev)
+            rider_rows = [batching.build_rows([p[i] for i in rows_idx], resp, T, S, self.pad_token_id, dev) for p in riders]
+            keep = torch.tensor([1.0 if i >= 0 else 0.0 for i in g], device=dev)
             tensors = {}
             for k, v in batch.tensors.items():
-                t = v[rows_idx].clone()
+                t = v[rows_idx].to(dev, copy=True)
                 tensors[k] = t * keep.view(-1, *([1] * (t.ndim - 1))).to(t.dtype) if (keep == 0).any() else t
             out.append({"rows": rows, "rider_rows": rider_rows, "tensors": tensors, "n_real": len(real)})
         return out, S
@@ -346,15 +364,17 @@ class MegatronBackend:
             return vp.logprobs(shard, mb["rows"].targets, self.vocab_start, self.tp_group)[0][: mb["n_real"]]
 
         parts = self._forward_only(self._model(model), micro, S, collect)
-        rows = torch.zeros(len(batch), T, dtype=torch.float32)
+        rows = torch.zeros(len(batch), T, dtype=torch.float32, device=self.comm_device)
         if parts:
-            rows[local] = torch.cat(parts)
+            rows[local] = torch.cat(parts).to(self.comm_device)
         # Every rank gets every row: the last stages hold disjoint DP slices, the rest zeros.
         rows = rows.contiguous()
         dist.all_reduce(rows)
         if self.layout.tp > 1:
             rows /= self.layout.tp  # each TP rank of a last stage contributed the same rows
-        return rows * batch.tensors["response_mask"]
+        mask = batch.tensors["response_mask"]
+        # Returned where the caller keeps its batch tensors.
+        return rows.to(mask.device) * mask
 
     def train_step(self, batch: SequenceBatch, loss_fn: LossFn) -> dict[str, float]:
         """One optimizer step on the global batch. Returns {"loss", "grad_norm", "skipped",
@@ -368,7 +388,7 @@ class MegatronBackend:
             raise ConfigError(f"loss requires unknown outputs {sorted(unknown)}; known: {sorted(REQUIRES)}")
         if "ref_logprobs" in requires and self.reference is None:
             raise ConfigError("the loss needs 'ref_logprobs' but the backend has no reference model")
-        normalizer = loss_fn.global_normalizer(batch.tensors).float()
+        normalizer = loss_fn.global_normalizer(batch.tensors).float().to(self.device)
         local = batching.dp_slice(len(batch), self.layout.dp, self.dp_rank)
         riders: list[tuple[str, object, list]] = []
         if requires & _TEACHER_OUTPUTS:
@@ -380,6 +400,20 @@ class MegatronBackend:
         sums: dict[str, torch.Tensor] = {}
         policy = self.policy.module
         first, last = self._ps.is_pipeline_first_stage(), self._ps.is_pipeline_last_stage()
+        from_hidden = "fused_kl" in requires and self.fused_kl == "kernel"
+        if from_hidden:
+            heads.check_requires(requires, loss_fn)
+
+        def finish(mb, outputs):
+            loss, metrics = loss_fn(outputs, mb["tensors"], normalizer)
+            _accumulate(sums, "loss", loss)
+            for name, v in metrics.items():
+                _accumulate(sums, name, v)
+            # The schedule divides by the micro-batch count and DDP averages over DP: undo both.
+            return loss * scale, {}
+
+        def hidden_adapter(mb, rider_hidden, hidden):
+            return finish(mb, self._hidden_outputs(mb, riders, rider_hidden, hidden, requires, loss_fn))
 
         def loss_adapter(mb, rider_logits, logits):
             shard = self._response_shard(logits, mb["rows"])
@@ -408,12 +442,7 @@ class MegatronBackend:
                     outputs["topk_logprobs"], outputs["teacher_topk_logprobs"], _ = vp.topk_logprobs(
                         shard / temp, rshard / temp, k, self.vocab_start, self.spec.vocab_size, self.tp_group
                     )
-            loss, metrics = loss_fn(outputs, mb["tensors"], normalizer)
-            _accumulate(sums, "loss", loss)
-            for name, v in metrics.items():
-                _accumulate(sums, name, v)
-            # The schedule divides by the micro-batch count and DDP averages over DP: undo both.
-            return loss * scale, {}
+            return finish(mb, outputs)
 
         def step(data_iter, m):
             mb = next(data_iter)
@@ -423,14 +452,17 @@ class MegatronBackend:
                 policy.set_input_tensor(parts[0])
                 for (_, model, _), part in zip(riders, parts[1:]):
                     model.set_input_tensor(part.detach())
-            with torch.no_grad():
-                rider_out = [
-                    model(rows.tokens, rows.positions, None) for (_, model, _), rows in zip(riders, mb["rider_rows"])
-                ]
-            out = m(mb["rows"].tokens, mb["rows"].positions, None)
+            # On the last stage of the fused path every model stops at its final norm.
+            hidden = heads.hidden_only(m, *(r[1] for r in riders)) if from_hidden else contextlib.nullcontext()
+            with hidden:
+                with torch.no_grad():
+                    rider_out = [
+                        model(rows.tokens, rows.positions, None) for (_, model, _), rows in zip(riders, mb["rider_rows"])
+                    ]
+                out = m(mb["rows"].tokens, mb["rows"].positions, None)
             if not last and riders:
                 out = torch.cat([out, *rider_out], dim=1)
-            return out, partial(loss_adapter, mb, rider_out)
+            return out, partial(hidden_adapter if from_hidden else loss_adapter, mb, rider_out)
 
         self.policy.zero_grad_buffer()
         self.optimizer.zero_grad()
@@ -451,6 +483,33 @@ class MegatronBackend:
         out["lr"] = float(lr)
         return out
 
+    def _hidden_outputs(self, mb: dict, riders: list, rider_hidden: list, hidden: torch.Tensor, requires: frozenset, loss_fn) -> dict:
+        """The loss inputs of one micro-batch from final hidden states (`heads`): "fused_kl"
+        through `loss_fn.fused_token_loss`, logprobs / entropy through the fused logprob kernel."""
+        rows, sp = mb["rows"], self.options.sequence_parallel
+        b, T = rows.targets.shape
+        impl = getattr(loss_fn, "kernel_impl", "auto")
+        lp_args = dict(start=self.vocab_start, vocab=self.spec.vocab_size, tp_group=self.tp_group, impl=impl)
+        h_s = heads.response_hidden(hidden, rows.gather_index, self.tp_group, sp)
+        w_s = heads.output_weight(self.policy, self.vocab_width)
+        out: dict[str, torch.Tensor] = {}
+        if requires & {"logprobs", "entropy"}:
+            lp, ent = heads.token_logprobs(h_s, w_s, rows.targets, want_entropy="entropy" in requires, **lp_args)
+            out["logprobs"] = lp
+            if ent is not None:
+                out["entropy"] = ent
+        for (name, model, _), rrows, rh in zip(riders, mb["rider_rows"], rider_hidden):
+            with torch.no_grad():
+                h_r = heads.response_hidden(rh, rrows.gather_index, self.tp_group, sp)
+                w_r = heads.output_weight(model, self.vocab_width)
+                if name == "reference" or "teacher_logprobs" in requires:
+                    key = "ref_logprobs" if name == "reference" else "teacher_logprobs"
+                    out[key] = heads.token_logprobs(h_r, w_r, rrows.targets, **lp_args)[0]
+            if name == "teacher":
+                kl = loss_fn.fused_token_loss(h_s, h_r, w_s, w_r, None, tp_group=self.tp_group)
+                out["fused_kl"] = kl.view(b, T)
+        return out
+
     def _reduce_metrics(self, sums: dict, grad_norm, ok: bool, n: int) -> dict[str, float]:
         """Combine metric shares over the last stages' DP ranks (sum / max / min per
         `metric_reduce`); every rank gets the result."""
@@ -464,7 +523,11 @@ class MegatronBackend:
             group = [k for k in names if _reduce_op(k) == op]
             if not group:
                 continue
-            vals = torch.tensor([float(sums[k]) if last else ident for k in group], dtype=torch.float32)
+            if last:
+                vals = torch.stack([sums[k] for k in group]).to(self.comm_device)
+            else:
+                vals = torch.full((len(group),), ident, dtype=torch.float32, device=self.comm_device)
+            vals = vals.contiguous()
             dist.all_reduce(vals, op={"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}[op])
             out.update(zip(group, vals.tolist()))
         out["grad_norm"] = float(grad_norm) if grad_norm is not None else float("nan")
@@ -477,7 +540,7 @@ class MegatronBackend:
         Collective: every rank of the model-parallel grid must consume it in step."""
         return export_hf(
             self._model(model), self.spec, self.wlayout, tp_group=self.tp_group, pp_group=self.pp_group,
-            pp_rank=self.pp_rank,
+            pp_rank=self.pp_rank, device=self.device,
         )
 
     def _params(self, name: str) -> list[torch.Tensor]:

@@ -26,31 +26,44 @@ class Rows:
     targets: torch.Tensor
 
 
+# Transformer Engine's FP8 GEMMs need every dimension, the token count included, to be a
+# multiple of 16.
+FP8_SEQ_MULTIPLE = 16
+
+
+def seq_multiple(tp: int, sequence_parallel: bool, fp8: bool) -> int:
+    """What the row length S must be a multiple of: TP under sequence parallelism (the sequence
+    is split over TP ranks), and under FP8 each rank's share of the sequence a multiple of 16."""
+    per_rank = FP8_SEQ_MULTIPLE if fp8 else 1
+    return per_rank * (tp if sequence_parallel else 1)
+
+
 def seq_len(prompts: list[list[int]], responses: list[list[int]], multiple: int = 1) -> int:
-    """Common row length S for these samples (rounded up to `multiple`, e.g. TP under SP)."""
+    """Common row length S for these samples, rounded up to `multiple` (`seq_multiple`)."""
     S = max(len(p) + len(r) for p, r in zip(prompts, responses))
     return -(-S // multiple) * multiple
 
 
-def build_rows(prompts: list[list[int]], responses: list[list[int]], T: int, S: int, pad_id: int) -> Rows:
-    """Rows of one micro-batch; T is the global batch's response length."""
+def build_rows(
+    prompts: list[list[int]], responses: list[list[int]], T: int, S: int, pad_id: int, device: torch.device
+) -> Rows:
+    """Rows of one micro-batch on `device`; T is the global batch's response length. The rows
+    are assembled as Python lists and copied once per tensor (no per-row host-to-device copies)."""
     b = len(prompts)
-    tokens = torch.full((b, S), pad_id, dtype=torch.long)
-    gather = torch.zeros((b, T), dtype=torch.long)
-    targets = torch.full((b, T), pad_id, dtype=torch.long)
+    tokens, gather, targets = [], [], []
     for i, (p, r) in enumerate(zip(prompts, responses)):
         if not p:
             raise DataError(f"prompt {i} is empty: every sample needs at least one prompt token")
         if len(r) > T or len(p) + len(r) > S:
             raise DataError(f"sample {i} ({len(p)} + {len(r)} tokens) does not fit T={T}, S={S}")
         row = p + r
-        tokens[i, : len(row)] = torch.as_tensor(row, dtype=torch.long)
+        tokens.append(row + [pad_id] * (S - len(row)))
         # Columns past the response end point at the last real column; their mask is 0.
-        gather[i] = (torch.arange(T) + len(p) - 1).clamp(max=len(row) - 1)
-        if r:
-            targets[i, : len(r)] = torch.as_tensor(r, dtype=torch.long)
-    positions = torch.arange(S, dtype=torch.long).unsqueeze(0).expand(b, S).contiguous()
-    return Rows(tokens, positions, gather, targets)
+        gather.append([min(j + len(p) - 1, len(row) - 1) for j in range(T)])
+        targets.append(list(r) + [pad_id] * (T - len(r)))
+    as_long = lambda x: torch.tensor(x, dtype=torch.long, device=device).view(b, -1)  # noqa: E731
+    positions = torch.arange(S, dtype=torch.long, device=device).unsqueeze(0).expand(b, S).contiguous()
+    return Rows(as_long(tokens), positions, as_long(gather), as_long(targets))
 
 
 def dp_slice(n: int, dp: int, rank: int) -> list[int]:

@@ -139,7 +139,7 @@ def _ensure_optimizer_state(optimizer) -> list:
         for group in inner.param_groups:
             for p in group["params"]:
                 if "step" not in inner.state[p]:
-                    inner.state[p]["step"] = torch.tensor(0.0)
+                    inner.state[p]["step"] = torch.tensor(0.0)  # host: torch Adam keeps a non-capturable step on the CPU
                     added.append(inner.state[p])
     return added
 

@@ -163,7 +163,9 @@ class QKNorm(torch.nn.Module):
         set_tensor_model_parallel_attributes(self.weight, is_parallel=True, dim=0, stride=1)
         self.rope_type = rope.rope_type if rope is not None else None
         # A plain attribute, not a buffer: casting the module to bf16 must not round it.
-        self.inv_freq = torch.tensor(rope.inv_freq, dtype=torch.float32) if rope is not None else None
+        self.inv_freq = (
+            torch.tensor(rope.inv_freq, dtype=torch.float32, device=param_device(config)) if rope is not None else None
+        )
         self.attention_scaling = rope.attention_scaling if rope is not None else 1.0
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

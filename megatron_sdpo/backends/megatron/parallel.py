@@ -66,6 +66,22 @@ def init_distributed(timeout_s: float = 600.0) -> None:
     dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s))
 
 
+def launch_device() -> torch.device:
+    """The device this rank's models live on: cuda:LOCAL_RANK where CUDA is available (the
+    device `init_distributed` binds NCCL to), else the CPU."""
+    if torch.cuda.is_available():
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    return torch.device("cpu")
+
+
+def group_device(group: dist.ProcessGroup | None = None) -> torch.device:
+    """Where buffers handed to collectives on `group` must live: CUDA for NCCL, CPU for gloo."""
+    backend = dist.get_backend(group)
+    if backend == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
 def initialize(config: ParallelConfig, seed: int = 1234) -> ParallelLayout:
     """Set up megatron's parallel state for `config` on the initialized world; seed megatron's
     RNG tracker (the CPU shim must already be installed on CPU)."""

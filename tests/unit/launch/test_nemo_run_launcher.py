@@ -157,6 +157,19 @@ def test_slurm_dryrun_renders_the_sbatch_script(tmp_path):
                      r"algorithm\.sdpo\.alpha=0\.25 ", srun), srun
     assert "domains.math.train.source=/lustre/sdpo/data/dapo-math-17k.parquet" in srun
     assert srun.endswith(f"--out {out} --quiet"), srun
+    # The CLI's dry run for the job's 2 x 8 ranks came first (the data paths are on the cluster).
+    assert "[nemo_run] preflight: python -m megatron_sdpo run olmo3_7b algorithm.sdpo.alpha=0.25" in proc.stderr
+    assert "ranks: 16 (--world-size)" in proc.stdout and "trainer layout: TP=4 PP=1 DP=4" in proc.stdout
+
+
+def test_a_failed_preflight_queues_nothing(tmp_path):
+    pytest.importorskip("nemo_run")
+    proc = _launch(tmp_path, "olmo3_7b", "backend.megatron.tensor_parallel=3", "--executor", "slurm", "--dryrun",
+                   "--account", "proj-17", "--job-dir", str(tmp_path / "jobs"), "--packager", "none",
+                   "--out", "/lustre/runs/x", "--data-root", "/lustre/sdpo", timeout=180)
+    assert proc.returncode == 2, (proc.stdout[-2000:], proc.stderr[-2000:])
+    assert "error: world size 16 (--world-size) is not divisible by backend.megatron.tensor_parallel" in proc.stderr
+    assert not list((tmp_path / "nemorun_home").rglob("*_sbatch.sh"))
 
 
 def test_local_executor_runs_ranks_through_torchrun_and_reports_failure(tmp_path):

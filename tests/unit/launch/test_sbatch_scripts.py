@@ -19,8 +19,10 @@ ALL_SH = sorted([*REPO.joinpath("slurm").glob("*.sh"), *REPO.joinpath("launchers
 JOB_ID = 4242
 
 FAKE_SRUN = """#!/bin/bash
-# Records its argv (one per line, then a separator) and, if asked, runs until signalled.
+# Records its argv (one per line, then a separator) and, if asked, runs until signalled. The
+# preflight (--dry-run) returns at once with FAKE_PREFLIGHT_RC.
 { printf '%s\\n' "$@"; echo '--END--'; } >> "$FAKE_LOG"
+for a in "$@"; do [[ "$a" == --dry-run ]] && exit "${FAKE_PREFLIGHT_RC:-0}"; done
 SLEEP_PID=""
 trap 'echo "srun got TERM" >> "$FAKE_LOG"; [[ -n "$SLEEP_PID" ]] && kill "$SLEEP_PID"; exit 143' TERM
 if [[ -n "${FAKE_SRUN_SLEEP:-}" ]]; then
@@ -54,10 +56,12 @@ def test_sbatch_header_and_single_megatron_sdpo_call(preset):
     assert directives["output"].startswith("logs/")
     assert int(directives["nodes"]) == (2 if preset == "olmo3_7b" else 1)
     assert re.search(rf"python -m megatron_sdpo run {preset} \"\$@\"", text)
-    # No training logic: the only Python this script starts is the megatron_sdpo CLI.
+    # No training logic: the only Python this script starts is the megatron_sdpo CLI, first its
+    # dry run (preflight), then the run.
     code = [ln for ln in text.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
     python_lines = [ln for ln in code if re.search(r"(?<![-\w])python3?\b", ln)]
-    assert len(python_lines) == 1 and "-m megatron_sdpo run" in python_lines[0], python_lines
+    assert len(python_lines) == 2 and all(f"-m megatron_sdpo run {preset} " in ln for ln in python_lines), python_lines
+    assert "--dry-run" in python_lines[0] and "--dry-run" not in python_lines[1]
     assert not any(re.search(r"<<|python3? -c|\bimport\b", ln) for ln in code)
 
 
@@ -94,7 +98,12 @@ def fake_slurm(tmp_path):
     return tmp_path, env, log
 
 
-def _srun_calls(log: Path) -> list[list[str]]:
+def _srun_calls(log: Path, preflight: bool = False) -> list[list[str]]:
+    """The fake srun's argv lists: the training launches, or (preflight=True) the dry runs."""
+    return [c for c in _all_srun_calls(log) if ("--dry-run" in c) == preflight]
+
+
+def _all_srun_calls(log: Path) -> list[list[str]]:
     if not log.exists():
         return []
     calls, cur = [], []
@@ -128,6 +137,14 @@ def test_first_launch_then_requeued_launch_resumes(fake_slurm):
         "python", "-m", "megatron_sdpo", "run", "olmo3_7b", "algorithm.sdpo.alpha=0.25",
         "logging.wandb_mode=offline", "--out", str(run_dir), "--quiet",
     ]
+    # The preflight ran first: one task, the same overrides, the allocation's world size.
+    (pre,) = _srun_calls(log, preflight=True)
+    assert _all_srun_calls(log)[0] == pre
+    assert pre[:2] == ["--nodes=1", "--ntasks=1"]
+    assert pre[pre.index("python"):] == [
+        "python", "-m", "megatron_sdpo", "run", "olmo3_7b", "algorithm.sdpo.alpha=0.25",
+        "logging.wandb_mode=offline", "--dry-run", "--world-size", "16",
+    ]
     # The requeued job (same id) finds the run the first attempt started and resumes it.
     run_dir.mkdir(parents=True)
     (run_dir / "resolved_config.yaml").write_text("name: olmo3_7b\n")
@@ -143,7 +160,7 @@ def test_finished_run_is_not_restarted_and_run_dir_env_wins(fake_slurm):
     (run_dir / "report.md").write_text("# done\n")
     proc = _run(SCRIPTS["qwen3_4b"], {**env, "RUN_DIR": str(run_dir)})
     assert proc.returncode == 0 and "already finished" in proc.stdout
-    assert _srun_calls(log) == []
+    assert _all_srun_calls(log) == []
 
 
 @pytest.mark.parametrize("bad", ["--out=/x", "--resume"])
@@ -152,7 +169,7 @@ def test_out_and_resume_arguments_are_refused(fake_slurm, bad):
     proc = _run(SCRIPTS["qwen3_4b"], env, "seed=1", bad)
     assert proc.returncode == 2
     assert proc.stderr.strip().count("\n") == 0 and "RUN_DIR" in proc.stderr
-    assert _srun_calls(log) == []
+    assert _all_srun_calls(log) == []
 
 
 def _start_and_wait_for_srun(script: Path, env: dict, log: Path) -> subprocess.Popen:
@@ -197,9 +214,16 @@ def test_srun_failure_is_the_job_status(fake_slurm):
     assert proc.returncode == 3 and "status 3" in proc.stdout
 
 
+def test_a_failed_preflight_launches_nothing(fake_slurm):
+    _, env, log = fake_slurm
+    proc = _run(SCRIPTS["olmo3_7b"], {**env, "FAKE_PREFLIGHT_RC": "2"}, "backend.megatron.tensor_parallel=3")
+    assert proc.returncode == 2 and "preflight (--dry-run) failed with status 2" in proc.stdout, proc.stdout
+    assert len(_srun_calls(log, preflight=True)) == 1 and _srun_calls(log) == []
+
+
 def test_outside_slurm_the_script_refuses_to_start(fake_slurm):
     _, env, log = fake_slurm
     env = {k: v for k, v in env.items() if k != "SLURM_JOB_ID"}
     proc = _run(SCRIPTS["olmo3_7b"], env)
     assert proc.returncode != 0 and "submit this script with sbatch" in proc.stderr
-    assert _srun_calls(log) == []
+    assert _all_srun_calls(log) == []

@@ -1,0 +1,358 @@
+"""Dry run of `megatron-sdpo run`: what a launch would do, checked without loading weights.
+
+`plan(cfg, world_size)` resolves the trainer layout (TP x PP x DP over the world), the rollout
+plan (vLLM tensor-parallel size, replicas, prompts per replica), the batch split, the data
+sources (schemas checked; files that exist are parsed for their first rows, missing ones are
+warnings: a login node often does not hold the data the job will read) and a rough memory
+estimate per rank. The architecture comes from the model directory's config.json when it is
+there, else from a small built-in table of the paper models (with a note saying so).
+
+Every error is one line (ConfigError / DataError); `LaunchPlan.render()` is what `--dry-run`
+prints.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from megatron_sdpo.config.schema import RunConfig
+from megatron_sdpo.errors import ConfigError, DataError
+
+GIB = 1024**3
+# First rows parsed per data file that exists: enough to catch a wrong schema, cheap on a login node.
+SCHEMA_CHECK_ROWS = 64
+# Megatron's activation memory per token per layer with selective recompute, in units of the
+# hidden size (Korthikanti et al., "Reducing Activation Recomputation in Large Transformer
+# Models": 34 * s * b * h bytes per layer in 16-bit; without recompute 34 + 5 * a * s / h).
+ACT_BYTES_PER_TOKEN_HIDDEN = 34
+# The public config.json fields of the paper models, for planning where the model directory is
+# not on this machine (weights are downloaded by the job).
+BUILTIN_ARCHS: dict[str, dict] = {
+    "qwen/qwen3-4b": dict(
+        model_type="qwen3", vocab_size=151936, hidden_size=2560, intermediate_size=9728, num_hidden_layers=36,
+        num_attention_heads=32, num_key_value_heads=8, head_dim=128, tie_word_embeddings=True,
+        max_position_embeddings=40960, rms_norm_eps=1e-6, rope_theta=1000000.0,
+    ),
+    "allenai/olmo-3-7b-instruct": dict(
+        model_type="olmo3", vocab_size=100278, hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
+        num_attention_heads=32, num_key_value_heads=32, tie_word_embeddings=False, max_position_embeddings=65536,
+        rms_norm_eps=1e-6, rope_theta=500000.0, sliding_window=4096,
+    ),
+}
+
+
+@dataclass(frozen=True)
+class Arch:
+    """What the plan needs of a model's architecture."""
+
+    source: str  # where the numbers came from
+    vocab: int
+    hidden: int
+    ffn: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    tied: bool
+
+    @property
+    def params(self) -> int:
+        """Parameter count (norm weights included; no biases in the supported models)."""
+        attn = self.hidden * self.head_dim * (2 * self.heads + 2 * self.kv_heads)
+        per_layer = attn + 3 * self.hidden * self.ffn + 2 * self.hidden + 2 * self.head_dim * (self.heads + self.kv_heads)
+        return self.layers * per_layer + self.vocab * self.hidden * (1 if self.tied else 2) + self.hidden
+
+    def kv_bytes_per_token(self, dtype_bytes: int = 2) -> int:
+        """K and V of every layer for one token (vLLM's cache, 16-bit)."""
+        return 2 * self.layers * self.kv_heads * self.head_dim * dtype_bytes
+
+
+def _model_dir(cfg: RunConfig) -> Path | None:
+    if cfg.model.path == "tiny":
+        from megatron_sdpo.models.tiny import SHIPPED_DIR
+
+        return SHIPPED_DIR
+    p = Path(cfg.model.path)
+    return p if (p / "config.json").is_file() else None
+
+
+def resolve_arch(cfg: RunConfig) -> tuple[Arch | None, object, list[str]]:
+    """(Arch, the weight plan's ModelSpec, notes) from config.json or the built-in table;
+    (None, None, [why]) for a model that is neither here nor in the table (a launch from a
+    machine without the model: the checks that need the architecture are skipped)."""
+    from transformers import AutoConfig
+
+    from megatron_sdpo.weights.plan import ModelSpec
+
+    notes: list[str] = []
+    d = _model_dir(cfg)
+    if d is not None:
+        fields = json.loads((d / "config.json").read_text())
+        source = f"{d / 'config.json'}"
+    else:
+        key = cfg.model.path.rstrip("/").lower()
+        match = next((k for k in BUILTIN_ARCHS if key == k or key.endswith("/" + k.split("/")[1])), None)
+        if match is None:
+            return None, None, [
+                f"model.path {cfg.model.path!r}: no config.json there and no built-in architecture for it "
+                f"(built in: {', '.join(BUILTIN_ARCHS)}): model checks and the memory estimate are skipped"
+            ]
+        fields = dict(BUILTIN_ARCHS[match])
+        source = f"built-in table ({match})"
+        notes.append(
+            f"model directory {cfg.model.path!r} is not on this machine: architecture numbers from the built-in "
+            f"table for {match}; the job reads the real config.json"
+        )
+    try:
+        hf = AutoConfig.for_model(**fields)
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ConfigError(f"model config from {source}: {exc}") from None
+    spec = ModelSpec.from_hf_config(hf)
+    arch = Arch(
+        source=source, vocab=spec.vocab_size, hidden=spec.hidden_size, ffn=spec.ffn_hidden_size,
+        layers=spec.num_layers, heads=spec.num_heads, kv_heads=spec.num_kv_heads, head_dim=spec.head_dim,
+        tied=spec.tie_word_embeddings,
+    )
+    return arch, spec, notes
+
+
+@dataclass
+class DataCheck:
+    where: str  # domains.<d>.<split>
+    source: str
+    schema: str
+    status: str  # "synthetic" | "ok (N rows checked)" | "missing"
+
+
+def check_data(cfg: RunConfig) -> tuple[list[DataCheck], list[str]]:
+    """Schema of every data source the stages use; files that exist are parsed (first rows),
+    missing files are warnings. A schema that cannot serve its domain is a DataError."""
+    from megatron_sdpo.data.loaders import SCHEMAS, load_records
+
+    checks, warnings = [], []
+    used = dict.fromkeys(s.domain for s in cfg.stages)
+    for domain in used:
+        dcfg = cfg.domains[domain]
+        for split, src in [("train", dcfg.train), *((f"eval.{k}", v) for k, v in dcfg.eval.items())]:
+            where = f"domains.{domain}.{split}"
+            if src.source == "synthetic":
+                checks.append(DataCheck(where, src.source, "synthetic", "synthetic"))
+                continue
+            if src.schema not in SCHEMAS:
+                raise DataError(f"{where}.schema: unknown data schema {src.schema!r}; expected one of {', '.join(sorted(SCHEMAS))}")
+            schema_domain = SCHEMAS[src.schema][0]
+            # Eval splits may hold other domains' sets (out-of-domain evaluation).
+            if split == "train" and schema_domain is not None and schema_domain != domain:
+                raise DataError(f"{where}: schema {src.schema!r} yields {schema_domain!r} records, not {domain!r}")
+            if not os.path.isfile(src.source):
+                checks.append(DataCheck(where, src.source, src.schema, "missing"))
+                warnings.append(f"{where}.source: data file not found here: {src.source}")
+                continue
+            recs = load_records(src.source, src.schema, limit=SCHEMA_CHECK_ROWS, seed=cfg.seed)
+            if not recs:
+                raise DataError(f"{where}: {src.source} holds no records in schema {src.schema!r}")
+            checks.append(DataCheck(where, src.source, src.schema, f"ok ({len(recs)} rows checked)"))
+    return checks, warnings
+
+
+@dataclass
+class LaunchPlan:
+    """Everything `--dry-run` reports (sizes in bytes)."""
+
+    preset: str
+    world_size: int
+    world_source: str
+    tp: int
+    pp: int
+    dp: int
+    sequence_parallel: bool
+    rollout_engine: str
+    rollout_tp: int
+    rollout_tp_source: str
+    replicas: int
+    prompts_per_replica: int
+    samples_per_step: int
+    samples_per_dp_rank: int
+    micro_batches: int
+    arch: Arch | None
+    memory: dict[str, int]  # empty when the architecture is unknown here
+    gpu_memory_bytes: int
+    data: list[DataCheck] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def train_peak(self) -> int:
+        m = self.memory
+        return sum(m[k] for k in ("params", "grads", "optimizer", "teacher", "reference", "activations", "logits"))
+
+    @property
+    def rollout_peak(self) -> int:
+        """Persistent trainer state + the engine's weights and KV budget (activations freed)."""
+        m = self.memory
+        return sum(m[k] for k in ("params", "grads", "optimizer", "teacher", "reference", "vllm_weights", "kv_budget"))
+
+    def _data_summary(self) -> str:
+        counts = {k: sum(d.status.split()[0] == k for d in self.data) for k in ("ok", "synthetic", "missing")}
+        return (f"{len(self.data)} sources of the stages' domains: {counts['ok']} parsed with their schema, "
+                f"{counts['synthetic']} synthetic, {counts['missing']} not on this machine")
+
+    def render(self) -> str:
+        g = lambda b: f"{b / GIB:.2f}"  # noqa: E731
+        lines = [
+            f"dry run of {self.preset}: configuration, layout, data and memory checked; no weights loaded",
+            f"ranks: {self.world_size} ({self.world_source})",
+            f"trainer layout: TP={self.tp} PP={self.pp} DP={self.dp}"
+            + (" (sequence parallel)" if self.sequence_parallel else ""),
+            f"rollout: engine={self.rollout_engine}, vLLM TP={self.rollout_tp} ({self.rollout_tp_source}), "
+            f"vLLM replicas={self.replicas}, {self.prompts_per_replica} prompts per replica per step",
+            f"batch: {self.samples_per_step} samples per step, {self.samples_per_dp_rank} per DP rank, "
+            f"{self.micro_batches} micro-batches per step",
+        ]
+        if self.arch is None:
+            lines.append("model: architecture unknown on this machine; no memory estimate (see warnings)")
+        else:
+            lines += self._model_lines(g)
+        lines.append("data: " + self._data_summary())
+        lines += [f"note: {n}" for n in self.notes]
+        lines += [f"warning: {w}" for w in self.warnings]
+        return "\n".join(lines)
+
+    def _model_lines(self, g) -> list[str]:
+        m = self.memory
+        return [
+            f"model: {self.arch.params / 1e6:,.1f}M parameters, {self.arch.layers} layers, hidden {self.arch.hidden}, "
+            f"vocab {self.arch.vocab} (from {self.arch.source})",
+            f"memory per rank (GiB, rough): params {g(m['params'])}, grads {g(m['grads'])}, optimizer {g(m['optimizer'])}, "
+            f"teacher {g(m['teacher'])}, reference {g(m['reference'])}, activations ~{g(m['activations'])} "
+            f"(a micro-batch of max_model_len rows), "
+            f"logits {g(m['logits'])}, vLLM weights {g(m['vllm_weights'])}, KV budget {g(m['kv_budget'])}",
+            f"peak per rank (GiB, rough): training {g(self.train_peak)}, rollout {g(self.rollout_peak)} "
+            f"of {g(self.gpu_memory_bytes)} per GPU",
+        ]
+
+
+def world_size_from(requested: int | None) -> tuple[int, str]:
+    """(world size, where it came from): --world-size, else WORLD_SIZE, else 1."""
+    if requested is not None:
+        if requested < 1:
+            raise ConfigError(f"--world-size must be >= 1, got {requested}")
+        return requested, "--world-size"
+    env = os.environ.get("WORLD_SIZE")
+    if env is None:
+        return 1, "default; set WORLD_SIZE or --world-size"
+    try:
+        n = int(env)
+    except ValueError:
+        raise ConfigError(f"WORLD_SIZE={env!r} is not an integer") from None
+    if n < 1:
+        raise ConfigError(f"WORLD_SIZE={n} must be >= 1")
+    return n, "WORLD_SIZE"
+
+
+def plan(cfg: RunConfig, world_size: int | None = None, *, gpu_memory_gib: float = 80.0,
+         world_source: str | None = None) -> LaunchPlan:
+    """The launch plan of `cfg` on `world_size` ranks (None: --world-size/WORLD_SIZE rules)."""
+    from megatron_sdpo.backends.megatron.model import ModelOptions
+    from megatron_sdpo.backends.megatron.parallel import ParallelConfig
+    from megatron_sdpo.weights.plan import Layout
+
+    if world_size is None:
+        world_size, world_source = world_size_from(None)
+    world_source = world_source or "given"
+    megatron = cfg.backend.name == "megatron"
+    m = cfg.backend.megatron
+    tp, pp, sp = (m.tensor_parallel, m.pipeline_parallel, m.sequence_parallel) if megatron else (1, 1, False)
+    if world_size % (tp * pp):
+        raise ConfigError(
+            f"world size {world_size} ({world_source}) is not divisible by backend.megatron.tensor_parallel * "
+            f"pipeline_parallel = {tp} * {pp}"
+        )
+    layout = ParallelConfig(tp=tp, pp=pp, sequence_parallel=sp).resolve(world_size)
+    arch, spec, unknown = resolve_arch(cfg)
+    notes, warnings = (unknown, []) if arch is not None else ([], unknown)
+    if megatron and spec is not None:
+        Layout(tp=tp, pp=pp, vocab_divisor=ModelOptions().vocab_divisor).validate(spec)
+
+    a = cfg.algorithm
+    samples = a.prompts_per_step * a.group_size
+    if samples < layout.dp:
+        raise ConfigError(
+            f"algorithm.prompts_per_step * group_size = {samples} samples per step is smaller than DP={layout.dp}"
+        )
+    per_dp = -(-samples // layout.dp)
+    micro = -(-per_dp // cfg.backend.micro_batch_size)
+
+    rtp_cfg = getattr(cfg.rollout, "tensor_parallel_size", None)
+    rtp, rtp_source = (int(rtp_cfg), "rollout.tensor_parallel_size") if rtp_cfg else (tp, "the trainer's TP")
+    if rtp < 1 or world_size % rtp:
+        raise ConfigError(f"rollout tensor parallel size {rtp} ({rtp_source}) must divide the world size {world_size}")
+    if arch is not None and arch.heads % rtp:
+        raise ConfigError(f"rollout tensor parallel size {rtp} must divide num_attention_heads={arch.heads}")
+    replicas = world_size // rtp
+    per_replica = -(-a.prompts_per_step // replicas)
+    if a.prompts_per_step % replicas:
+        warnings.append(
+            f"algorithm.prompts_per_step={a.prompts_per_step} does not split evenly over {replicas} vLLM replicas "
+            f"(up to {per_replica} prompts each)"
+        )
+
+    data, data_warn = check_data(cfg)
+    warnings += data_warn
+
+    memory = _memory(cfg, arch, layout.tp, layout.pp, layout.dp, rtp, gpu_memory_gib) if arch is not None else {}
+    out = LaunchPlan(
+        preset=cfg.name, world_size=world_size, world_source=world_source, tp=layout.tp, pp=layout.pp,
+        dp=layout.dp, sequence_parallel=sp, rollout_engine=cfg.rollout.engine, rollout_tp=rtp,
+        rollout_tp_source=rtp_source, replicas=replicas, prompts_per_replica=per_replica, samples_per_step=samples,
+        samples_per_dp_rank=per_dp, micro_batches=micro, arch=arch, memory=memory,
+        gpu_memory_bytes=int(gpu_memory_gib * GIB), data=data, notes=notes, warnings=warnings,
+    )
+    if memory and max(out.train_peak, out.rollout_peak) > out.gpu_memory_bytes:
+        out.warnings.append(
+            f"the rough peak ({max(out.train_peak, out.rollout_peak) / GIB:.1f} GiB) exceeds {gpu_memory_gib:g} GiB per GPU"
+        )
+    return out
+
+
+def _memory(cfg: RunConfig, arch: Arch, tp: int, pp: int, dp: int, rollout_tp: int, gpu_memory_gib: float) -> dict[str, int]:
+    """Rough bytes per rank of each component. Trainer states are split over TP x PP (the
+    distributed optimizer's fp32 states also over DP); gradients are reduced in fp32
+    (megatron DDP grad_reduce_in_fp32); vLLM holds 16-bit weights split over its TP and a KV
+    budget of gpu_memory_utilization of the GPU minus those weights."""
+    m = cfg.backend.megatron
+    bf16 = (m.params_dtype == "bfloat16") if cfg.backend.name == "megatron" else cfg.model.dtype != "float32"
+    pbytes = 2 if bf16 else 4
+    shard = arch.params / (tp * pp)
+    # Adam moments (fp32) and, for 16-bit params, fp32 master weights.
+    opt_per_param = 12 if bf16 else 8
+    opt_split = dp if (cfg.backend.name == "megatron" and m.distributed_optimizer) else 1
+    with_teacher = cfg.algorithm.name != "grpo"
+    with_ref = cfg.algorithm.grpo.kl_coef > 0 or cfg.diagnostics.enabled
+    seq = cfg.rollout.max_model_len
+    mbs = cfg.backend.micro_batch_size
+    # Bytes per token per layer in units of the hidden size: full recompute keeps only each
+    # layer's input (2), selective the 34, none adds the attention scores (5 * heads * seq / hidden).
+    per_token = {"full": 2.0, "selective": float(ACT_BYTES_PER_TOKEN_HIDDEN)}.get(
+        m.recompute, ACT_BYTES_PER_TOKEN_HIDDEN + 5 * arch.heads * seq / arch.hidden
+    )
+    # Under SP everything is sequence-sharded; without it, (as an upper bound) nothing is.
+    # 1F1B keeps up to PP micro-batches of a stage's L / PP layers alive: ~one micro-batch of all layers.
+    activations = per_token * arch.hidden * seq * mbs * arch.layers / (tp if m.sequence_parallel else 1)
+    # Without the fused kernel: fp32 student and teacher logit shards and their softmax pieces.
+    logits = 0 if cfg.kernel.fused_kl else 4 * 4 * mbs * seq * arch.vocab / tp
+    vllm_weights = 2 * arch.params / rollout_tp if cfg.rollout.engine in ("vllm", "auto") else 0
+    kv = max(0.0, cfg.rollout.gpu_memory_utilization * gpu_memory_gib * GIB - vllm_weights) if vllm_weights else 0.0
+    return {
+        "params": int(pbytes * shard),
+        "grads": int(4 * shard),
+        "optimizer": int(opt_per_param * shard / opt_split),
+        "teacher": int(pbytes * shard) if with_teacher else 0,
+        "reference": int(pbytes * shard) if with_ref else 0,
+        "activations": int(activations),
+        "logits": int(logits),
+        "vllm_weights": int(vllm_weights),
+        "kv_budget": int(kv),
+    }

@@ -1,0 +1,92 @@
+"""`megatron-sdpo run PRESET --dry-run`: layout, rollout plan, data checks and the memory
+estimate, without weights (the paper models' directories are not on a test machine)."""
+from __future__ import annotations
+
+import pytest
+
+from megatron_sdpo.cli import main
+from megatron_sdpo.config import load_config
+from megatron_sdpo.errors import ConfigError, DataError
+from megatron_sdpo.launch_plan import BUILTIN_ARCHS, plan
+
+FIXTURES = "tests/fixtures/data"
+
+
+@pytest.mark.parametrize(
+    "preset, world, tp, dp",
+    [("olmo3_7b", 16, 4, 4), ("olmo3_7b", 8, 4, 2), ("qwen3_4b", 16, 2, 8), ("qwen3_4b", 8, 2, 4)],
+)
+def test_paper_presets_plan_at_16_and_8_ranks(preset, world, tp, dp, capsys, monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", str(world))
+    assert main(["run", preset, "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert f"ranks: {world} (WORLD_SIZE)" in out
+    assert f"trainer layout: TP={tp} PP=1 DP={dp} (sequence parallel)" in out
+    # No rollout.tensor_parallel_size in the presets: vLLM takes the trainer's TP.
+    assert f"vLLM TP={tp} (the trainer's TP), vLLM replicas={world // tp}, {32 // (world // tp)} prompts" in out
+    assert f"256 samples per step, {256 // dp} per DP rank, {256 // dp // 4} micro-batches" in out
+    assert "not on this machine: architecture numbers from the built-in table" in out
+    assert "memory per rank (GiB, rough): params" in out and "KV budget" in out
+    assert out.count("warning: domains.") == 20  # the data files are not here: warnings, not errors
+
+
+def test_world_size_flag_wins_and_bad_layouts_are_one_line_errors(capsys, monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    assert main(["run", "qwen3_4b", "--dry-run", "--world-size", "4"]) == 0
+    assert "ranks: 4 (--world-size)" in capsys.readouterr().out
+    assert main(["run", "qwen3_4b", "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error: world size 3 (WORLD_SIZE) is not divisible"), err
+    # TP divides the world but not the model: Olmo-3-7B's 32 KV heads cannot split over 64 ranks.
+    assert main(["run", "olmo3_7b", "backend.megatron.tensor_parallel=64", "--dry-run", "--world-size", "64"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "tp=64 must divide num_key_value_heads=32" in err, err
+    assert main(["run", "tiny", "--world-size", "2"]) == 2
+    assert "--world-size is for --dry-run" in capsys.readouterr().err
+
+
+def test_rollout_tensor_parallel_size_sets_the_replicas():
+    cfg = load_config("qwen3_4b")
+    cfg.rollout.tensor_parallel_size = 1  # the key the multi-rank rollout adds
+    p = plan(cfg, 8)
+    assert (p.rollout_tp, p.replicas, p.prompts_per_replica) == (1, 8, 4)
+    assert p.rollout_tp_source == "rollout.tensor_parallel_size"
+    cfg.rollout.tensor_parallel_size = 3
+    with pytest.raises(ConfigError, match="rollout tensor parallel size 3"):
+        plan(cfg, 8)
+
+
+def test_builtin_architectures_match_the_public_sizes():
+    cfg = load_config("qwen3_4b")
+    p = plan(cfg, 8)
+    # Qwen3-4B: 4.0B parameters (tied embeddings), 36 layers.
+    assert abs(p.arch.params / 4.02e9 - 1) < 0.01 and p.arch.tied and p.arch.layers == 36
+    p7 = plan(load_config("olmo3_7b"), 8)
+    assert abs(p7.arch.params / 7.3e9 - 1) < 0.01 and not p7.arch.tied
+    assert set(BUILTIN_ARCHS) == {"qwen/qwen3-4b", "allenai/olmo-3-7b-instruct"}
+    # Sharding is visible in the estimate: twice the TP halves the weights per rank.
+    tp4 = plan(load_config("qwen3_4b", ["backend.megatron.tensor_parallel=4"]), 8)
+    assert tp4.memory["params"] * 2 == pytest.approx(p.memory["params"], rel=1e-6)
+    assert p.memory["logits"] == 0  # kernel.fused_kl: no logits
+    assert plan(load_config("qwen3_4b", ["algorithm.sdpo.topk=100", "kernel.fused_kl=false"]), 8).memory["logits"] > 0
+
+
+def test_config_json_of_a_local_model_and_unknown_models(tmp_path):
+    p = plan(load_config("tiny"), 1)
+    assert p.arch.source.endswith("tiny_base/config.json") and p.arch.vocab == 711 and not p.notes
+    # Not here and not built in (e.g. a launch from a login node): a warning, no estimate.
+    p = plan(load_config("tiny", [f"model.path={tmp_path}"]), 1)
+    assert p.arch is None and p.memory == {} and "no built-in architecture" in p.warnings[0]
+    assert "architecture unknown on this machine" in p.render()
+
+
+def test_existing_data_files_are_parsed_with_their_schema():
+    ok = load_config("tiny", [f"domains.math.train.source={FIXTURES}/dapo_math.jsonl", "domains.math.train.schema=dapo_math"])
+    checks = {d.where: d.status for d in plan(ok, 1).data}
+    assert checks["domains.math.train"].startswith("ok (") and checks["domains.code.train"] == "synthetic"
+    wrong = load_config("tiny", [f"domains.math.train.source={FIXTURES}/dapo_math.jsonl", "domains.math.train.schema=aime"])
+    with pytest.raises(DataError):
+        plan(wrong, 1)
+    other = load_config("tiny", [f"domains.math.train.source={FIXTURES}/gpqa.json", "domains.math.train.schema=gpqa"])
+    with pytest.raises(DataError, match="yields 'science' records, not 'math'"):
+        plan(other, 1)
