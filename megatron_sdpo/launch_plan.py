@@ -285,8 +285,7 @@ def plan(cfg: RunConfig, world_size: int | None = None, *, gpu_memory_gib: float
     per_dp = -(-samples // layout.dp)
     micro = -(-per_dp // cfg.backend.micro_batch_size)
 
-    rtp_cfg = getattr(cfg.rollout, "tensor_parallel_size", None)
-    rtp, rtp_source = (int(rtp_cfg), "rollout.tensor_parallel_size") if rtp_cfg else (tp, "the trainer's TP")
+    rtp, rtp_source = cfg.rollout.tensor_parallel_size, "rollout.tensor_parallel_size"
     if rtp < 1 or world_size % rtp:
         raise ConfigError(f"rollout tensor parallel size {rtp} ({rtp_source}) must divide the world size {world_size}")
     if arch is not None and arch.heads % rtp:
