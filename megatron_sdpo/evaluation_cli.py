@@ -11,9 +11,9 @@ from megatron_sdpo.run_dir import RunDir
 
 def run_eval(cfg: RunConfig, out: str | Path) -> dict[str, float]:
     """Evaluate `cfg.model.path` on every domain/split of `cfg`; writes eval_matrix.csv in `out`."""
+    model_path = builders.resolve_model_path(cfg)  # a corrupt model fails before anything is written
     run_dir = RunDir(out)
     run_dir.prepare(resume=False)
-    model_path = builders.resolve_model_path(cfg)
     tokenizer = builders.load_tokenizer(model_path)
     eval_sets = load_eval_sets(cfg)
     engine = builders.make_rollout(cfg, model_path, tokenizer, str(run_dir.root / ".rollout"))
