@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+from megatron_sdpo.engine_logs import route_engine_logs
 from megatron_sdpo.errors import UserError
 
 ALGORITHM_OVERRIDES = {
@@ -37,7 +38,11 @@ def cmd_run(args) -> int:
     cfg = load_config(args.config, args.overrides)
     out = args.out or _default_out(cfg.name)
     resume = args.resume or (args.resume_if_exists and (Path(out) / "resolved_config.yaml").exists())
-    ContinualRun(cfg, out, resume=resume, quiet=args.quiet).run()
+    run = ContinualRun(cfg, out, resume=resume, quiet=args.quiet)
+    log_file = route_engine_logs(out, verbose=args.verbose)  # after the run directory passed its checks
+    if log_file is not None and run.main and not args.quiet:
+        print(f"engine logs (vLLM, transformers): {log_file}  (--verbose shows them here)", flush=True)
+    run.run()
     print(f"run directory: {out}")
     return 0
 
@@ -77,6 +82,7 @@ def cmd_compare(args) -> int:
         cmd = [sys.executable, "-m", "megatron_sdpo", "run", ref, *ovs, *args.overrides, "--out", str(run_out)]
         cmd += ["--resume"] if resume else []
         cmd += ["--quiet"] if args.quiet else []
+        cmd += ["--verbose"] if args.verbose else []
         print(f"[compare] {algo}: {' '.join(cmd[2:])}", flush=True)
         # One process per arm: engines (vLLM) and memory start clean for each algorithm.
         rc = subprocess.call(cmd, env=os.environ.copy())
@@ -92,7 +98,7 @@ def cmd_eval(args) -> int:
     from megatron_sdpo.evaluation_cli import run_eval
 
     cfg = load_config(args.config, args.overrides + [f"model.path={args.model}"])
-    run_eval(cfg, args.out or _default_out(f"eval-{cfg.name}"))
+    run_eval(cfg, args.out or _default_out(f"eval-{cfg.name}"), verbose=args.verbose)
     return 0
 
 
@@ -128,12 +134,10 @@ class _Parser(argparse.ArgumentParser):
 _TAKES_OVERRIDES = ("run", "compare", "eval")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(drift_arguments: bool = True) -> argparse.ArgumentParser:
     """The parser. `overrides` are not argparse positionals (a `nargs="*"` positional stops at
     the first option and swallows nothing after it); `parse_args` collects them from wherever
-    they stand."""
-    from megatron_sdpo.diagnostics.drift import add_drift_arguments
-
+    they stand. drift_arguments=False leaves `drift`'s own arguments out (they import torch)."""
     p = _Parser(prog="megatron-sdpo", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
     over = "key.path=value overrides, anywhere on the line"
@@ -165,7 +169,10 @@ def build_parser() -> argparse.ArgumentParser:
     e.set_defaults(fn=cmd_eval)
 
     d = sub.add_parser("drift", help="parameter drift between two HF checkpoints")
-    add_drift_arguments(d)
+    if drift_arguments:
+        from megatron_sdpo.diagnostics.drift import add_drift_arguments
+
+        add_drift_arguments(d)
     d.set_defaults(fn=cmd_drift)
 
     rp = sub.add_parser("report", help="regenerate the report and plots of one or more runs")
@@ -184,7 +191,9 @@ def _is_override(token: str) -> bool:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Options, positionals and `key=value` overrides in any order; anything else -> UserError."""
-    args, rest = build_parser().parse_known_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    # The top-level parser has no option but --help: the command, if any, is the first token.
+    args, rest = build_parser(drift_arguments=argv[:1] == ["drift"]).parse_known_args(argv)
     overrides = []
     if args.command in _TAKES_OVERRIDES:
         overrides = [t for t in rest if _is_override(t)]
@@ -209,15 +218,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def _quiet_libraries() -> None:
-    """Library progress bars (weight loading, shard writing) would drown the run's own output."""
+def _quiet_libraries(verbose: bool = False) -> None:
+    """Library progress bars (weight loading, shard writing) would drown the run's own output.
+    Set before torch is imported: c10's C++ warnings (e.g. vLLM's NUMA binding notice) read
+    TORCH_CPP_LOG_LEVEL once, at load. The Python loggers: see engine_logs."""
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    if not verbose:
+        os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
 
 
 def main(argv: list[str] | None = None) -> int:
-    _quiet_libraries()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    _quiet_libraries(verbose="--verbose" in argv)
     try:
         args = parse_args(argv)
         return int(args.fn(args) or 0)
