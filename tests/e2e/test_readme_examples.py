@@ -91,6 +91,7 @@ def test_readme_fenced_commands_run(tmp_path):
         out = getattr(parsed, "out", None)
         if args[0] == "run":
             assert (tmp_path / out / "report.md").is_file(), shown
+            assert (tmp_path / out / "logs" / "engine.log").is_file(), shown
         elif args[0] == "compare":
             assert all((tmp_path / out / a / "report.md").is_file() for a in parsed.algorithms.split(",")), shown
         elif args[0] == "drift":
