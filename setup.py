@@ -28,6 +28,10 @@ GPU = [
     "pyarrow",
     "liger-kernel",
 ]
+DATA_DIRS = {
+    "megatron_sdpo.config.presets": ["*.yaml"],
+    "megatron_sdpo.assets.tiny_base": ["*.json", "*.jinja", "*.safetensors"],
+}
 LAUNCH = ["nemo-run==0.11.1", "leptonai==0.27.3"]
 DEV = ["pytest>=8", "pytest-timeout"]
 
@@ -36,9 +40,12 @@ setup(
     version="0.1.0",
     description="Continual post-training with GRPO and self-distillation on Megatron-core and vLLM",
     python_requires=">=3.11",
-    packages=find_packages(include=["megatron_sdpo", "megatron_sdpo.*"]) + ["megatron_sdpo.kernels"],
+    # The two data folders (no __init__.py) are listed as packages with their files as package
+    # data: setuptools' supported way to ship data inside a package (otherwise it warns that
+    # they "would be ignored" as packages and a future setuptools drops them).
+    packages=find_packages(include=["megatron_sdpo", "megatron_sdpo.*"]) + ["megatron_sdpo.kernels", *DATA_DIRS],
     package_dir={"megatron_sdpo.kernels": "kernels"},
-    package_data={"megatron_sdpo": ["config/presets/*.yaml", "assets/**/*"]},
+    package_data=DATA_DIRS,
     include_package_data=True,
     install_requires=[
         "torch>=2.6",

@@ -11,19 +11,20 @@ from megatron_sdpo.errors import ConfigError, UserError
 
 def resolve_model_path(cfg: RunConfig) -> str:
     """"tiny" -> the shipped tiny base (built on first use); else an existing HF directory."""
+    from megatron_sdpo.models.hf_dir import check_hf_model_dir
+
     if cfg.model.path == "tiny":
         from megatron_sdpo.models.tiny import ensure_tiny_base
 
-        return ensure_tiny_base()
+        return str(check_hf_model_dir(ensure_tiny_base(), what="tiny base"))
     path = Path(cfg.model.path)
     if not path.is_dir():
         raise UserError(
             f"model.path {cfg.model.path!r} is not a local directory (this build loads models from disk; "
             "download the HF checkpoint first)"
         )
-    if not (path / "config.json").exists():
-        raise UserError(f"model.path {cfg.model.path!r} has no config.json (not an HF model directory)")
-    return str(path)
+    # Config, shard index and safetensors headers, before vLLM or transformers open anything.
+    return str(check_hf_model_dir(path, what="model.path"))
 
 
 def load_tokenizer(model_path: str):

@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+from megatron_sdpo.engine_logs import route_engine_logs
 from megatron_sdpo.errors import UserError
 
 ALGORITHM_OVERRIDES = {
@@ -45,7 +46,11 @@ def cmd_run(args) -> int:
         raise UserError("--world-size is for --dry-run; a run takes its world from the launcher (torchrun)")
     out = args.out or _default_out(cfg.name)
     resume = args.resume or (args.resume_if_exists and (Path(out) / "resolved_config.yaml").exists())
-    ContinualRun(cfg, out, resume=resume, quiet=args.quiet).run()
+    run = ContinualRun(cfg, out, resume=resume, quiet=args.quiet)
+    log_file = route_engine_logs(out, verbose=args.verbose)  # after the run directory passed its checks
+    if log_file is not None and run.main and not args.quiet:
+        print(f"engine logs (vLLM, transformers): {log_file}  (--verbose shows them here)", flush=True)
+    run.run()
     print(f"run directory: {out}")
     return 0
 
@@ -85,6 +90,7 @@ def cmd_compare(args) -> int:
         cmd = [sys.executable, "-m", "megatron_sdpo", "run", ref, *ovs, *args.overrides, "--out", str(run_out)]
         cmd += ["--resume"] if resume else []
         cmd += ["--quiet"] if args.quiet else []
+        cmd += ["--verbose"] if args.verbose else []
         print(f"[compare] {algo}: {' '.join(cmd[2:])}", flush=True)
         # One process per arm: engines (vLLM) and memory start clean for each algorithm.
         rc = subprocess.call(cmd, env=os.environ.copy())
@@ -100,14 +106,15 @@ def cmd_eval(args) -> int:
     from megatron_sdpo.evaluation_cli import run_eval
 
     cfg = load_config(args.config, args.overrides + [f"model.path={args.model}"])
-    run_eval(cfg, args.out or _default_out(f"eval-{cfg.name}"))
+    run_eval(cfg, args.out or _default_out(f"eval-{cfg.name}"), verbose=args.verbose)
     return 0
 
 
 def cmd_drift(args) -> int:
-    from megatron_sdpo.diagnostics.drift import main as drift_main
+    from megatron_sdpo.diagnostics.drift import report_drift
 
-    return drift_main([args.a, args.b, "--out", args.out, *args.extra])
+    report_drift(args)
+    return 0
 
 
 def cmd_report(args) -> int:
@@ -124,13 +131,27 @@ def cmd_presets(args) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="megatron-sdpo", description=__doc__.splitlines()[0])
-    sub = p.add_subparsers(dest="command", required=True)
+class _Parser(argparse.ArgumentParser):
+    """argparse whose own errors (missing or malformed option) are one `error:` line, exit 2."""
 
-    r = sub.add_parser("run", help="run a continual GRPO / SDPO experiment")
-    r.add_argument("config", nargs="?", default="tiny", help="preset name or YAML file (default: tiny)")
-    r.add_argument("overrides", nargs="*", help="key.path=value overrides")
+    def error(self, message: str):
+        raise UserError(f"{self.prog}: {message} (see {self.prog} --help)")
+
+
+# Commands that take `key.path=value` overrides: they may stand anywhere among the options.
+_TAKES_OVERRIDES = ("run", "compare", "eval")
+
+
+def build_parser(drift_arguments: bool = True) -> argparse.ArgumentParser:
+    """The parser. `overrides` are not argparse positionals (a `nargs="*"` positional stops at
+    the first option and swallows nothing after it); `parse_args` collects them from wherever
+    they stand. drift_arguments=False leaves `drift`'s own arguments out (they import torch)."""
+    p = _Parser(prog="megatron-sdpo", description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="command", required=True)
+    over = "key.path=value overrides, anywhere on the line"
+
+    r = sub.add_parser("run", help="run a continual GRPO / SDPO experiment", epilog=over)
+    r.add_argument("config", nargs="?", help="preset name or YAML file (default: tiny)")
     r.add_argument("--out", help="run directory (default: runs/<name>-<time>)")
     r.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
     r.add_argument(
@@ -144,28 +165,29 @@ def build_parser() -> argparse.ArgumentParser:
     )
     r.add_argument("--world-size", type=int, help="ranks to plan for with --dry-run (default: WORLD_SIZE, else 1)")
     r.add_argument("--gpu-memory-gib", type=float, default=80.0, help="memory per GPU for the --dry-run estimate")
+    r.add_argument("--verbose", action="store_true", help="show the engines' (vLLM, transformers) logs in the terminal")
     r.set_defaults(fn=cmd_run)
 
-    c = sub.add_parser("compare", help="run several algorithms on one preset and compare them")
-    c.add_argument("config", help="preset name or YAML file")
-    c.add_argument("overrides", nargs="*", help="key.path=value overrides applied to every arm")
+    c = sub.add_parser("compare", help="run several algorithms on one preset and compare them", epilog=over)
+    c.add_argument("config", nargs="?", help="preset name or YAML file")
     c.add_argument("--algorithms", default="grpo,sdpo,stable_sdpo")
     c.add_argument("--out")
     c.add_argument("--quiet", action="store_true")
+    c.add_argument("--verbose", action="store_true", help="show the engines' (vLLM, transformers) logs in the terminal")
     c.set_defaults(fn=cmd_compare)
 
-    e = sub.add_parser("eval", help="evaluate an HF model directory on every domain of a preset")
+    e = sub.add_parser("eval", help="evaluate an HF model directory on every domain of a preset", epilog=over)
     e.add_argument("model", help="HF model directory (e.g. RUN/checkpoints/stage_1_math/policy)")
-    e.add_argument("config", nargs="?", default="tiny")
-    e.add_argument("overrides", nargs="*")
+    e.add_argument("config", nargs="?", help="preset name or YAML file (default: tiny)")
     e.add_argument("--out")
+    e.add_argument("--verbose", action="store_true", help="show the engines' (vLLM, transformers) logs in the terminal")
     e.set_defaults(fn=cmd_eval)
 
     d = sub.add_parser("drift", help="parameter drift between two HF checkpoints")
-    d.add_argument("a")
-    d.add_argument("b")
-    d.add_argument("--out", required=True)
-    d.add_argument("extra", nargs=argparse.REMAINDER, help="further options of the drift report")
+    if drift_arguments:
+        from megatron_sdpo.diagnostics.drift import add_drift_arguments
+
+        add_drift_arguments(d)
     d.set_defaults(fn=cmd_drift)
 
     rp = sub.add_parser("report", help="regenerate the report and plots of one or more runs")
@@ -178,17 +200,55 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _quiet_libraries() -> None:
-    """Library progress bars (weight loading, shard writing) would drown the run's own output."""
+def _is_override(token: str) -> bool:
+    return "=" in token and not token.startswith("-")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Options, positionals and `key=value` overrides in any order; anything else -> UserError."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    # The top-level parser has no option but --help: the command, if any, is the first token.
+    args, rest = build_parser(drift_arguments=argv[:1] == ["drift"]).parse_known_args(argv)
+    overrides = []
+    if args.command in _TAKES_OVERRIDES:
+        overrides = [t for t in rest if _is_override(t)]
+        rest = [t for t in rest if not _is_override(t)]
+        # argparse fills an optional preset slot greedily: with the first override when no preset
+        # is named (`run a.b=1`), or leaves it empty when the preset follows an option
+        # (`eval M --out o tiny`).
+        if args.config is not None and _is_override(args.config) and not Path(args.config).exists():
+            overrides.insert(0, args.config)
+            args.config = None
+        if args.config is None and rest and not rest[0].startswith("-"):
+            args.config = rest.pop(0)
+        if args.config is None and args.command == "compare":
+            raise UserError("megatron-sdpo compare: name a preset or YAML file (e.g. `compare tiny`)")
+        if args.config is None:
+            args.config = "tiny"
+    if rest:
+        kind = "option" if rest[0].startswith("-") else "argument"
+        hint = " (overrides are key.path=value)" if args.command in _TAKES_OVERRIDES and kind == "argument" else ""
+        raise UserError(f"megatron-sdpo {args.command}: unrecognized {kind} {rest[0]!r}{hint}")
+    args.overrides = overrides
+    return args
+
+
+def _quiet_libraries(verbose: bool = False) -> None:
+    """Library progress bars (weight loading, shard writing) would drown the run's own output.
+    Set before torch is imported: c10's C++ warnings (e.g. vLLM's NUMA binding notice) read
+    TORCH_CPP_LOG_LEVEL once, at load. The Python loggers: see engine_logs."""
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    if not verbose:
+        os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
 
 
 def main(argv: list[str] | None = None) -> int:
-    _quiet_libraries()
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    _quiet_libraries(verbose="--verbose" in argv)
     try:
+        args = parse_args(argv)
         return int(args.fn(args) or 0)
     except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -55,6 +55,7 @@ class ContinualRun:
 
     def __init__(self, cfg: RunConfig, out_dir: str | Path, *, resume: bool = False, quiet: bool = False):
         check_data_files(cfg)
+        builders.resolve_model_path(cfg)  # a missing or corrupt model fails before anything is written
         ranks.init_if_launched()
         self.main = ranks.is_main()
         self.run_dir = RunDir(out_dir)

@@ -5,15 +5,18 @@ from pathlib import Path
 
 from megatron_sdpo import builders
 from megatron_sdpo.config.schema import RunConfig
+from megatron_sdpo.engine_logs import route_engine_logs
 from megatron_sdpo.evaluation import evaluate_config, load_eval_sets
 from megatron_sdpo.run_dir import RunDir
 
 
-def run_eval(cfg: RunConfig, out: str | Path) -> dict[str, float]:
-    """Evaluate `cfg.model.path` on every domain/split of `cfg`; writes eval_matrix.csv in `out`."""
+def run_eval(cfg: RunConfig, out: str | Path, *, verbose: bool = False) -> dict[str, float]:
+    """Evaluate `cfg.model.path` on every domain/split of `cfg`; writes eval_matrix.csv in `out`
+    (engine logs in `out`/logs/engine.log unless verbose)."""
+    model_path = builders.resolve_model_path(cfg)  # a corrupt model fails before anything is written
     run_dir = RunDir(out)
     run_dir.prepare(resume=False)
-    model_path = builders.resolve_model_path(cfg)
+    route_engine_logs(run_dir.root, verbose=verbose)
     tokenizer = builders.load_tokenizer(model_path)
     eval_sets = load_eval_sets(cfg)
     engine = builders.make_rollout(cfg, model_path, tokenizer, str(run_dir.root / ".rollout"))

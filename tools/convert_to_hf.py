@@ -24,6 +24,9 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         from megatron_sdpo.backends.megatron.checkpoint import convert_to_hf
+        from megatron_sdpo.models.hf_dir import check_hf_model_dir
+
+        check_hf_model_dir(args.hf_model, weights=False, what="--hf-model")
 
         names = convert_to_hf(args.checkpoint, args.hf_model, args.out, model=args.model, vocab_divisor=args.vocab_divisor)
     except UserError as exc:

@@ -218,6 +218,13 @@ def _summary_line(result: dict) -> str:
     return ", ".join(parts)
 
 
+def report_drift(args: argparse.Namespace) -> dict:
+    """`run_drift` plus its one-line summary on stdout; raises UserError."""
+    result = run_drift(args)
+    print(f"{_summary_line(result)} -> {os.path.join(args.out, DRIFT_FILE)}")
+    return result
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of tools/drift_report.py; a user error prints one line and returns 1."""
     parser = add_drift_arguments(
@@ -225,9 +232,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     try:
-        result = run_drift(args)
+        report_drift(args)
     except UserError as exc:
         print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)
         return 1
-    print(f"{_summary_line(result)} -> {os.path.join(args.out, DRIFT_FILE)}")
     return 0

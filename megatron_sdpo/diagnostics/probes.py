@@ -22,6 +22,9 @@ def load_hf_policy(path: str | Path):
     directory lacks a loadable model or tokenizer."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from megatron_sdpo.models.hf_dir import check_hf_model_dir
+
+    check_hf_model_dir(path, what="checkpoint")
     try:
         tok = AutoTokenizer.from_pretrained(str(path))
     except Exception as exc:

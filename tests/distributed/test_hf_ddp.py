@@ -67,7 +67,7 @@ def _worker(rank: int, world: int, model_dir: str, init_file: str, out_dir: str)
 
 
 @pytest.mark.distributed
-def test_ddp_world2_matches_world1(tmp_path):
+def test_ddp_world2_matches_world1(tmp_path, assert_adam_first_step_close):
     model_dir = save_tiny_qwen3(tmp_path / "tiny", seed=5)
     ctx = mp.start_processes(
         _worker,
@@ -94,8 +94,11 @@ def test_ddp_world2_matches_world1(tmp_path):
         for k, m in single["moments"].items():
             torch.testing.assert_close(r["moments"][k], m, atol=1e-5 * float(m.abs().max()), rtol=1e-4)
         for k, p in single["params"].items():
-            # Adam's first step is ~lr * sign(g): compare to a fraction of lr = 1e-3.
-            torch.testing.assert_close(r["params"][k], p, atol=5e-5, rtol=0)
+            # Adam's first step is ~lr * sign(g), amplifying the gradients' rounding where |g| is
+            # near eps: bounded by the gradient difference (derivation in tests/conftest.py).
+            # exp_avg = (1 - beta1) * g after one step.
+            g_r, g_1 = r["moments"][k] / 0.1, single["moments"][k] / 0.1
+            assert_adam_first_step_close(r["params"][k], p, g_r, g_1, lr=1e-3, what=k)
     # DDP keeps the replicas identical.
     for k in ranks[0]["params"]:
         assert torch.equal(ranks[0]["params"][k], ranks[1]["params"][k])

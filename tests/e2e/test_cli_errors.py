@@ -52,3 +52,34 @@ def test_missing_data_file_writes_nothing(tmp_path):
 def test_resume_of_an_empty_directory(tmp_path):
     proc = run_cli("run", "tiny", "--out", str(tmp_path), "--resume", cwd=tmp_path)
     assert_one_line_error(proc, "holds no run to resume")
+
+
+@pytest.fixture
+def truncated_model(tmp_path):
+    """A copy of the shipped tiny base whose model.safetensors lost its last KB."""
+    import shutil
+
+    from megatron_sdpo.models.tiny import SHIPPED_DIR
+
+    d = tmp_path / "broken_policy"
+    shutil.copytree(SHIPPED_DIR, d)
+    f = d / "model.safetensors"
+    f.write_bytes(f.read_bytes()[:-1024])
+    return d
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        lambda m, out: ("eval", str(m), "tiny", "--out", str(out)),
+        lambda m, out: ("run", "tiny", f"model.path={m}", "--out", str(out)),
+        lambda m, out: ("drift", str(m), str(m), "--out", str(out)),
+        lambda m, out: ("drift", "--out", str(out), str(m), str(m), "--responses"),
+    ],
+    ids=["eval", "run", "drift", "drift-responses"],
+)
+def test_corrupt_model_directory(tmp_path, truncated_model, command):
+    proc = run_cli(*command(truncated_model, tmp_path / "out"), cwd=tmp_path)
+    assert_one_line_error(proc, "model.safetensors")
+    assert "truncated" in proc.stderr or "corrupt" in proc.stderr
+    assert not (tmp_path / "out").exists()

@@ -1,0 +1,90 @@
+"""Command-line parsing: options, positionals and key=value overrides in any order."""
+import pytest
+
+from megatron_sdpo.cli import main, parse_args
+from megatron_sdpo.errors import UserError
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["run", "tiny_sdpo", "a.b=1", "--out", "o", "c.d=2", "--quiet"],
+        ["run", "--out", "o", "tiny_sdpo", "a.b=1", "--quiet", "c.d=2"],
+        ["run", "a.b=1", "c.d=2", "--quiet", "--out", "o", "tiny_sdpo"],
+    ],
+)
+def test_run_orderings(argv):
+    args = parse_args(argv)
+    assert (args.config, args.out, args.quiet, args.overrides) == ("tiny_sdpo", "o", True, ["a.b=1", "c.d=2"])
+
+
+def test_run_without_a_preset_takes_overrides_and_the_default_preset():
+    args = parse_args(["run", "a.b=1", "--out", "o"])
+    assert (args.config, args.overrides) == ("tiny", ["a.b=1"])
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["compare", "tiny", "--algorithms", "sdpo,stable_sdpo", "algorithm.sdpo.context.use_feedback=false"],
+        ["compare", "tiny", "algorithm.sdpo.context.use_feedback=false", "--algorithms", "sdpo,stable_sdpo"],
+        ["compare", "--algorithms", "sdpo,stable_sdpo", "tiny", "algorithm.sdpo.context.use_feedback=false"],
+        ["compare", "--algorithms", "sdpo,stable_sdpo", "algorithm.sdpo.context.use_feedback=false", "tiny"],
+    ],
+)
+def test_compare_orderings(argv):
+    args = parse_args(argv)
+    assert (args.config, args.algorithms) == ("tiny", "sdpo,stable_sdpo")
+    assert args.overrides == ["algorithm.sdpo.context.use_feedback=false"]
+
+
+@pytest.mark.parametrize(
+    "argv, config",
+    [
+        (["eval", "M", "tiny_grpo", "eval.batch_size=4", "--out", "o"], "tiny_grpo"),
+        (["eval", "M", "--out", "o", "tiny_grpo", "eval.batch_size=4"], "tiny_grpo"),
+        (["eval", "--out", "o", "M", "eval.batch_size=4"], "tiny"),
+        (["eval", "M", "eval.batch_size=4", "--out", "o"], "tiny"),
+    ],
+)
+def test_eval_orderings(argv, config):
+    args = parse_args(argv)
+    assert (args.model, args.config, args.out, args.overrides) == ("M", config, "o", ["eval.batch_size=4"])
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["drift", "A", "B", "--out", "D", "--rank", "4"],
+        ["drift", "--out", "D", "A", "B", "--rank", "4"],
+        ["drift", "A", "--rank", "4", "B", "--out", "D"],
+    ],
+)
+def test_drift_orderings(argv):
+    args = parse_args(argv)
+    assert (args.a, args.b, args.out, args.rank) == ("A", "B", "D", 4)
+
+
+@pytest.mark.parametrize(
+    "argv, needle",
+    [
+        (["run", "tiny", "--bogus"], "unrecognized option '--bogus'"),
+        (["run", "tiny", "stray"], "unrecognized argument 'stray'"),
+        (["compare", "tiny", "grpo"], "unrecognized argument 'grpo'"),
+        (["compare", "--algorithms", "grpo", "a.b=1"], "name a preset"),
+        (["drift", "A", "B"], "required: --out"),
+        (["drift", "A", "B", "--out", "D", "a=b"], "unrecognized argument 'a=b'"),
+        (["drift", "A", "B", "--out", "D", "--rank", "four"], "invalid int value"),
+        (["presets", "extra"], "unrecognized argument 'extra'"),
+        ([], "required: command"),
+    ],
+)
+def test_bad_command_lines_raise_user_error(argv, needle):
+    with pytest.raises(UserError, match=needle):
+        parse_args(argv)
+
+
+def test_main_prints_one_line_and_exits_2(capsys):
+    assert main(["run", "tiny", "--out", "o", "stray"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: megatron-sdpo run: unrecognized argument 'stray'")
