@@ -158,6 +158,12 @@ class MegatronBackend:
         self._wrap_policy()
         self.optimizer = self._make_optimizer()
         self.scheduler = self._make_scheduler(None)
+        # bf16 params: the EMA teacher lives in an fp32 shadow of its shards (teacher_state.py).
+        self.teacher_fp32 = None
+        if self.teacher is not None and self.options.precision.params == "bfloat16":
+            from megatron_sdpo.backends.megatron.teacher_state import FP32TeacherShadow
+
+            self.teacher_fp32 = FP32TeacherShadow(self._params("teacher"))
 
     @classmethod
     def from_config(cls, cfg, model_path: str, *, pad_token_id: int | None = None) -> "MegatronBackend":
@@ -491,12 +497,51 @@ class MegatronBackend:
 
         if action == "none":
             return
+        if self.teacher_fp32 is not None:
+            # Blend from the optimizer's fp32 main params into the fp32 shadow, round once.
+            self.teacher_fp32.apply(action, self._params("teacher"), self._params("policy"), self.optimizer, rate=rate)
+            return
         apply_action_(action, self._params("teacher"), [p.detach() for p in self._params("policy")], rate=rate)
+
+    def fp32_weights(self, model: str = "policy") -> list[torch.Tensor]:
+        """This rank's fp32 truth of `model`'s local shards, in `parameters()` order: the
+        teacher's EMA shadow with bf16 params (else its params); for the policy, the params
+        with fp32 params, else the optimizer's fp32 main values scattered into full-shape
+        tensors (elements this DP rank does not own under the distributed optimizer are NaN)."""
+        if model == "teacher" and self.teacher_fp32 is not None:
+            return self.teacher_fp32.shadow
+        if model != "policy" or self.options.precision.params != "bfloat16":
+            return [p.detach() for p in self._params(model)]
+        from megatron_sdpo.backends.megatron.teacher_state import main_params
+
+        out = []
+        mains, _ = main_params(self.optimizer, self._params("policy"))
+        for p, (main, a, b) in zip(self._params("policy"), mains):
+            full = torch.full((p.numel(),), float("nan"), dtype=torch.float32, device=p.device)
+            full[a:b] = main
+            out.append(full.view(p.shape))
+        return out
+
+    def teacher_from_base(self) -> None:
+        """Teacher <- the base model (the HF directory this backend was built from)."""
+        teacher = self._model("teacher")
+        load_hf(teacher, _hf_tensors(self.model_path), self.spec, self.wlayout, self.tp_rank, self.pp_rank)
+        if self.teacher_fp32 is not None:
+            self.teacher_fp32.resync(self._params("teacher"))
 
     def reset_optimizer(self) -> None:
         """Fresh optimizer state (moments, step count) over the same DDP-wrapped policy; the
-        LR schedule restarts at step 0 of the same stage length."""
+        LR schedule restarts at step 0 of the same stage length. With bf16 params the fp32 main
+        params carry over (a fresh optimizer would re-create them from the bf16 weights)."""
+        old = self.optimizer
         self.optimizer = self._make_optimizer()
+        if self.options.precision.params == "bfloat16":
+            from megatron_sdpo.backends.megatron.teacher_state import main_params
+
+            with torch.no_grad():
+                params = self._params("policy")
+                for (dst, _, _), (src, _, _) in zip(main_params(self.optimizer, params)[0], main_params(old, params)[0]):
+                    dst.copy_(src)
         self.scheduler = self._make_scheduler(self._sched_total)
 
     def set_lr_schedule(self, total_steps: int | None) -> None:
