@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import random
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import torch
 
@@ -122,7 +122,7 @@ class Trainer:
             batch.tensors["advantages"] = group_advantages(rewards, group_size=n, norm_by_std=a.grpo.norm_by_std)
         signal: dict[str, float] = {}
         if self.uses_teacher:
-            has_context = self._attach_teacher(batch, sample_records, texts, rewards, results, seed)
+            has_context = self._attach_teacher(batch, sample_records, texts, rewards, results, seed, domain=domain)
             every = cfg.diagnostics.teacher_signal_every if cfg.diagnostics.enabled else 0
             if every and step % every == 0:
                 signal = self._teacher_signal(batch, rewards)
@@ -168,14 +168,13 @@ class Trainer:
             out["teacher/gain_gap"] = out["teacher/gain_rewarded"] - out["teacher/gain_unrewarded"]
         return out
 
-    def _attach_teacher(self, batch, records, texts, rewards, results, seed) -> list[bool]:
+    def _attach_teacher(self, batch, records, texts, rewards, results, seed, *, domain: str) -> list[bool]:
         """Teacher prompts (successful sibling and/or feedback) and the distillation mask."""
-        from megatron_sdpo.algorithms.context import ContextTemplates, build_teacher_contexts
+        from megatron_sdpo.algorithms.context import build_teacher_contexts, templates_for, truncate_context_ids
         from megatron_sdpo.algorithms.sdpo import distill_mask
 
         s = self.cfg.algorithm.sdpo
-        # ContextConfig and ContextTemplates have the same fields: the config is the template set.
-        templates = ContextTemplates(**asdict(s.context))
+        templates = templates_for(s.context, domain)
         contexts = build_teacher_contexts(
             [r["prompt"] for r in records],
             texts,
@@ -183,9 +182,12 @@ class Trainer:
             [r.feedback for r in results],
             group_size=self.cfg.algorithm.group_size,
             templates=templates,
-            rng=random.Random(seed),
+            rng=random.Random(seed) if s.context.sibling == "random" else None,
         )
-        encoded = encode_prompts(self.tokenizer, [ctx for ctx in contexts if ctx is not None])
+        encoded = [
+            truncate_context_ids(ids, s.context.max_context_tokens)
+            for ids in encode_prompts(self.tokenizer, [ctx for ctx in contexts if ctx is not None])
+        ]
         it = iter(encoded)
         batch.teacher_prompt_ids = [next(it) if ctx is not None else None for ctx in contexts]
         has = torch.tensor([ctx is not None for ctx in contexts], dtype=torch.float32)

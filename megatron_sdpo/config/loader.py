@@ -241,6 +241,7 @@ def validate(cfg: RunConfig) -> RunConfig:
         raise ConfigError("algorithm.sdpo.topk must be >= 1 or null")
     if not 0.0 <= a.sdpo.hybrid_lambda <= 1.0:
         raise ConfigError("algorithm.sdpo.hybrid_lambda must be in [0, 1]")
+    _validate_context(a.sdpo.context, "algorithm.sdpo.context")
     if a.name == "stable_sdpo" and cfg.teacher.mode != "restart_freeze":
         raise ConfigError("algorithm.name=stable_sdpo needs teacher.mode=restart_freeze")
     if not 0.0 <= cfg.teacher.ema_rate <= 1.0:
@@ -279,6 +280,18 @@ def validate(cfg: RunConfig) -> RunConfig:
     if m.fp8.recipe != "none" and cfg.backend.name != "megatron":
         raise ConfigError("backend.megatron.fp8.recipe needs backend.name=megatron")
     return cfg
+
+
+def _validate_context(ctx, where: str) -> None:
+    for k, d in enumerate(ctx.feedback_domains):
+        if d not in DOMAINS:
+            raise ConfigError(f"{where}.feedback_domains.{k}: unknown domain {d!r}; known: {', '.join(DOMAINS)}")
+    if ctx.max_context_tokens is not None and ctx.max_context_tokens < 1:
+        raise ConfigError(f"{where}.max_context_tokens must be >= 1 or null")
+    for name in ("max_solution_chars", "max_feedback_chars"):
+        v = getattr(ctx, name)
+        if v is not None and v <= 3:
+            raise ConfigError(f"{where}.{name} must be > 3 or null")
 
 
 def load_config(ref: str, overrides: list[str] | tuple[str, ...] = ()) -> RunConfig:

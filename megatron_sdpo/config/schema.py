@@ -48,10 +48,17 @@ class GRPOConfig:
 @dataclass
 class ContextConfig:
     use_solution: bool = True
-    use_feedback: bool = True
+    use_feedback: bool = True  # master switch; feedback is used only in `feedback_domains`
+    # The reference's policy: the environment's feedback only in code, and only for samples
+    # without a successful sibling (its science and tool-use runs use no feedback at all).
+    feedback_domains: list[str] = field(default_factory=lambda: ["code"])
+    feedback_only_without_solution: bool = True
+    sibling: Literal["first", "random"] = "first"  # which successful sibling is quoted
     success_threshold: float = 0.5
-    max_solution_chars: int = 2000
-    max_feedback_chars: int = 1000
+    max_solution_chars: Optional[int] = None  # null: the whole sibling (the token cap applies)
+    max_feedback_chars: Optional[int] = 1000
+    # The tokenized re-prompt keeps its last this many tokens (the reference: 10,240).
+    max_context_tokens: Optional[int] = 10240
     strip_thinking: bool = True
     solution_template: str = "Here is a correct solution:\n{solution}\n\n"
     feedback_template: str = "Feedback on an earlier attempt:\n{feedback}\n\n"
