@@ -172,7 +172,8 @@ class ContinualRun:
         stage = self.cfg.stages[k]
         if k > 0 and self.cfg.backend.stage_start == "weights_only":
             self.backend.reset_optimizer()
-        self.backend.set_lr_schedule(stage.steps)
+        # The schedule counts optimizer steps: mini_batches per rollout step.
+        self.backend.set_lr_schedule(stage.steps * self.cfg.algorithm.grpo.mini_batches)
         self._teacher_action(self.teacher.on_stage_start(max(stage.steps, 1)))
 
     def _teacher_action(self, action: str) -> None:

@@ -32,9 +32,11 @@ def build_loss(cfg: RunConfig):
 
     a = cfg.algorithm
     g = a.grpo
-    # One optimizer step per rollout batch: the behaviour policy is the current one (detached).
+    # One optimizer step per rollout batch: the behaviour policy is the current one (detached);
+    # with mini-batches the old log-probs are the rollout-time policy's (algorithms/minibatch.py).
     grpo = losses.GRPOLoss(
-        clip_low=g.clip_low, clip_high=g.clip_high, kl_coef=g.kl_coef, tis_cap=g.tis_cap, on_policy=True
+        clip_low=g.clip_low, clip_high=g.clip_high, kl_coef=g.kl_coef, tis_cap=g.tis_cap,
+        on_policy=g.mini_batches == 1, dual_clip=g.dual_clip,
     )
     if a.name == "grpo":
         return grpo
@@ -127,7 +129,7 @@ class Trainer:
             if every and step % every == 0:
                 signal = self._teacher_signal(batch, rewards)
         t1 = time.perf_counter()
-        train_metrics = self.backend.train_step(batch, self.loss_fn)
+        train_metrics = self._update(batch)
         t_train = time.perf_counter() - t1
 
         t2 = time.perf_counter()
@@ -148,6 +150,13 @@ class Trainer:
             **train_metrics,
         }
         return StepOutput(metrics, texts, [c.truncated for c in comps], lengths, has_context)
+
+    def _update(self, batch: SequenceBatch) -> dict[str, float]:
+        """The optimizer step(s) on one rollout batch: `algorithm.grpo.mini_batches` of them."""
+        from megatron_sdpo.algorithms.minibatch import minibatch_update
+
+        a = self.cfg.algorithm
+        return minibatch_update(self.backend, batch, self.loss_fn, mini_batches=a.grpo.mini_batches, group_size=a.group_size)
 
     def _teacher_signal(self, batch: SequenceBatch, rewards: torch.Tensor) -> dict[str, float]:
         """Whether the teacher's signal points the right way: per distilled response, the mean

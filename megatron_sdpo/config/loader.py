@@ -242,6 +242,17 @@ def validate(cfg: RunConfig) -> RunConfig:
     if not 0.0 <= a.sdpo.hybrid_lambda <= 1.0:
         raise ConfigError("algorithm.sdpo.hybrid_lambda must be in [0, 1]")
     _validate_context(a.sdpo.context, "algorithm.sdpo.context")
+    if a.grpo.mini_batches < 1:
+        raise ConfigError("algorithm.grpo.mini_batches must be >= 1")
+    if a.grpo.mini_batches > 1 and a.name != "grpo":
+        raise ConfigError("algorithm.grpo.mini_batches > 1 needs algorithm.name=grpo")
+    if a.prompts_per_step % a.grpo.mini_batches:
+        raise ConfigError(
+            f"algorithm.prompts_per_step={a.prompts_per_step} does not split into "
+            f"algorithm.grpo.mini_batches={a.grpo.mini_batches} mini-batches of whole prompt groups"
+        )
+    if a.grpo.dual_clip is not None and a.grpo.dual_clip <= 1.0:
+        raise ConfigError("algorithm.grpo.dual_clip must be > 1 or null")
     if a.name == "stable_sdpo" and cfg.teacher.mode != "restart_freeze":
         raise ConfigError("algorithm.name=stable_sdpo needs teacher.mode=restart_freeze")
     if not 0.0 <= cfg.teacher.ema_rate <= 1.0:
@@ -260,7 +271,7 @@ def validate(cfg: RunConfig) -> RunConfig:
     sched = lr_schedule(cfg)
     for i, stage in enumerate(cfg.stages):
         try:
-            sched.check(stage.steps)
+            sched.check(stage.steps * a.grpo.mini_batches)  # optimizer steps
         except ConfigError as exc:
             raise ConfigError(f"backend.{exc} (stages.{i})") from None
     m = cfg.backend.megatron

@@ -38,11 +38,15 @@ class StageConfig:
 
 @dataclass
 class GRPOConfig:
-    norm_by_std: bool = True
+    norm_by_std: bool = False  # the paper's GRPO: mean-only advantages
     clip_low: float = 0.2
     clip_high: float = 0.28
     kl_coef: float = 0.0  # k3 KL to the base model; > 0 keeps a frozen reference copy
     tis_cap: Optional[float] = 2.0  # truncated IS for rollout/trainer mismatch; null = off
+    # Optimizer steps per rollout batch (whole prompt groups each); > 1: old log-probs of the
+    # rollout-time policy are computed once, so the ratio moves and the clip acts.
+    mini_batches: int = 1
+    dual_clip: Optional[float] = None  # dual-clip bound c > 1 for negative advantages; null = off
 
 
 @dataclass
