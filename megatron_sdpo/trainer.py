@@ -85,6 +85,11 @@ class Trainer:
             else None
         )
 
+    def configure(self, cfg: RunConfig) -> None:
+        """Run with `cfg` from now on (a stage's settings: config/stages.py)."""
+        self.cfg = cfg
+        self.loss_fn = build_loss(cfg)
+
     def step(self, domain: str, records: list[dict], *, seed: int, step: int = 0) -> StepOutput:
         """One optimizer step on `records` (prompts_per_step records of one domain); `step`
         (0-based within the stage) schedules the periodic diagnostics."""

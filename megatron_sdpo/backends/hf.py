@@ -484,6 +484,9 @@ class HFBackend:
         is applied to its fp32 shadow, which is then rounded once into the teacher."""
         if action == "none":
             return
+        if action == "base":
+            self.teacher_from_base()
+            return
         teacher = list(self._model("teacher").parameters())
         student = self.fp32_weights("policy")
         if self._teacher_fp32 is None:
@@ -498,6 +501,15 @@ class HFBackend:
         load_hf_weights(teacher, Path(self.model_path))
         if self._teacher_fp32 is not None:
             copy_(self._teacher_fp32, [p.detach() for p in teacher.parameters()])
+
+    def configure_optimizer(self, *, lr: float, weight_decay: float, grad_clip: float, lr_schedule: LRSchedule) -> None:
+        """New optimizer settings (a stage's): the peak lr and schedule take effect at the next
+        set_lr_schedule, weight decay and clipping at the next step."""
+        if lr <= 0:
+            raise ConfigError(f"lr must be > 0, got {lr}")
+        lr_schedule.check()
+        self.lr, self.weight_decay, self.grad_clip, self.lr_schedule = lr, weight_decay, grad_clip, lr_schedule
+        self.optimizer.param_groups[0]["weight_decay"] = weight_decay  # group 1 is never decayed
 
     def reset_optimizer(self) -> None:
         """Fresh AdamW state (moments and step count), e.g. at a stage boundary."""

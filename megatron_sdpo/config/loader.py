@@ -174,6 +174,8 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
         if not isinstance(value, dict):
             raise ConfigError(f"{key}: expected a mapping, got {type(value).__name__}")
         return {str(k): _coerce(v, args[1], f"{key}.{k}") for k, v in value.items()}
+    if tp is Any:  # per-stage partial sections: validated by config/stages.py
+        return value
     if dataclasses.is_dataclass(tp):
         return build(tp, value, key)
     if tp is bool:
@@ -290,6 +292,10 @@ def validate(cfg: RunConfig) -> RunConfig:
             raise ConfigError("full-vocabulary SDPO (sdpo.topk=null) with backend.megatron.tensor_parallel > 1 needs kernel.fused_kl=true")
     if m.fp8.recipe != "none" and cfg.backend.name != "megatron":
         raise ConfigError("backend.megatron.fp8.recipe needs backend.name=megatron")
+    from megatron_sdpo.config.stages import stage_config
+
+    for i in range(len(cfg.stages)):
+        stage_config(cfg, i)  # per-stage overrides: known keys, allowed changes, valid values
     return cfg
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal, Optional
+from typing import Any, Literal, Optional
 
 DOMAINS = ("math", "science", "tooluse", "code")
 EVAL_SPLITS = ("id", "ood_near", "ood_mid", "ood_far")
@@ -34,6 +34,12 @@ class DomainConfig:
 class StageConfig:
     domain: str = "math"
     steps: int = 40
+    # Per-stage settings: partial mappings over the run's `algorithm`, `teacher` and `backend`
+    # sections (e.g. `teacher: {ema_rate: 0.01}` for code), validated against those sections and
+    # applied at the stage start (config/stages.py lists what may change between stages).
+    algorithm: dict[str, Any] = field(default_factory=dict)
+    teacher: dict[str, Any] = field(default_factory=dict)
+    backend: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -96,8 +102,11 @@ class TeacherConfig:
     mode: Literal["ema", "frozen", "restart_freeze"] = "ema"
     ema_rate: float = 0.05
     freeze_fraction: float = 0.4  # restart_freeze: restart every gamma * stage steps
-    init_checkpoint: Optional[str] = None
-    init_blend: float = 1.0  # weight of init_checkpoint vs the student when initializing
+    # At every stage start after the first: "none" keeps the EMA teacher (frozen and
+    # restart_freeze copy the student by definition), "stage_start" copies the student into the
+    # teacher (each of the reference's stage runs starts its teacher from the stage's model),
+    # "base" loads the base model into the teacher. The first stage always starts from a copy.
+    reset_at_stage: Literal["none", "base", "stage_start"] = "none"
 
 
 @dataclass

@@ -497,6 +497,9 @@ class MegatronBackend:
 
         if action == "none":
             return
+        if action == "base":
+            self.teacher_from_base()
+            return
         if self.teacher_fp32 is not None:
             # Blend from the optimizer's fp32 main params into the fp32 shadow, round once.
             self.teacher_fp32.apply(action, self._params("teacher"), self._params("policy"), self.optimizer, rate=rate)
@@ -528,6 +531,19 @@ class MegatronBackend:
         load_hf(teacher, _hf_tensors(self.model_path), self.spec, self.wlayout, self.tp_rank, self.pp_rank)
         if self.teacher_fp32 is not None:
             self.teacher_fp32.resync(self._params("teacher"))
+
+    def configure_optimizer(self, *, lr: float, weight_decay: float, grad_clip: float, lr_schedule: LRSchedule) -> None:
+        """New optimizer settings (a stage's): they take effect at the next set_lr_schedule (lr,
+        schedule, weight decay: megatron's scheduler sets them every step) and step (clipping)."""
+        if lr <= 0:
+            raise ConfigError(f"lr must be > 0, got {lr}")
+        lr_schedule.check()
+        self.lr, self.weight_decay, self.grad_clip, self.lr_schedule = lr, weight_decay, grad_clip, lr_schedule
+        for opt in getattr(self.optimizer, "chained_optimizers", None) or [self.optimizer]:
+            opt.config.clip_grad = grad_clip if grad_clip and grad_clip > 0 else 0.0
+            for g in opt.param_groups:
+                # The param groups carry their own lr bounds (see _make_optimizer).
+                g["max_lr"], g["min_lr"] = lr, lr * lr_schedule.min_lr_ratio
 
     def reset_optimizer(self) -> None:
         """Fresh optimizer state (moments, step count) over the same DDP-wrapped policy; the

@@ -108,3 +108,16 @@ def test_bf16_checkpoint_keeps_masters_and_teacher_shadow(model_dir, tmp_path):
     for which in ("policy", "teacher"):
         for x, y in zip(a.fp32_weights(which), b.fp32_weights(which)):
             assert torch.equal(x, y)
+
+
+def test_base_action_loads_the_base_model_into_the_teacher_and_its_shadow(model_dir):
+    backend = _bf16_backend(model_dir)
+    base = [t.detach().clone() for _, t in backend.export_weights(model="teacher")]
+    backend.configure_optimizer(lr=1e-2, weight_decay=0.1, grad_clip=1.0, lr_schedule=backend.lr_schedule)
+    assert backend.lr == 1e-2 and backend.optimizer.param_groups[0]["weight_decay"] == 0.1
+    backend.train_step(make_batch(3), WeightedNLL())
+    backend.teacher_update("copy")
+    assert any(not torch.equal(a, t) for a, (_, t) in zip(base, backend.export_weights(model="teacher")))
+    backend.teacher_update("base")
+    for a, (_, t), s in zip(base, backend.export_weights(model="teacher"), backend.fp32_weights("teacher")):
+        assert torch.equal(a, t) and torch.equal(s, a.float())

@@ -57,6 +57,16 @@ def test_a_section_given_by_name_keeps_its_other_keys(tmp_path):
         ("algorithm.sdpo.alpha=1.5", "alpha"),
         ("stages.0.domain=poetry", "stages.0.domain"),
         ("backend.megatron.tensor_parallel=1.5", "tensor_parallel"),
+        ("stages.3.algorithm.sdpo.context.use_fedback=true", "stages.3.algorithm.sdpo.context.use_fedback"),
+        ("stages.3.teacher.ema_rate=fast", "stages.3.teacher.ema_rate"),
+        ("stages.3.teacher.mode=frozen", "stages.3.teacher.mode"),
+        ("stages.3.algorithm.name=sdpo", "stages.3.algorithm.name"),
+        ("stages.3.backend.megatron.tensor_parallel=2", "stages.3.backend.megatron"),
+        ("stages.3.algorithm.sdpo.alpha=1.5", "stages.3"),
+        ("algorithm.grpo.mini_batches=3", "mini_batches"),
+        ("algorithm.grpo.dual_clip=0.5", "dual_clip"),
+        ("algorithm.sdpo.context.feedback_domains=[poetry]", "feedback_domains.0"),
+        ("teacher.reset_at_stage=always", "teacher.reset_at_stage"),
     ],
 )
 def test_bad_overrides_name_the_key(override, needle):
@@ -127,3 +137,40 @@ def test_megatron_tp_sdpo_needs_the_fused_kernel():
     loss = build_loss(cfg)
     assert loss.topk_source == "shards" and loss.requires == {"topk_logprobs", "teacher_topk_logprobs", "logprobs"}
     assert load_config("qwen3_4b", ["backend.megatron.tensor_parallel=1", "backend.megatron.sequence_parallel=false", "algorithm.sdpo.topk=100", "kernel.fused_kl=false"])
+
+
+def test_stage_overrides_are_merged_into_the_stage_config_and_recorded(tmp_path):
+    from megatron_sdpo.config.loader import dump_yaml
+    from megatron_sdpo.config.stages import stage_config
+
+    cfg = load_config(
+        "tiny_sdpo",
+        ["stages.3.algorithm.sdpo.context.use_feedback=false", "stages.3.teacher.ema_rate=0.01",
+         "stages.3.algorithm.sdpo.alpha=1.0", "stages.1.backend.lr=2e-5"],
+    )
+    code = stage_config(cfg, 3)
+    assert not code.algorithm.sdpo.context.use_feedback and code.teacher.ema_rate == 0.01
+    assert code.algorithm.sdpo.alpha == 1.0 and code.algorithm.sdpo.topk == cfg.algorithm.sdpo.topk
+    assert code.backend.lr == cfg.backend.lr and stage_config(cfg, 1).backend.lr == 2e-5
+    assert stage_config(cfg, 0) is cfg  # a stage without overrides runs the run's config
+    assert cfg.teacher.ema_rate == 0.05 and cfg.algorithm.sdpo.context.use_feedback  # run's own unchanged
+    # The resolved config keeps the overrides and loads back to the same thing.
+    f = tmp_path / "resolved.yaml"
+    f.write_text(dump_yaml(cfg))
+    again = load_config(str(f))
+    assert again == cfg and again.stages[3].teacher == {"ema_rate": 0.01}
+
+
+def test_stage_overrides_in_yaml(tmp_path):
+    f = tmp_path / "run.yaml"
+    f.write_text(
+        "defaults: tiny_sdpo\nstages:\n- {domain: math, steps: 2}\n"
+        "- {domain: code, steps: 2, teacher: {ema_rate: 0.01}, algorithm: {sdpo: {topk: 20}}}\n"
+    )
+    from megatron_sdpo.config.stages import stage_config
+
+    cfg = load_config(str(f))
+    assert stage_config(cfg, 1).algorithm.sdpo.topk == 20 and stage_config(cfg, 1).teacher.ema_rate == 0.01
+    f.write_text("defaults: tiny_sdpo\nstages:\n- {domain: code, steps: 2, teacher: {ema_rat: 0.01}}\n")
+    with pytest.raises(ConfigError, match="stages.0.teacher.ema_rat"):
+        load_config(str(f))
