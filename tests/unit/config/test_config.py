@@ -127,9 +127,12 @@ def test_yaml_12_numbers_in_overrides_and_files(tmp_path):
 
 def test_megatron_tp_sdpo_needs_the_fused_kernel():
     with pytest.raises(ConfigError, match="kernel.fused_kl=true"):
-        load_config("qwen3_4b", ["kernel.fused_kl=false"])
+        load_config("qwen3_4b", ["algorithm.sdpo.topk=null"])
     with pytest.raises(ConfigError, match="topk=null"):
-        load_config("qwen3_4b", ["algorithm.sdpo.topk=100"])  # the fused kernel is full-vocabulary
+        load_config("qwen3_4b", ["kernel.fused_kl=true"])  # the fused kernel is full-vocabulary
+    # The code stage's own top-20 is checked against the run's kernel settings too.
+    with pytest.raises(ConfigError, match="stages.3"):
+        load_config("qwen3_4b", ["algorithm.sdpo.topk=null", "kernel.fused_kl=true"])
     # Top-k under TP: the backend computes the k ids' log-probabilities from shards.
     cfg = load_config("qwen3_4b", ["algorithm.sdpo.topk=100", "kernel.fused_kl=false"])
     from megatron_sdpo.trainer import build_loss
@@ -174,3 +177,25 @@ def test_stage_overrides_in_yaml(tmp_path):
     f.write_text("defaults: tiny_sdpo\nstages:\n- {domain: code, steps: 2, teacher: {ema_rat: 0.01}}\n")
     with pytest.raises(ConfigError, match="stages.0.teacher.ema_rat"):
         load_config(str(f))
+
+
+@pytest.mark.parametrize("name", ["qwen3_4b", "olmo3_7b"])
+def test_paper_presets_carry_the_paper_settings(name):
+    from megatron_sdpo.config.stages import stage_config
+
+    cfg = load_config(name)
+    a, b = cfg.algorithm, cfg.backend
+    assert (a.name, a.prompts_per_step, a.group_size) == ("sdpo", 32, 8)
+    assert (a.sdpo.alpha, a.sdpo.topk, a.sdpo.add_tail, a.sdpo.is_clip) == (0.5, 100, True, 2.0)
+    assert a.sdpo.context.feedback_domains == ["code"] and a.sdpo.context.feedback_only_without_solution
+    assert a.sdpo.context.max_context_tokens == 10240
+    assert (cfg.teacher.mode, cfg.teacher.ema_rate, cfg.teacher.reset_at_stage) == ("ema", 0.05, "stage_start")
+    assert (b.lr, b.weight_decay, b.lr_schedule.warmup_steps) == (1e-5, 0.01, 10)
+    assert b.megatron.params_dtype == "bfloat16"
+    code = stage_config(cfg, 3)
+    assert cfg.stages[3].domain == "code" and (code.teacher.ema_rate, code.algorithm.sdpo.alpha, code.algorithm.sdpo.topk) == (0.01, 1.0, 20)
+    grpo = load_config(name + "_grpo")
+    g = grpo.algorithm.grpo
+    assert grpo.algorithm.name == "grpo" and (g.mini_batches, g.dual_clip, g.norm_by_std, g.tis_cap, g.kl_coef) == (4, 3.0, False, 2.0, 0.0)
+    assert (grpo.backend.weight_decay, grpo.backend.lr_schedule.warmup_steps) == (0.01, 40)  # 10 rollout steps
+    assert grpo.domains == cfg.domains and grpo.backend.megatron == cfg.backend.megatron
