@@ -37,6 +37,9 @@ def _ema_worker(model_dir: str, dist_opt: bool, tp: int) -> dict:
     from megatron_sdpo.backends.megatron.parallel import destroy
 
     be = _backend(model_dir, dist_opt, tp)
+    # A stage's optimizer settings (here the same values) go through without disturbing anything.
+    be.configure_optimizer(lr=LR, weight_decay=0.0, grad_clip=1.0, lr_schedule=be.lr_schedule)
+    be.set_lr_schedule(None)
     be.teacher_update("copy")
     t0 = [p.detach().clone() for p in be._params("teacher")]
     ref = [w.clone() for w in be.fp32_weights("policy")]  # NaN where another DP rank owns it
@@ -54,12 +57,15 @@ def _ema_worker(model_dir: str, dist_opt: bool, tp: int) -> dict:
     cast_exact = all(torch.equal(t.detach(), s.to(torch.bfloat16)) for t, s in zip(teacher, shadow))
     moved = sum(int((t.detach() != t_init).sum()) for t, t_init in zip(teacher, t0))
     total = sum(t.numel() for t in teacher)
+    be.teacher_update("base")  # teacher.reset_at_stage=base: the base model again, in both copies
+    base_ok = all(torch.equal(t.detach(), t_init) for t, t_init in zip(be._params("teacher"), t0))
+    base_ok &= all(torch.equal(s, t.float()) for s, t in zip(be.fp32_weights("teacher"), t0))
     masters = [w.clone() for w in be.fp32_weights("policy")]
     be.reset_optimizer()  # a stage boundary keeps the fp32 masters
     kept = all(torch.equal(torch.nan_to_num(x, nan=7.0), torch.nan_to_num(y, nan=7.0)) for x, y in zip(masters, be.fp32_weights("policy")))
     destroy()
     return {"err": err, "tol": FP32_RTOL * scale, "cast_exact": cast_exact, "moved": moved, "total": total,
-            "owned": owned, "kept": kept, "dtype": str(teacher[0].dtype)}
+            "owned": owned, "kept": kept, "base_ok": base_ok, "dtype": str(teacher[0].dtype)}
 
 
 def _resume_worker(model_dir: str, path: str) -> dict:
@@ -108,6 +114,7 @@ def _check(r: dict) -> None:
     assert r["err"] <= r["tol"], r
     assert r["cast_exact"], r
     assert r["kept"], r
+    assert r["base_ok"], r
     # The fp32 EMA crosses bf16 rounding boundaries in many places: the teacher moved.
     assert r["moved"] > 0, r
 

@@ -544,6 +544,9 @@ class MegatronBackend:
             for g in opt.param_groups:
                 # The param groups carry their own lr bounds (see _make_optimizer).
                 g["max_lr"], g["min_lr"] = lr, lr * lr_schedule.min_lr_ratio
+                for key in ("start_wd", "end_wd"):  # decayed groups' own weight-decay bounds
+                    if g.get(key):
+                        g[key] = weight_decay
 
     def reset_optimizer(self) -> None:
         """Fresh optimizer state (moments, step count) over the same DDP-wrapped policy; the
