@@ -46,3 +46,33 @@ def test_teacher_signal_splits_the_gain_by_reward():
     b.tensors["loss_mask"] = b.response_mask()
     only = trainer._teacher_signal(b, torch.tensor([0.0, 0.0, 0.0, 1.0]))
     assert set(only) == {"teacher/gain_unrewarded"}
+
+
+def test_attach_teacher_follows_the_domain_feedback_policy_and_the_token_cap():
+    from types import SimpleNamespace
+
+    from megatron_sdpo.builders import load_tokenizer
+    from megatron_sdpo.models.tiny import ensure_tiny_base
+
+    tok = load_tokenizer(ensure_tiny_base())
+    trainer = Trainer.__new__(Trainer)
+    trainer.tokenizer, trainer._reasoning_end_ids = tok, None
+    # One group of two failed samples with feedback: feedback is their only possible context.
+    records = [{"prompt": "Compute 2+2."}] * 2
+    texts = ["5", "6"]
+    results = [SimpleNamespace(feedback="wrong answer " * 5)] * 2
+
+    def attach(domain, *overrides):
+        trainer.cfg = load_config("tiny_sdpo", ["algorithm.group_size=2", *overrides])
+        b = SequenceBatch([[1, 2]] * 2, [[5], [6]])
+        b.tensors["loss_mask"] = b.response_mask()
+        has = trainer._attach_teacher(b, records, texts, torch.zeros(2), results, 0, domain=domain)
+        return has, b
+
+    assert attach("math")[0] == [False, False]  # the reference's policy: no feedback outside code
+    has, b = attach("code")
+    assert has == [True, True] and float(b.tensors["loss_mask"].sum()) == 2.0
+    full = b.teacher_prompt_ids[0]
+    has, b = attach("code", "algorithm.sdpo.context.max_context_tokens=7")
+    assert len(full) > 7 and b.teacher_prompt_ids[0] == full[-7:]  # the end is kept
+    assert attach("math", "algorithm.sdpo.context.feedback_domains=[math]")[0] == [True, True]
