@@ -93,7 +93,22 @@ class ContinualRun:
             ema_rate=cfg.teacher.ema_rate,
             freeze_fraction=cfg.teacher.freeze_fraction,
             stage_steps=max(cfg.stages[0].steps, 1),
+            reset_at_stage=cfg.teacher.reset_at_stage,
         )
+        self.stage_cfg = cfg
+
+    def _stage_settings(self, k: int) -> None:
+        """Run stage k with its configuration: the run's, with the stage's overrides
+        (config/stages.py) for the loss, the teacher schedule and the optimizer."""
+        from megatron_sdpo.config.loader import lr_schedule
+        from megatron_sdpo.config.stages import stage_config
+
+        eff = stage_config(self.cfg, k)
+        self.stage_cfg = eff
+        self.trainer.configure(eff)
+        t, b = eff.teacher, eff.backend
+        self.teacher.configure(ema_rate=t.ema_rate, freeze_fraction=t.freeze_fraction, reset_at_stage=t.reset_at_stage)
+        self.backend.configure_optimizer(lr=b.lr, weight_decay=b.weight_decay, grad_clip=b.grad_clip, lr_schedule=lr_schedule(eff))
 
     def _evaluate(self, label: str) -> dict[str, float]:
         self.engine.wake()
@@ -130,6 +145,7 @@ class ContinualRun:
         if not latest.exists():
             return 0, 0
         extra = self.backend.load(str(self.run_dir.checkpoints / latest.read_text().strip()))
+        self._stage_settings(int(extra["stage"]))
         self.teacher.load_state_dict(extra["teacher"])
         stage, step = int(extra["stage"]), int(extra["step"])
         if self.main:
@@ -153,6 +169,7 @@ class ContinualRun:
         for k in range(start_stage, len(cfg.stages)):
             stage = cfg.stages[k]
             first = start_step if k == start_stage else 0
+            self._stage_settings(k)
             if first == 0:
                 self._stage_start(k)
             if first < stage.steps:
@@ -170,18 +187,19 @@ class ContinualRun:
             self.run_dir.write_eval_matrix(rows)
 
     def _stage_start(self, k: int) -> None:
-        stage = self.cfg.stages[k]
-        if k > 0 and self.cfg.backend.stage_start == "weights_only":
+        stage, cfg = self.cfg.stages[k], self.stage_cfg
+        if k > 0 and cfg.backend.stage_start == "weights_only":
             self.backend.reset_optimizer()
-        self.backend.set_lr_schedule(stage.steps)
+        # The schedule counts optimizer steps: mini_batches per rollout step.
+        self.backend.set_lr_schedule(stage.steps * cfg.algorithm.grpo.mini_batches)
         self._teacher_action(self.teacher.on_stage_start(max(stage.steps, 1)))
 
     def _teacher_action(self, action: str) -> None:
         if self.trainer.uses_teacher and action != "none":
-            self.backend.teacher_update(action, rate=self.cfg.teacher.ema_rate)
+            self.backend.teacher_update(action, rate=self.stage_cfg.teacher.ema_rate)
 
     def _train_stage(self, k: int, first: int) -> None:
-        cfg, stage = self.cfg, self.cfg.stages[k]
+        cfg, stage = self.stage_cfg, self.cfg.stages[k]
         records = self.train_sets[stage.domain]
         self.monitor.stage_start(f"stage {k + 1}/{len(cfg.stages)} {stage.domain}", stage.steps, first)
         from megatron_sdpo.diagnostics.artifacts import CollapseConfig, CollapseMonitor, artifact_stats

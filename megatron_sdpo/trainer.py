@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import random
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import torch
 
@@ -33,9 +33,11 @@ def build_loss(cfg: RunConfig):
 
     a = cfg.algorithm
     g = a.grpo
-    # One optimizer step per rollout batch: the behaviour policy is the current one (detached).
+    # One optimizer step per rollout batch: the behaviour policy is the current one (detached);
+    # with mini-batches the old log-probs are the rollout-time policy's (algorithms/minibatch.py).
     grpo = losses.GRPOLoss(
-        clip_low=g.clip_low, clip_high=g.clip_high, kl_coef=g.kl_coef, tis_cap=g.tis_cap, on_policy=True
+        clip_low=g.clip_low, clip_high=g.clip_high, kl_coef=g.kl_coef, tis_cap=g.tis_cap,
+        on_policy=g.mini_batches == 1, dual_clip=g.dual_clip,
     )
     if a.name == "grpo":
         return grpo
@@ -76,10 +78,9 @@ class Trainer:
         self.backend = backend
         self.engine = engine
         self.tokenizer = tokenizer
-        from megatron_sdpo.rollout.guard import GuardedLoss, RefitGuard
+        from megatron_sdpo.rollout.guard import RefitGuard
 
-        # The loss's own forward pass also measures how far the engine's logprobs are off.
-        self.loss_fn = GuardedLoss(build_loss(cfg))
+        self.loss_fn = self._loss(cfg)
         self.guard = RefitGuard(cfg.rollout.guard.max_mismatch)
         self.uses_teacher = cfg.algorithm.name != "grpo"
         self._reasoning_end_ids = (
@@ -87,6 +88,22 @@ class Trainer:
             if cfg.algorithm.sdpo.reasoning_end
             else None
         )
+
+    @staticmethod
+    def _loss(cfg: RunConfig):
+        """The configured loss. With one optimizer step per rollout batch its own forward pass
+        also measures how far the engine's logprobs are off (rollout/guard.py); with several,
+        the guard reads the old log-probabilities computed before the first step instead (later
+        steps see a policy that has already moved)."""
+        from megatron_sdpo.rollout.guard import GuardedLoss
+
+        loss = build_loss(cfg)
+        return GuardedLoss(loss) if cfg.algorithm.grpo.mini_batches == 1 else loss
+
+    def configure(self, cfg: RunConfig) -> None:
+        """Run with `cfg` from now on (a stage's settings: config/stages.py)."""
+        self.cfg = cfg
+        self.loss_fn = self._loss(cfg)
 
     def step(self, domain: str, records: list[dict], *, seed: int, step: int = 0, label: str | None = None) -> StepOutput:
         """One optimizer step on `records` (prompts_per_step records of one domain); `step`
@@ -131,12 +148,12 @@ class Trainer:
             batch.tensors["advantages"] = group_advantages(rewards, group_size=n, norm_by_std=a.grpo.norm_by_std)
         signal: dict[str, float] = {}
         if self.uses_teacher:
-            has_context = self._attach_teacher(batch, sample_records, texts, rewards, results, seed)
+            has_context = self._attach_teacher(batch, sample_records, texts, rewards, results, seed, domain=domain)
             every = cfg.diagnostics.teacher_signal_every if cfg.diagnostics.enabled else 0
             if every and step % every == 0:
                 signal = self._teacher_signal(batch, rewards)
         t1 = time.perf_counter()
-        train_metrics = self.backend.train_step(batch, self.loss_fn)
+        train_metrics = self._update(batch)
         t_train = time.perf_counter() - t1
 
         # This step's samples came from the last refit's weights: check them before the next.
@@ -163,6 +180,21 @@ class Trainer:
         }
         return StepOutput(metrics, texts, [c.truncated for c in comps], lengths, has_context)
 
+    def _update(self, batch: SequenceBatch) -> dict[str, float]:
+        """The optimizer step(s) on one rollout batch: `algorithm.grpo.mini_batches` of them."""
+        from megatron_sdpo.algorithms.minibatch import minibatch_update
+
+        from megatron_sdpo.rollout.guard import SEQ_WEIGHT, TOKEN_WEIGHT, mismatch_metrics
+
+        a = self.cfg.algorithm
+        out = minibatch_update(self.backend, batch, self.loss_fn, mini_batches=a.grpo.mini_batches, group_size=a.group_size)
+        if a.grpo.mini_batches > 1:
+            # The rollout-time policy's log-probabilities of the whole batch, before any update.
+            t = batch.tensors
+            guard = mismatch_metrics(t["old_logprobs"], t["rollout_logprobs"], t[TOKEN_WEIGHT], t[SEQ_WEIGHT])
+            out.update({k: float(v) for k, v in guard.items()})
+        return out
+
     def _teacher_signal(self, batch: SequenceBatch, rewards: torch.Tensor) -> dict[str, float]:
         """Whether the teacher's signal points the right way: per distilled response, the mean
         per-token log-probability gain of the teacher (with its context) over the student that
@@ -182,14 +214,13 @@ class Trainer:
             out["teacher/gain_gap"] = out["teacher/gain_rewarded"] - out["teacher/gain_unrewarded"]
         return out
 
-    def _attach_teacher(self, batch, records, texts, rewards, results, seed) -> list[bool]:
+    def _attach_teacher(self, batch, records, texts, rewards, results, seed, *, domain: str) -> list[bool]:
         """Teacher prompts (successful sibling and/or feedback) and the distillation mask."""
-        from megatron_sdpo.algorithms.context import ContextTemplates, build_teacher_contexts
+        from megatron_sdpo.algorithms.context import build_teacher_contexts, templates_for, truncate_context_ids
         from megatron_sdpo.algorithms.sdpo import distill_mask
 
         s = self.cfg.algorithm.sdpo
-        # ContextConfig and ContextTemplates have the same fields: the config is the template set.
-        templates = ContextTemplates(**asdict(s.context))
+        templates = templates_for(s.context, domain)
         contexts = build_teacher_contexts(
             [r["prompt"] for r in records],
             texts,
@@ -197,9 +228,12 @@ class Trainer:
             [r.feedback for r in results],
             group_size=self.cfg.algorithm.group_size,
             templates=templates,
-            rng=random.Random(seed),
+            rng=random.Random(seed) if s.context.sibling == "random" else None,
         )
-        encoded = encode_prompts(self.tokenizer, [ctx for ctx in contexts if ctx is not None])
+        encoded = [
+            truncate_context_ids(ids, s.context.max_context_tokens)
+            for ids in encode_prompts(self.tokenizer, [ctx for ctx in contexts if ctx is not None])
+        ]
         it = iter(encoded)
         batch.teacher_prompt_ids = [next(it) if ctx is not None else None for ctx in contexts]
         has = torch.tensor([ctx is not None for ctx in contexts], dtype=torch.float32)

@@ -31,6 +31,8 @@ class ContextTemplates:
         (None: no limit). The *end* is kept and the cut marked with "...": the final answer of a
         solution and the last lines of an error trace are the informative parts.
     use_solution / use_feedback: whether each block is used at all.
+    feedback_only_without_solution: use the feedback only for samples without a successful
+        sibling (the reference's `environment_feedback_only_without_solution`).
     success_threshold: a reward >= this marks a successful attempt.
     strip_thinking: remove `<think>...</think>` from the sibling's solution before quoting it.
     """
@@ -44,6 +46,7 @@ class ContextTemplates:
     use_feedback: bool = True
     success_threshold: float = 0.5
     strip_thinking: bool = True
+    feedback_only_without_solution: bool = True
 
     def __post_init__(self) -> None:
         if "{solution}" not in self.solution_template:
@@ -165,12 +168,33 @@ def build_teacher_contexts(
                 solution = cleaned[j] or None
         feedback = None
         if templates.use_feedback and not success[i] and feedbacks[i]:
-            feedback = feedbacks[i]
+            if solution is None or not templates.feedback_only_without_solution:
+                feedback = feedbacks[i]
         if solution is None and feedback is None:
             contexts.append(None)
         else:
             contexts.append(build_teacher_message(prompts[i], solution, feedback, templates))
     return contexts
+
+
+def templates_for(context, domain: str) -> ContextTemplates:
+    """The ContextTemplates of `algorithm.sdpo.context` (ContextConfig) for one domain: feedback
+    only where `use_feedback` is on and the domain is in `feedback_domains`."""
+    from dataclasses import asdict, fields
+
+    names = {f.name for f in fields(ContextTemplates)}
+    kw = {k: v for k, v in asdict(context).items() if k in names}
+    kw["use_feedback"] = bool(context.use_feedback) and domain in context.feedback_domains
+    return ContextTemplates(**kw)
+
+
+def truncate_context_ids(ids: list[int], max_tokens: int | None) -> list[int]:
+    """The tokenized teacher prompt cut to its last `max_tokens` tokens (None: no limit), as
+    the reference caps its re-prompt (left truncation: the instruction and the demonstration's
+    end are kept)."""
+    if max_tokens is None or len(ids) <= max_tokens:
+        return ids
+    return ids[len(ids) - max_tokens :]
 
 
 def context_mask(contexts: list[str | None]) -> torch.Tensor:

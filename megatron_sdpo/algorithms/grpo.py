@@ -75,8 +75,12 @@ def policy_loss(
     kl_coef: float = 0.0,
     rollout_logprobs: torch.Tensor | None = None,
     tis_cap: float | None = None,
+    dual_clip: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """PPO clipped surrogate with decoupled clip range, k3 KL and truncated importance sampling.
+
+    With dual_clip = c (> 1), tokens with a negative advantage are further bounded by -A * c
+    (dual-clip PPO): a huge ratio on a bad token cannot make an unbounded step.
 
     per_token = tis_w * max(-A * r, -A * clip(r, 1 - clip_low, 1 + clip_high)) + kl_coef * k3
     with r = exp(logprobs - old_logprobs), k3 = exp(ref - lp) - (ref - lp) - 1 (Schulman's
@@ -95,6 +99,7 @@ def policy_loss(
         kl_coef: weight of the k3 KL term.
         rollout_logprobs: [B, T] the sampler's logprobs; required when tis_cap is set.
         tis_cap: cap of the truncated importance weight; None disables TIS.
+        dual_clip: the dual-clip bound c > 1 for negative advantages; None disables it.
 
     Returns:
         (loss, metrics): loss = sum(mask * per_token) / normalizer (fp32 scalar); metrics are
@@ -113,6 +118,8 @@ def policy_loss(
         raise ConfigError("kl_coef > 0 needs ref_logprobs (the reference model's logprobs)")
     if tis_cap is not None and tis_cap <= 0:
         raise ConfigError(f"tis_cap must be > 0 or None, got {tis_cap}")
+    if dual_clip is not None and dual_clip <= 1.0:
+        raise ConfigError(f"dual_clip must be > 1 or None, got {dual_clip}")
     if tis_cap is not None and rollout_logprobs is None:
         raise ConfigError("tis_cap is set but rollout_logprobs (the sampler's logprobs) were not given")
     check_same_shape("logprobs", logprobs, "old_logprobs", old_logprobs)
@@ -137,6 +144,10 @@ def policy_loss(
     pg_unclipped = -adv * ratio
     pg_clipped = -adv * clipped
     pg = torch.maximum(pg_unclipped, pg_clipped)
+    if dual_clip is not None:
+        bound = -adv * dual_clip
+        dual_active = (adv < 0) & (pg > bound)
+        pg = torch.where(adv < 0, torch.minimum(pg, bound), pg)
 
     metrics: dict[str, torch.Tensor] = {}
     if tis_cap is not None:
@@ -175,4 +186,6 @@ def policy_loss(
                 "grpo/ratio_min": masked_min(ratio, mask),
             }
         )
+        if dual_clip is not None:
+            metrics["grpo/clip_frac_dual"] = masked_sum(dual_active.to(torch.float32), mask) / norm
     return loss, metrics

@@ -57,7 +57,9 @@ class GRPOLoss:
         tis_cap: truncated importance-sampling cap, None to disable.
         mask_key: name of the loss mask tensor.
         on_policy: use the current logprobs, detached, as old_logprobs (exactly one update per
-            batch); otherwise "old_logprobs" must be in the batch.
+            batch); otherwise "old_logprobs" must be in the batch (several optimizer steps per
+            rollout batch: the log-probs of the rollout-time policy, computed once).
+        dual_clip: dual-clip bound c > 1 for negative advantages (None: off).
     """
 
     def __init__(
@@ -69,7 +71,11 @@ class GRPOLoss:
         tis_cap: float | None = None,
         mask_key: str = "loss_mask",
         on_policy: bool = False,
+        dual_clip: float | None = None,
     ) -> None:
+        if dual_clip is not None and dual_clip <= 1.0:
+            raise ConfigError(f"grpo.dual_clip must be > 1 or null, got {dual_clip}")
+        self.dual_clip = dual_clip
         if not 0.0 <= clip_low < 1.0:
             raise ConfigError(f"grpo.clip_low must be in [0, 1), got {clip_low}")
         if clip_high < 0:
@@ -104,6 +110,7 @@ class GRPOLoss:
             kl_coef=self.kl_coef,
             rollout_logprobs=_tensor(tensors, "rollout_logprobs", "GRPOLoss") if self.tis_cap is not None else None,
             tis_cap=self.tis_cap,
+            dual_clip=self.dual_clip,
         )
 
 

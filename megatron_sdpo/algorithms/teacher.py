@@ -21,7 +21,8 @@ import torch
 from megatron_sdpo.errors import ConfigError
 
 MODES = ("ema", "frozen", "restart_freeze")
-ACTIONS = ("none", "copy", "ema")
+ACTIONS = ("none", "copy", "ema", "base")  # "base": load the base model (the backend does it)
+RESETS = ("none", "base", "stage_start")
 
 
 def _pairs(name_a: str, a: Iterable[torch.Tensor], name_b: str, b: Iterable[torch.Tensor]) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -105,12 +106,14 @@ class TeacherController:
         freeze_fraction: gamma in (0, 1] (mode "restart_freeze"): fraction of the stage's steps
             the teacher stays frozen between restarts.
         stage_steps: optimizer steps per stage (can be overridden per stage in on_stage_start).
-        ema_reset_at_stage: mode "ema" only: copy the student into the teacher at every stage
-            start; by default the EMA teacher carries over between stages and is copied only at
-            the first stage start.
+        reset_at_stage: at every stage start after the first: "none" keeps an EMA teacher (the
+            frozen and restart_freeze teachers copy the student there by definition),
+            "stage_start" copies the student, "base" loads the base model into the teacher.
+            The first stage always starts with a copy.
 
-    Actions are "none", "copy" (student -> teacher) and "ema" (apply `ema_update_` with
-    `ema_rate`); the backend's `teacher_update(action, rate=...)` performs them.
+    Actions are "none", "copy" (student -> teacher), "ema" (apply `ema_update_` with
+    `ema_rate`) and "base" (base model -> teacher); the backend's
+    `teacher_update(action, rate=...)` performs them.
     """
 
     def __init__(
@@ -120,22 +123,28 @@ class TeacherController:
         freeze_fraction: float = 0.4,
         stage_steps: int = 1,
         *,
-        ema_reset_at_stage: bool = False,
+        reset_at_stage: str = "none",
     ) -> None:
         if mode not in MODES:
             raise ConfigError(f"teacher mode must be one of {', '.join(MODES)}, got {mode!r}")
-        if mode == "ema" and not 0.0 < ema_rate <= 1.0:
-            raise ConfigError(f"teacher.ema_rate must be in (0, 1] for mode 'ema', got {ema_rate}")
-        if mode == "restart_freeze" and not 0.0 < freeze_fraction <= 1.0:
-            raise ConfigError(f"teacher.freeze_fraction must be in (0, 1], got {freeze_fraction}")
         self.mode = mode
-        self.ema_rate = float(ema_rate)
-        self.freeze_fraction = float(freeze_fraction)
-        self.ema_reset_at_stage = bool(ema_reset_at_stage)
+        self.configure(ema_rate=ema_rate, freeze_fraction=freeze_fraction, reset_at_stage=reset_at_stage)
         self.stage_steps = self._check_steps(stage_steps)
         self.stage_index = -1  # no stage started yet
         self.step = 0  # optimizer steps completed in the current stage
         self.num_copies = 0
+
+    def configure(self, *, ema_rate: float, freeze_fraction: float, reset_at_stage: str) -> None:
+        """Set the schedule's settings (a stage may change them: config/stages.py)."""
+        if self.mode == "ema" and not 0.0 < ema_rate <= 1.0:
+            raise ConfigError(f"teacher.ema_rate must be in (0, 1] for mode 'ema', got {ema_rate}")
+        if self.mode == "restart_freeze" and not 0.0 < freeze_fraction <= 1.0:
+            raise ConfigError(f"teacher.freeze_fraction must be in (0, 1], got {freeze_fraction}")
+        if reset_at_stage not in RESETS:
+            raise ConfigError(f"teacher.reset_at_stage must be one of {', '.join(RESETS)}, got {reset_at_stage!r}")
+        self.ema_rate = float(ema_rate)
+        self.freeze_fraction = float(freeze_fraction)
+        self.reset_at_stage = reset_at_stage
 
     @staticmethod
     def _check_steps(stage_steps: int) -> int:
@@ -156,7 +165,9 @@ class TeacherController:
         first = self.stage_index < 0
         self.stage_index += 1
         self.step = 0
-        if self.mode == "ema" and not (first or self.ema_reset_at_stage):
+        if not first and self.reset_at_stage == "base":
+            return "base"
+        if self.mode == "ema" and not (first or self.reset_at_stage == "stage_start"):
             return "none"
         self.num_copies += 1
         return "copy"
@@ -188,7 +199,7 @@ class TeacherController:
             "mode": self.mode,
             "ema_rate": self.ema_rate,
             "freeze_fraction": self.freeze_fraction,
-            "ema_reset_at_stage": self.ema_reset_at_stage,
+            "reset_at_stage": self.reset_at_stage,
             "stage_steps": self.stage_steps,
             "stage_index": self.stage_index,
             "step": self.step,
@@ -197,7 +208,7 @@ class TeacherController:
 
     def load_state_dict(self, state: dict) -> None:
         """Restore a state written by `state_dict`; the schedule settings must match."""
-        for key in ("mode", "ema_rate", "freeze_fraction", "ema_reset_at_stage"):
+        for key in ("mode", "ema_rate", "freeze_fraction", "reset_at_stage"):
             if key not in state:
                 raise ConfigError(f"teacher controller state lacks {key!r}")
             if state[key] != getattr(self, key):

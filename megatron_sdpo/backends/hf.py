@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from megatron_sdpo.algorithms.losses import metric_reduce
-from megatron_sdpo.algorithms.teacher import apply_action_
+from megatron_sdpo.algorithms.teacher import apply_action_, copy_
 from megatron_sdpo.backends.base import REQUIRES, LossFn, SequenceBatch, check_backend_args
 from megatron_sdpo.backends.checkpoint import (
     atomic_checkpoint_dir,
@@ -183,6 +183,16 @@ class HFBackend:
 
         self.teacher = self._frozen_copy() if with_teacher else None
         self.reference = self._frozen_copy() if with_reference else None
+        # State updated by small steps lives in fp32 whatever the model dtype: with a bf16/fp16
+        # model AdamW updates fp32 master copies of the policy (cast into the model after each
+        # step) and the EMA teacher is an fp32 shadow (cast into the teacher used for forwards).
+        # At lr 1e-5 or an EMA rate of 0.05 most bf16 weights would otherwise never change.
+        self._masters: list[torch.Tensor] | None = None
+        self._teacher_fp32: list[torch.Tensor] | None = None
+        if self.dtype != torch.float32:
+            self._masters = [self._fp32_copy(p, p.requires_grad) for p in self.policy.parameters()]
+            if self.teacher is not None:
+                self._teacher_fp32 = [self._fp32_copy(p, False) for p in self.teacher.parameters()]
 
         self.world = dist.get_world_size() if dist.is_initialized() else 1
         self.rank = dist.get_rank() if dist.is_initialized() else 0
@@ -204,9 +214,27 @@ class HFBackend:
         m.eval()
         return m
 
+    @staticmethod
+    def _fp32_copy(p: torch.Tensor, requires_grad: bool) -> torch.Tensor:
+        return p.detach().to(torch.float32).clone().requires_grad_(requires_grad)
+
+    def fp32_weights(self, model: str = "policy") -> list[torch.Tensor]:
+        """The fp32 truth of `model`'s parameters, in `parameters()` order: the policy's master
+        weights / the teacher's EMA shadow when the model runs in bf16 or fp16, else the
+        parameters themselves. Live tensors: copy them to keep them."""
+        if model == "policy" and self._masters is not None:
+            return self._masters
+        if model == "teacher" and self._teacher_fp32 is not None:
+            return self._teacher_fp32
+        return [p.detach() for p in self._model(model).parameters()]
+
+    def _optimized_params(self) -> list[torch.Tensor]:
+        """What AdamW updates: the fp32 masters, or the fp32 policy parameters."""
+        return self._masters if self._masters is not None else list(self.policy.parameters())
+
     def _make_optimizer(self) -> torch.optim.Optimizer:
         decay, no_decay = [], []
-        for p in self.policy.parameters():
+        for p in self._optimized_params():
             if p.requires_grad:
                 # Norm gains and biases are not decayed (the usual AdamW practice).
                 (decay if p.ndim >= 2 else no_decay).append(p)
@@ -394,7 +422,12 @@ class HFBackend:
                     v = _combine(metric_reduce(name), metric_sums[name], v)
                 metric_sums[name] = v
 
-        params = [p for p in self.policy.parameters() if p.requires_grad]
+        if self._masters is not None:
+            # Gradients go to the fp32 masters (clip, norm and AdamW all in fp32).
+            for p, m in zip(self.policy.parameters(), self._masters):
+                m.grad = None if p.grad is None else p.grad.to(torch.float32)
+                p.grad = None
+        params = [p for p in self._optimized_params() if p.requires_grad]
         max_norm = self.grad_clip if self.grad_clip and self.grad_clip > 0 else float("inf")
         grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
         finite = bool(torch.isfinite(grad_norm))
@@ -403,6 +436,8 @@ class HFBackend:
             for group in self.optimizer.param_groups:
                 group["lr"] = lr
             self.optimizer.step()
+            if self._masters is not None:
+                self._masters_to_model()
             self.step += 1
             self._sched = (self._sched[0] + 1, self._sched[1])
         self.optimizer.zero_grad(set_to_none=True)
@@ -438,11 +473,43 @@ class HFBackend:
             seen.add(ptr)
             yield name, t.detach()
 
+    @torch.no_grad()
+    def _masters_to_model(self) -> None:
+        for p, m in zip(self.policy.parameters(), self._masters):
+            p.copy_(m)
+
     def teacher_update(self, action: str, *, rate: float = 0.0) -> None:
-        """"ema": θ_T ← (1-rate)·θ_T + rate·θ_S; "copy": θ_T ← θ_S; "none": nothing."""
+        """"ema": θ_T ← (1-rate)·θ_T + rate·θ_S; "copy": θ_T ← θ_S; "none": nothing.
+        θ_S is the student's fp32 truth (master weights in bf16); with a bf16 teacher the update
+        is applied to its fp32 shadow, which is then rounded once into the teacher."""
         if action == "none":
             return
-        apply_action_(action, list(self._model("teacher").parameters()), list(self.policy.parameters()), rate=rate)
+        if action == "base":
+            self.teacher_from_base()
+            return
+        teacher = list(self._model("teacher").parameters())
+        student = self.fp32_weights("policy")
+        if self._teacher_fp32 is None:
+            apply_action_(action, teacher, student, rate=rate)
+            return
+        apply_action_(action, self._teacher_fp32, student, rate=rate)
+        copy_(teacher, self._teacher_fp32)
+
+    def teacher_from_base(self) -> None:
+        """Teacher <- the base model (the HF directory this backend was built from)."""
+        teacher = self._model("teacher")
+        load_hf_weights(teacher, Path(self.model_path))
+        if self._teacher_fp32 is not None:
+            copy_(self._teacher_fp32, [p.detach() for p in teacher.parameters()])
+
+    def configure_optimizer(self, *, lr: float, weight_decay: float, grad_clip: float, lr_schedule: LRSchedule) -> None:
+        """New optimizer settings (a stage's): the peak lr and schedule take effect at the next
+        set_lr_schedule, weight decay and clipping at the next step."""
+        if lr <= 0:
+            raise ConfigError(f"lr must be > 0, got {lr}")
+        lr_schedule.check()
+        self.lr, self.weight_decay, self.grad_clip, self.lr_schedule = lr, weight_decay, grad_clip, lr_schedule
+        self.optimizer.param_groups[0]["weight_decay"] = weight_decay  # group 1 is never decayed
 
     def reset_optimizer(self) -> None:
         """Fresh AdamW state (moments and step count), e.g. at a stage boundary."""
@@ -470,6 +537,14 @@ class HFBackend:
                     {"optimizer": self.optimizer.state_dict(), "step": self.step, "lr_schedule": list(self._sched)},
                     tmp / "optimizer.pt",
                 )
+                if self._masters is not None:
+                    torch.save(
+                        {
+                            "masters": [m.detach() for m in self._masters],
+                            "teacher": self._teacher_fp32,
+                        },
+                        tmp / "fp32_state.pt",
+                    )
                 torch.save(
                     {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()},
                     tmp / "rng.pt",
@@ -477,6 +552,21 @@ class HFBackend:
                 (tmp / "extra.json").write_text(json.dumps(extra))
         if self.world > 1:
             dist.barrier()
+
+    @torch.no_grad()
+    def _load_fp32_state(self, root: Path) -> None:
+        """Restore the fp32 masters / teacher shadow saved next to the bf16 weights; without
+        that file (a checkpoint written in fp32, or an HF directory) they restart from the
+        weights just loaded."""
+        if self._masters is None:
+            return
+        f = root / "fp32_state.pt"
+        state = torch_load(f) if f.is_file() else {}
+        masters = state.get("masters") or [p.detach() for p in self.policy.parameters()]
+        copy_(self._masters, masters)
+        if self._teacher_fp32 is not None:
+            shadow = state.get("teacher") or [p.detach() for p in self.teacher.parameters()]
+            copy_(self._teacher_fp32, shadow)
 
     def _copy_tokenizer(self, dest: Path) -> None:
         for f in _TOKENIZER_FILES:
@@ -491,6 +581,7 @@ class HFBackend:
         load_hf_weights(self.policy, root / "policy")
         if self.teacher is not None:
             load_hf_weights(self.teacher, root / "teacher")
+        self._load_fp32_state(root)
         try:
             extra = json.loads((root / "extra.json").read_text())
         except (OSError, ValueError) as exc:

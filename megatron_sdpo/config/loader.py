@@ -174,6 +174,8 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
         if not isinstance(value, dict):
             raise ConfigError(f"{key}: expected a mapping, got {type(value).__name__}")
         return {str(k): _coerce(v, args[1], f"{key}.{k}") for k, v in value.items()}
+    if tp is Any:  # per-stage partial sections: validated by config/stages.py
+        return value
     if dataclasses.is_dataclass(tp):
         return build(tp, value, key)
     if tp is bool:
@@ -241,6 +243,18 @@ def validate(cfg: RunConfig) -> RunConfig:
         raise ConfigError("algorithm.sdpo.topk must be >= 1 or null")
     if not 0.0 <= a.sdpo.hybrid_lambda <= 1.0:
         raise ConfigError("algorithm.sdpo.hybrid_lambda must be in [0, 1]")
+    _validate_context(a.sdpo.context, "algorithm.sdpo.context")
+    if a.grpo.mini_batches < 1:
+        raise ConfigError("algorithm.grpo.mini_batches must be >= 1")
+    if a.grpo.mini_batches > 1 and a.name != "grpo":
+        raise ConfigError("algorithm.grpo.mini_batches > 1 needs algorithm.name=grpo")
+    if a.prompts_per_step % a.grpo.mini_batches:
+        raise ConfigError(
+            f"algorithm.prompts_per_step={a.prompts_per_step} does not split into "
+            f"algorithm.grpo.mini_batches={a.grpo.mini_batches} mini-batches of whole prompt groups"
+        )
+    if a.grpo.dual_clip is not None and a.grpo.dual_clip <= 1.0:
+        raise ConfigError("algorithm.grpo.dual_clip must be > 1 or null")
     if a.name == "stable_sdpo" and cfg.teacher.mode != "restart_freeze":
         raise ConfigError("algorithm.name=stable_sdpo needs teacher.mode=restart_freeze")
     if not 0.0 <= cfg.teacher.ema_rate <= 1.0:
@@ -259,7 +273,7 @@ def validate(cfg: RunConfig) -> RunConfig:
     sched = lr_schedule(cfg)
     for i, stage in enumerate(cfg.stages):
         try:
-            sched.check(stage.steps)
+            sched.check(stage.steps * a.grpo.mini_batches)  # optimizer steps
         except ConfigError as exc:
             raise ConfigError(f"backend.{exc} (stages.{i})") from None
     m = cfg.backend.megatron
@@ -291,7 +305,23 @@ def validate(cfg: RunConfig) -> RunConfig:
             )
     if m.fp8.recipe != "none" and cfg.backend.name != "megatron":
         raise ConfigError("backend.megatron.fp8.recipe needs backend.name=megatron")
+    from megatron_sdpo.config.stages import stage_config
+
+    for i in range(len(cfg.stages)):
+        stage_config(cfg, i)  # per-stage overrides: known keys, allowed changes, valid values
     return cfg
+
+
+def _validate_context(ctx, where: str) -> None:
+    for k, d in enumerate(ctx.feedback_domains):
+        if d not in DOMAINS:
+            raise ConfigError(f"{where}.feedback_domains.{k}: unknown domain {d!r}; known: {', '.join(DOMAINS)}")
+    if ctx.max_context_tokens is not None and ctx.max_context_tokens < 1:
+        raise ConfigError(f"{where}.max_context_tokens must be >= 1 or null")
+    for name in ("max_solution_chars", "max_feedback_chars"):
+        v = getattr(ctx, name)
+        if v is not None and v <= 3:
+            raise ConfigError(f"{where}.{name} must be > 3 or null")
 
 
 def load_config(ref: str, overrides: list[str] | tuple[str, ...] = ()) -> RunConfig:

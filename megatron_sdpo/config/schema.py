@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal, Optional
+from typing import Any, Literal, Optional
 
 DOMAINS = ("math", "science", "tooluse", "code")
 EVAL_SPLITS = ("id", "ood_near", "ood_mid", "ood_far")
@@ -34,24 +34,41 @@ class DomainConfig:
 class StageConfig:
     domain: str = "math"
     steps: int = 40
+    # Per-stage settings: partial mappings over the run's `algorithm`, `teacher` and `backend`
+    # sections (e.g. `teacher: {ema_rate: 0.01}` for code), validated against those sections and
+    # applied at the stage start (config/stages.py lists what may change between stages).
+    algorithm: dict[str, Any] = field(default_factory=dict)
+    teacher: dict[str, Any] = field(default_factory=dict)
+    backend: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
 class GRPOConfig:
-    norm_by_std: bool = True
+    norm_by_std: bool = False  # the paper's GRPO: mean-only advantages
     clip_low: float = 0.2
     clip_high: float = 0.28
     kl_coef: float = 0.0  # k3 KL to the base model; > 0 keeps a frozen reference copy
     tis_cap: Optional[float] = 2.0  # truncated IS for rollout/trainer mismatch; null = off
+    # Optimizer steps per rollout batch (whole prompt groups each); > 1: old log-probs of the
+    # rollout-time policy are computed once, so the ratio moves and the clip acts.
+    mini_batches: int = 1
+    dual_clip: Optional[float] = None  # dual-clip bound c > 1 for negative advantages; null = off
 
 
 @dataclass
 class ContextConfig:
     use_solution: bool = True
-    use_feedback: bool = True
+    use_feedback: bool = True  # master switch; feedback is used only in `feedback_domains`
+    # The reference's policy: the environment's feedback only in code, and only for samples
+    # without a successful sibling (its science and tool-use runs use no feedback at all).
+    feedback_domains: list[str] = field(default_factory=lambda: ["code"])
+    feedback_only_without_solution: bool = True
+    sibling: Literal["first", "random"] = "first"  # which successful sibling is quoted
     success_threshold: float = 0.5
-    max_solution_chars: int = 2000
-    max_feedback_chars: int = 1000
+    max_solution_chars: Optional[int] = None  # null: the whole sibling (the token cap applies)
+    max_feedback_chars: Optional[int] = 1000
+    # The tokenized re-prompt keeps its last this many tokens (the reference: 10,240).
+    max_context_tokens: Optional[int] = 10240
     strip_thinking: bool = True
     solution_template: str = "Here is a correct solution:\n{solution}\n\n"
     feedback_template: str = "Feedback on an earlier attempt:\n{feedback}\n\n"
@@ -85,8 +102,11 @@ class TeacherConfig:
     mode: Literal["ema", "frozen", "restart_freeze"] = "ema"
     ema_rate: float = 0.05
     freeze_fraction: float = 0.4  # restart_freeze: restart every gamma * stage steps
-    init_checkpoint: Optional[str] = None
-    init_blend: float = 1.0  # weight of init_checkpoint vs the student when initializing
+    # At every stage start after the first: "none" keeps the EMA teacher (frozen and
+    # restart_freeze copy the student by definition), "stage_start" copies the student into the
+    # teacher (each of the reference's stage runs starts its teacher from the stage's model),
+    # "base" loads the base model into the teacher. The first stage always starts from a copy.
+    reset_at_stage: Literal["none", "base", "stage_start"] = "none"
 
 
 @dataclass

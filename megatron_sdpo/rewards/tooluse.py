@@ -128,8 +128,10 @@ def _check_allowed(calls: list[ToolCall], allowed: dict) -> str | None:
 def score_tooluse(response: str, record: dict) -> RewardResult:
     """1.0 iff actions (as a multiset) and merged arguments match the record's; see module doc.
 
-    Feedback names the first problem found: bad JSON, unknown tool, wrong or missing tools,
-    missing / unexpected argument, wrong value (argument names only, never gold values)."""
+    Feedback names the first problem found, as an environment would report it: bad JSON, unknown
+    tool, wrong calls (the model's own wrong calls and how many calls were needed, never the gold
+    tool names), missing / unexpected argument, wrong value (argument names only, never gold
+    values)."""
     tool_names = [str(t["name"]) for t in record.get("tools", []) if isinstance(t, dict)]
     allowed = record.get("allowed")
     gold = _gold_calls(record) if (record.get("answer") or not allowed) else [
@@ -147,12 +149,13 @@ def score_tooluse(response: str, record: dict) -> RewardResult:
                                 f"{', '.join(tool_names)}.", {**details, "error": "unknown_tool"})
     want, got = Counter(n for n, _ in gold), Counter(n for n, _ in calls)
     if want != got:
-        missing, extra = want - got, got - want
+        # Like an environment: say which of the model's own calls were wrong or missing in
+        # number, never which gold tools the task needed.
         parts = []
-        if missing:
-            parts.append("missing call(s) to " + ", ".join(sorted(missing)))
-        if extra:
-            parts.append("unexpected call(s) to " + ", ".join(sorted(extra)))
+        if sum((got - want).values()):
+            parts.append("call(s) to " + ", ".join(sorted(got - want)) + " do not solve this task")
+        if sum((want - got).values()):
+            parts.append(f"{sum(want.values())} call(s) are needed, {sum(got.values())} were made")
         return RewardResult(0.0, "Wrong tool calls: " + "; ".join(parts) + ".",
                             {**details, "error": "wrong_actions"})
     if allowed:

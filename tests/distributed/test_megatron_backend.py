@@ -219,3 +219,55 @@ def test_world4_tp2_x_pp2_matches_hf(model_dir, refs):
     for rank in ranks:
         for got, layout in zip(rank, layouts):
             _compare(got, refs[layout[3]])
+
+
+def _mb_batch(vocab: int = 131):
+    """Four prompt groups of two samples: four GRPO mini-batches of one group each."""
+    from megatron_sdpo.backends.base import SequenceBatch
+
+    g = torch.Generator().manual_seed(11)
+    ids = lambda n: [int(x) for x in torch.randint(0, vocab, (n,), generator=g)]  # noqa: E731
+    prompts = [p for p in (ids(3), ids(5), ids(4), ids(6)) for _ in range(2)]
+    responses = [ids(n) for n in (4, 2, 6, 3, 5, 1, 3, 4)]
+    b = SequenceBatch(prompts, responses, None, {})
+    b.tensors.update(loss_mask=b.response_mask(), advantages=torch.tensor([1.0, -1.0, -0.5, 0.5, 2.0, -2.0, 1.0, -1.0]))
+    return b
+
+
+MB_LR = 2e-2  # large: after the first mini-batch the ratio leaves the clip range on some tokens
+
+
+def _mb_loss():
+    from megatron_sdpo.algorithms.losses import GRPOLoss
+
+    return GRPOLoss(clip_low=0.2, clip_high=0.28, on_policy=False, dual_clip=3.0)
+
+
+def _mb_worker(model_dir: str) -> dict:
+    from megatron_sdpo.algorithms.minibatch import minibatch_update
+    from megatron_sdpo.backends.megatron.backend import MegatronBackend
+    from megatron_sdpo.backends.megatron.parallel import destroy
+
+    be = MegatronBackend(model_dir, lr=MB_LR, micro_batch_size=2, grad_clip=1.0, with_teacher=False)
+    b = _mb_batch()
+    m = minibatch_update(be, b, _mb_loss(), mini_batches=4, group_size=2)
+    m["after"] = be.logprobs(b).tolist()
+    destroy()
+    return m
+
+
+def test_world1_grpo_four_minibatches_match_hf(model_dir):
+    from megatron_sdpo.algorithms.minibatch import minibatch_update
+    from megatron_sdpo.backends.hf import HFBackend
+    from megatron_sdpo.backends.megatron.launch import spawn
+
+    hf = HFBackend(model_dir, lr=MB_LR, micro_batch_size=2, grad_clip=1.0, with_teacher=False)
+    b = _mb_batch()
+    want = minibatch_update(hf, b, _mb_loss(), mini_batches=4, group_size=2)
+    after = hf.logprobs(b)
+    (got,) = spawn(_mb_worker, 1, model_dir, timeout_s=300)
+    assert want["optimizer_steps"] == got["optimizer_steps"] == 4.0
+    assert want["grpo/clip_frac"] > 0 and want["grpo/ratio_max"] > 1.0  # the clip acted
+    for key in ("loss", "grad_norm", "grpo/clip_frac", "grpo/ratio_mean", "grpo/ratio_max", "grpo/ratio_min", "grpo/pg_loss"):
+        assert got[key] == pytest.approx(want[key], rel=1e-4, abs=1e-5), (key, got[key], want[key])
+    torch.testing.assert_close(torch.tensor(got["after"]), after, rtol=1e-4, atol=1e-4)

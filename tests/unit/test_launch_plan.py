@@ -22,9 +22,9 @@ def test_paper_presets_plan_at_16_and_8_ranks(preset, world, tp, dp, capsys, mon
     out = capsys.readouterr().out
     assert f"ranks: {world} (WORLD_SIZE)" in out
     assert f"trainer layout: TP={tp} PP=1 DP={dp} (sequence parallel)" in out
-    # No rollout.tensor_parallel_size in the presets: vLLM takes the trainer's TP.
-    assert f"vLLM TP={tp} (the trainer's TP), vLLM replicas={world // tp}, {32 // (world // tp)} prompts" in out
-    assert f"256 samples per step, {256 // dp} per DP rank, {256 // dp // 4} micro-batches" in out
+    # The presets give vLLM the trainer's TP: one replica per trainer TP group.
+    assert f"vLLM TP={tp} (rollout.tensor_parallel_size), vLLM replicas={world // tp}, {32 // (world // tp)} prompts" in out
+    assert f"256 samples per step, {256 // dp} per DP rank, {256 // dp} micro-batches" in out
     assert "not on this machine: architecture numbers from the built-in table" in out
     assert "memory per rank (GiB, rough): params" in out and "KV budget" in out
     assert out.count("warning: domains.") == 20  # the data files are not here: warnings, not errors
@@ -67,8 +67,9 @@ def test_builtin_architectures_match_the_public_sizes():
     # Sharding is visible in the estimate: twice the TP halves the weights per rank.
     tp4 = plan(load_config("qwen3_4b", ["backend.megatron.tensor_parallel=4"]), 8)
     assert tp4.memory["params"] * 2 == pytest.approx(p.memory["params"], rel=1e-6)
-    assert p.memory["logits"] == 0  # kernel.fused_kl: no logits
-    assert plan(load_config("qwen3_4b", ["algorithm.sdpo.topk=100", "kernel.fused_kl=false"]), 8).memory["logits"] > 0
+    assert p.memory["logits"] > 0  # the paper's top-100 + tail: vocab-sharded logits of a micro-batch
+    assert plan(load_config("qwen3_4b", ["algorithm.sdpo.topk=null", "stages.3.algorithm.sdpo.topk=null", "kernel.fused_kl=true"]), 8).memory["logits"] == 0
+    assert p.train_peak < 80 * 2**30, "the paper preset must fit an 80 GiB GPU by the estimate"
 
 
 def test_config_json_of_a_local_model_and_unknown_models(tmp_path):

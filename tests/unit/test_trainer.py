@@ -106,3 +106,72 @@ def test_step_order_generate_sleep_train_wake_refit():
         trainer.step("math", records, seed=step, step=step)
     one = ["generate", "sleep", "train", "wake", "refit", "export", "tensor"]
     assert log == one + one
+
+
+def test_attach_teacher_follows_the_domain_feedback_policy_and_the_token_cap():
+    from types import SimpleNamespace
+
+    from megatron_sdpo.builders import load_tokenizer
+    from megatron_sdpo.models.tiny import ensure_tiny_base
+
+    tok = load_tokenizer(ensure_tiny_base())
+    trainer = Trainer.__new__(Trainer)
+    trainer.tokenizer, trainer._reasoning_end_ids = tok, None
+    # One group of two failed samples with feedback: feedback is their only possible context.
+    records = [{"prompt": "Compute 2+2."}] * 2
+    texts = ["5", "6"]
+    results = [SimpleNamespace(feedback="wrong answer " * 5)] * 2
+
+    def attach(domain, *overrides):
+        trainer.cfg = load_config("tiny_sdpo", ["algorithm.group_size=2", *overrides])
+        b = SequenceBatch([[1, 2]] * 2, [[5], [6]])
+        b.tensors["loss_mask"] = b.response_mask()
+        has = trainer._attach_teacher(b, records, texts, torch.zeros(2), results, 0, domain=domain)
+        return has, b
+
+    assert attach("math")[0] == [False, False]  # the reference's policy: no feedback outside code
+    has, b = attach("code")
+    assert has == [True, True] and float(b.tensors["loss_mask"].sum()) == 2.0
+    full = b.teacher_prompt_ids[0]
+    has, b = attach("code", "algorithm.sdpo.context.max_context_tokens=7")
+    assert len(full) > 7 and b.teacher_prompt_ids[0] == full[-7:]  # the end is kept
+    assert attach("math", "algorithm.sdpo.context.feedback_domains=[math]")[0] == [True, True]
+
+
+class MiniBatchBackend(RecordingBackend):
+    """Trains in mini-batches; its policy (before any update) is off the engine by `shift` nats
+    per token, and it moves by a further 1 nat per optimizer step (which must not count)."""
+
+    def __init__(self, log, shift):
+        super().__init__(log)
+        self.shift, self.updates = shift, 0
+
+    def logprobs(self, batch, *, model="policy"):
+        return (batch.tensors["rollout_logprobs"] + self.shift + self.updates) * batch.response_mask()
+
+    def train_step(self, batch, loss_fn):
+        self.log.append("train")
+        assert "old_logprobs" in batch.tensors
+        self.updates += 1
+        return {"loss": 0.0, "refit/logprob_diff_mean": 99.0}
+
+
+def test_with_mini_batches_the_guard_reads_the_rollout_time_policy():
+    from megatron_sdpo.builders import load_tokenizer
+    from megatron_sdpo.data.synthetic import generate
+    from megatron_sdpo.errors import RefitError
+    from megatron_sdpo.models.tiny import ensure_tiny_base
+
+    tok = load_tokenizer(ensure_tiny_base())
+    records = generate("math", "id", 4, 0)
+    cfg = load_config("tiny", ["algorithm.prompts_per_step=4", "algorithm.grpo.mini_batches=2"])
+    log = []
+    trainer = Trainer(cfg, MiniBatchBackend(log, shift=0.25), RecordingEngine(log), tok)
+    out = trainer.step("math", records, seed=0).metrics
+    assert log.count("train") == 2 and out["optimizer_steps"] == 2.0
+    # The mean over the whole batch of the pre-update mismatch; not the steps' partial shares.
+    assert out["refit/logprob_diff_mean"] == pytest.approx(0.25)
+    assert out["refit/logprob_diff_max"] == pytest.approx(0.25)
+    trainer = Trainer(cfg, MiniBatchBackend([], shift=0.75), RecordingEngine([]), tok)
+    with pytest.raises(RefitError, match="mean .* 0.75 > rollout.guard.max_mismatch 0.5"):
+        trainer.step("math", records, seed=0)

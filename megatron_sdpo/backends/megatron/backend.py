@@ -176,6 +176,12 @@ class MegatronBackend:
         self._wrap_policy()
         self.optimizer = self._make_optimizer()
         self.scheduler = self._make_scheduler(None)
+        # bf16 params: the EMA teacher lives in an fp32 shadow of its shards (teacher_state.py).
+        self.teacher_fp32 = None
+        if self.teacher is not None and self.options.precision.params == "bfloat16":
+            from megatron_sdpo.backends.megatron.teacher_state import FP32TeacherShadow
+
+            self.teacher_fp32 = FP32TeacherShadow(self._params("teacher"))
 
     @classmethod
     def from_config(cls, cfg, model_path: str, *, pad_token_id: int | None = None) -> "MegatronBackend":
@@ -554,12 +560,70 @@ class MegatronBackend:
 
         if action == "none":
             return
+        if action == "base":
+            self.teacher_from_base()
+            return
+        if self.teacher_fp32 is not None:
+            # Blend from the optimizer's fp32 main params into the fp32 shadow, round once.
+            self.teacher_fp32.apply(action, self._params("teacher"), self._params("policy"), self.optimizer, rate=rate)
+            return
         apply_action_(action, self._params("teacher"), [p.detach() for p in self._params("policy")], rate=rate)
+
+    def fp32_weights(self, model: str = "policy") -> list[torch.Tensor]:
+        """This rank's fp32 truth of `model`'s local shards, in `parameters()` order: the
+        teacher's EMA shadow with bf16 params (else its params); for the policy, the params
+        with fp32 params, else the optimizer's fp32 main values scattered into full-shape
+        tensors (elements this DP rank does not own under the distributed optimizer are NaN)."""
+        if model == "teacher" and self.teacher_fp32 is not None:
+            return self.teacher_fp32.shadow
+        if model != "policy" or self.options.precision.params != "bfloat16":
+            return [p.detach() for p in self._params(model)]
+        from megatron_sdpo.backends.megatron.teacher_state import main_params
+
+        out = []
+        mains, _ = main_params(self.optimizer, self._params("policy"))
+        for p, (main, a, b) in zip(self._params("policy"), mains):
+            full = torch.full((p.numel(),), float("nan"), dtype=torch.float32, device=p.device)
+            full[a:b] = main
+            out.append(full.view(p.shape))
+        return out
+
+    def teacher_from_base(self) -> None:
+        """Teacher <- the base model (the HF directory this backend was built from)."""
+        teacher = self._model("teacher")
+        load_hf(teacher, _hf_tensors(self.model_path), self.spec, self.wlayout, self.tp_rank, self.pp_rank)
+        if self.teacher_fp32 is not None:
+            self.teacher_fp32.resync(self._params("teacher"))
+
+    def configure_optimizer(self, *, lr: float, weight_decay: float, grad_clip: float, lr_schedule: LRSchedule) -> None:
+        """New optimizer settings (a stage's): they take effect at the next set_lr_schedule (lr,
+        schedule, weight decay: megatron's scheduler sets them every step) and step (clipping)."""
+        if lr <= 0:
+            raise ConfigError(f"lr must be > 0, got {lr}")
+        lr_schedule.check()
+        self.lr, self.weight_decay, self.grad_clip, self.lr_schedule = lr, weight_decay, grad_clip, lr_schedule
+        for opt in getattr(self.optimizer, "chained_optimizers", None) or [self.optimizer]:
+            opt.config.clip_grad = grad_clip if grad_clip and grad_clip > 0 else 0.0
+            for g in opt.param_groups:
+                # The param groups carry their own lr bounds (see _make_optimizer).
+                g["max_lr"], g["min_lr"] = lr, lr * lr_schedule.min_lr_ratio
+                for key in ("start_wd", "end_wd"):  # decayed groups' own weight-decay bounds
+                    if g.get(key):
+                        g[key] = weight_decay
 
     def reset_optimizer(self) -> None:
         """Fresh optimizer state (moments, step count) over the same DDP-wrapped policy; the
-        LR schedule restarts at step 0 of the same stage length."""
+        LR schedule restarts at step 0 of the same stage length. With bf16 params the fp32 main
+        params carry over (a fresh optimizer would re-create them from the bf16 weights)."""
+        old = self.optimizer
         self.optimizer = self._make_optimizer()
+        if self.options.precision.params == "bfloat16":
+            from megatron_sdpo.backends.megatron.teacher_state import main_params
+
+            with torch.no_grad():
+                params = self._params("policy")
+                for (dst, _, _), (src, _, _) in zip(main_params(self.optimizer, params)[0], main_params(old, params)[0]):
+                    dst.copy_(src)
         self.scheduler = self._make_scheduler(self._sched_total)
 
     def set_lr_schedule(self, total_steps: int | None) -> None:

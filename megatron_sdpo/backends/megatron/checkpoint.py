@@ -28,6 +28,35 @@ from megatron_sdpo.errors import CheckpointError
 COMPLETE = "COMPLETE"
 _OPT_META = {"distrib_optim_sharding_type": "fully_reshardable"}
 _TEACHER = "teacher."
+_SHADOW = "teacher_fp32"
+
+
+def _shadow_file(backend) -> str:
+    return f"tp{backend.tp_rank}_pp{backend.pp_rank}.pt"
+
+
+def _load_teacher_shadow(backend, root: Path) -> None:
+    """Restore the teacher's fp32 EMA shadow (bf16 params). A checkpoint without one (written
+    with fp32 params) gives its teacher weights, which were the fp32 truth."""
+    shadow = backend.teacher_fp32
+    if shadow is None:
+        return
+    f = root / _SHADOW / _shadow_file(backend)
+    if f.is_file():
+        layout = json.loads((root / "layout.json").read_text())
+        if (layout["tp"], layout["pp"]) != (backend.layout.tp, backend.layout.pp):
+            raise CheckpointError(
+                f"{root}: the fp32 teacher shadow was saved at tp={layout['tp']} pp={layout['pp']}; "
+                f"resume with the same tensor/pipeline parallel sizes"
+            )
+        saved = torch.load(f, map_location="cpu", weights_only=False)
+        if len(saved) != len(shadow.shadow):
+            raise CheckpointError(f"{f}: {len(saved)} tensors, the teacher has {len(shadow.shadow)}")
+        with torch.no_grad():
+            for dst, src in zip(shadow.shadow, saved):
+                dst.copy_(src)
+    else:
+        shadow.resync(list(backend.teacher.parameters()))
 
 
 def _inner(model):
@@ -70,7 +99,11 @@ def save(backend, path: str, *, extra: dict | None = None, hf_policy: bool = Tru
     dist_checkpointing.save(state, str(tmp))
     if rank == 0:
         (tmp / "rng").mkdir()
+        (tmp / _SHADOW).mkdir()
     dist.barrier()
+    if backend.teacher_fp32 is not None and backend.dp_rank == 0:
+        # The fp32 EMA shadow is the same on every DP rank: one file per (TP, PP) shard.
+        torch.save(backend.teacher_fp32.shadow, tmp / _SHADOW / _shadow_file(backend))
     torch.save(
         {"torch": torch.get_rng_state(), "tracker": get_cuda_rng_tracker().get_states()},
         tmp / "rng" / f"rank{rank}.pt",
@@ -209,14 +242,14 @@ def load(backend, path: str, *, weights_only: bool = False) -> dict:
     _load_module(_inner(backend.policy), loaded["policy"], "policy")
     if backend.teacher is not None:
         _load_module(backend.teacher, _strip(loaded["teacher"], _TEACHER), "teacher")
+        _load_teacher_shadow(backend, root)
     if weights_only:
         backend.optimizer.reload_model_params()
         return dict(common.get("extra", {}))
     _keep_restored_steps(backend.optimizer)
     backend.optimizer.load_state_dict(loaded["optimizer"])
-    # Keep the optimizer's main (master) shards in sync with the loaded weights (with bf16
-    # params they are separate fp32 copies).
-    backend.optimizer.reload_model_params()
+    # The optimizer state holds the fp32 main params ("param" of the fully reshardable format):
+    # reloading them from the bf16 model params would round the masters.
     _unshare_steps(backend.optimizer)
     backend.step = int(common.get("step", 0))
     sched = common.get("lr_schedule")

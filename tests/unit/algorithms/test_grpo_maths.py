@@ -195,3 +195,22 @@ def test_policy_loss_argument_errors():
         policy_loss(lp, lp, torch.ones(2), torch.ones(2, 3), normalizer=6, clip_low=1.5)
     with pytest.raises(ValueError, match="shape"):
         policy_loss(lp, torch.zeros(2, 4), torch.ones(2), torch.ones(2, 3), normalizer=6)
+
+
+def test_dual_clip_bounds_negative_advantages_only():
+    # Ratios 0.5, 1, 5 and 10 with A = -1: the clipped surrogate max(-A r, -A clip(r)) is
+    # 0.8, 1, 5, 10; dual-clip c = 3 caps the last two at 3. A = +1 is untouched.
+    lp = torch.log(torch.tensor([[0.5, 1.0, 5.0, 10.0]])).requires_grad_(True)
+    old = torch.zeros(1, 4)
+    mask = torch.ones(1, 4)
+    neg, m = policy_loss(lp, old, torch.tensor([-1.0]), mask, normalizer=4.0, dual_clip=3.0)
+    assert float(neg.detach()) == pytest.approx((0.8 + 1.0 + 3.0 + 3.0) / 4)
+    assert float(m["grpo/clip_frac_dual"]) == pytest.approx(0.5)
+    neg.backward()
+    # The dual-clipped tokens carry no gradient; the unclipped ratio-1 token carries d(r)/d(lp) = r.
+    torch.testing.assert_close(lp.grad, torch.tensor([[0.0, 0.25, 0.0, 0.0]]))
+    pos, m = policy_loss(lp.detach(), old, torch.tensor([1.0]), mask, normalizer=4.0, dual_clip=3.0)
+    plain, _ = policy_loss(lp.detach(), old, torch.tensor([1.0]), mask, normalizer=4.0)
+    assert float(pos) == float(plain) and float(m["grpo/clip_frac_dual"]) == 0.0
+    with pytest.raises(ConfigError, match="dual_clip"):
+        policy_loss(lp.detach(), old, torch.tensor([1.0]), mask, normalizer=4.0, dual_clip=1.0)

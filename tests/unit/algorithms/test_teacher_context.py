@@ -54,12 +54,42 @@ def test_sibling_is_never_the_sample_itself_and_thinking_is_stripped():
 
 
 def test_only_self_success_gets_no_solution():
-    ctx = _contexts([1.0, 0.0, 0.0, 0.0], feedbacks=["ok", "bad 1", "", "bad 3"])
+    both = ContextTemplates(feedback_only_without_solution=False)
+    ctx = _contexts([1.0, 0.0, 0.0, 0.0], feedbacks=["ok", "bad 1", "", "bad 3"], templates=both)
     assert ctx[0] is None  # its own success is no signal and successes get no feedback block
     assert ctx[1] == build_teacher_message(P, "resp0", "bad 1")
     assert ctx[2] == build_teacher_message(P, "resp0", None)
     assert ctx[3] == build_teacher_message(P, "resp0", "bad 3")
     torch.testing.assert_close(context_mask(ctx), torch.tensor([0.0, 1.0, 1.0, 1.0]))
+
+
+def test_feedback_only_without_solution_is_the_default():
+    # The reference's policy: a failed sample with a successful sibling sees the sibling only;
+    # feedback is the signal of last resort.
+    ctx = _contexts([1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0], feedbacks=["ok", "bad 1", "", "bad 3", "e4", "", "", ""])
+    assert ctx[1] == build_teacher_message(P, "resp0", None)
+    assert ctx[3] == build_teacher_message(P, "resp0", None)
+    assert ctx[4] == build_teacher_message(P, None, "e4")
+    assert ctx[5:] == [None, None, None]
+
+
+def test_templates_for_a_domain_and_the_token_cap():
+    from megatron_sdpo.algorithms.context import templates_for, truncate_context_ids
+    from megatron_sdpo.config.schema import ContextConfig
+
+    cfg = ContextConfig()  # the reference's policy: feedback in code only
+    assert templates_for(cfg, "code").use_feedback and not templates_for(cfg, "math").use_feedback
+    assert not templates_for(ContextConfig(use_feedback=False), "code").use_feedback
+    everywhere = ContextConfig(feedback_domains=["math", "science", "tooluse", "code"])
+    assert all(templates_for(everywhere, d).use_feedback for d in ("math", "science", "tooluse"))
+    t = templates_for(cfg, "tooluse")
+    assert t.max_solution_chars is None and t.feedback_only_without_solution
+    fb = ["", "bad", "", "", "e4", "", "", ""]
+    ctx = _contexts([1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0], feedbacks=fb, templates=t)
+    assert ctx[4:] == [None] * 4  # no feedback outside code
+    ids = list(range(20))
+    assert truncate_context_ids(ids, 8) == list(range(12, 20))  # the end is kept
+    assert truncate_context_ids(ids, 20) == ids and truncate_context_ids(ids, None) == ids
 
 
 def test_all_failed_uses_feedback_or_none_and_groups_do_not_mix():

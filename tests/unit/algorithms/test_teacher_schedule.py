@@ -73,8 +73,14 @@ def _run(ctrl, stages):
 
 def test_ema_schedule():
     assert _run(TeacherController("ema", ema_rate=0.05), [3, 2]) == ["copy", ["ema"] * 3, "none", ["ema"] * 2]
-    reset = TeacherController("ema", ema_rate=0.05, ema_reset_at_stage=True)
+    reset = TeacherController("ema", ema_rate=0.05, reset_at_stage="stage_start")
     assert _run(reset, [1, 1]) == ["copy", ["ema"], "copy", ["ema"]]
+    base = TeacherController("ema", ema_rate=0.05, reset_at_stage="base")
+    assert _run(base, [1, 1]) == ["copy", ["ema"], "base", ["ema"]]
+    frozen_base = TeacherController("frozen", reset_at_stage="base")
+    assert _run(frozen_base, [1, 1]) == ["copy", ["none"], "base", ["none"]]
+    with pytest.raises(ConfigError, match="reset_at_stage"):
+        TeacherController("ema", reset_at_stage="always")
 
 
 def test_frozen_schedule():

@@ -61,6 +61,16 @@ def test_a_section_given_by_name_keeps_its_other_keys(tmp_path):
         ("rollout.bucket_bytes=0", "rollout.bucket_bytes"),
         ("rollout.guard.max_mismatch=0", "rollout.guard.max_mismatch"),
         ("rollout.temperature=0.7", "rollout.guard.max_mismatch=null"),
+        ("stages.3.algorithm.sdpo.context.use_fedback=true", "stages.3.algorithm.sdpo.context.use_fedback"),
+        ("stages.3.teacher.ema_rate=fast", "stages.3.teacher.ema_rate"),
+        ("stages.3.teacher.mode=frozen", "stages.3.teacher.mode"),
+        ("stages.3.algorithm.name=sdpo", "stages.3.algorithm.name"),
+        ("stages.3.backend.megatron.tensor_parallel=2", "stages.3.backend.megatron"),
+        ("stages.3.algorithm.sdpo.alpha=1.5", "stages.3"),
+        ("algorithm.grpo.mini_batches=3", "mini_batches"),
+        ("algorithm.grpo.dual_clip=0.5", "dual_clip"),
+        ("algorithm.sdpo.context.feedback_domains=[poetry]", "feedback_domains.0"),
+        ("teacher.reset_at_stage=always", "teacher.reset_at_stage"),
     ],
 )
 def test_bad_overrides_name_the_key(override, needle):
@@ -121,9 +131,12 @@ def test_yaml_12_numbers_in_overrides_and_files(tmp_path):
 
 def test_megatron_tp_sdpo_needs_the_fused_kernel():
     with pytest.raises(ConfigError, match="kernel.fused_kl=true"):
-        load_config("qwen3_4b", ["kernel.fused_kl=false"])
+        load_config("qwen3_4b", ["algorithm.sdpo.topk=null"])
     with pytest.raises(ConfigError, match="topk=null"):
-        load_config("qwen3_4b", ["algorithm.sdpo.topk=100"])  # the fused kernel is full-vocabulary
+        load_config("qwen3_4b", ["kernel.fused_kl=true"])  # the fused kernel is full-vocabulary
+    # The code stage's own top-20 is checked against the run's kernel settings too.
+    with pytest.raises(ConfigError, match="stages.3"):
+        load_config("qwen3_4b", ["algorithm.sdpo.topk=null", "kernel.fused_kl=true"])
     # Top-k under TP: the backend computes the k ids' log-probabilities from shards.
     cfg = load_config("qwen3_4b", ["algorithm.sdpo.topk=100", "kernel.fused_kl=false"])
     from megatron_sdpo.trainer import build_loss
@@ -151,3 +164,60 @@ def test_rollout_tensor_parallel_size_checks_the_launch(monkeypatch, tmp_path):
     monkeypatch.setenv("RANK", "0")
     with pytest.raises(ConfigError, match="tensor_parallel_size=3 must divide the number of ranks"):
         make_rollout(load_config("tiny", ["rollout.engine=vllm", "rollout.tensor_parallel_size=3"]), "unused", None, str(tmp_path))
+def test_stage_overrides_are_merged_into_the_stage_config_and_recorded(tmp_path):
+    from megatron_sdpo.config.loader import dump_yaml
+    from megatron_sdpo.config.stages import stage_config
+
+    cfg = load_config(
+        "tiny_sdpo",
+        ["stages.3.algorithm.sdpo.context.use_feedback=false", "stages.3.teacher.ema_rate=0.01",
+         "stages.3.algorithm.sdpo.alpha=1.0", "stages.1.backend.lr=2e-5"],
+    )
+    code = stage_config(cfg, 3)
+    assert not code.algorithm.sdpo.context.use_feedback and code.teacher.ema_rate == 0.01
+    assert code.algorithm.sdpo.alpha == 1.0 and code.algorithm.sdpo.topk == cfg.algorithm.sdpo.topk
+    assert code.backend.lr == cfg.backend.lr and stage_config(cfg, 1).backend.lr == 2e-5
+    assert stage_config(cfg, 0) is cfg  # a stage without overrides runs the run's config
+    assert cfg.teacher.ema_rate == 0.05 and cfg.algorithm.sdpo.context.use_feedback  # run's own unchanged
+    # The resolved config keeps the overrides and loads back to the same thing.
+    f = tmp_path / "resolved.yaml"
+    f.write_text(dump_yaml(cfg))
+    again = load_config(str(f))
+    assert again == cfg and again.stages[3].teacher == {"ema_rate": 0.01}
+
+
+def test_stage_overrides_in_yaml(tmp_path):
+    f = tmp_path / "run.yaml"
+    f.write_text(
+        "defaults: tiny_sdpo\nstages:\n- {domain: math, steps: 2}\n"
+        "- {domain: code, steps: 2, teacher: {ema_rate: 0.01}, algorithm: {sdpo: {topk: 20}}}\n"
+    )
+    from megatron_sdpo.config.stages import stage_config
+
+    cfg = load_config(str(f))
+    assert stage_config(cfg, 1).algorithm.sdpo.topk == 20 and stage_config(cfg, 1).teacher.ema_rate == 0.01
+    f.write_text("defaults: tiny_sdpo\nstages:\n- {domain: code, steps: 2, teacher: {ema_rat: 0.01}}\n")
+    with pytest.raises(ConfigError, match="stages.0.teacher.ema_rat"):
+        load_config(str(f))
+
+
+@pytest.mark.parametrize("name", ["qwen3_4b", "olmo3_7b"])
+def test_paper_presets_carry_the_paper_settings(name):
+    from megatron_sdpo.config.stages import stage_config
+
+    cfg = load_config(name)
+    a, b = cfg.algorithm, cfg.backend
+    assert (a.name, a.prompts_per_step, a.group_size) == ("sdpo", 32, 8)
+    assert (a.sdpo.alpha, a.sdpo.topk, a.sdpo.add_tail, a.sdpo.is_clip) == (0.5, 100, True, 2.0)
+    assert a.sdpo.context.feedback_domains == ["code"] and a.sdpo.context.feedback_only_without_solution
+    assert a.sdpo.context.max_context_tokens == 10240
+    assert (cfg.teacher.mode, cfg.teacher.ema_rate, cfg.teacher.reset_at_stage) == ("ema", 0.05, "stage_start")
+    assert (b.lr, b.weight_decay, b.lr_schedule.warmup_steps) == (1e-5, 0.01, 10)
+    assert b.megatron.params_dtype == "bfloat16"
+    code = stage_config(cfg, 3)
+    assert cfg.stages[3].domain == "code" and (code.teacher.ema_rate, code.algorithm.sdpo.alpha, code.algorithm.sdpo.topk) == (0.01, 1.0, 20)
+    grpo = load_config(name + "_grpo")
+    g = grpo.algorithm.grpo
+    assert grpo.algorithm.name == "grpo" and (g.mini_batches, g.dual_clip, g.norm_by_std, g.tis_cap, g.kl_coef) == (4, 3.0, False, 2.0, 0.0)
+    assert (grpo.backend.weight_decay, grpo.backend.lr_schedule.warmup_steps) == (0.01, 40)  # 10 rollout steps
+    assert grpo.domains == cfg.domains and grpo.backend.megatron == cfg.backend.megatron

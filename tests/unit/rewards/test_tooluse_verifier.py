@@ -63,6 +63,16 @@ def test_feedback_names_the_problem(response, fragment):
     assert "Paris" not in result.feedback or "Paris" in response
 
 
+def test_wrong_calls_feedback_does_not_name_the_gold_tools():
+    fb = score("tooluse", call("get_time", {"city": "Paris", "days": 3}), REC).feedback
+    assert "get_time" in fb and "get_weather" not in fb, fb  # its own wrong call, not the gold one
+    rec = {**REC, "answer": json.dumps([
+        {"Action": "get_weather", "Action_Input": {"city": "Paris"}},
+        {"Action": "get_time", "Action_Input": "{\"tz\": \"CET\"}"}])}
+    fb = score("tooluse", call("get_weather", {"city": "Paris"}), rec).feedback
+    assert fb == "Wrong tool calls: 2 call(s) are needed, 1 were made.", fb
+
+
 def test_bfcl_allowed_values_with_optional_arguments():
     rec = {"id": "b", "tools": TOOLS, "allowed": {
         "get_weather": {"city": ["Paris", "paris, france"], "units": ["", "C", "celsius"]}}}

@@ -1,0 +1,76 @@
+"""Several optimizer steps per rollout batch (PPO/GRPO mini-batches).
+
+The rollout batch is split into `n` mini-batches of whole prompt groups, in order; each is one
+optimizer step through the backend. The old log-probabilities are those of the policy that
+sampled the batch, computed once before the first update, so from the second mini-batch on the
+importance ratio differs from 1 and the clip acts (the paper's GRPO baseline: 32 prompts per
+rollout in mini-batches of 8, 4 optimizer steps).
+"""
+from __future__ import annotations
+
+from megatron_sdpo.algorithms.losses import metric_reduce
+from megatron_sdpo.backends.base import SequenceBatch
+from megatron_sdpo.errors import ConfigError
+
+# Backend step results that are counts over the mini-batches rather than per-step means.
+_COUNTS = ("skipped", "samples")
+
+
+def split_groups(batch: SequenceBatch, n: int, group_size: int) -> list[SequenceBatch]:
+    """`batch` (samples of a prompt consecutive, `group_size` each) cut into `n` mini-batches
+    of whole groups, in order; per-token tensors cut to each mini-batch's longest response."""
+    if n < 1:
+        raise ConfigError(f"mini_batches must be >= 1, got {n}")
+    if len(batch) % group_size:
+        raise ValueError(f"{len(batch)} samples do not split into groups of {group_size}")
+    groups = len(batch) // group_size
+    if groups % n:
+        raise ConfigError(f"{groups} prompts per step do not split into {n} mini-batches")
+    size = len(batch) // n
+    out = []
+    for k in range(n):
+        sub = batch.select(list(range(k * size, (k + 1) * size)))
+        # Per-token tensors ([B, T, ...]) are cut to the mini-batch's longest response.
+        T = sub.max_response_len
+        sub.tensors = {name: v[:, :T] if v.ndim >= 2 else v for name, v in sub.tensors.items()}
+        out.append(sub)
+    return out
+
+
+def combine_step_metrics(steps: list[dict[str, float]]) -> dict[str, float]:
+    """One metrics dict for the optimizer steps of a rollout batch: the mean of per-step means,
+    the max / min of `_max` / `_min` metrics, sums of counts, the last lr; plus
+    "optimizer_steps"."""
+    out: dict[str, float] = {}
+    for name in steps[0]:
+        vals = [s[name] for s in steps if name in s]
+        if name == "lr":
+            out[name] = vals[-1]
+        elif name in _COUNTS:
+            out[name] = float(sum(vals))
+        elif metric_reduce(name) == "max":
+            out[name] = max(vals)
+        elif metric_reduce(name) == "min":
+            out[name] = min(vals)
+        else:
+            out[name] = sum(vals) / len(vals)
+    out["optimizer_steps"] = float(len(steps))
+    return out
+
+
+def minibatch_update(backend, batch: SequenceBatch, loss_fn, *, mini_batches: int, group_size: int) -> dict[str, float]:
+    """`mini_batches` optimizer steps on `batch` through `backend.train_step`. With more than one,
+    "old_logprobs" [B, T] of the current (rollout-time) policy are added to the batch first and
+    the loss must read them (GRPOLoss(on_policy=False)). Returns the combined metrics, with the
+    first and last step's clip fraction and mean ratio where the loss reports them."""
+    if mini_batches == 1:
+        return backend.train_step(batch, loss_fn)
+    if getattr(loss_fn, "on_policy", False):
+        raise ConfigError("several mini-batches need a loss that reads old_logprobs (on_policy=False)")
+    batch.tensors["old_logprobs"] = backend.logprobs(batch, model="policy").detach()
+    steps = [backend.train_step(mb, loss_fn) for mb in split_groups(batch, mini_batches, group_size)]
+    out = combine_step_metrics(steps)
+    for key in ("grpo/clip_frac", "grpo/ratio_mean"):
+        if key in steps[-1]:
+            out[f"{key}_last"] = steps[-1][key]
+    return out
