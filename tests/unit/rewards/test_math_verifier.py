@@ -55,7 +55,9 @@ def test_pathological_answers_are_refused_fast(answer):
     start = time.monotonic()
     result = score("math", f"\\boxed{{{answer}}}", {"answer": "12"})
     assert result.score == 0.0 and result.details["error"] == "too_complex"
-    assert time.monotonic() - start < 1.0
+    # Refused before evaluation (the error says so); evaluated, these would not finish at all.
+    # The bound only catches a refusal that became slow, with room for a loaded machine.
+    assert time.monotonic() - start < 10.0
 
 
 def test_hang_that_evades_the_guards_is_killed():
@@ -64,7 +66,8 @@ def test_hang_that_evades_the_guards_is_killed():
         verifier.check("1", "1")  # start the worker outside the timed region
         start = time.monotonic()
         result = score_math("\\boxed{(9^{9999})^{9999}}", {"answer": "12"}, verifier=verifier)
-        assert time.monotonic() - start < 1.5 + 1.0
+        # Without the kill this never returns; the slack covers the worker's kill and a loaded machine.
+        assert time.monotonic() - start < 1.5 + 5.0
         assert result.score == 0.0 and result.details["error"] == "timeout"
         assert "could not be checked in time" in result.feedback
         # The worker restarts and keeps working after the kill.
@@ -79,6 +82,6 @@ def test_huge_and_binary_responses_do_not_raise():
     start = time.monotonic()
     assert score("math", "\\boxed{" * 50_000, {"answer": "12"}).score == 0.0
     assert score("math", "\\boxed " * 50_000, {"answer": "12"}).score == 0.0
-    assert time.monotonic() - start < 2.0
+    assert time.monotonic() - start < 10.0  # loose on purpose: catches a scan gone badly super-linear, not a loaded machine
     garbage = bytes(range(256)) * 100
     assert score("math", garbage, {"answer": "12"}).score == 0.0
