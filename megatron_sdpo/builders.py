@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from megatron_sdpo.config.algorithm_spec import algorithm_spec
 from megatron_sdpo.config.loader import lr_schedule
 from megatron_sdpo.config.schema import RunConfig
 from megatron_sdpo.errors import ConfigError, UserError
@@ -61,7 +62,7 @@ def make_backend(cfg: RunConfig, model_path: str, tokenizer):
             grad_clip=b.grad_clip,
             micro_batch_size=b.micro_batch_size,
             seed=cfg.seed,
-            with_teacher=cfg.algorithm.name != "grpo",
+            with_teacher=algorithm_spec(cfg.algorithm.name).uses_teacher,
             with_reference=with_reference,
             pad_token_id=tokenizer.pad_token_id,
         )

@@ -15,12 +15,13 @@ from pathlib import Path
 from megatron_sdpo.engine_logs import route_engine_logs
 from megatron_sdpo.errors import UserError
 
-ALGORITHM_OVERRIDES = {
-    "grpo": ["algorithm.name=grpo"],
-    "sdpo": ["algorithm.name=sdpo", "teacher.mode=ema"],
-    "stable_sdpo": ["algorithm.name=stable_sdpo", "teacher.mode=restart_freeze"],
-    "hybrid": ["algorithm.name=hybrid"],
-}
+
+def _algorithm_overrides(name: str) -> list[str]:
+    """Overrides that turn any preset into algorithm `name` (with the teacher mode it is defined with)."""
+    from megatron_sdpo.config.algorithm_spec import algorithm_spec
+
+    spec = algorithm_spec(name)
+    return [f"algorithm.name={name}"] + ([f"teacher.mode={spec.teacher_mode}"] if spec.teacher_mode else [])
 
 
 def _default_out(name: str) -> str:
@@ -58,12 +59,13 @@ def cmd_run(args) -> int:
 def algorithm_config(preset: str, algorithm: str) -> tuple[str, list[str]]:
     """(config ref, overrides) for one arm of `compare`: `<preset>_<algorithm>` where shipped."""
     from megatron_sdpo.config import list_presets
+    from megatron_sdpo.config.algorithm_spec import ALGORITHMS
 
-    if algorithm not in ALGORITHM_OVERRIDES:
-        raise UserError(f"unknown algorithm {algorithm!r}; known: {', '.join(ALGORITHM_OVERRIDES)}")
+    if algorithm not in ALGORITHMS:
+        raise UserError(f"unknown algorithm {algorithm!r}; known: {', '.join(ALGORITHMS)}")
     if f"{preset}_{algorithm}" in list_presets():
         return f"{preset}_{algorithm}", []
-    return preset, list(ALGORITHM_OVERRIDES[algorithm])
+    return preset, _algorithm_overrides(algorithm)
 
 
 def cmd_compare(args) -> int:
@@ -72,7 +74,9 @@ def cmd_compare(args) -> int:
 
     algorithms = [a.strip() for a in args.algorithms.split(",") if a.strip()]
     if not algorithms:
-        raise UserError("--algorithms needs at least one of " + ", ".join(ALGORITHM_OVERRIDES))
+        from megatron_sdpo.config.algorithm_spec import ALGORITHMS
+
+        raise UserError("--algorithms needs at least one of " + ", ".join(ALGORITHMS))
     arms = {a: algorithm_config(args.config, a) for a in algorithms}
     for ref, ovs in arms.values():  # fail fast on a bad key before hours of training
         load_config(ref, ovs + args.overrides)

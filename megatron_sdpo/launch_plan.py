@@ -17,6 +17,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from megatron_sdpo.config.algorithm_spec import algorithm_spec
 from megatron_sdpo.config.schema import RunConfig
 from megatron_sdpo.errors import ConfigError, DataError
 
@@ -328,7 +329,7 @@ def _memory(cfg: RunConfig, arch: Arch, tp: int, pp: int, dp: int, rollout_tp: i
     # Adam moments (fp32) and, for 16-bit params, fp32 master weights.
     opt_per_param = 12 if bf16 else 8
     opt_split = dp if (cfg.backend.name == "megatron" and m.distributed_optimizer) else 1
-    with_teacher = cfg.algorithm.name != "grpo"
+    with_teacher = algorithm_spec(cfg.algorithm.name).uses_teacher
     with_ref = cfg.algorithm.grpo.kl_coef > 0 or cfg.diagnostics.enabled
     seq = cfg.rollout.max_model_len
     mbs = cfg.backend.micro_batch_size

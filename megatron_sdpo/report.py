@@ -9,6 +9,7 @@ import json
 import math
 from pathlib import Path
 
+from megatron_sdpo.config.algorithm_spec import algorithm_spec
 from megatron_sdpo.run_dir import RunDir
 
 def _fmt(v, digits: int = 3) -> str:
@@ -224,7 +225,7 @@ def write_report(run_dir: RunDir, cfg, *, wall_seconds: float | None = None) -> 
         f"Model `{cfg.model.path}`, backend `{cfg.backend.name}`, rollout `{cfg.rollout.engine}`, "
         f"{cfg.algorithm.prompts_per_step} prompts × {cfg.algorithm.group_size} samples per step, "
         f"lr {cfg.backend.lr:g}, "
-        + ("" if cfg.algorithm.name == "grpo" else f"teacher `{cfg.teacher.mode}`, ")
+        + (f"teacher `{cfg.teacher.mode}`, " if algorithm_spec(cfg.algorithm.name).uses_teacher else "")
         + f"seed {cfg.seed}."
         + (f" Wall time {wall_seconds:.0f} s." if wall_seconds else "")
     )

@@ -13,6 +13,7 @@ import torch
 
 from megatron_sdpo.backends.base import SequenceBatch
 from megatron_sdpo.chat import encode_prompts
+from megatron_sdpo.config.algorithm_spec import algorithm_spec
 from megatron_sdpo.config.schema import RunConfig
 from megatron_sdpo.rollout.base import SamplingConfig
 from megatron_sdpo.rollout.guard import attach_guard_tensors
@@ -32,6 +33,7 @@ def build_loss(cfg: RunConfig):
     from megatron_sdpo.algorithms import losses
 
     a = cfg.algorithm
+    spec = algorithm_spec(a.name)
     g = a.grpo
     # One optimizer step per rollout batch: the behaviour policy is the current one (detached);
     # with mini-batches the old log-probs are the rollout-time policy's (algorithms/minibatch.py).
@@ -39,7 +41,7 @@ def build_loss(cfg: RunConfig):
         clip_low=g.clip_low, clip_high=g.clip_high, kl_coef=g.kl_coef, tis_cap=g.tis_cap,
         on_policy=g.mini_batches == 1, dual_clip=g.dual_clip,
     )
-    if a.name == "grpo":
+    if not spec.uses_teacher:
         return grpo
     s = a.sdpo
     sdpo = losses.SDPOLoss(
@@ -48,7 +50,7 @@ def build_loss(cfg: RunConfig):
         add_tail=s.add_tail,
         is_clip=s.is_clip,
         variant=s.variant,
-        mask_key="sdpo_mask" if a.name == "hybrid" else "loss_mask",
+        mask_key=spec.distill_mask_key,
         fused=cfg.kernel.fused_kl,
         kernel_impl=cfg.kernel.impl,
         chunk_tokens=cfg.kernel.chunk_tokens,
@@ -56,7 +58,7 @@ def build_loss(cfg: RunConfig):
         # Megatron keeps logits vocab-sharded: it hands the loss the top-k log-probabilities.
         topk_source="shards" if cfg.backend.name == "megatron" and s.topk is not None and s.variant == "logits" else "logits",
     )
-    if a.name == "hybrid":
+    if spec.uses_advantages:  # both terms: lam * GRPO + (1 - lam) * SDPO
         return losses.HybridLoss(sdpo=sdpo, grpo=grpo, lam=s.hybrid_lambda)
     return sdpo
 
@@ -82,7 +84,7 @@ class Trainer:
 
         self.loss_fn = self._loss(cfg)
         self.guard = RefitGuard(cfg.rollout.guard.max_mismatch)
-        self.uses_teacher = cfg.algorithm.name != "grpo"
+        self.uses_teacher = algorithm_spec(cfg.algorithm.name).uses_teacher
         self._reasoning_end_ids = (
             tokenizer(cfg.algorithm.sdpo.reasoning_end, add_special_tokens=False)["input_ids"]
             if cfg.algorithm.sdpo.reasoning_end
@@ -144,7 +146,8 @@ class Trainer:
         batch.tensors["loss_mask"] = response_mask
         attach_guard_tensors(batch.tensors, response_mask)
         has_context = [False] * len(comps)
-        if a.name in ("grpo", "hybrid"):
+        spec = algorithm_spec(a.name)
+        if spec.uses_advantages:
             batch.tensors["advantages"] = group_advantages(rewards, group_size=n, norm_by_std=a.grpo.norm_by_std)
         signal: dict[str, float] = {}
         if self.uses_teacher:
@@ -201,7 +204,7 @@ class Trainer:
         sampled it (rollout logprobs), averaged over rewarded (score >= 1) and unrewarded
         responses. SDPO only pulls towards correct answers when `teacher/gain_gap` =
         gain_rewarded - gain_unrewarded is clearly positive."""
-        mask = batch.tensors["sdpo_mask" if "sdpo_mask" in batch.tensors else "loss_mask"]
+        mask = batch.tensors[algorithm_spec(self.cfg.algorithm.name).distill_mask_key]
         teacher = self.backend.logprobs(batch, model="teacher")
         tokens = mask.sum(1)
         gain = ((teacher - batch.tensors["rollout_logprobs"]) * mask).sum(1) / tokens.clamp_min(1.0)
@@ -246,9 +249,5 @@ class Trainer:
             reasoning_end_ids=self._reasoning_end_ids,
             distill_cot=s.distill_cot,
         )
-        sdpo_mask = mask * has[:, None]
-        if self.cfg.algorithm.name == "hybrid":
-            batch.tensors["sdpo_mask"] = sdpo_mask
-        else:
-            batch.tensors["loss_mask"] = sdpo_mask
+        batch.tensors[algorithm_spec(self.cfg.algorithm.name).distill_mask_key] = mask * has[:, None]
         return [bool(h) for h in has]

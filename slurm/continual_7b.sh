@@ -5,22 +5,9 @@
 # Usage (from the repository root; Slurm opens logs/ before the script runs, so create it first):
 #   mkdir -p logs && sbatch [-A ACCOUNT] [-p PARTITION] slurm/continual_7b.sh [key=value ...]
 # with the Python environment activated (sbatch exports it to the job) or CONTAINER_IMAGE set.
-# Environment (all optional, exported to the job by sbatch):
-#   RUN_ROOT     where run directories go             (default: $SLURM_SUBMIT_DIR/runs)
-#   RUN_NAME     run directory name under RUN_ROOT    (default: olmo3_7b-$SLURM_JOB_ID)
-#   RUN_DIR      full run directory; wins over RUN_ROOT/RUN_NAME. Set it to an existing run to
-#                continue that run in a new job.
-#   GPUS_PER_NODE  processes per node                 (default: $SLURM_GPUS_ON_NODE, else 8)
-#   MASTER_PORT  rendezvous port on the first node    (default: derived from the job id)
-#   CONTAINER_IMAGE / CONTAINER_MOUNTS  run inside a pyxis/enroot container when set
-#
-# No training logic lives here: a preflight `python -m megatron_sdpo run olmo3_7b ... --dry-run`
-# (config, layout for this allocation, data, memory; no weights) on one node, then every rank runs
-# `python -m megatron_sdpo run olmo3_7b ...`.
-# Requeue: the job asks for USR1 ten minutes before its time limit, requeues itself and stops;
-# on preemption Slurm requeues it (--requeue). The requeued job keeps its id, finds the run
-# directory with its resolved_config.yaml and passes --resume, so training continues from the
-# last complete checkpoint (checkpoint.save_every).
+# Environment variables (RUN_ROOT, RUN_NAME, RUN_DIR, GPUS_PER_NODE, MASTER_PORT,
+# CONTAINER_IMAGE, CONTAINER_MOUNTS), preflight and requeue: see slurm/_continual_body.sh, which
+# this script runs with its preset.
 #
 #SBATCH --job-name=sdpo-olmo3-7b
 #SBATCH --nodes=2
@@ -35,120 +22,12 @@
 #SBATCH --signal=B:USR1@600
 
 set -euo pipefail
-
-PRESET=olmo3_7b
-
-for arg in "$@"; do
-  case "${arg}" in
-    --out|--out=*|--resume)
-      echo "error: ${arg} is set by this script; choose the run directory with RUN_DIR or RUN_ROOT/RUN_NAME" >&2
-      exit 2 ;;
-  esac
-done
-
-: "${SLURM_JOB_ID:?submit this script with sbatch}"
-RUN_ROOT="${RUN_ROOT:-${SLURM_SUBMIT_DIR}/runs}"
-RUN_NAME="${RUN_NAME:-${PRESET}-${SLURM_JOB_ID}}"
-RUN_DIR="${RUN_DIR:-${RUN_ROOT}/${RUN_NAME}}"
-
-if [[ -f "${RUN_DIR}/report.md" ]]; then
-  echo "run ${RUN_DIR} has already finished (report.md exists); nothing to do"
-  exit 0
+# sbatch runs a copy of this file from Slurm's spool directory, so the body is found from the
+# submit directory (the repository root). exec keeps this process: the time-limit USR1 reaches
+# the body's trap.
+BODY="${SLURM_SUBMIT_DIR:-.}/slurm/_continual_body.sh"
+if [[ ! -f "${BODY}" ]]; then
+  echo "error: ${BODY} not found; submit from the repository root (sbatch slurm/continual_7b.sh)" >&2
+  exit 2
 fi
-RESUME=""
-# resolved_config.yaml is written when a run starts: its presence is what `--resume` needs.
-if [[ -f "${RUN_DIR}/resolved_config.yaml" ]]; then
-  RESUME="--resume"
-fi
-
-# Rendezvous: the first node of the allocation hosts the c10d store. One port per job id so
-# two jobs sharing a node do not collide.
-# (No `| head -n 1`: under pipefail, scontrol's SIGPIPE would fail the job.)
-mapfile -t NODES < <(scontrol show hostnames "${SLURM_JOB_NODELIST}")
-MASTER_ADDR="${NODES[0]:-}"
-if [[ -z "${MASTER_ADDR}" ]]; then
-  echo "error: cannot resolve the first node of SLURM_JOB_NODELIST='${SLURM_JOB_NODELIST}'" >&2
-  exit 1
-fi
-MASTER_PORT="${MASTER_PORT:-$((20000 + SLURM_JOB_ID % 20000))}"
-GPUS_PER_NODE="${GPUS_PER_NODE:-${SLURM_GPUS_ON_NODE:-8}}"
-export MASTER_ADDR MASTER_PORT
-
-# Megatron's tensor/sequence-parallel overlap relies on one CUDA work queue per device.
-export CUDA_DEVICE_MAX_CONNECTIONS="${CUDA_DEVICE_MAX_CONNECTIONS:-1}"
-# A failed or stuck collective aborts the rank (and the job) instead of hanging until the limit.
-export TORCH_NCCL_ASYNC_ERROR_HANDLING="${TORCH_NCCL_ASYNC_ERROR_HANDLING:-1}"
-export NCCL_DEBUG="${NCCL_DEBUG:-WARN}"
-# Free NCCL buffers by stream order rather than record_stream: lower peak memory next to vLLM.
-# (No PYTORCH_CUDA_ALLOC_CONF=expandable_segments: vLLM's sleep-mode memory pool refuses it.)
-export TORCH_NCCL_AVOID_RECORD_STREAMS="${TORCH_NCCL_AVOID_RECORD_STREAMS:-1}"
-export PYTHONUNBUFFERED=1
-export TOKENIZERS_PARALLELISM=false
-# Compile caches on node-local disk: thousands of ranks writing one shared home is slow.
-NODE_CACHE="${TMPDIR:-/tmp}/megatron_sdpo-${SLURM_JOB_ID}"
-export TRITON_CACHE_DIR="${TRITON_CACHE_DIR:-${NODE_CACHE}/triton}"
-export TORCHINDUCTOR_CACHE_DIR="${TORCHINDUCTOR_CACHE_DIR:-${NODE_CACHE}/inductor}"
-export VLLM_CACHE_ROOT="${VLLM_CACHE_ROOT:-${NODE_CACHE}/vllm}"
-
-CONTAINER_ARGS=()
-if [[ -n "${CONTAINER_IMAGE:-}" ]]; then
-  CONTAINER_ARGS=(--container-image="${CONTAINER_IMAGE}" --container-workdir="${SLURM_SUBMIT_DIR}"
-                  --container-mounts="${CONTAINER_MOUNTS:-${SLURM_SUBMIT_DIR}:${SLURM_SUBMIT_DIR}}")
-fi
-SRUN_ARGS=(--nodes="${SLURM_JOB_NUM_NODES}" --ntasks-per-node=1 --kill-on-bad-exit=1
-           --cpus-per-task="${SLURM_CPUS_ON_NODE:-1}" ${CONTAINER_ARGS[@]+"${CONTAINER_ARGS[@]}"})
-
-SRUN_PID=""
-SIGNALLED=""
-on_time_limit() {
-  SIGNALLED=1
-  echo "$(date '+%F %T') time limit near: requeueing job ${SLURM_JOB_ID}; it resumes from ${RUN_DIR}"
-  scontrol requeue "${SLURM_JOB_ID}"
-  [[ -n "${SRUN_PID}" ]] || exit 0
-  kill -TERM "${SRUN_PID}" 2>/dev/null || true
-}
-# A plain TERM (scancel, preemption) is forwarded without requeueing: a cancelled job stays
-# cancelled, and preemption requeues through --requeue.
-on_term() {
-  SIGNALLED=1
-  echo "$(date '+%F %T') SIGTERM: stopping job ${SLURM_JOB_ID}"
-  [[ -n "${SRUN_PID}" ]] || exit 143
-  kill -TERM "${SRUN_PID}" 2>/dev/null || true
-}
-trap on_time_limit USR1
-trap on_term TERM
-
-echo "$(date '+%F %T') job ${SLURM_JOB_ID} (restart ${SLURM_RESTART_COUNT:-0}): ${SLURM_JOB_NUM_NODES} node(s) x" \
-     "${GPUS_PER_NODE} GPU(s), rendezvous ${MASTER_ADDR}:${MASTER_PORT}, run ${RUN_DIR} ${RESUME}"
-
-# Preflight: the same command with --dry-run for this allocation's world size, one task on one
-# node: a bad override, layout or data schema stops the job here, before any rank loads weights.
-WORLD=$((SLURM_JOB_NUM_NODES * GPUS_PER_NODE))
-preflight=0
-srun --nodes=1 --ntasks=1 ${CONTAINER_ARGS[@]+"${CONTAINER_ARGS[@]}"} \
-  python -m megatron_sdpo run olmo3_7b "$@" --dry-run --world-size "${WORLD}" || preflight=$?
-if ((preflight != 0)); then
-  echo "$(date '+%F %T') preflight (--dry-run) failed with status ${preflight}; nothing launched"
-  exit "${preflight}"
-fi
-
-# srun in the background: bash runs a trap only between commands, and `wait` is interruptible.
-srun "${SRUN_ARGS[@]}" \
-  torchrun --nnodes="${SLURM_JOB_NUM_NODES}" --nproc-per-node="${GPUS_PER_NODE}" \
-    --rdzv-backend=c10d --rdzv-endpoint="${MASTER_ADDR}:${MASTER_PORT}" --rdzv-id="${SLURM_JOB_ID}" \
-    --max-restarts=0 --no-python \
-  python -m megatron_sdpo run olmo3_7b "$@" --out "${RUN_DIR}" ${RESUME:+"${RESUME}"} --quiet &
-SRUN_PID=$!
-
-status=0
-wait "${SRUN_PID}" || status=$?
-# A trapped signal makes `wait` return early (128 + signal number) whether or not srun has
-# exited: wait again for srun's own status (127: it was already collected).
-while [[ -n "${SIGNALLED}" ]]; do
-  SIGNALLED=""
-  again=0
-  wait "${SRUN_PID}" || again=$?
-  ((again == 127)) || status="${again}"
-done
-echo "$(date '+%F %T') srun exited with status ${status}"
-exit "${status}"
+exec bash "${BODY}" olmo3_7b "$@"

@@ -3,6 +3,6 @@
 grpo      group-relative advantages and the clipped policy-gradient loss
 sdpo      token-level distillation losses, importance weights, CoT mask
 context   the teacher re-prompt (successful sibling / feedback)
-teacher   teacher weight updates (EMA, copy, blend) and their schedule
+teacher   teacher weight updates (EMA, copy) and their schedule
 losses    LossFn adapters that the backends call
 """

@@ -241,36 +241,6 @@ def sampled_token_loss(
     return masked_sum(per_token, mask) / norm, metrics
 
 
-def sdpo_token_advantages(student_logprobs: torch.Tensor, teacher_logprobs: torch.Tensor) -> torch.Tensor:
-    """Per-token SDPO advantage log q(y_t) - log s(y_t), detached fp32 [B, T]."""
-    check_same_shape("student_logprobs", student_logprobs, "teacher_logprobs", teacher_logprobs)
-    return (teacher_logprobs.detach().to(torch.float32) - student_logprobs.detach().to(torch.float32))
-
-
-def hybrid_advantages(a_grpo: torch.Tensor, a_sdpo: torch.Tensor, lam: float) -> torch.Tensor:
-    """lam * a_grpo + (1 - lam) * a_sdpo (SDPO paper's hybrid).
-
-    Args:
-        a_grpo: [B] per-sample or [B, T] per-token GRPO advantages.
-        a_sdpo: [B, T] per-token SDPO advantages (or [B]).
-        lam: weight of the GRPO term in [0, 1].
-
-    Returns:
-        fp32 [B, T] when either input is per-token, else [B]; a [B] input is broadcast over T.
-    """
-    if not 0.0 <= lam <= 1.0:
-        raise ConfigError(f"hybrid lambda must be in [0, 1], got {lam}")
-    g = a_grpo.detach().to(torch.float32)
-    d = a_sdpo.detach().to(torch.float32)
-    if g.shape[0] != d.shape[0]:
-        raise ValueError(f"a_grpo has {g.shape[0]} samples but a_sdpo has {d.shape[0]}")
-    if g.dim() == 1 and d.dim() == 2:
-        g = g.unsqueeze(-1)
-    elif d.dim() == 1 and g.dim() == 2:
-        d = d.unsqueeze(-1)
-    return lam * g + (1.0 - lam) * d
-
-
 def distill_mask(
     response_ids: torch.Tensor,
     mask: torch.Tensor,

@@ -21,7 +21,6 @@ import torch
 from megatron_sdpo.errors import ConfigError
 
 MODES = ("ema", "frozen", "restart_freeze")
-ACTIONS = ("none", "copy", "ema", "base")  # "base": load the base model (the backend does it)
 RESETS = ("none", "base", "stage_start")
 
 
@@ -63,23 +62,6 @@ def copy_(teacher_params: Iterable[torch.Tensor], student_params: Iterable[torch
     """In place: teacher <- student (cast to the teacher's dtype)."""
     for t, s in _pairs("teacher_params", teacher_params, "student_params", student_params):
         t.copy_(s)
-
-
-@torch.no_grad()
-def blend_(
-    target: Iterable[torch.Tensor], a: Iterable[torch.Tensor], b: Iterable[torch.Tensor], weight: float
-) -> None:
-    """In place: target <- (1 - weight) * a + weight * b, computed in fp32.
-
-    Used to initialize the teacher from a checkpoint (a) blended with the student (b); `target`
-    may be the same tensors as `a` or `b`.
-    """
-    _check_rate("blend weight", weight)
-    ta = _pairs("target", target, "a", a)
-    tb = _pairs("target", [x for x, _ in ta], "b", b)
-    for (out, x), (_, y) in zip(ta, tb):
-        mixed = torch.lerp(x.to(torch.float32), y.to(torch.float32), weight)
-        out.copy_(mixed)
 
 
 def apply_action_(

@@ -12,6 +12,7 @@ from typing import Any, Literal, Union
 
 import yaml
 
+from megatron_sdpo.config.algorithm_spec import algorithm_spec
 from megatron_sdpo.config.schema import DOMAINS, RunConfig
 from megatron_sdpo.errors import ConfigError
 
@@ -233,7 +234,8 @@ def validate(cfg: RunConfig) -> RunConfig:
         if name not in DOMAINS:
             raise ConfigError(f"domains.{name}: unknown domain; known: {', '.join(DOMAINS)}")
     a = cfg.algorithm
-    if a.group_size < 2 and a.name != "grpo":
+    spec = algorithm_spec(a.name)
+    if a.group_size < 2 and spec.uses_teacher:
         raise ConfigError("algorithm.group_size must be >= 2 for SDPO (it needs siblings)")
     if a.group_size < 1 or a.prompts_per_step < 1:
         raise ConfigError("algorithm.group_size and algorithm.prompts_per_step must be >= 1")
@@ -246,7 +248,7 @@ def validate(cfg: RunConfig) -> RunConfig:
     _validate_context(a.sdpo.context, "algorithm.sdpo.context")
     if a.grpo.mini_batches < 1:
         raise ConfigError("algorithm.grpo.mini_batches must be >= 1")
-    if a.grpo.mini_batches > 1 and a.name != "grpo":
+    if a.grpo.mini_batches > 1 and not spec.supports_mini_batches:
         raise ConfigError("algorithm.grpo.mini_batches > 1 needs algorithm.name=grpo")
     if a.prompts_per_step % a.grpo.mini_batches:
         raise ConfigError(
@@ -255,8 +257,8 @@ def validate(cfg: RunConfig) -> RunConfig:
         )
     if a.grpo.dual_clip is not None and a.grpo.dual_clip <= 1.0:
         raise ConfigError("algorithm.grpo.dual_clip must be > 1 or null")
-    if a.name == "stable_sdpo" and cfg.teacher.mode != "restart_freeze":
-        raise ConfigError("algorithm.name=stable_sdpo needs teacher.mode=restart_freeze")
+    if spec.requires_teacher_mode and cfg.teacher.mode != spec.teacher_mode:
+        raise ConfigError(f"algorithm.name={a.name} needs teacher.mode={spec.teacher_mode}")
     if not 0.0 <= cfg.teacher.ema_rate <= 1.0:
         raise ConfigError("teacher.ema_rate must be in [0, 1]")
     if not 0.0 < cfg.teacher.freeze_fraction <= 1.0:
@@ -281,11 +283,11 @@ def validate(cfg: RunConfig) -> RunConfig:
         raise ConfigError("backend.megatron.tensor_parallel / pipeline_parallel must be >= 1")
     if m.sequence_parallel and m.tensor_parallel == 1:
         raise ConfigError("backend.megatron.sequence_parallel needs tensor_parallel > 1")
-    if cfg.kernel.fused_kl and a.name != "grpo" and (a.sdpo.topk is not None or a.sdpo.variant != "logits"):
+    if cfg.kernel.fused_kl and spec.uses_teacher and (a.sdpo.topk is not None or a.sdpo.variant != "logits"):
         raise ConfigError(
             "kernel.fused_kl=true is the full-vocabulary path: it needs algorithm.sdpo.topk=null and variant=logits"
         )
-    if cfg.backend.name == "megatron" and m.tensor_parallel > 1 and a.name != "grpo" and a.sdpo.variant == "logits":
+    if cfg.backend.name == "megatron" and m.tensor_parallel > 1 and spec.uses_teacher and a.sdpo.variant == "logits":
         # Full logits are vocab-sharded under TP: the full-vocabulary distillation goes through
         # the vocab-parallel KL (top-k is computed from shards by the backend).
         if a.sdpo.topk is None and not cfg.kernel.fused_kl:

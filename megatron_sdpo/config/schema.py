@@ -90,6 +90,7 @@ class SDPOConfig:
 
 @dataclass
 class AlgorithmConfig:
+    # What each name implies (teacher, advantages, mask): config/algorithm_spec.py.
     name: Literal["grpo", "sdpo", "stable_sdpo", "hybrid"] = "grpo"
     prompts_per_step: int = 16
     group_size: int = 8

@@ -42,6 +42,7 @@ def test_teacher_signal_splits_the_gain_by_reward():
     assert out["teacher/gain_unrewarded"] == pytest.approx((0.25 - 0.5) / 2)
     assert out["teacher/gain_gap"] == pytest.approx(1.125)
     # Hybrid runs keep the distillation mask under "sdpo_mask"; only one side present: no gap.
+    trainer.cfg = load_config("tiny_sdpo", ["algorithm.name=hybrid"])
     b = _batch("sdpo_mask")
     b.tensors["loss_mask"] = b.response_mask()
     only = trainer._teacher_signal(b, torch.tensor([0.0, 0.0, 0.0, 1.0]))

@@ -187,6 +187,7 @@ class MegatronBackend:
     def from_config(cls, cfg, model_path: str, *, pad_token_id: int | None = None) -> "MegatronBackend":
         """Build from a RunConfig (`backend.*`, `backend.megatron.*`, `algorithm`, `seed`)."""
         from megatron_sdpo.backends.megatron.precision import PrecisionConfig
+        from megatron_sdpo.config.algorithm_spec import algorithm_spec
         from megatron_sdpo.config.loader import lr_schedule
 
         b, m = cfg.backend, cfg.backend.megatron
@@ -208,7 +209,7 @@ class MegatronBackend:
             weight_decay=b.weight_decay,
             grad_clip=b.grad_clip,
             seed=cfg.seed,
-            with_teacher=cfg.algorithm.name != "grpo",
+            with_teacher=algorithm_spec(cfg.algorithm.name).uses_teacher,
             with_reference=cfg.algorithm.grpo.kl_coef > 0 or cfg.diagnostics.enabled,
             distributed_optimizer=m.distributed_optimizer,
             pad_token_id=pad_token_id,

@@ -7,10 +7,8 @@ import torch.nn.functional as F
 
 from megatron_sdpo.algorithms.sdpo import (
     distill_mask,
-    hybrid_advantages,
     importance_weights,
     sampled_token_loss,
-    sdpo_token_advantages,
     token_distillation_loss,
 )
 from megatron_sdpo.errors import ConfigError
@@ -239,19 +237,6 @@ def test_sampled_token_loss_value_and_gradient():
     torch.testing.assert_close(a.grad, 1.7 * w * (s - q) * mask / mask.sum())
     assert qq.grad is None
     assert m["sdpo/sampled_kl"].item() == pytest.approx(((s - q) * mask).sum().item() / mask.sum().item(), rel=1e-5)
-
-
-def test_hybrid_and_token_advantages():
-    s = torch.tensor([[-1.0, -2.0], [-0.5, -0.1]])
-    q = torch.tensor([[-0.5, -2.5], [-0.5, -1.1]])
-    a_sdpo = sdpo_token_advantages(s, q)
-    torch.testing.assert_close(a_sdpo, q - s)
-    a_grpo = torch.tensor([1.0, -1.0])
-    h = hybrid_advantages(a_grpo, a_sdpo, 0.25)
-    torch.testing.assert_close(h, 0.25 * a_grpo[:, None] + 0.75 * (q - s))
-    torch.testing.assert_close(hybrid_advantages(a_grpo, a_sdpo, 1.0), a_grpo[:, None].expand(2, 2))
-    with pytest.raises(ConfigError):
-        hybrid_advantages(a_grpo, a_sdpo, 1.2)
 
 
 END = [7, 8]  # ids of a two-token reasoning-end marker

@@ -1,5 +1,7 @@
-"""slurm/continual_*.sh: syntax, no training logic, and their launch behaviour under fake
-`srun` / `scontrol` (rendezvous, overrides, --resume on requeue, signal handling)."""
+"""slurm/continual_*.sh (thin sbatch wrappers) and slurm/_continual_body.sh (their shared body):
+syntax, no training logic, and their launch behaviour under fake `srun` / `scontrol`
+(rendezvous, overrides, --resume on requeue, signal handling), run the way sbatch runs them: a
+copy of the wrapper in a spool directory, the submit directory holding the repository."""
 from __future__ import annotations
 
 import os
@@ -15,6 +17,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[3]
 SCRIPTS = {"qwen3_4b": REPO / "slurm" / "continual_4b.sh", "olmo3_7b": REPO / "slurm" / "continual_7b.sh"}
+BODY = REPO / "slurm" / "_continual_body.sh"
 ALL_SH = sorted([*REPO.joinpath("slurm").glob("*.sh"), *REPO.joinpath("launchers").glob("*.sh")])
 JOB_ID = 4242
 
@@ -47,32 +50,35 @@ def test_every_shell_script_parses():
         assert proc.returncode == 0, f"{path.name}: {proc.stderr}"
 
 
+def _code(text: str) -> list[str]:
+    return [ln for ln in text.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
+
+
 @pytest.mark.parametrize("preset", sorted(SCRIPTS))
-def test_sbatch_header_and_single_megatron_sdpo_call(preset):
+def test_wrapper_is_an_sbatch_header_that_execs_the_body_with_its_preset(preset):
     text = SCRIPTS[preset].read_text()
     directives = dict(re.findall(r"^#SBATCH --([\w-]+)(?:=(\S+))?", text, flags=re.M))
     for key in ("nodes", "gpus-per-node", "time", "exclusive", "output", "requeue", "signal"):
         assert key in directives, f"{preset}: no #SBATCH --{key}"
     assert directives["output"].startswith("logs/")
     assert int(directives["nodes"]) == (2 if preset == "olmo3_7b" else 1)
-    assert re.search(rf"python -m megatron_sdpo run {preset} \"\$@\"", text)
+    # Thin: no Python, and its last command hands the whole job (same process) to the body.
+    code = _code(text)
+    assert not any(re.search(r"(?<![-\w])python3?\b", ln) for ln in code), code
+    assert re.fullmatch(rf'exec bash "\$\{{BODY\}}" {preset} "\$@"', code[-1]), code[-1]
+    assert 'BODY="${SLURM_SUBMIT_DIR' in text and "slurm/_continual_body.sh" in text
+
+
+def test_body_holds_no_header_and_no_training_logic():
+    text = BODY.read_text()
+    assert not re.search(r"^#SBATCH", text, flags=re.M) and not any(p in text for p in SCRIPTS)
     # No training logic: the only Python this script starts is the megatron_sdpo CLI, first its
     # dry run (preflight), then the run.
-    code = [ln for ln in text.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
+    code = _code(text)
     python_lines = [ln for ln in code if re.search(r"(?<![-\w])python3?\b", ln)]
-    assert len(python_lines) == 2 and all(f"-m megatron_sdpo run {preset} " in ln for ln in python_lines), python_lines
+    assert len(python_lines) == 2 and all('-m megatron_sdpo run "${PRESET}" "$@"' in ln for ln in python_lines), python_lines
     assert "--dry-run" in python_lines[0] and "--dry-run" not in python_lines[1]
     assert not any(re.search(r"<<|python3? -c|\bimport\b", ln) for ln in code)
-
-
-def test_the_two_sbatch_scripts_share_one_body():
-    """Apart from the header, the preset and the node count they are the same script (no drift)."""
-    def body(preset: str) -> list[str]:
-        lines = SCRIPTS[preset].read_text().splitlines()
-        start = lines.index("set -euo pipefail")
-        return [ln.replace(preset, "PRESET") for ln in lines[start:]]
-
-    assert body("qwen3_4b") == body("olmo3_7b")
 
 
 @pytest.fixture()
@@ -83,6 +89,8 @@ def fake_slurm(tmp_path):
         (bin_dir / name).write_text(text)
         (bin_dir / name).chmod(0o755)
     log = tmp_path / "fake.log"
+    # Submitted from the repository root: the submit directory holds slurm/ (runs/ go there too).
+    (tmp_path / "slurm").symlink_to(REPO / "slurm", target_is_directory=True)
     env = {
         "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
         "HOME": str(tmp_path),
@@ -116,8 +124,17 @@ def _all_srun_calls(log: Path) -> list[list[str]]:
     return calls
 
 
+def _spooled(script: Path, env: dict) -> Path:
+    """A copy of `script` outside the repository, as sbatch leaves it for the job (slurm_script
+    in slurmd's spool directory): the wrapper must not rely on its own location."""
+    spool = Path(env["TMPDIR"]) / "spool" / f"job{JOB_ID}-{script.stem}"
+    spool.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(script, spool / "slurm_script")
+    return spool / "slurm_script"
+
+
 def _run(script: Path, env: dict, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["bash", str(script), *args], env=env, cwd=env["SLURM_SUBMIT_DIR"],
+    return subprocess.run(["bash", str(_spooled(script, env)), *args], env=env, cwd=env["SLURM_SUBMIT_DIR"],
                           capture_output=True, text=True, timeout=60)
 
 
@@ -173,7 +190,7 @@ def test_out_and_resume_arguments_are_refused(fake_slurm, bad):
 
 
 def _start_and_wait_for_srun(script: Path, env: dict, log: Path) -> subprocess.Popen:
-    proc = subprocess.Popen(["bash", str(script)], env={**env, "FAKE_SRUN_SLEEP": "60"},
+    proc = subprocess.Popen(["bash", str(_spooled(script, env))], env={**env, "FAKE_SRUN_SLEEP": "60"},
                             cwd=env["SLURM_SUBMIT_DIR"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 30
     while not _srun_calls(log):
@@ -226,4 +243,25 @@ def test_outside_slurm_the_script_refuses_to_start(fake_slurm):
     env = {k: v for k, v in env.items() if k != "SLURM_JOB_ID"}
     proc = _run(SCRIPTS["olmo3_7b"], env)
     assert proc.returncode != 0 and "submit this script with sbatch" in proc.stderr
+    assert _all_srun_calls(log) == []
+
+
+@pytest.mark.parametrize("preset", sorted(SCRIPTS))
+def test_each_wrapper_launches_its_own_preset(fake_slurm, preset):
+    _, env, log = fake_slurm
+    assert _run(SCRIPTS[preset], env, "seed=3").returncode == 0
+    (pre,) = _srun_calls(log, preflight=True)
+    (argv,) = _srun_calls(log)
+    assert pre[pre.index("python"):][:6] == ["python", "-m", "megatron_sdpo", "run", preset, "seed=3"]
+    assert argv[argv.index("python"):][:6] == ["python", "-m", "megatron_sdpo", "run", preset, "seed=3"]
+    assert f"{preset}-{JOB_ID}" in argv[argv.index("--out") + 1]
+
+
+def test_submitted_from_outside_the_repository_is_a_one_line_error(fake_slurm):
+    tmp, env, log = fake_slurm
+    elsewhere = tmp / "elsewhere"
+    elsewhere.mkdir()
+    proc = _run(SCRIPTS["qwen3_4b"], {**env, "SLURM_SUBMIT_DIR": str(elsewhere)})
+    assert proc.returncode == 2 and "submit from the repository root" in proc.stderr
+    assert proc.stderr.strip().count("\n") == 0
     assert _all_srun_calls(log) == []
