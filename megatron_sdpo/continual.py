@@ -55,7 +55,8 @@ class ContinualRun:
 
     def __init__(self, cfg: RunConfig, out_dir: str | Path, *, resume: bool = False, quiet: bool = False):
         check_data_files(cfg)
-        builders.resolve_model_path(cfg)  # a missing or corrupt model fails before anything is written
+        # A missing or corrupt model fails before anything is written; _setup loads this path.
+        self.model_path = builders.resolve_model_path(cfg)
         ranks.init_if_launched()
         self.main = ranks.is_main()
         self.run_dir = RunDir(out_dir)
@@ -65,7 +66,10 @@ class ContinualRun:
                 self.run_dir.config.write_text(dump_yaml(cfg))
         ranks.barrier()
         if resume:  # the run continues with the configuration it started with
-            cfg = load_config(str(self.run_dir.config))
+            saved = load_config(str(self.run_dir.config))
+            if saved.model.path != cfg.model.path:
+                self.model_path = builders.resolve_model_path(saved)
+            cfg = saved
         self.cfg = cfg
         self.resume = resume
         self.monitor = RunMonitor(self.run_dir, cfg, quiet=quiet, write=self.main)
@@ -75,7 +79,6 @@ class ContinualRun:
         cfg = self.cfg
         torch.manual_seed(cfg.seed)
         random.seed(cfg.seed)
-        self.model_path = builders.resolve_model_path(cfg)
         self.tokenizer = builders.load_tokenizer(self.model_path)
         self.train_sets = {
             s.domain: load_source(cfg.domains[s.domain].train, s.domain, "train", seed=cfg.seed) for s in cfg.stages
