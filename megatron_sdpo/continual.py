@@ -110,7 +110,9 @@ class ContinualRun:
         self.trainer.configure(eff)
         t, b = eff.teacher, eff.backend
         self.teacher.configure(ema_rate=t.ema_rate, freeze_fraction=t.freeze_fraction, reset_at_stage=t.reset_at_stage)
-        self.backend.configure_optimizer(lr=b.lr, weight_decay=b.weight_decay, grad_clip=b.grad_clip, lr_schedule=builders.lr_schedule(eff))
+        self.backend.configure_optimizer(
+            lr=b.lr, weight_decay=b.weight_decay, grad_clip=b.grad_clip, lr_schedule=builders.lr_schedule(eff)
+        )
 
     def _evaluate(self, label: str) -> dict[str, float]:
         self.engine.wake()
@@ -290,10 +292,10 @@ class ContinualRun:
         d = cfg.diagnostics
         cur = report.read_eval_samples(self.run_dir, self._stage_label(k))
         # The policy's own eval answers, scored by the policy and by the frozen base.
-        probes = {
-            key: ProbeLogprobs(self.backend.logprobs(b, model="policy"), self.backend.logprobs(b, model="reference"), b.response_mask())
-            for key, b in probe_batches(self.tokenizer, cur, self.eval_sets, d.probe_n).items()
-        }
+        probes = {}
+        for key, b in probe_batches(self.tokenizer, cur, self.eval_sets, d.probe_n).items():
+            policy, base = (self.backend.logprobs(b, model=m) for m in ("policy", "reference"))
+            probes[key] = ProbeLogprobs(policy, base, b.response_mask())
         record = stage_diagnostics(
             k, cfg.stages[k].domain, cfg.algorithm.name, self._stage_policies(k),
             report.read_eval_samples(self.run_dir, "base"), cur, probes,

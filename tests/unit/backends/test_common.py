@@ -5,15 +5,8 @@ import pytest
 import torch
 
 from megatron_sdpo.backends.base import SequenceBatch
-from megatron_sdpo.backends.common import (
-    MetricSums,
-    checked_batch,
-    dp_sizes,
-    dp_slice,
-    named_model,
-    reduce_metrics,
-    resolve_pad_id,
-)
+from megatron_sdpo.backends import common
+from megatron_sdpo.backends.common import MetricSums, checked_batch, dp_sizes, dp_slice, named_model, reduce_metrics
 from megatron_sdpo.errors import ConfigError, DataError
 
 
@@ -27,6 +20,7 @@ def test_dp_slices_cover_the_batch_in_order():
 
 
 def test_pad_id_prefers_the_caller_then_pad_then_eos():
+    resolve_pad_id = common.resolve_pad_id
     cfg = SimpleNamespace(pad_token_id=None, eos_token_id=[5, 6])
     assert resolve_pad_id(3, cfg) == 3
     assert resolve_pad_id(None, cfg) == 5  # the first of several eos ids

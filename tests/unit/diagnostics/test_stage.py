@@ -47,7 +47,8 @@ def test_stage_record_from_explicit_inputs(tmp_path):
     assert first["excess_kl_mean_k3"] == first["excess_kl"]["math/id"]["kl_k3"]
     assert first["response_cosine_mean"] == first["responses"]["math/id"]["drift"]["cosine_mean"]
 
-    second = stage_diagnostics(1, "code", "sdpo", StagePolicies(base, s1, s2, before_prev=base), base_samples, cur_samples, {}, **{**kw, "embedder": None})
+    policies = StagePolicies(base, s1, s2, before_prev=base)
+    second = stage_diagnostics(1, "code", "sdpo", policies, base_samples, cur_samples, {}, **{**kw, "embedder": None})
     assert second["param_vs_base"]["summary"] == parameter_drift(base, s2, rank=2, seed=0)["summary"]
     assert second["param_vs_prev"]["summary"] != second["param_vs_base"]["summary"]
     # Both updates move along the same direction: the top-1% masks coincide.
@@ -64,7 +65,8 @@ def test_probe_batches_take_the_first_answers_with_a_record():
     from megatron_sdpo.models.tiny import ensure_tiny_base
 
     tok = load_tokenizer(ensure_tiny_base())
-    cur = {"math/id": [{"id": "a", "response": "12"}, {"id": "gone", "response": "3"}, {"id": "b", "response": ""}], "math/ood_far": [{"id": "a", "response": "1"}]}
+    answers = [{"id": "a", "response": "12"}, {"id": "gone", "response": "3"}, {"id": "b", "response": ""}]
+    cur = {"math/id": answers, "math/ood_far": [{"id": "a", "response": "1"}]}
     sets = {"math/id": [{"id": "a", "prompt": "1+11?"}, {"id": "b", "prompt": "0+0?"}]}
     batches = probe_batches(tok, cur, sets, probe_n=2)
     assert list(batches) == ["math/id"]
