@@ -40,6 +40,23 @@ def test_config_rejects_warmup_longer_than_a_stage():
 
     with pytest.raises(ConfigError, match=r"backend.lr_schedule.warmup_steps=40 .* \(stages.0\)"):
         load_config("tiny", ["backend.lr_schedule.warmup_steps=40"])
+    # Counted in optimizer steps: 4 mini-batches a rollout step make room for 39 warmup steps.
+    load_config("tiny", ["backend.lr_schedule.warmup_steps=39", "algorithm.grpo.mini_batches=4"])
+
+
+@pytest.mark.parametrize(
+    "override, match",
+    [
+        ("backend.lr_schedule.warmup_steps=-1", "warmup_steps=-1 must be >= 0"),
+        ("backend.lr_schedule.min_lr_ratio=1.5", r"min_lr_ratio=1.5 must be in \[0, 1\]"),
+        ("backend.lr_schedule.style=step", "backend.lr_schedule.style"),
+    ],
+)
+def test_config_rejects_a_malformed_schedule(override, match):
+    from megatron_sdpo.config.loader import load_config
+
+    with pytest.raises(ConfigError, match=match):
+        load_config("tiny", [override])
 
 
 @pytest.mark.megatron

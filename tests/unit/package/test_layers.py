@@ -107,6 +107,12 @@ def test_config_imports_nothing_above_it(upper):
     assert not [e for e in _edges() if e[2] == "config" and e[3].split(".")[0] == upper]
 
 
+@pytest.mark.parametrize("engine", ["backends", "rollout", "trainer", "chat", "continual", "builders"])
+def test_report_only_reads_and_writes(engine):
+    # The stage diagnostics are computed in diagnostics/ and handed to report.py to write.
+    assert not [e for e in _edges() if e[2] == "report" and e[3].split(".")[0] == engine]
+
+
 def test_the_check_sees_function_local_imports(tmp_path):
     # The config loader once built the LR schedule with an import inside a function.
     f = tmp_path / "loader.py"
