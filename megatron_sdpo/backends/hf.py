@@ -29,6 +29,12 @@ from torch import nn
 
 from megatron_sdpo.algorithms.teacher import apply_action_, copy_
 from megatron_sdpo.backends.base import REQUIRES, LossFn, SequenceBatch
+from megatron_sdpo.backends.checkpoint import (
+    atomic_checkpoint_dir,
+    check_complete,
+    load_hf_weights,
+    torch_load,
+)
 from megatron_sdpo.backends.common import (
     MetricSums,
     check_backend_args,
@@ -38,12 +44,6 @@ from megatron_sdpo.backends.common import (
     named_model,
     reduce_metrics,
     resolve_pad_id,
-)
-from megatron_sdpo.backends.checkpoint import (
-    atomic_checkpoint_dir,
-    check_complete,
-    load_hf_weights,
-    torch_load,
 )
 from megatron_sdpo.backends.layout import pack, token_entropy, token_logprobs
 from megatron_sdpo.backends.schedule import LRSchedule
