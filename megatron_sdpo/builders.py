@@ -1,11 +1,11 @@
-"""Building the run's components from the config: model path, tokenizer, backend, rollout."""
+"""Building the run's components from the config: model path, tokenizer, LR schedule, backend,
+rollout. Everything built from a RunConfig is built here, so config/ imports nothing above it."""
 from __future__ import annotations
 
 import os
 from pathlib import Path
 
 from megatron_sdpo.config.algorithm_spec import algorithm_spec
-from megatron_sdpo.config.loader import lr_schedule
 from megatron_sdpo.config.schema import RunConfig
 from megatron_sdpo.errors import ConfigError, UserError
 
@@ -45,32 +45,62 @@ def load_tokenizer(model_path: str):
     return tok
 
 
+def lr_schedule(cfg: RunConfig):
+    """The backends' LRSchedule from `backend.lr_schedule` (of the run, or of a stage's
+    effective config)."""
+    from megatron_sdpo.backends.schedule import LRSchedule
+
+    s = cfg.backend.lr_schedule
+    return LRSchedule(style=s.style, warmup_steps=s.warmup_steps, min_lr_ratio=s.min_lr_ratio)
+
+
 def make_backend(cfg: RunConfig, model_path: str, tokenizer):
     """The training backend named by `backend.name`."""
     b = cfg.backend
-    # The frozen base also serves the excess-KL diagnostic after every stage.
-    with_reference = cfg.algorithm.grpo.kl_coef > 0 or cfg.diagnostics.enabled
+    common = dict(
+        lr=b.lr,
+        lr_schedule=lr_schedule(cfg),
+        weight_decay=b.weight_decay,
+        grad_clip=b.grad_clip,
+        micro_batch_size=b.micro_batch_size,
+        seed=cfg.seed,
+        with_teacher=algorithm_spec(cfg.algorithm.name).uses_teacher,
+        # The frozen base also serves the excess-KL diagnostic after every stage.
+        with_reference=cfg.algorithm.grpo.kl_coef > 0 or cfg.diagnostics.enabled,
+        pad_token_id=tokenizer.pad_token_id,
+    )
     if b.name == "hf":
         from megatron_sdpo.backends.hf import HFBackend
 
-        return HFBackend(
-            model_path,
-            dtype=cfg.model.dtype,
-            lr=b.lr,
-            lr_schedule=lr_schedule(cfg),
-            weight_decay=b.weight_decay,
-            grad_clip=b.grad_clip,
-            micro_batch_size=b.micro_batch_size,
-            seed=cfg.seed,
-            with_teacher=algorithm_spec(cfg.algorithm.name).uses_teacher,
-            with_reference=with_reference,
-            pad_token_id=tokenizer.pad_token_id,
-        )
+        return HFBackend(model_path, dtype=cfg.model.dtype, **common)
     if b.name == "megatron":
-        from megatron_sdpo.backends.megatron import MegatronBackend
-
-        return MegatronBackend.from_config(cfg, model_path, pad_token_id=tokenizer.pad_token_id)
+        return _megatron_backend(cfg, model_path, common)
     raise ConfigError(f"backend.name: unknown backend {b.name!r}")  # pragma: no cover
+
+
+def _megatron_backend(cfg: RunConfig, model_path: str, common: dict):
+    """MegatronBackend from `backend.megatron.*` (parallel layout, precision, FP8, recompute)."""
+    from megatron_sdpo.backends.megatron import MegatronBackend
+    from megatron_sdpo.backends.megatron.model import ModelOptions
+    from megatron_sdpo.backends.megatron.parallel import ParallelConfig
+    from megatron_sdpo.backends.megatron.precision import PrecisionConfig
+
+    m = cfg.backend.megatron
+    if not m.fp8.keep_lm_head_bf16:
+        raise ConfigError("backend.megatron.fp8.keep_lm_head_bf16=False: the LM head is never FP8 here")
+    recipe = None if m.fp8.recipe == "none" else m.fp8.recipe
+    options = ModelOptions(
+        precision=PrecisionConfig(params=m.params_dtype, fp8=recipe, fp8_format=m.fp8.fp8_format if recipe else None),
+        sequence_parallel=m.sequence_parallel,
+        recompute=None if m.recompute == "none" else m.recompute,
+    )
+    return MegatronBackend(
+        model_path,
+        parallel=ParallelConfig(tp=m.tensor_parallel, pp=m.pipeline_parallel, sequence_parallel=m.sequence_parallel),
+        options=options,
+        distributed_optimizer=m.distributed_optimizer,
+        **common,
+    )
 
 
 def make_rollout(cfg: RunConfig, model_path: str, tokenizer, work_dir: str):

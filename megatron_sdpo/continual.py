@@ -103,7 +103,6 @@ class ContinualRun:
     def _stage_settings(self, k: int) -> None:
         """Run stage k with its configuration: the run's, with the stage's overrides
         (config/stages.py) for the loss, the teacher schedule and the optimizer."""
-        from megatron_sdpo.config.loader import lr_schedule
         from megatron_sdpo.config.stages import stage_config
 
         eff = stage_config(self.cfg, k)
@@ -111,7 +110,9 @@ class ContinualRun:
         self.trainer.configure(eff)
         t, b = eff.teacher, eff.backend
         self.teacher.configure(ema_rate=t.ema_rate, freeze_fraction=t.freeze_fraction, reset_at_stage=t.reset_at_stage)
-        self.backend.configure_optimizer(lr=b.lr, weight_decay=b.weight_decay, grad_clip=b.grad_clip, lr_schedule=lr_schedule(eff))
+        self.backend.configure_optimizer(
+            lr=b.lr, weight_decay=b.weight_decay, grad_clip=b.grad_clip, lr_schedule=builders.lr_schedule(eff)
+        )
 
     def _evaluate(self, label: str) -> dict[str, float]:
         self.engine.wake()
@@ -177,9 +178,9 @@ class ContinualRun:
                 self._stage_start(k)
             if first < stage.steps:
                 self._train_stage(k, first)
-                self._save(f"stage_{k + 1}_{stage.domain}", k, stage.steps)
+                self._save(self._stage_label(k), k, stage.steps)
             if len(rows) <= k + 1:
-                rows.append((stage.domain, self._evaluate(f"stage_{k + 1}_{stage.domain}")))
+                rows.append((stage.domain, self._evaluate(self._stage_label(k))))
                 self._write_matrix(rows)
             self._stage_diagnostics(k)
         self._finish(time.perf_counter() - t_start)
@@ -215,7 +216,7 @@ class ContinualRun:
             ),
             # Written by the main rank only; every stage's alarms stay in the one file.
             marker_path=self.run_dir.root / "collapse_alarms.json" if self.main else None,
-            label=f"stage_{k + 1}_{stage.domain}",
+            label=self._stage_label(k),
         )
         for step in range(first, stage.steps):
             batch = train_batch(
@@ -256,20 +257,52 @@ class ContinualRun:
         """The stage-0 reference for drift: the base model's HF directory."""
         self.base_dir = self.model_path
 
-    def response_drift(self, responses_a: list[str], responses_b: list[str]) -> dict:
-        """Embedding drift between paired responses (MiniLM, loaded once per run)."""
-        from megatron_sdpo.diagnostics.response_drift import MiniLMEmbedder, response_drift
+    def _embedder(self):
+        """The sentence embedder of the response drift (MiniLM), loaded once per run."""
+        from megatron_sdpo.diagnostics.response_drift import MiniLMEmbedder
 
-        if getattr(self, "_embedder", None) is None:
-            self._embedder = MiniLMEmbedder()
-        return response_drift(responses_a, responses_b, self._embedder)
+        if getattr(self, "_minilm", None) is None:
+            self._minilm = MiniLMEmbedder()
+        return self._minilm
+
+    def _stage_label(self, k: int) -> str:
+        return f"stage_{k + 1}_{self.cfg.stages[k].domain}"
+
+    def _stage_policies(self, k: int):
+        """The HF policy directories diagnostics compare around stage k (the base model's own
+        directory before the first stage)."""
+        from megatron_sdpo.diagnostics.stage import StagePolicies
+
+        def policy(j: int) -> Path:
+            return Path(self.base_dir) if j < 0 else self.run_dir.checkpoints / self._stage_label(j) / "policy"
+
+        return StagePolicies(
+            base=Path(self.base_dir), prev=policy(k - 1), cur=policy(k), before_prev=policy(k - 2) if k >= 1 else None
+        )
 
     def _stage_diagnostics(self, k: int) -> None:
-        if not self.cfg.diagnostics.enabled:
+        """Drift of stage k's policy against the previous stage and the base (every rank: the
+        probe scoring is collective), written to drift/stage_<k+1>.json."""
+        cfg = self.cfg
+        if not cfg.diagnostics.enabled:
             return
-        from megatron_sdpo.report import stage_diagnostics
+        from megatron_sdpo import report
+        from megatron_sdpo.diagnostics.stage import ProbeLogprobs, probe_batches, stage_diagnostics
 
-        stage_diagnostics(self, k)
+        d = cfg.diagnostics
+        cur = report.read_eval_samples(self.run_dir, self._stage_label(k))
+        # The policy's own eval answers, scored by the policy and by the frozen base.
+        probes = {}
+        for key, b in probe_batches(self.tokenizer, cur, self.eval_sets, d.probe_n).items():
+            policy, base = (self.backend.logprobs(b, model=m) for m in ("policy", "reference"))
+            probes[key] = ProbeLogprobs(policy, base, b.response_mask())
+        record = stage_diagnostics(
+            k, cfg.stages[k].domain, cfg.algorithm.name, self._stage_policies(k),
+            report.read_eval_samples(self.run_dir, "base"), cur, probes,
+            svd_rank=d.svd_rank, seed=cfg.seed, probe_n=d.probe_n, embedder=self._embedder() if d.response_drift else None,
+        )
+        if self.main:
+            report.write_stage_drift(self.run_dir, record)
 
     def _finish(self, seconds: float) -> None:
         from megatron_sdpo.report import write_report

@@ -1,6 +1,7 @@
 """The run report: eval matrix, forgetting, drift and artifact tables, and plots.
 
-`stage_diagnostics` runs after every stage (drift/stage_<k>.json); `write_report` turns a run
+Reads and writes files only: the stage diagnostics computed after every stage
+(diagnostics/stage.py) are written to drift/stage_<k>.json here; `write_report` turns a run
 directory into report.md + plots; `write_compare` puts several runs side by side.
 """
 from __future__ import annotations
@@ -27,79 +28,16 @@ def _table(header: list[str], rows: list[list]) -> str:
 
 
 # -- after each stage -------------------------------------------------------------------------
-def _policy_dir(run_dir: RunDir, k: int, domain: str) -> Path:
-    return run_dir.checkpoints / f"stage_{k + 1}_{domain}" / "policy"
+def read_eval_samples(rd: RunDir, label: str) -> dict[str, list[dict]]:
+    """The eval answers saved under `label` ("base", "stage_<k+1>_<domain>"): {eval set: samples}."""
+    return json.loads((rd.eval_samples / f"{label}.json").read_text())
 
 
-def _drift_summary(result: dict) -> dict:
-    """The aggregate part of a parameter_drift result (per-matrix records stay out of reports)."""
-    return {k: v for k, v in result.items() if k not in ("matrices", "vectors")}
-
-
-def stage_diagnostics(run, k: int) -> dict:
-    """Drift of stage k's policy against the previous stage and the base; writes drift/stage_<k+1>.json.
-
-    Parameters: relative change, spectral shift, principal angles (vs previous, vs base) and the
-    update-mask overlap of this stage's update with the previous stage's. Responses: embedding
-    similarity and MMD of this stage's eval answers to the base's on the same prompts, artifact
-    rates, and the excess KL of the policy to the base on its own answers.
-    """
-    from megatron_sdpo.backends.base import SequenceBatch
-    from megatron_sdpo.chat import encode_prompts
-    from megatron_sdpo.diagnostics.artifacts import artifact_stats
-    from megatron_sdpo.diagnostics.param_drift import parameter_drift, update_mask_overlap
-    from megatron_sdpo.diagnostics.response_drift import excess_kl
-
-    cfg, rd = run.cfg, run.run_dir
-    stages = cfg.stages
-    cur = _policy_dir(rd, k, stages[k].domain)
-    prev = Path(run.base_dir) if k == 0 else _policy_dir(rd, k - 1, stages[k - 1].domain)
-    rank = cfg.diagnostics.svd_rank
-    out: dict = {"stage": k + 1, "domain": stages[k].domain, "algorithm": cfg.algorithm.name}
-    out["param_vs_prev"] = _drift_summary(parameter_drift(prev, cur, rank=rank, seed=cfg.seed))
-    out["param_vs_base"] = (
-        out["param_vs_prev"] if k == 0 else _drift_summary(parameter_drift(run.base_dir, cur, rank=rank, seed=cfg.seed))
-    )
-    if k >= 1:
-        before = Path(run.base_dir) if k == 1 else _policy_dir(rd, k - 2, stages[k - 2].domain)
-        overlap = update_mask_overlap((before, prev), (prev, cur), top_percent=1.0)
-        out["mask_overlap_vs_prev_update"] = {key: v for key, v in overlap.items() if key != "matrices"}
-
-    base_samples = json.loads((rd.eval_samples / "base.json").read_text())
-    cur_samples = json.loads((rd.eval_samples / f"stage_{k + 1}_{stages[k].domain}.json").read_text())
-    responses: dict = {}
-    kl: dict = {}
-    probe_n = cfg.diagnostics.probe_n
-    for key in sorted(cur_samples):
-        if not key.endswith("/id"):
-            continue
-        ours = [s["response"] for s in cur_samples[key]]
-        theirs = [s["response"] for s in base_samples.get(key, [])]
-        entry = {"artifacts": artifact_stats(ours), "artifacts_base": artifact_stats(theirs) if theirs else None}
-        if cfg.diagnostics.response_drift and len(theirs) == len(ours):
-            entry["drift"] = run.response_drift(theirs[:probe_n * 4], ours[:probe_n * 4])
-        responses[key] = entry
-        # Excess KL: log pi(y|x) - log pi_base(y|x) on the policy's own answers to probe prompts.
-        records = {r["id"]: r for r in run.eval_sets[key]}
-        probe = [s for s in cur_samples[key][:probe_n] if s["id"] in records]
-        if probe:
-            prompts = encode_prompts(run.tokenizer, [records[s["id"]]["prompt"] for s in probe])
-            ids = [run.tokenizer(s["response"], add_special_tokens=False)["input_ids"] or [run.tokenizer.eos_token_id] for s in probe]
-            batch = SequenceBatch(prompt_ids=prompts, response_ids=ids)
-            new = run.backend.logprobs(batch, model="policy")
-            base = run.backend.logprobs(batch, model="reference")
-            kl[key] = {k2: float(v) for k2, v in excess_kl(new, base, batch.response_mask()).items()}
-    out["responses"] = responses
-    out["excess_kl"] = kl
-    kls = [v["kl_k3"] for v in kl.values() if v["kl_k3"] == v["kl_k3"]]
-    out["excess_kl_mean_k3"] = sum(kls) / len(kls) if kls else None
-    cos = [e["drift"]["cosine_mean"] for e in responses.values() if "drift" in e]
-    out["response_cosine_mean"] = sum(cos) / len(cos) if cos else None
-    mmd = [e["drift"]["mmd"] for e in responses.values() if "drift" in e]
-    out["response_mmd_mean"] = sum(mmd) / len(mmd) if mmd else None
-    if run.main:
-        (rd.drift / f"stage_{k + 1}.json").write_text(json.dumps(out, indent=1, default=float))
-    return out
+def write_stage_drift(rd: RunDir, record: dict) -> Path:
+    """drift/stage_<k+1>.json: one stage's diagnostics (diagnostics/stage.py)."""
+    path = rd.drift / f"stage_{record['stage']}.json"
+    path.write_text(json.dumps(record, indent=1, default=float))
+    return path
 
 
 # -- report.md ----------------------------------------------------------------------------------

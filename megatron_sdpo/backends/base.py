@@ -104,20 +104,6 @@ class SequenceBatch:
         )
 
 
-def check_backend_args(model_path: str, *, lr: float, micro_batch_size: int) -> None:
-    """The constructor checks every backend shares (ConfigError naming the bad value)."""
-    from pathlib import Path
-
-    from megatron_sdpo.errors import ConfigError
-
-    if micro_batch_size < 1:
-        raise ConfigError(f"micro_batch_size must be >= 1, got {micro_batch_size}")
-    if lr <= 0:
-        raise ConfigError(f"lr must be > 0, got {lr}")
-    if not Path(model_path, "config.json").is_file():
-        raise ConfigError(f"model_path {model_path!r} is not a HF model directory (no config.json)")
-
-
 @runtime_checkable
 class LossFn(Protocol):
     """A loss over one micro-batch.

@@ -27,18 +27,27 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from megatron_sdpo.algorithms.losses import metric_reduce
 from megatron_sdpo.algorithms.teacher import apply_action_, copy_
-from megatron_sdpo.backends.base import REQUIRES, LossFn, SequenceBatch, check_backend_args
+from megatron_sdpo.backends.base import REQUIRES, LossFn, SequenceBatch
 from megatron_sdpo.backends.checkpoint import (
     atomic_checkpoint_dir,
     check_complete,
     load_hf_weights,
     torch_load,
 )
+from megatron_sdpo.backends.common import (
+    MetricSums,
+    check_backend_args,
+    checked_batch,
+    dp_sizes,
+    dp_slice,
+    named_model,
+    reduce_metrics,
+    resolve_pad_id,
+)
 from megatron_sdpo.backends.layout import pack, token_entropy, token_logprobs
 from megatron_sdpo.backends.schedule import LRSchedule
-from megatron_sdpo.errors import CheckpointError, ConfigError, DataError
+from megatron_sdpo.errors import CheckpointError, ConfigError
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _TEACHER_NEEDS = {"teacher_logits", "teacher_logprobs", "topk_logprobs", "teacher_topk_logprobs"}
@@ -58,18 +67,6 @@ def _resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
     if dtype not in _DTYPES:
         raise ConfigError(f"dtype must be one of {sorted(_DTYPES)}, got {dtype!r}")
     return _DTYPES[dtype]
-
-
-_REDUCE_OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
-
-
-def _combine(op: str, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """Combine one metric of two micro-batches the way it reduces over ranks."""
-    if op == "max":
-        return torch.maximum(a, b)
-    if op == "min":
-        return torch.minimum(a, b)
-    return a + b
 
 
 class _ResponseLogits(nn.Module):
@@ -173,13 +170,7 @@ class HFBackend:
 
         self.policy = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=self.dtype)
         self.policy.eval()
-        cfg = self.policy.config
-        if pad_token_id is None:
-            pad_token_id = cfg.pad_token_id if cfg.pad_token_id is not None else cfg.eos_token_id
-        if isinstance(pad_token_id, (list, tuple)):
-            pad_token_id = pad_token_id[0]
-        # Pad ids are masked out everywhere; any valid id works when the config names none.
-        self.pad_token_id = int(pad_token_id) if pad_token_id is not None else 0
+        self.pad_token_id = resolve_pad_id(pad_token_id, self.policy.config)
 
         self.teacher = self._frozen_copy() if with_teacher else None
         self.reference = self._frozen_copy() if with_reference else None
@@ -245,25 +236,7 @@ class HFBackend:
         return torch.optim.AdamW(groups, lr=self.lr, betas=self.betas)
 
     def _model(self, name: str) -> nn.Module:
-        if name == "policy":
-            return self.policy
-        if name == "teacher":
-            if self.teacher is None:
-                raise ConfigError("this backend was built with with_teacher=False")
-            return self.teacher
-        if name == "reference":
-            if self.reference is None:
-                raise ConfigError("this backend was built with with_reference=False")
-            return self.reference
-        raise ConfigError(f"model must be 'policy', 'teacher' or 'reference', got {name!r}")
-
-    def _dp_slice(self, n: int) -> list[int]:
-        """Contiguous, near-equal split of n samples over DP ranks (np.array_split order)."""
-        if n < self.world:
-            raise DataError(f"global batch of {n} samples is smaller than the DP world size {self.world}")
-        base, extra = divmod(n, self.world)
-        start = self.rank * base + min(self.rank, extra)
-        return list(range(start, start + base + (1 if self.rank < extra else 0)))
+        return named_model(name, {"policy": self.policy, "teacher": self.teacher, "reference": self.reference})
 
     def _micro_batches(self, idx: list[int]) -> list[list[int]]:
         mbs = self.micro_batch_size
@@ -344,10 +317,7 @@ class HFBackend:
         """Quantities in `requires` for the whole batch under no_grad, micro-batched on this rank
         (not DP-sharded): "logprobs"/"entropy" [B, T], "logits" [B, T, V], teacher/ref as in
         REQUIRES. `model` selects the weights used for the policy quantities."""
-        batch = batch.checked()
-        T = batch.max_response_len
-        if T == 0:
-            raise DataError("every response in the batch is empty")
+        batch, T = checked_batch(batch)
         module = self._model(model)
         parts: dict[str, list[torch.Tensor]] = {}
         with torch.no_grad():
@@ -360,11 +330,8 @@ class HFBackend:
         """[B, T] fp32 log-probs of `batch.response_ids` under `model` ("policy" | "teacher" |
         "reference"); the teacher reads `teacher_prompt_ids` where given. Under DP each rank
         scores its slice and the rows are all-gathered. Padding columns hold 0."""
-        batch = batch.checked()
-        T = batch.max_response_len
-        if T == 0:
-            raise DataError("every response in the batch is empty")
-        idx = self._dp_slice(len(batch))
+        batch, T = checked_batch(batch)
+        idx = dp_slice(len(batch), self.world, self.rank)
         sub = batch.select(idx)
         if model == "teacher":
             sub = SequenceBatch(sub.teacher_prompts(), sub.response_ids, None, sub.tensors)
@@ -381,30 +348,24 @@ class HFBackend:
         return self._all_gather_rows(local, len(batch))
 
     def _all_gather_rows(self, local: torch.Tensor, n: int) -> torch.Tensor:
-        base, extra = divmod(n, self.world)
-        width = base + (1 if extra else 0)
-        padded = torch.zeros((width,) + tuple(local.shape[1:]), dtype=local.dtype)
+        sizes = dp_sizes(n, self.world)
+        padded = torch.zeros((sizes[0],) + tuple(local.shape[1:]), dtype=local.dtype)
         padded[: local.shape[0]] = local
         chunks = [torch.empty_like(padded) for _ in range(self.world)]
         dist.all_gather(chunks, padded.contiguous())
-        sizes = [base + (1 if r < extra else 0) for r in range(self.world)]
         return torch.cat([c[:s] for c, s in zip(chunks, sizes)])
 
     def train_step(self, batch: SequenceBatch, loss_fn: LossFn) -> dict[str, float]:
         """One AdamW step on the global batch. Returns {"loss", "grad_norm", "skipped",
         "samples", <loss metrics summed over the global batch>}; identical on every rank."""
-        batch = batch.checked()
-        T = batch.max_response_len
-        if T == 0:
-            raise DataError("every response in the batch is empty")
+        batch, T = checked_batch(batch)
         requires = frozenset(loss_fn.requires)
         normalizer = loss_fn.global_normalizer(batch.tensors)
-        local = self._dp_slice(len(batch))
+        local = dp_slice(len(batch), self.world, self.rank)
         micro = self._micro_batches(local)
         ddp = self._train_module if self.world > 1 else None
 
-        loss_sum = torch.zeros((), dtype=torch.float32)
-        metric_sums: dict[str, torch.Tensor] = {}
+        sums = MetricSums()
         self.optimizer.zero_grad(set_to_none=True)
         for k, mb_idx in enumerate(micro):
             sync = ddp is None or k == len(micro) - 1
@@ -415,12 +376,7 @@ class HFBackend:
                 # DDP averages gradients over ranks; the loss is already a share of the global
                 # sum, so undo the average.
                 (loss * self.world).backward()
-            loss_sum += loss.detach().float()
-            for name, v in metrics.items():
-                v = v.detach().float()
-                if name in metric_sums:
-                    v = _combine(metric_reduce(name), metric_sums[name], v)
-                metric_sums[name] = v
+            sums.add_all(loss, metrics)
 
         if self._masters is not None:
             # Gradients go to the fp32 masters (clip, norm and AdamW all in fp32).
@@ -448,17 +404,8 @@ class HFBackend:
             "samples": float(len(batch)),
             "lr": self.optimizer.param_groups[0]["lr"],
         }
-        groups: dict[str, list[str]] = {}
-        for n in sorted(metric_sums):
-            groups.setdefault(metric_reduce(n), []).append(n)
-        sums = ["loss"] + groups.pop("sum", [])
-        metric_sums["loss"] = loss_sum
         # One collective per reduction kind (sum, max, min), each over a packed tensor.
-        for op, names in [("sum", sums), *groups.items()]:
-            packed = torch.stack([metric_sums[n].reshape(()) for n in names]).contiguous()
-            if self.world > 1:
-                dist.all_reduce(packed, op=_REDUCE_OPS[op])
-            result.update(zip(names, packed.tolist()))
+        result.update(reduce_metrics(sums, sorted(sums.values)))
         return result
 
     def export_weights(self, *, model: str = "policy") -> Iterator[tuple[str, torch.Tensor]]:

@@ -272,12 +272,7 @@ def validate(cfg: RunConfig) -> RunConfig:
         raise ConfigError("backend.lr must be > 0")
     if cfg.backend.micro_batch_size < 1:
         raise ConfigError("backend.micro_batch_size must be >= 1")
-    sched = lr_schedule(cfg)
-    for i, stage in enumerate(cfg.stages):
-        try:
-            sched.check(stage.steps * a.grpo.mini_batches)  # optimizer steps
-        except ConfigError as exc:
-            raise ConfigError(f"backend.{exc} (stages.{i})") from None
+    _validate_lr_schedule(cfg)
     m = cfg.backend.megatron
     if m.tensor_parallel < 1 or m.pipeline_parallel < 1:
         raise ConfigError("backend.megatron.tensor_parallel / pipeline_parallel must be >= 1")
@@ -314,6 +309,23 @@ def validate(cfg: RunConfig) -> RunConfig:
     return cfg
 
 
+def _validate_lr_schedule(cfg: RunConfig) -> None:
+    """`backend.lr_schedule` (the style is a Literal, checked when built): the warmup must end
+    inside every stage, counted in optimizer steps (mini_batches per rollout step)."""
+    s = cfg.backend.lr_schedule
+    if s.warmup_steps < 0:
+        raise ConfigError(f"backend.lr_schedule.warmup_steps={s.warmup_steps} must be >= 0")
+    if not 0.0 <= s.min_lr_ratio <= 1.0:
+        raise ConfigError(f"backend.lr_schedule.min_lr_ratio={s.min_lr_ratio} must be in [0, 1]")
+    for i, stage in enumerate(cfg.stages):
+        total = stage.steps * cfg.algorithm.grpo.mini_batches
+        if total > 0 and s.warmup_steps >= total:
+            raise ConfigError(
+                f"backend.lr_schedule.warmup_steps={s.warmup_steps} must be smaller than the stage's {total} "
+                f"optimizer steps (stages.{i})"
+            )
+
+
 def _validate_context(ctx, where: str) -> None:
     for k, d in enumerate(ctx.feedback_domains):
         if d not in DOMAINS:
@@ -341,11 +353,3 @@ def to_dict(cfg: Any) -> dict:
 
 def dump_yaml(cfg: Any) -> str:
     return yaml.safe_dump(to_dict(cfg), sort_keys=False)
-
-
-def lr_schedule(cfg):
-    """The backends' LRSchedule from `backend.lr_schedule`."""
-    from megatron_sdpo.backends.schedule import LRSchedule
-
-    s = cfg.backend.lr_schedule
-    return LRSchedule(style=s.style, warmup_steps=s.warmup_steps, min_lr_ratio=s.min_lr_ratio)

@@ -13,22 +13,12 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from backend_losses import WeightedNLL
 
 from megatron_sdpo.backends.base import SequenceBatch
 from megatron_sdpo.backends.tiny import save_tiny_qwen3
 
 TIMEOUT_S = 240
-
-
-class WeightedNLL:
-    requires = frozenset({"logprobs"})
-
-    def global_normalizer(self, tensors):
-        return tensors["loss_mask"].sum().clamp_min(1.0)
-
-    def __call__(self, outputs, tensors, normalizer):
-        m = tensors["loss_mask"]
-        return (-outputs["logprobs"] * tensors["advantages"][:, None] * m).sum() / normalizer, {"tokens": m.sum()}
 
 
 def make_batch(seed: int, B: int = 7) -> SequenceBatch:

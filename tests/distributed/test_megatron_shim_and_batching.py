@@ -73,12 +73,8 @@ def test_fp8_rounds_each_ranks_share_of_the_sequence_to_16():
     assert seq_len([[1] * 5], [[2] * 11], multiple=16) == 16
 
 
-def test_dp_slices_and_micro_batches():
-    from megatron_sdpo.backends.megatron.batching import dp_slice, micro_batches
-    from megatron_sdpo.errors import DataError
+def test_micro_batches():
+    from megatron_sdpo.backends.megatron.batching import micro_batches
 
-    assert [dp_slice(5, 2, r) for r in range(2)] == [[0, 1, 2], [3, 4]]
     assert micro_batches([0, 1, 2], 2, equal=False) == [[0, 1], [2]]
     assert micro_batches([0, 1, 2], 2, equal=True) == [[0, 1], [2, -1]]
-    with pytest.raises(DataError, match="smaller than the data-parallel"):
-        dp_slice(1, 2, 0)

@@ -176,3 +176,136 @@ def test_with_mini_batches_the_guard_reads_the_rollout_time_policy():
     trainer = Trainer(cfg, MiniBatchBackend([], shift=0.75), RecordingEngine([]), tok)
     with pytest.raises(RefitError, match="mean .* 0.75 > rollout.guard.max_mismatch 0.5"):
         trainer.step("math", records, seed=0)
+
+
+
+class ScriptedEngine:
+    """Answers sample j of prompt p with the text answer(p, j), j + 1 tokens of id 10 + j at
+    sampling logprob -(j + 1) / 2 each (ragged: the batch must pad them), truncated for j == 0;
+    records what the trainer hands it."""
+
+    def __init__(self, answer):
+        self.answer = answer
+        self.calls = {}
+
+    def generate(self, prompt_ids, sampling):
+        from megatron_sdpo.rollout.base import Completion
+
+        self.calls["generate"] = (prompt_ids, sampling)
+        return [
+            Completion(p, [10 + j] * (j + 1), [-0.5 * (j + 1)] * (j + 1), self.answer(p, j), j == 0)
+            for p in range(len(prompt_ids))
+            for j in range(sampling.n)
+        ]
+
+    def sleep(self):
+        pass
+
+    def wake(self):
+        pass
+
+    def update_weights(self, named_tensors):
+        self.calls["refit"] = list(named_tensors)
+
+
+class CapturingBackend:
+    """Records the batch and loss of each train_step and returns fixed step metrics; scores every
+    response token at log-prob -1/4."""
+
+    def __init__(self):
+        self.trained, self.scored = [], []
+        self.weights = [("w", torch.ones(3))]
+
+    def logprobs(self, batch, *, model="policy"):
+        self.scored.append(model)
+        return -0.25 * batch.response_mask()
+
+    def train_step(self, batch, loss_fn):
+        self.trained.append((batch, loss_fn))
+        return {"loss": 0.125, "grad_norm": 2.0, "refit/logprob_diff_mean": 0.0}
+
+    def export_weights(self, *, model="policy"):
+        assert model == "policy"
+        yield from self.weights
+
+
+@pytest.fixture(scope="module")
+def tok():
+    from megatron_sdpo.builders import load_tokenizer
+    from megatron_sdpo.models.tiny import ensure_tiny_base
+
+    return load_tokenizer(ensure_tiny_base())
+
+
+def _boxed(record) -> str:
+    return "\\boxed{%s}" % record["answer"]
+
+
+def test_step_passes_rollout_rewards_and_advantages_to_the_backend(tok):
+    """GRPO: what step hands from the engine to the verifier, the advantages, the backend's
+    train_step and back to the engine, and the metrics it reports."""
+    from megatron_sdpo.chat import encode_prompts
+    from megatron_sdpo.data.synthetic import generate
+    from megatron_sdpo.rollout.guard import SEQ_WEIGHT, TOKEN_WEIGHT, GuardedLoss
+
+    cfg = load_config("tiny", ["algorithm.prompts_per_step=2", "algorithm.group_size=4", "algorithm.grpo.norm_by_std=true"])
+    records = generate("math", "id", 2, 0)
+    # Sample 0 of each prompt answers it (reward 1), the others do not (reward 0).
+    wrong = ["no idea", "\\boxed{-7}", ""]
+    engine = ScriptedEngine(lambda p, j: _boxed(records[p]) if j == 0 else wrong[j - 1])
+    backend = CapturingBackend()
+    trainer = Trainer(cfg, backend, engine, tok)
+    out = trainer.step("math", records, seed=17, step=0)
+
+    prompts, sampling = engine.calls["generate"]
+    assert prompts == encode_prompts(tok, [r["prompt"] for r in records])
+    assert (sampling.n, sampling.seed, sampling.max_new_tokens) == (4, 17, cfg.rollout.max_new_tokens)
+    assert (sampling.temperature, sampling.top_p) == (cfg.rollout.temperature, cfg.rollout.top_p)
+
+    ((batch, loss_fn),) = backend.trained
+    assert loss_fn is trainer.loss_fn and isinstance(loss_fn, GuardedLoss)
+    assert batch.prompt_ids == [prompts[0]] * 4 + [prompts[1]] * 4
+    assert batch.response_ids == [[10 + j] * (j + 1) for j in range(4)] * 2
+    assert batch.teacher_prompt_ids is None
+    t = batch.tensors
+    mask = torch.tensor([[1.0] * (j + 1) + [0.0] * (3 - j) for j in range(4)] * 2)
+    assert torch.equal(t["loss_mask"], mask)
+    assert torch.equal(t["rollout_logprobs"], -0.5 * torch.tensor([1.0, 2.0, 3.0, 4.0] * 2)[:, None] * mask)
+    assert torch.equal(t[TOKEN_WEIGHT], mask / 20.0) and torch.equal(t[SEQ_WEIGHT], torch.full((8,), 1 / 8))
+    # Rewards [1, 0, 0, 0] in each group: mean 1/4, unbiased std 1/2, eps 1e-6.
+    hi, lo = 0.75 / (0.5 + 1e-6), -0.25 / (0.5 + 1e-6)
+    assert torch.allclose(t["advantages"], torch.tensor([hi, lo, lo, lo] * 2), rtol=1e-6, atol=0)
+
+    m = out.metrics
+    assert (m["reward_mean"], m["solve_rate"], m["response_len"], m["teacher_context_frac"]) == (0.25, 0.25, 2.5, 0.0)
+    assert m["reward_std"] == pytest.approx(float(torch.tensor([1.0, 0, 0, 0] * 2).std()))
+    assert (m["loss"], m["grad_norm"]) == (0.125, 2.0)  # the backend's step metrics, as returned
+    assert out.responses[4] == _boxed(records[1]) and out.truncated == [True, False, False, False] * 2
+    assert out.token_lengths == [1, 2, 3, 4] * 2 and out.has_context == [False] * 8
+    assert engine.calls["refit"] == backend.weights  # the policy's weights, after the update
+
+
+def test_sdpo_step_passes_the_teacher_prompts_and_the_distillation_mask(tok):
+    from megatron_sdpo.algorithms.losses import SDPOLoss
+    from megatron_sdpo.data.synthetic import generate
+
+    cfg = load_config("tiny_sdpo", ["algorithm.prompts_per_step=1", "algorithm.group_size=2"])
+    records = generate("math", "id", 1, 0)
+    engine = ScriptedEngine(lambda p, j: _boxed(records[p]) if j == 0 else "\\boxed{-7}")
+    backend = CapturingBackend()
+    trainer = Trainer(cfg, backend, engine, tok)
+    out = trainer.step("math", records, seed=3, step=0)
+
+    ((batch, loss_fn),) = backend.trained
+    assert isinstance(loss_fn.inner, SDPOLoss) and "advantages" not in batch.tensors  # no GRPO term
+    # The failed sample is re-prompted with its successful sibling; the teacher scores the
+    # student's own answer tokens.
+    assert out.has_context == [p is not None for p in batch.teacher_prompt_ids] and out.has_context[1]
+    assert _boxed(records[0]) in tok.decode(batch.teacher_prompt_ids[1])
+    # Distillation mask: the response tokens of the samples with a teacher context, nothing else.
+    has = torch.tensor([[float(h)] for h in out.has_context])
+    assert torch.equal(batch.tensors["loss_mask"], torch.tensor([[1.0, 0.0], [1.0, 1.0]]) * has)
+    assert out.metrics["teacher_context_frac"] == sum(out.has_context) / 2
+    # The teacher-signal diagnostic (due at step 0): the teacher's -1/4 per token against the
+    # unrewarded sample's rollout log-prob of -1 per token.
+    assert backend.scored == ["teacher"] and out.metrics["teacher/gain_unrewarded"] == 0.75

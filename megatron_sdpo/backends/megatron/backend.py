@@ -29,12 +29,21 @@ from typing import Iterator
 import torch
 import torch.distributed as dist
 
-from megatron_sdpo.backends.base import REQUIRES, LossFn, SequenceBatch, check_backend_args
+from megatron_sdpo.backends.base import REQUIRES, LossFn, SequenceBatch
+from megatron_sdpo.backends.common import (
+    MetricSums,
+    check_backend_args,
+    checked_batch,
+    dp_slice,
+    named_model,
+    reduce_metrics,
+    resolve_pad_id,
+)
 from megatron_sdpo.backends.megatron import batching, heads, vocab_parallel as vp
 from megatron_sdpo.backends.megatron.model import ModelOptions, build_model, weight_layout
 from megatron_sdpo.backends.megatron.parallel import ParallelConfig, group_device, init_distributed, initialize, launch_device
 from megatron_sdpo.backends.schedule import LRSchedule
-from megatron_sdpo.errors import ConfigError, DataError, require
+from megatron_sdpo.errors import ConfigError, require
 from megatron_sdpo.weights.plan import ModelSpec
 from megatron_sdpo.weights.transport import export_hf, load_hf
 
@@ -66,23 +75,6 @@ def _hf_tensors(model_path: str):
             return key in where
 
     return _Lazy()
-
-
-def _reduce_op(name: str) -> str:
-    """"max" for names ending in _max, "min" for _min, else "sum" (the losses' convention)."""
-    return "max" if name.endswith("_max") else "min" if name.endswith("_min") else "sum"
-
-
-def _accumulate(sums: dict, name: str, value: torch.Tensor) -> None:
-    v = value.detach().float().reshape(())
-    if name not in sums:
-        sums[name] = v
-    elif _reduce_op(name) == "max":
-        sums[name] = torch.maximum(sums[name], v)
-    elif _reduce_op(name) == "min":
-        sums[name] = torch.minimum(sums[name], v)
-    else:
-        sums[name] = sums[name] + v
 
 
 class MegatronBackend:
@@ -153,11 +145,7 @@ class MegatronBackend:
         lr_schedule.check()
         self.lr_schedule = lr_schedule
         self.step = 0
-        if pad_token_id is None:
-            pad_token_id = hf_config.pad_token_id if hf_config.pad_token_id is not None else hf_config.eos_token_id
-        if isinstance(pad_token_id, (list, tuple)):
-            pad_token_id = pad_token_id[0]
-        self.pad_token_id = int(pad_token_id) if pad_token_id is not None else 0
+        self.pad_token_id = resolve_pad_id(pad_token_id, hf_config)
 
         self.tp_rank, self.pp_rank = ps.get_tensor_model_parallel_rank(), ps.get_pipeline_model_parallel_rank()
         self.dp_rank = ps.get_data_parallel_rank()
@@ -182,38 +170,6 @@ class MegatronBackend:
             from megatron_sdpo.backends.megatron.teacher_state import FP32TeacherShadow
 
             self.teacher_fp32 = FP32TeacherShadow(self._params("teacher"))
-
-    @classmethod
-    def from_config(cls, cfg, model_path: str, *, pad_token_id: int | None = None) -> "MegatronBackend":
-        """Build from a RunConfig (`backend.*`, `backend.megatron.*`, `algorithm`, `seed`)."""
-        from megatron_sdpo.backends.megatron.precision import PrecisionConfig
-        from megatron_sdpo.config.algorithm_spec import algorithm_spec
-        from megatron_sdpo.config.loader import lr_schedule
-
-        b, m = cfg.backend, cfg.backend.megatron
-        if not m.fp8.keep_lm_head_bf16:
-            raise ConfigError("backend.megatron.fp8.keep_lm_head_bf16=False: the LM head is never FP8 here")
-        recipe = None if m.fp8.recipe == "none" else m.fp8.recipe
-        options = ModelOptions(
-            precision=PrecisionConfig(params=m.params_dtype, fp8=recipe, fp8_format=m.fp8.fp8_format if recipe else None),
-            sequence_parallel=m.sequence_parallel,
-            recompute=None if m.recompute == "none" else m.recompute,
-        )
-        return cls(
-            model_path,
-            lr=b.lr,
-            micro_batch_size=b.micro_batch_size,
-            lr_schedule=lr_schedule(cfg),
-            parallel=ParallelConfig(tp=m.tensor_parallel, pp=m.pipeline_parallel, sequence_parallel=m.sequence_parallel),
-            options=options,
-            weight_decay=b.weight_decay,
-            grad_clip=b.grad_clip,
-            seed=cfg.seed,
-            with_teacher=algorithm_spec(cfg.algorithm.name).uses_teacher,
-            with_reference=cfg.algorithm.grpo.kl_coef > 0 or cfg.diagnostics.enabled,
-            distributed_optimizer=m.distributed_optimizer,
-            pad_token_id=pad_token_id,
-        )
 
     # ------------------------------------------------------------------ setup
     def _build(self, hf, trainable: bool):
@@ -275,20 +231,9 @@ class MegatronBackend:
         )
 
     def _model(self, name: str):
-        m = {"policy": self.policy, "teacher": self.teacher, "reference": self.reference}.get(name, "?")
-        if m == "?":
-            raise ConfigError(f"model must be 'policy', 'teacher' or 'reference', got {name!r}")
-        if m is None:
-            raise ConfigError(f"this backend was built without a {name} model")
-        return m
+        return named_model(name, {"policy": self.policy, "teacher": self.teacher, "reference": self.reference})
 
     # ------------------------------------------------------------------ batches
-    def _check(self, batch: SequenceBatch) -> tuple[SequenceBatch, int]:
-        T = batch.max_response_len
-        if T == 0:
-            raise DataError("every response in the batch is empty")
-        return batch.checked(), T
-
     def _micro(
         self, batch: SequenceBatch, T: int, prompts: list[list[int]], local: list[int], riders: tuple = ()
     ) -> tuple[list[dict], int]:
@@ -361,8 +306,8 @@ class MegatronBackend:
     def logprobs(self, batch: SequenceBatch, *, model: str = "policy") -> torch.Tensor:
         """[B, T] fp32 logprobs of the responses under `model`, on every rank (padding columns 0).
         The teacher reads `teacher_prompt_ids` where given."""
-        batch, T = self._check(batch)
-        local = batching.dp_slice(len(batch), self.layout.dp, self.dp_rank)
+        batch, T = checked_batch(batch)
+        local = dp_slice(len(batch), self.layout.dp, self.dp_rank)
         prompts = batch.teacher_prompts() if model == "teacher" else batch.prompt_ids
         micro, S = self._micro(batch, T, prompts, local)
 
@@ -388,7 +333,7 @@ class MegatronBackend:
         "samples", <loss metrics summed over the batch>}, identical on every rank."""
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
-        batch, T = self._check(batch)
+        batch, T = checked_batch(batch)
         requires = frozenset(loss_fn.requires)
         unknown = requires - REQUIRES
         if unknown:
@@ -396,7 +341,7 @@ class MegatronBackend:
         if "ref_logprobs" in requires and self.reference is None:
             raise ConfigError("the loss needs 'ref_logprobs' but the backend has no reference model")
         normalizer = loss_fn.global_normalizer(batch.tensors).float().to(self.device)
-        local = batching.dp_slice(len(batch), self.layout.dp, self.dp_rank)
+        local = dp_slice(len(batch), self.layout.dp, self.dp_rank)
         riders: list[tuple[str, object, list]] = []
         if requires & _TEACHER_OUTPUTS:
             riders.append(("teacher", self._model("teacher"), batch.teacher_prompts()))
@@ -404,7 +349,7 @@ class MegatronBackend:
             riders.append(("reference", self.reference, batch.prompt_ids))
         micro, S = self._micro(batch, T, batch.prompt_ids, local, tuple(r[2] for r in riders))
         scale = float(len(micro) * self.layout.dp)
-        sums: dict[str, torch.Tensor] = {}
+        sums = MetricSums()
         policy = self.policy.module
         first, last = self._ps.is_pipeline_first_stage(), self._ps.is_pipeline_last_stage()
         from_hidden = "fused_kl" in requires and self.fused_kl == "kernel"
@@ -413,9 +358,7 @@ class MegatronBackend:
 
         def finish(mb, outputs):
             loss, metrics = loss_fn(outputs, mb["tensors"], normalizer)
-            _accumulate(sums, "loss", loss)
-            for name, v in metrics.items():
-                _accumulate(sums, name, v)
+            sums.add_all(loss, metrics)
             # The schedule divides by the micro-batch count and DDP averages over DP: undo both.
             return loss * scale, {}
 
@@ -517,26 +460,15 @@ class MegatronBackend:
                 out["fused_kl"] = kl.view(b, T)
         return out
 
-    def _reduce_metrics(self, sums: dict, grad_norm, ok: bool, n: int) -> dict[str, float]:
+    def _reduce_metrics(self, sums: MetricSums, grad_norm, ok: bool, n: int) -> dict[str, float]:
         """Combine metric shares over the last stages' DP ranks (sum / max / min per
         `metric_reduce`); every rank gets the result."""
         last = self._ps.is_pipeline_last_stage() and self.tp_rank == 0
         # Only last stages ran the loss: share the metric names so every rank joins each reduce.
         gathered = [None] * dist.get_world_size()
-        dist.all_gather_object(gathered, sorted(sums) if last else None)
+        dist.all_gather_object(gathered, sorted(sums.values) if last else None)
         names = next((x for x in gathered if x is not None), ["loss"])
-        out: dict[str, float] = {}
-        for op, ident in (("sum", 0.0), ("max", float("-inf")), ("min", float("inf"))):
-            group = [k for k in names if _reduce_op(k) == op]
-            if not group:
-                continue
-            if last:
-                vals = torch.stack([sums[k] for k in group]).to(self.comm_device)
-            else:
-                vals = torch.full((len(group),), ident, dtype=torch.float32, device=self.comm_device)
-            vals = vals.contiguous()
-            dist.all_reduce(vals, op={"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}[op])
-            out.update(zip(group, vals.tolist()))
+        out = reduce_metrics(sums if last else None, names, self.comm_device)
         out["grad_norm"] = float(grad_norm) if grad_norm is not None else float("nan")
         out["skipped"] = 0.0 if ok else 1.0
         out["samples"] = float(n)

@@ -66,15 +66,6 @@ def build_rows(
     return Rows(as_long(tokens), positions, as_long(gather), as_long(targets))
 
 
-def dp_slice(n: int, dp: int, rank: int) -> list[int]:
-    """Contiguous near-equal split of n samples over dp ranks (the HF backend's order)."""
-    if n < dp:
-        raise DataError(f"global batch of {n} samples is smaller than the data-parallel size {dp}")
-    base, extra = divmod(n, dp)
-    start = rank * base + min(rank, extra)
-    return list(range(start, start + base + (1 if rank < extra else 0)))
-
-
 def micro_batches(idx: list[int], size: int, equal: bool) -> list[list[int]]:
     """Split `idx` into micro-batches of `size`; with `equal` the last one is padded with -1
     (a dummy row whose tensors are zero), as the pipeline schedule needs one shape."""

@@ -7,26 +7,13 @@ import shutil
 
 import pytest
 import torch
+from backend_losses import WeightedNLL
 from transformers import AutoModelForCausalLM
 
 from megatron_sdpo.backends.base import SequenceBatch
 from megatron_sdpo.backends.hf import HFBackend
 from megatron_sdpo.backends.tiny import save_tiny_qwen3
 from megatron_sdpo.errors import CheckpointError, ConfigError, DataError
-
-
-class WeightedNLL:
-    """sum(-adv * logprob * loss_mask) / (loss tokens of the global batch)."""
-
-    requires = frozenset({"logprobs"})
-
-    def global_normalizer(self, tensors):
-        return tensors["loss_mask"].sum().clamp_min(1.0)
-
-    def __call__(self, outputs, tensors, normalizer):
-        m = tensors["loss_mask"]
-        per_tok = -outputs["logprobs"] * tensors["advantages"][:, None] * m
-        return per_tok.sum() / normalizer, {"tokens": m.sum()}
 
 
 def make_batch(seed: int, B: int = 7, vocab: int = 300, with_teacher: bool = False) -> SequenceBatch:

@@ -6,30 +6,17 @@ does not move. The fp32 state must, and the bf16 teacher must be the one roundin
 """
 import pytest
 import torch
-
-from megatron_sdpo.backends.hf import HFBackend
-from megatron_sdpo.backends.tiny import save_tiny_qwen3
+from backend_losses import WeightedNLL
 
 from megatron_sdpo.backends.base import SequenceBatch
+from megatron_sdpo.backends.hf import HFBackend
+from megatron_sdpo.backends.tiny import save_tiny_qwen3
 
 # One fp32 rounding per lerp on both sides (identical operations): the difference is at most a
 # few fp32 ULPs of the weight magnitude.
 FP32_RTOL = 4 * torch.finfo(torch.float32).eps
 # Rounding to nearest bf16 is off by at most half a ULP = 2**-8 relative (8 stored mantissa bits).
 BF16_REL = 2.0**-8
-
-
-class WeightedNLL:
-    """sum(-adv * logprob * loss_mask) / (loss tokens of the batch)."""
-
-    requires = frozenset({"logprobs"})
-
-    def global_normalizer(self, tensors):
-        return tensors["loss_mask"].sum().clamp_min(1.0)
-
-    def __call__(self, outputs, tensors, normalizer):
-        m = tensors["loss_mask"]
-        return (-outputs["logprobs"] * tensors["advantages"][:, None] * m).sum() / normalizer, {}
 
 
 def make_batch(seed: int, B: int = 6, vocab: int = 300) -> SequenceBatch:

@@ -40,6 +40,23 @@ def test_config_rejects_warmup_longer_than_a_stage():
 
     with pytest.raises(ConfigError, match=r"backend.lr_schedule.warmup_steps=40 .* \(stages.0\)"):
         load_config("tiny", ["backend.lr_schedule.warmup_steps=40"])
+    # Counted in optimizer steps: 4 mini-batches a rollout step make room for 39 warmup steps.
+    load_config("tiny", ["backend.lr_schedule.warmup_steps=39", "algorithm.grpo.mini_batches=4"])
+
+
+@pytest.mark.parametrize(
+    "override, match",
+    [
+        ("backend.lr_schedule.warmup_steps=-1", "warmup_steps=-1 must be >= 0"),
+        ("backend.lr_schedule.min_lr_ratio=1.5", r"min_lr_ratio=1.5 must be in \[0, 1\]"),
+        ("backend.lr_schedule.style=step", "backend.lr_schedule.style"),
+    ],
+)
+def test_config_rejects_a_malformed_schedule(override, match):
+    from megatron_sdpo.config.loader import load_config
+
+    with pytest.raises(ConfigError, match=match):
+        load_config("tiny", [override])
 
 
 @pytest.mark.megatron
@@ -63,7 +80,8 @@ def test_equals_megatron_optimizer_param_scheduler(style, warmup):
 def test_hf_backend_follows_the_schedule(tmp_path):
     from megatron_sdpo.backends.hf import HFBackend
     from megatron_sdpo.backends.tiny import save_tiny_qwen3
-    from test_hf_backend import WeightedNLL, make_batch
+    from backend_losses import WeightedNLL
+    from test_hf_backend import make_batch
 
     s = LRSchedule("cosine", warmup_steps=1, min_lr_ratio=0.5)
     be = HFBackend(save_tiny_qwen3(tmp_path, seed=0), lr=1e-3, micro_batch_size=8, lr_schedule=s, with_teacher=False)

@@ -1,6 +1,7 @@
 """HF generate engine: sampling logprobs agree with the trainer, weight sync, grouping, stops."""
 import pytest
 import torch
+from backend_losses import ResponseNLL
 
 from megatron_sdpo.backends.base import SequenceBatch
 from megatron_sdpo.backends.hf import HFBackend
@@ -59,16 +60,7 @@ def test_logprobs_match_after_weight_update(model_dir):
     engine = make_engine("hf", model_path=model_dir, seed=1, max_model_len=64)
     backend = HFBackend(model_dir, lr=5e-2, micro_batch_size=4)
 
-    class NLL:
-        requires = frozenset({"logprobs"})
-
-        def global_normalizer(self, tensors):
-            return tensors["response_mask"].sum()
-
-        def __call__(self, outputs, tensors, normalizer):
-            return -(outputs["logprobs"] * tensors["response_mask"]).sum() / normalizer, {}
-
-    backend.train_step(SequenceBatch(PROMPTS, [[3, 4, 5]] * 4), NLL())
+    backend.train_step(SequenceBatch(PROMPTS, [[3, 4, 5]] * 4), ResponseNLL())
     cfg = SamplingConfig(n=2, max_new_tokens=8)
     before = engine.generate(PROMPTS, cfg)
     batch, _ = trainer_logits(backend, before, PROMPTS)

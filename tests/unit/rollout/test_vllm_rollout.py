@@ -3,6 +3,7 @@ weight update pushed through export_weights -> update_weights. One engine per mo
 takes ~20 s)."""
 import pytest
 import torch
+from backend_losses import ResponseNLL
 
 from megatron_sdpo.backends.base import SequenceBatch
 from megatron_sdpo.backends.hf import HFBackend
@@ -12,16 +13,6 @@ from megatron_sdpo.rollout import SamplingConfig
 from megatron_sdpo.rollout.vllm import layer_buckets
 
 PROMPTS = [[5, 6, 7], [10, 11, 12, 13, 14], [9], [200, 201]]
-
-
-class NLL:
-    requires = frozenset({"logprobs"})
-
-    def global_normalizer(self, tensors):
-        return tensors["response_mask"].sum()
-
-    def __call__(self, outputs, tensors, normalizer):
-        return -(outputs["logprobs"] * tensors["response_mask"]).sum() / normalizer, {}
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +48,7 @@ def test_vllm_logprobs_match_backend_before_and_after_update(setup):
 
     # Streamed update (one call), then layer-aligned buckets: both must land every tensor.
     for bucket_bytes in (None, 100_000):
-        backend.train_step(SequenceBatch(PROMPTS, [[3, 4, 5]] * 4), NLL())
+        backend.train_step(SequenceBatch(PROMPTS, [[3, 4, 5]] * 4), ResponseNLL())
         stale = engine.generate(PROMPTS, cfg)
         batch = SequenceBatch([PROMPTS[c.prompt_index] for c in stale], [c.token_ids for c in stale])
         lp = backend.logprobs(batch)

@@ -1,0 +1,30 @@
+"""Small LossFns (backends/base.py) that the backend and rollout tests train with.
+
+Importable from every test folder: pytest puts tests/ (the conftest's folder) on sys.path.
+"""
+
+
+class WeightedNLL:
+    """sum(-adv * logprob * loss_mask) / (loss tokens of the global batch); metric "tokens"."""
+
+    requires = frozenset({"logprobs"})
+
+    def global_normalizer(self, tensors):
+        return tensors["loss_mask"].sum().clamp_min(1.0)
+
+    def __call__(self, outputs, tensors, normalizer):
+        m = tensors["loss_mask"]
+        per_tok = -outputs["logprobs"] * tensors["advantages"][:, None] * m
+        return per_tok.sum() / normalizer, {"tokens": m.sum()}
+
+
+class ResponseNLL:
+    """Mean negative log-likelihood of the response tokens (needs only the response mask)."""
+
+    requires = frozenset({"logprobs"})
+
+    def global_normalizer(self, tensors):
+        return tensors["response_mask"].sum()
+
+    def __call__(self, outputs, tensors, normalizer):
+        return -(outputs["logprobs"] * tensors["response_mask"]).sum() / normalizer, {}
