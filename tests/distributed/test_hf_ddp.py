@@ -22,6 +22,8 @@ TIMEOUT_S = 240
 
 class WeightedNLL:
     requires = frozenset({"logprobs"})
+    distillation = None  # the LossFn protocol: this loss does not distill
+    on_policy = False
 
     def global_normalizer(self, tensors):
         return tensors["loss_mask"].sum().clamp_min(1.0)

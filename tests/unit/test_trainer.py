@@ -80,6 +80,8 @@ class RecordingEngine:
 
 
 class RecordingBackend:
+    topk_source = "logits"  # the Backend capability the trainer builds its loss for
+
     def __init__(self, log):
         self.log = log
 

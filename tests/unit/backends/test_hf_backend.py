@@ -19,6 +19,8 @@ class WeightedNLL:
     """sum(-adv * logprob * loss_mask) / (loss tokens of the global batch)."""
 
     requires = frozenset({"logprobs"})
+    distillation = None  # the LossFn protocol: this loss does not distill
+    on_policy = False
 
     def global_normalizer(self, tensors):
         return tensors["loss_mask"].sum().clamp_min(1.0)
