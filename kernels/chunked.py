@@ -5,19 +5,18 @@ parallel) and returns fp32 per-token statistics; ``fused.py`` combines them acro
 wraps them in autograd. Peak extra memory is a few ``[token_chunk, vocab_chunk]`` fp32 tiles plus
 the fp32 weight-gradient accumulator.
 
-Gradient of the per-token loss with respect to the student logits z (before the 1/T factor),
-with a = log s, b = log q, R a per-token scalar saved from the forward:
-    alpha = 0:  s - q
-    alpha = 1:  s * (a - b - R),               R = KL(s || q)
-    else:       (1 - alpha) * s * (a - log m - R), R = KL(s || M)
-and for labels/entropy: g_lp * (onehot - s) - g_H * s * (a + H).
+The divergence and its gradient with respect to the student logits are the tile-level pieces of
+`megatron_sdpo.algorithms.divergence` (`jsd_part_sums`, `jsd_logit_grad`); only the tiling, the
+online log-sum-exp and the GEMMs live here. For labels/entropy the logit gradient is
+g_lp * (onehot - s) - g_H * s * (a + H).
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
+
+from megatron_sdpo.algorithms.divergence import jsd_logit_grad, jsd_part_sums
 
 NEG_INF = float("-inf")
 
@@ -102,21 +101,14 @@ def kl_parts(
     n, v = hs.shape[0], ws.shape[0]
     inv_t = 1.0 / temperature
     out = torch.zeros(2, n, dtype=torch.float32, device=hs.device)
-    log_1ma = math.log1p(-alpha) if alpha < 1.0 else NEG_INF
-    log_a = math.log(alpha) if alpha > 0.0 else NEG_INF
     for i0, i1 in _ranges(n, chunks.tokens):
         hs_c, ht_c = hs[i0:i1].float(), ht[i0:i1].float()
         lse_s, lse_t = lse[0, i0:i1], lse[1, i0:i1]
         for j0, j1 in _ranges(v, chunks.vocab):
             a, b = _log_probs_tile(hs_c, ht_c, ws, wt, j0, j1, inv_t, lse_s, lse_t)
-            if alpha == 0.0:
-                out[1, i0:i1] += (b.exp() * (b - a)).sum(-1)
-            elif alpha == 1.0:
-                out[0, i0:i1] += (a.exp() * (a - b)).sum(-1)
-            else:
-                log_m = torch.logaddexp(a + log_1ma, b + log_a)
-                out[0, i0:i1] += (a.exp() * (a - log_m)).sum(-1)
-                out[1, i0:i1] += (b.exp() * (b - log_m)).sum(-1)
+            p_s, p_q = jsd_part_sums(a, b, alpha)
+            out[0, i0:i1] += p_s
+            out[1, i0:i1] += p_q
     return out
 
 
@@ -136,16 +128,14 @@ def kl_backward(
 ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """Recompute tiles and accumulate the student gradients in fp32.
 
-    Args: ``lse`` ``[2, N]`` global; ``resid`` ``[N]`` the R of the module docstring;
-    ``coef`` ``[N]`` = grad_output * mask / T (times (1 - alpha) for the mixture).
+    Args: ``lse`` ``[2, N]`` global; ``resid`` ``[N]`` the complete P_s of ``kl_parts``;
+    ``coef`` ``[N]`` = grad_output * mask / T * ``jsd_grad_scale(alpha)``.
     Returns: (``dh [N, H]`` partial over the local vocabulary, ``dw [V_local, H]``), fp32.
     """
     n, v = hs.shape[0], ws.shape[0]
     inv_t = 1.0 / temperature
     dh = torch.zeros(hs.shape, dtype=torch.float32, device=hs.device) if need_dh else None
     dw = torch.zeros(ws.shape, dtype=torch.float32, device=hs.device) if need_dw else None
-    log_1ma = math.log1p(-alpha) if alpha < 1.0 else NEG_INF
-    log_a = math.log(alpha) if alpha > 0.0 else NEG_INF
     for i0, i1 in _ranges(n, chunks.tokens):
         hs_c, ht_c = hs[i0:i1].float(), ht[i0:i1].float()
         lse_s, lse_t = lse[0, i0:i1], lse[1, i0:i1]
@@ -153,13 +143,7 @@ def kl_backward(
         r = resid[i0:i1].unsqueeze(-1)
         for j0, j1 in _ranges(v, chunks.vocab):
             a, b = _log_probs_tile(hs_c, ht_c, ws, wt, j0, j1, inv_t, lse_s, lse_t)
-            if alpha == 0.0:
-                gz = (a.exp() - b.exp()).mul_(c)
-            elif alpha == 1.0:
-                gz = a.exp().mul_(a - b - r).mul_(c)
-            else:
-                log_m = torch.logaddexp(a + log_1ma, b + log_a)
-                gz = a.exp().mul_(a - log_m - r).mul_(c)
+            gz = jsd_logit_grad(a, b, alpha, r).mul_(c)
             if dh is not None:
                 dh[i0:i1] += gz @ ws[j0:j1].float()
             if dw is not None:

@@ -16,6 +16,7 @@ import types
 
 import torch
 
+from megatron_sdpo.algorithms.divergence import combine_jsd_parts, jsd_grad_scale
 from megatron_sdpo.errors import ConfigError
 
 from . import chunked
@@ -54,12 +55,8 @@ class _LinearKL(torch.autograd.Function):
         with torch.no_grad():
             lse = combine_lse(gather_stats(engine.kl_stats(hs, ht, ws, wt, temperature, **kw), group))
             parts = all_reduce_sum(engine.kl_parts(hs, ht, ws, wt, temperature, lse, alpha, **kw), group)
-            if alpha == 0.0:
-                loss = parts[1].clone()
-            elif alpha == 1.0:
-                loss = parts[0].clone()
-            else:
-                loss = (1.0 - alpha) * parts[0] + alpha * parts[1]
+            # A fresh tensor: `parts` is saved for the backward and must not alias the output.
+            loss = combine_jsd_parts(parts[0], parts[1], alpha).clone()
             if mask is not None:
                 loss = torch.where(mask, loss, torch.zeros_like(loss))
         ctx.save_for_backward(hs, ht, ws, wt, lse, parts[0].contiguous(), mask)
@@ -73,9 +70,7 @@ class _LinearKL(torch.autograd.Function):
         need_dh, need_dw = ctx.needs_input_grad[0], ctx.needs_input_grad[2]
         if not (need_dh or need_dw):
             return (None,) * 10
-        coef = grad_loss.float() / temperature
-        if 0.0 < alpha < 1.0:
-            coef = coef * (1.0 - alpha)
+        coef = grad_loss.float() / temperature * jsd_grad_scale(alpha)
         if mask is not None:
             coef = torch.where(mask, coef, torch.zeros_like(coef))
         dh, dw = engine.kl_backward(

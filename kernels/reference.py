@@ -4,19 +4,16 @@ Everything here materializes full ``[N, V]`` fp32 logits and lets torch autograd
 backward. It exists to define the numbers the chunked and Triton paths must reproduce, and to be
 the readable statement of the maths; never use it at scale.
 
-Loss convention (the generalized JSD of the SDPO/GKD papers, per token, s = student, q = teacher):
-
-    M = (1 - alpha) * s + alpha * q
-    loss = (1 - alpha) * KL(s || M) + alpha * KL(q || M)
-
-alpha = 0 is computed exactly as the forward KL(q || s) and alpha = 1 as the reverse KL(s || q)
-(the mixture formula degenerates to 0 at the endpoints, so they are special-cased, not limits).
+The divergence is `megatron_sdpo.algorithms.divergence.generalized_jsd` (the generalized JSD of
+the SDPO/GKD papers; alpha = 0 the forward KL(q || s), alpha = 1 the reverse KL(s || q)): this
+module only adds the LM head, the temperature and the log-softmax around it, so the engines are
+tested against that one definition.
 """
 from __future__ import annotations
 
-import math
-
 import torch
+
+from megatron_sdpo.algorithms.divergence import generalized_jsd
 
 from .validation import check_kl_inputs, check_logprob_inputs
 
@@ -25,29 +22,6 @@ def _logits_fp32(hidden: torch.Tensor, weight: torch.Tensor, temperature: float)
     # Upcast before the GEMM: a bf16 GEMM output rounded before the fp32 cast loses the
     # small logit differences the KL is made of.
     return (hidden.float() @ weight.float().t()) / temperature
-
-
-def generalized_jsd_from_logprobs(
-    student_logp: torch.Tensor, teacher_logp: torch.Tensor, alpha: float
-) -> torch.Tensor:
-    """Per-row generalized JSD between two log-distributions.
-
-    Args:
-        student_logp: ``[N, V]`` fp32 log-probabilities of the student.
-        teacher_logp: ``[N, V]`` fp32 log-probabilities of the teacher.
-        alpha: interpolation in ``[0, 1]`` (0 forward KL(q||s), 1 reverse KL(s||q)).
-
-    Returns:
-        ``[N]`` fp32 loss per row.
-    """
-    if alpha == 0.0:
-        return (teacher_logp.exp() * (teacher_logp - student_logp)).sum(-1)
-    if alpha == 1.0:
-        return (student_logp.exp() * (student_logp - teacher_logp)).sum(-1)
-    log_m = torch.logaddexp(student_logp + math.log1p(-alpha), teacher_logp + math.log(alpha))
-    kl_s = (student_logp.exp() * (student_logp - log_m)).sum(-1)
-    kl_q = (teacher_logp.exp() * (teacher_logp - log_m)).sum(-1)
-    return (1.0 - alpha) * kl_s + alpha * kl_q
 
 
 def reference_linear_kl(
@@ -67,7 +41,7 @@ def reference_linear_kl(
         teacher_hidden: ``[N, H]`` teacher hidden states (treated as constant).
         student_weight: ``[V, H]`` student LM head (gets gradients).
         teacher_weight: ``[V, H]`` teacher LM head (treated as constant).
-        alpha: see the module docstring.
+        alpha: in [0, 1]; see `megatron_sdpo.algorithms.divergence`.
         temperature: logits are divided by it for both models.
         mask: optional ``[N]`` bool; masked-out tokens get loss 0 and no gradient.
 
@@ -78,7 +52,7 @@ def reference_linear_kl(
     s_logp = torch.log_softmax(_logits_fp32(student_hidden, student_weight, temperature), dim=-1)
     with torch.no_grad():
         t_logp = torch.log_softmax(_logits_fp32(teacher_hidden, teacher_weight, temperature), dim=-1)
-    loss = generalized_jsd_from_logprobs(s_logp, t_logp, float(alpha))
+    loss = generalized_jsd(s_logp, t_logp, float(alpha))
     if mask is not None:
         loss = torch.where(mask, loss, torch.zeros_like(loss))
     return loss

@@ -11,14 +11,18 @@ and nothing synchronizes with the host.
 On CPU the kernels run only under ``TRITON_INTERPRET=1`` (tests); there ``tl.dot`` on bf16 is
 wrong, so operands are cast to fp32 first (``DOT_FP32``), which on a GPU would waste the tensor
 cores and is therefore only used for fp32 inputs (with IEEE precision, no TF32).
+
+The kernel bodies necessarily restate the generalized JSD (``_kl_parts_kernel``) and its logit
+gradient (``_kl_bwd_kernel``) of ``megatron_sdpo.algorithms.divergence``, the one definition;
+tests/kernels hold them to it through the reference engine.
 """
 from __future__ import annotations
 
-import math
 import os
 
 import torch
 
+from megatron_sdpo.algorithms.divergence import mixture_log_coefs
 from megatron_sdpo.errors import MissingDependencyError, UserError
 
 try:
@@ -260,7 +264,7 @@ def _mode(alpha: float) -> tuple[int, float, float]:
         return 0, 0.0, 0.0
     if alpha == 1.0:
         return 1, 0.0, 0.0
-    return 2, math.log1p(-alpha), math.log(alpha)
+    return 2, *mixture_log_coefs(alpha)
 
 
 def _rowmajor(*tensors: torch.Tensor) -> list[torch.Tensor]:

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
+from megatron_sdpo.algorithms.distillation import TopkSource
 from megatron_sdpo.backends.base import SequenceBatch
 from megatron_sdpo.chat import encode_prompts
 from megatron_sdpo.config.algorithm_spec import algorithm_spec
@@ -28,8 +29,10 @@ def pad_2d(rows: list[list[float]], width: int, value: float = 0.0) -> torch.Ten
     return out
 
 
-def build_loss(cfg: RunConfig):
-    """The LossFn for the configured algorithm (see megatron_sdpo.algorithms.losses)."""
+def build_loss(cfg: RunConfig, *, topk_source: TopkSource):
+    """The LossFn for the configured algorithm (see megatron_sdpo.algorithms.losses), for a
+    backend whose capability `topk_source` ("logits" or "shards", `Backend.topk_source`) says
+    where it picks the student's top-k ids."""
     from megatron_sdpo.algorithms import losses
 
     a = cfg.algorithm
@@ -55,8 +58,8 @@ def build_loss(cfg: RunConfig):
         kernel_impl=cfg.kernel.impl,
         chunk_tokens=cfg.kernel.chunk_tokens,
         chunk_vocab=cfg.kernel.chunk_vocab,
-        # Megatron keeps logits vocab-sharded: it hands the loss the top-k log-probabilities.
-        topk_source="shards" if cfg.backend.name == "megatron" and s.topk is not None and s.variant == "logits" else "logits",
+        # Only the logits top-k path has ids to pick.
+        topk_source=topk_source if s.topk is not None and s.variant == "logits" else "logits",
     )
     if spec.uses_advantages:  # both terms: lam * GRPO + (1 - lam) * SDPO
         return losses.HybridLoss(sdpo=sdpo, grpo=grpo, lam=s.hybrid_lambda)
@@ -91,15 +94,14 @@ class Trainer:
             else None
         )
 
-    @staticmethod
-    def _loss(cfg: RunConfig):
-        """The configured loss. With one optimizer step per rollout batch its own forward pass
-        also measures how far the engine's logprobs are off (rollout/guard.py); with several,
-        the guard reads the old log-probabilities computed before the first step instead (later
-        steps see a policy that has already moved)."""
+    def _loss(self, cfg: RunConfig):
+        """The configured loss, for this trainer's backend. With one optimizer step per rollout
+        batch its own forward pass also measures how far the engine's logprobs are off
+        (rollout/guard.py); with several, the guard reads the old log-probabilities computed
+        before the first step instead (later steps see a policy that has already moved)."""
         from megatron_sdpo.rollout.guard import GuardedLoss
 
-        loss = build_loss(cfg)
+        loss = build_loss(cfg, topk_source=self.backend.topk_source)
         return GuardedLoss(loss) if cfg.algorithm.grpo.mini_batches == 1 else loss
 
     def configure(self, cfg: RunConfig) -> None:

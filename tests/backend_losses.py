@@ -8,6 +8,8 @@ class WeightedNLL:
     """sum(-adv * logprob * loss_mask) / (loss tokens of the global batch); metric "tokens"."""
 
     requires = frozenset({"logprobs"})
+    distillation = None  # the LossFn protocol: these losses do not distill
+    on_policy = False
 
     def global_normalizer(self, tensors):
         return tensors["loss_mask"].sum().clamp_min(1.0)
@@ -22,6 +24,8 @@ class ResponseNLL:
     """Mean negative log-likelihood of the response tokens (needs only the response mask)."""
 
     requires = frozenset({"logprobs"})
+    distillation = None  # the LossFn protocol: these losses do not distill
+    on_policy = False
 
     def global_normalizer(self, tensors):
         return tensors["response_mask"].sum()

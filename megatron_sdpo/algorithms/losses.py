@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from megatron_sdpo.algorithms.distillation import DistillationSpec
 from megatron_sdpo.algorithms.grpo import policy_loss
 from megatron_sdpo.algorithms.sdpo import (
     importance_weights,
@@ -88,6 +89,7 @@ class GRPOLoss:
         self.kl_coef, self.tis_cap = float(kl_coef), tis_cap
         self.mask_key, self.on_policy = mask_key, on_policy
         self.requires = frozenset({"logprobs", "ref_logprobs"} if kl_coef > 0 else {"logprobs"})
+        self.distillation: DistillationSpec | None = None
 
     def global_normalizer(self, tensors: dict[str, torch.Tensor]) -> torch.Tensor:
         """fp32 count of loss tokens in `tensors` (call on the global batch)."""
@@ -133,6 +135,12 @@ class SDPOLoss:
         topk_source: with topk, "logits" (the loss picks the ids from [B, T, V] logits) or
             "shards" (the backend computes the k ids' log-probabilities from vocab-sharded
             logits: requires "topk_logprobs" and "teacher_topk_logprobs"; megatron TP).
+        fused, kernel_impl, chunk_tokens, chunk_vocab: the fused-kernel path (see
+            `DistillationSpec`); requires "fused_kl", which the backend fills.
+
+    Attributes:
+        distillation: the `DistillationSpec` built from these arguments, the only thing a
+            backend reads off this loss (besides `requires`).
     """
 
     def __init__(
@@ -159,38 +167,47 @@ class SDPOLoss:
             raise ConfigError("kernel.fused_kl is the full-vocabulary path: it needs sdpo.variant=logits and sdpo.topk=null")
         if variant not in SDPO_VARIANTS:
             raise ConfigError(f"sdpo.variant must be one of {', '.join(SDPO_VARIANTS)}, got {variant!r}")
-        if not 0.0 <= alpha <= 1.0:
-            raise ConfigError(f"sdpo.alpha must be in [0, 1], got {alpha}")
         if variant == "sampled" and alpha != 1.0:
             raise ConfigError(f"sdpo.variant 'sampled' is the reverse KL only and needs sdpo.alpha = 1, got {alpha}")
-        if topk is not None and (isinstance(topk, bool) or not isinstance(topk, int) or topk < 1):
-            raise ConfigError(f"sdpo.topk must be None or a positive integer, got {topk!r}")
         if is_clip is not None and is_clip <= 0:
             raise ConfigError(f"sdpo.is_clip must be > 0 or None, got {is_clip}")
-        if temperature <= 0:
-            raise ConfigError(f"sdpo.temperature must be > 0, got {temperature}")
-        self.variant, self.alpha, self.topk, self.add_tail = variant, float(alpha), topk, add_tail
-        self.is_clip, self.temperature, self.mask_key = is_clip, float(temperature), mask_key
-        self.fused, self.kernel_impl = fused, kernel_impl
-        self.chunk_tokens, self.chunk_vocab = chunk_tokens, chunk_vocab
-        needs = {"logits", "teacher_logits"} if variant == "logits" else {"logprobs", "teacher_logprobs"}
-        self.topk_source = topk_source
-        if topk_source == "shards":
-            needs = {"topk_logprobs", "teacher_topk_logprobs"}
+        self.variant, self.add_tail, self.is_clip = variant, add_tail, is_clip
+        # The sampled variant scores only the sampled tokens: its top-k setting means nothing.
+        k = topk if variant == "logits" else None
+        # What the backend computes (and this loss reads back): declared once, checked there.
+        self.distillation: DistillationSpec = DistillationSpec(
+            alpha=float(alpha),
+            temperature=float(temperature),
+            topk=k,
+            topk_source="full" if k is None else topk_source,
+            mask_key=mask_key,
+            fused=fused,
+            kernel_impl=kernel_impl,
+            chunk_tokens=chunk_tokens,
+            chunk_vocab=chunk_vocab,
+        )
+        self.on_policy = False  # reads no behaviour-policy log-probabilities
         if fused:
             needs = {"fused_kl"}
+        elif self.distillation.topk_source == "shards":
+            needs = {"topk_logprobs", "teacher_topk_logprobs"}
+        elif variant == "logits":
+            needs = {"logits", "teacher_logits"}
+        else:
+            needs = {"logprobs", "teacher_logprobs"}
         if is_clip is not None:
             needs.add("logprobs")
         self.requires = frozenset(needs)
 
     def global_normalizer(self, tensors: dict[str, torch.Tensor]) -> torch.Tensor:
         """fp32 count of distilled tokens in `tensors` (call on the global batch)."""
-        return _tensor(tensors, self.mask_key, "SDPOLoss").to(torch.float32).sum()
+        return _tensor(tensors, self.distillation.mask_key, "SDPOLoss").to(torch.float32).sum()
 
     def __call__(
         self, outputs: dict[str, torch.Tensor], tensors: dict[str, torch.Tensor], normalizer: torch.Tensor
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        mask = _tensor(tensors, self.mask_key, "SDPOLoss")
+        spec = self.distillation
+        mask = _tensor(tensors, spec.mask_key, "SDPOLoss")
         weights = None
         if self.is_clip is not None:
             weights = importance_weights(
@@ -198,15 +215,15 @@ class SDPOLoss:
                 _tensor(tensors, "rollout_logprobs", "SDPOLoss (is_clip is set)"),
                 clip=self.is_clip,
             )
-        if self.fused:
+        if spec.fused:
             per_token = _output(outputs, "fused_kl", "SDPOLoss")
             return reduce_token_loss(per_token, mask, weights, as_normalizer(normalizer, per_token))
-        if self.topk_source == "shards":
+        if spec.topk_source == "shards":
             return topk_distillation_loss(
                 _output(outputs, "topk_logprobs", "SDPOLoss"),
                 _output(outputs, "teacher_topk_logprobs", "SDPOLoss"),
                 mask,
-                alpha=self.alpha,
+                alpha=spec.alpha,
                 add_tail=self.add_tail,
                 is_weights=weights,
                 normalizer=normalizer,
@@ -223,41 +240,12 @@ class SDPOLoss:
             _output(outputs, "logits", "SDPOLoss"),
             _output(outputs, "teacher_logits", "SDPOLoss"),
             mask,
-            alpha=self.alpha,
-            topk=self.topk,
+            alpha=spec.alpha,
+            topk=spec.topk,
             add_tail=self.add_tail,
             is_weights=weights,
             normalizer=normalizer,
-            temperature=self.temperature,
-        )
-
-
-    def fused_token_loss(
-        self,
-        student_hidden: torch.Tensor,
-        teacher_hidden: torch.Tensor,
-        student_weight: torch.Tensor,
-        teacher_weight: torch.Tensor,
-        mask: torch.Tensor,
-        *,
-        tp_group=None,
-    ) -> torch.Tensor:
-        """Per-token distillation loss [N] straight from hidden states [N, H] and LM heads
-        [V(/TP), H] through the fused kernel (no [N, V] logits); the backend calls this to fill
-        the "fused_kl" output. Gradients reach the student hidden states and weight only."""
-        from megatron_sdpo.kernels import ChunkSizes, fused_linear_kl
-
-        return fused_linear_kl(
-            student_hidden,
-            teacher_hidden,
-            student_weight,
-            teacher_weight,
-            alpha=self.alpha,
-            temperature=self.temperature,
-            mask=mask,
-            impl=self.kernel_impl,
-            tp_group=tp_group,
-            chunk_sizes=ChunkSizes(tokens=self.chunk_tokens, vocab=self.chunk_vocab),
+            temperature=spec.temperature,
         )
 
 
@@ -277,12 +265,9 @@ class HybridLoss:
             raise ConfigError(f"hybrid lambda (weight of the GRPO term) must be in [0, 1], got {lam}")
         self.sdpo, self.grpo, self.lam = sdpo, grpo, float(lam)
         self.requires = sdpo.requires | grpo.requires
-        # What a backend reads to fill the distillation outputs ("fused_kl", "topk_logprobs").
-        self.alpha, self.temperature, self.topk = sdpo.alpha, sdpo.temperature, sdpo.topk
-        self.kernel_impl = sdpo.kernel_impl
-        if sdpo.fused:
-            # The backend fills "fused_kl" through the SDPO term's kernel settings.
-            self.fused_token_loss = sdpo.fused_token_loss
+        # The backend fills the distillation outputs for the SDPO term; the GRPO term decides
+        # whether the loss reads behaviour-policy log-probabilities.
+        self.distillation, self.on_policy = sdpo.distillation, grpo.on_policy
 
     def global_normalizer(self, tensors: dict[str, torch.Tensor]) -> torch.Tensor:
         """[2] fp32: (GRPO loss-token count, SDPO distilled-token count)."""

@@ -9,7 +9,7 @@ rollout in mini-batches of 8, 4 optimizer steps).
 from __future__ import annotations
 
 from megatron_sdpo.algorithms.losses import metric_reduce
-from megatron_sdpo.backends.base import SequenceBatch
+from megatron_sdpo.backends.base import LossFn, SequenceBatch
 from megatron_sdpo.errors import ConfigError
 
 # Backend step results that are counts over the mini-batches rather than per-step means.
@@ -58,14 +58,14 @@ def combine_step_metrics(steps: list[dict[str, float]]) -> dict[str, float]:
     return out
 
 
-def minibatch_update(backend, batch: SequenceBatch, loss_fn, *, mini_batches: int, group_size: int) -> dict[str, float]:
+def minibatch_update(backend, batch: SequenceBatch, loss_fn: LossFn, *, mini_batches: int, group_size: int) -> dict[str, float]:
     """`mini_batches` optimizer steps on `batch` through `backend.train_step`. With more than one,
     "old_logprobs" [B, T] of the current (rollout-time) policy are added to the batch first and
     the loss must read them (GRPOLoss(on_policy=False)). Returns the combined metrics, with the
     first and last step's clip fraction and mean ratio where the loss reports them."""
     if mini_batches == 1:
         return backend.train_step(batch, loss_fn)
-    if getattr(loss_fn, "on_policy", False):
+    if loss_fn.on_policy:
         raise ConfigError("several mini-batches need a loss that reads old_logprobs (on_policy=False)")
     batch.tensors["old_logprobs"] = backend.logprobs(batch, model="policy").detach()
     steps = [backend.train_step(mb, loss_fn) for mb in split_groups(batch, mini_batches, group_size)]

@@ -2,8 +2,9 @@
 
 The student s = pi_theta(. | x, y_<t) and the teacher q = pi_T(. | x, c, y_<t) score the same
 response tokens; the teacher prompt differs but the response columns line up token for token
-(see `megatron_sdpo.backends.base`). Everything here is the plain-torch specification: the fused
-kernels in `megatron_sdpo.kernels` are tested against these functions.
+(see `megatron_sdpo.backends.base`). The divergence itself is defined once, in
+`megatron_sdpo.algorithms.divergence`; this module applies it to logits (temperature, top-k,
+masking, importance weights, normalization).
 
 Aggregation follows the SDPO paper: mean over the masked tokens of the *global* batch
 (`sum(mask * w * loss_t) / normalizer`); TRL's trainer instead averages per sequence first.
@@ -14,6 +15,7 @@ import math
 
 import torch
 
+from megatron_sdpo.algorithms.divergence import generalized_jsd
 from megatron_sdpo.algorithms.reduction import as_normalizer, check_same_shape, masked_sum
 from megatron_sdpo.errors import ConfigError
 
@@ -30,25 +32,6 @@ def _log1mexp(x: torch.Tensor) -> torch.Tensor:
     """log(1 - exp(x)) for x < 0, accurate on both sides of -log 2 (Maechler's log1mexp)."""
     x = x.clamp(max=_TOPK_LOG_MASS_MAX)
     return torch.where(x > -math.log(2.0), torch.log(-torch.expm1(x)), torch.log1p(-torch.exp(x)))
-
-
-def _kl(logp: torch.Tensor, logq: torch.Tensor) -> torch.Tensor:
-    """KL(p || q) over the last dim from log-probabilities; [..., V] -> [...]."""
-    return (logp.exp() * (logp - logq)).sum(-1)
-
-
-def _generalized_jsd(logp_s: torch.Tensor, logp_t: torch.Tensor, alpha: float) -> torch.Tensor:
-    """(1 - a) KL(s || M) + a KL(q || M), M = (1 - a) s + a q; endpoints are the exact KLs.
-
-    The interior expression tends to 0 (not to a KL) as a -> 0 or 1; like the SDPO and GKD code,
-    a = 0 and a = 1 therefore mean the forward KL(q || s) and the reverse KL(s || q) themselves.
-    """
-    if alpha == 0.0:
-        return _kl(logp_t, logp_s)
-    if alpha == 1.0:
-        return _kl(logp_s, logp_t)
-    log_m = torch.logaddexp(logp_s + math.log1p(-alpha), logp_t + math.log(alpha))
-    return (1.0 - alpha) * _kl(logp_s, log_m) + alpha * _kl(logp_t, log_m)
 
 
 def _entropy(logp: torch.Tensor) -> torch.Tensor:
@@ -112,7 +95,7 @@ def token_distillation_loss(
 
     norm = as_normalizer(mask.to(torch.float32).sum() if normalizer is None else normalizer, s)
     if topk is None:
-        loss, metrics = reduce_token_loss(_generalized_jsd(logp_s_full, logp_t_full, float(alpha)), mask, is_weights, norm)
+        loss, metrics = reduce_token_loss(generalized_jsd(logp_s_full, logp_t_full, float(alpha)), mask, is_weights, norm)
     else:
         ids = logp_s_full.detach().topk(topk, dim=-1).indices
         loss, metrics = topk_distillation_loss(
@@ -180,7 +163,7 @@ def topk_distillation_loss(
     else:
         logp_s = top_s - mass_s
         logp_t = top_t - mass_t
-    loss, metrics = reduce_token_loss(_generalized_jsd(logp_s, logp_t, float(alpha)), mask, is_weights, norm)
+    loss, metrics = reduce_token_loss(generalized_jsd(logp_s, logp_t, float(alpha)), mask, is_weights, norm)
     with torch.no_grad():
         metrics["sdpo/topk_mass_student"] = masked_sum(mass_s.squeeze(-1).exp(), mask) / norm
         metrics["sdpo/topk_mass_teacher"] = masked_sum(mass_t.squeeze(-1).exp(), mask) / norm

@@ -19,6 +19,8 @@ from typing import Iterator, Protocol, runtime_checkable
 
 import torch
 
+from megatron_sdpo.algorithms.distillation import DistillationSpec, TopkSource
+
 # Quantities a loss can ask for; each is aligned to response tokens: shape [B, T] or [B, T, V].
 REQUIRES = frozenset(
     {
@@ -29,7 +31,7 @@ REQUIRES = frozenset(
         "teacher_logprobs",  # [B, T] teacher log q(y_t | x, c, y_<t) (no grad)
         "ref_logprobs",  # [B, T] reference (base) model logprobs (no grad)
         "fused_kl",  # [B, T] per-token KL/JSD from the fused linear kernel (hidden states)
-        "topk_logprobs",  # [B, T, k] full-vocab logprobs of the student's top-k ids (k = loss.topk)
+        "topk_logprobs",  # [B, T, k] full-vocab logprobs of the student's top-k ids (k = distillation.topk)
         "teacher_topk_logprobs",  # [B, T, k] teacher logprobs of the same ids (no grad)
     }
 )
@@ -115,9 +117,17 @@ class LossFn(Protocol):
     DP ranks) via `global_normalizer(batch)` and multiplies by the DP size where its gradient
     reduction averages. Metrics are detached scalars (sums over the micro-batch, reduced by the
     backend with `metric_reduce`).
+
+    `distillation` is what the backend must compute for a distilling loss (alpha, temperature,
+    top-k and its source, mask key, fused kernel or not): the one place a backend reads those
+    settings; None for a loss that does not distill. `on_policy` is True when the loss takes the
+    current policy's detached log-probabilities as the behaviour policy, which holds only for
+    one optimizer step per batch (`algorithms.minibatch` refuses it with several).
     """
 
     requires: frozenset
+    distillation: DistillationSpec | None
+    on_policy: bool
 
     def global_normalizer(self, tensors: dict[str, torch.Tensor]) -> torch.Tensor:
         ...
@@ -132,7 +142,14 @@ class LossFn(Protocol):
 
 
 class Backend(Protocol):
-    """Training engine seam (HF transformers + torch DDP, or megatron-core)."""
+    """Training engine seam (HF transformers + torch DDP, or megatron-core).
+
+    `topk_source` is a capability: where this backend picks the student's top-k ids for top-k
+    distillation ("logits": it can hand the loss [B, T, V] logits and the loss picks them;
+    "shards": its logits stay vocab-sharded, so it computes "topk_logprobs" itself). The loss is
+    built for it (`trainer.build_loss`)."""
+
+    topk_source: TopkSource
 
     def logprobs(self, batch: SequenceBatch, *, model: str = "policy") -> torch.Tensor:
         """[B, T] fp32 per-token logprobs of `batch.response_ids` under `model`

@@ -27,6 +27,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from megatron_sdpo.algorithms.distillation import DistillationSpec, TopkSource, distillation_of
 from megatron_sdpo.algorithms.teacher import apply_action_, copy_
 from megatron_sdpo.backends.base import REQUIRES, LossFn, SequenceBatch
 from megatron_sdpo.backends.checkpoint import (
@@ -113,17 +114,14 @@ class _ResponseLogits(nn.Module):
         return F.linear(h.float(), head.weight.float(), bias)
 
 
-def _topk_logprobs(logits: torch.Tensor, t_logits: torch.Tensor, loss_fn) -> tuple[torch.Tensor, torch.Tensor]:
+def _topk_logprobs(logits: torch.Tensor, t_logits: torch.Tensor, spec: DistillationSpec) -> tuple[torch.Tensor, torch.Tensor]:
     """[B, T, V] student / teacher logits -> [B, T, k] full-vocabulary log-probs of the
-    student's top-k ids (k and temperature read from the loss): megatron's vocab-parallel
+    student's top-k ids (k and temperature from the spec): megatron's vocab-parallel
     selection over a single shard, so both backends pick the ids the same way."""
     from megatron_sdpo.backends.megatron.vocab_parallel import topk_logprobs
 
-    k = getattr(loss_fn, "topk", None)
-    if not isinstance(k, int):
-        raise ConfigError("a loss that requires 'topk_logprobs' must define an integer `topk`")
-    temp = float(getattr(loss_fn, "temperature", 1.0))
-    top_s, top_t, _ = topk_logprobs(logits.float() / temp, t_logits.float() / temp, k, 0, logits.shape[-1], None)
+    temp = spec.temperature
+    top_s, top_t, _ = topk_logprobs(logits.float() / temp, t_logits.float() / temp, spec.topk, 0, logits.shape[-1], None)
     return top_s, top_t
 
 
@@ -132,6 +130,9 @@ class HFBackend:
 
     `micro_batch_size` counts samples per forward/backward on one rank. With
     torch.distributed initialized, the policy is wrapped in DDP (gloo on CPU)."""
+
+    # Full [B, T, V] logits are at hand: a top-k loss picks its ids from them.
+    topk_source: TopkSource = "logits"
 
     def __init__(
         self,
@@ -253,11 +254,11 @@ class HFBackend:
         logits = module(pk.input_ids, pk.attention_mask, pk.position_ids, T)
         return logits, pk.response_ids
 
-    def _fused_kl(self, mb: SequenceBatch, T: int, module: nn.Module, loss_fn) -> torch.Tensor:
+    def _fused_kl(self, mb: SequenceBatch, T: int, module: nn.Module, spec: DistillationSpec) -> torch.Tensor:
         """[b, T] per-token distillation loss from hidden states through the fused kernel: the
         [b, T, V] logits of neither model are ever built."""
-        if loss_fn is None or not hasattr(loss_fn, "fused_token_loss"):
-            raise ConfigError("'fused_kl' is only available to a loss with fused_token_loss (SDPOLoss(fused=True))")
+        from megatron_sdpo.kernels import ChunkSizes, fused_linear_kl
+
         heads = [m.get_output_embeddings() for m in (self.policy, self._model("teacher"))]
         if any(h.bias is not None for h in heads):
             raise ConfigError("kernel.fused_kl needs an LM head without bias")
@@ -266,15 +267,17 @@ class HFBackend:
         tk = pack(mb.teacher_prompts(), mb.response_ids, response_len=T, pad_id=self.pad_token_id)
         with torch.no_grad():
             h_t = _ResponseLogits(self._model("teacher"))(tk.input_ids, tk.attention_mask, tk.position_ids, T, hidden_only=True)
-        mask = mb.tensors[loss_fn.mask_key] > 0
+        mask = mb.tensors[spec.mask_key] > 0
         b, _, H = h_s.shape
-        per_token = loss_fn.fused_token_loss(
-            h_s.reshape(b * T, H), h_t.reshape(b * T, -1), heads[0].weight, heads[1].weight, mask.reshape(-1)
+        per_token = fused_linear_kl(
+            h_s.reshape(b * T, H), h_t.reshape(b * T, -1), heads[0].weight, heads[1].weight,
+            alpha=spec.alpha, temperature=spec.temperature, mask=mask.reshape(-1), impl=spec.kernel_impl,
+            chunk_sizes=ChunkSizes(tokens=spec.chunk_tokens, vocab=spec.chunk_vocab),
         )
         return per_token.view(b, T)
 
     def _outputs(
-        self, mb: SequenceBatch, T: int, requires: frozenset, module: nn.Module, loss_fn=None
+        self, mb: SequenceBatch, T: int, requires: frozenset, module: nn.Module, loss_fn: LossFn | None = None
     ) -> dict[str, torch.Tensor]:
         """Computes exactly the quantities in `requires` for one micro-batch (policy with grad
         when called under grad mode; teacher/reference always under no_grad)."""
@@ -283,7 +286,7 @@ class HFBackend:
             raise ConfigError(f"loss requires unknown outputs {sorted(unknown)}; known: {sorted(REQUIRES)}")
         out: dict[str, torch.Tensor] = {}
         if "fused_kl" in requires:
-            out["fused_kl"] = self._fused_kl(mb, T, module, loss_fn)
+            out["fused_kl"] = self._fused_kl(mb, T, module, distillation_of(loss_fn, "fused_kl"))
         topk = requires & {"topk_logprobs", "teacher_topk_logprobs"}
         if requires & {"logprobs", "entropy", "logits"} or topk:
             logits, targets = self._logits(module, mb.prompt_ids, mb.response_ids, T)
@@ -302,7 +305,8 @@ class HFBackend:
             if "teacher_logprobs" in requires:
                 out["teacher_logprobs"] = token_logprobs(t_logits, targets)
             if topk:
-                out["topk_logprobs"], out["teacher_topk_logprobs"] = _topk_logprobs(logits, t_logits, loss_fn)
+                spec = distillation_of(loss_fn, "topk_logprobs")
+                out["topk_logprobs"], out["teacher_topk_logprobs"] = _topk_logprobs(logits, t_logits, spec)
         if "ref_logprobs" in requires:
             with torch.no_grad():
                 r_logits, targets = self._logits(self._model("reference"), mb.prompt_ids, mb.response_ids, T)

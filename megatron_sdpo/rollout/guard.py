@@ -19,6 +19,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from megatron_sdpo.algorithms.distillation import DistillationSpec
+from megatron_sdpo.backends.base import LossFn
 from megatron_sdpo.errors import RefitError
 
 TOKEN_WEIGHT = "guard_token_weight"  # [B, T] response mask / global response-token count
@@ -61,11 +63,14 @@ def mismatch_metrics(
 class GuardedLoss:
     """Wraps a LossFn: the same loss, plus the guard metrics from the "logprobs" output (added
     to `requires`; every shipped loss but SDPO without importance weights needs it anyway, so
-    no extra forward pass). Other attributes are the wrapped loss's."""
+    no extra forward pass). The rest of the `LossFn` protocol (`distillation`, `on_policy`) is
+    the wrapped loss's, forwarded explicitly."""
 
-    def __init__(self, inner) -> None:
+    def __init__(self, inner: LossFn) -> None:
         self.inner = inner
         self.requires = frozenset(inner.requires) | {"logprobs"}
+        self.distillation: DistillationSpec | None = inner.distillation
+        self.on_policy: bool = inner.on_policy
 
     def global_normalizer(self, tensors: dict[str, torch.Tensor]) -> torch.Tensor:
         return self.inner.global_normalizer(tensors)
@@ -77,9 +82,6 @@ class GuardedLoss:
             mismatch_metrics(outputs["logprobs"], tensors["rollout_logprobs"], tensors[TOKEN_WEIGHT], tensors[SEQ_WEIGHT])
         )
         return loss, metrics
-
-    def __getattr__(self, name: str):
-        return getattr(self.__dict__["inner"], name)
 
 
 def first_changed(sent: dict[str, tuple[float, float]], received: dict[str, tuple[float, float]]) -> str | None:

@@ -1,12 +1,13 @@
-"""Vocab-parallel logprob / entropy / generalized JSD vs a plain-torch full-vocabulary reference.
+"""Vocab-parallel logprob / entropy / generalized JSD vs the full-vocabulary computation (the JSD:
+the specification in algorithms/divergence.py).
 
 Two ranks split an odd vocabulary (13 real ids, padded to 14: widths 7 and 6); values and
 gradients (with a non-uniform grad_output) must match the unsharded computation.
 """
-import math
-
 import pytest
 import torch
+
+from megatron_sdpo.algorithms.divergence import generalized_jsd
 
 pytestmark = [pytest.mark.megatron, pytest.mark.distributed]
 
@@ -28,13 +29,7 @@ def _reference(alpha):
     ls, lt = torch.log_softmax(s, -1), torch.log_softmax(t, -1)
     lp = ls.gather(-1, y.unsqueeze(-1)).squeeze(-1)
     ent = -(ls.exp() * ls).sum(-1)
-    if alpha == 0.0:
-        jsd = (lt.exp() * (lt - ls)).sum(-1)
-    elif alpha == 1.0:
-        jsd = (ls.exp() * (ls - lt)).sum(-1)
-    else:
-        lm = torch.logsumexp(torch.stack([ls + math.log(1 - alpha), lt + math.log(alpha)]), 0)
-        jsd = (1 - alpha) * (ls.exp() * (ls - lm)).sum(-1) + alpha * (lt.exp() * (lt - lm)).sum(-1)
+    jsd = generalized_jsd(ls, lt, alpha)  # the specification, on the unsharded vocabulary
     out = {}
     for name, val in (("logprobs", lp), ("entropy", ent), ("jsd", jsd)):
         (g,) = torch.autograd.grad((val * w).sum(), s, retain_graph=True)

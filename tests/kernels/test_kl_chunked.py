@@ -1,4 +1,5 @@
-"""Chunked torch engine vs the reference: forward and backward, odd shapes, fp32 and bf16."""
+"""Chunked torch engine vs the reference (algorithms/divergence.py, the specification, applied to
+materialized logits): forward and backward with grad_output != 1, odd shapes, fp32 and bf16."""
 import pytest
 import torch
 

@@ -1,4 +1,5 @@
-"""The reference (the specification) against an independent float64 oracle, and input checks."""
+"""The reference (the divergence specification, algorithms/divergence.py, on materialized logits)
+against an independent float64 oracle, and input checks."""
 import pytest
 import torch
 

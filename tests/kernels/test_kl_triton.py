@@ -1,4 +1,5 @@
-"""Triton engine under TRITON_INTERPRET=1 on CPU at small odd shapes, against the reference."""
+"""Triton engine under TRITON_INTERPRET=1 on CPU at small odd shapes, against the reference (the
+specification of algorithms/divergence.py on materialized logits), grad_output != 1."""
 import json
 import os
 import subprocess

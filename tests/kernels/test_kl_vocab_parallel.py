@@ -1,4 +1,5 @@
-"""Vocab-parallel fused KL / logprobs at TP=2 over gloo equal the unsharded reference."""
+"""Vocab-parallel fused KL / logprobs at TP=2 over gloo equal the unsharded reference (the
+specification of algorithms/divergence.py on materialized logits)."""
 import faulthandler
 import os
 import sys

@@ -80,6 +80,8 @@ class RecordingEngine:
 
 
 class RecordingBackend:
+    topk_source = "logits"  # the Backend capability the trainer builds its loss for
+
     def __init__(self, log):
         self.log = log
 
@@ -211,6 +213,8 @@ class ScriptedEngine:
 class CapturingBackend:
     """Records the batch and loss of each train_step and returns fixed step metrics; scores every
     response token at log-prob -1/4."""
+
+    topk_source = "logits"  # the Backend protocol: where a top-k loss gets its top-k
 
     def __init__(self):
         self.trained, self.scored = [], []

@@ -29,6 +29,7 @@ from typing import Iterator
 import torch
 import torch.distributed as dist
 
+from megatron_sdpo.algorithms.distillation import DistillationSpec, TopkSource, distillation_of
 from megatron_sdpo.backends.base import REQUIRES, LossFn, SequenceBatch
 from megatron_sdpo.backends.common import (
     MetricSums,
@@ -80,6 +81,10 @@ def _hf_tensors(model_path: str):
 class MegatronBackend:
     """Megatron-core backend. Launch one process per rank (torchrun) or call from a single
     process (a world of one is created). `micro_batch_size` counts samples per micro-batch."""
+
+    # Logits stay vocab-sharded over TP: the backend picks the top-k ids from the shards and
+    # hands the loss their log-probabilities ("topk_logprobs").
+    topk_source: TopkSource = "shards"
 
     def __init__(
         self,
@@ -353,8 +358,9 @@ class MegatronBackend:
         policy = self.policy.module
         first, last = self._ps.is_pipeline_first_stage(), self._ps.is_pipeline_last_stage()
         from_hidden = "fused_kl" in requires and self.fused_kl == "kernel"
+        distill = distillation_of(loss_fn, "fused_kl") if from_hidden else None
         if from_hidden:
-            heads.check_requires(requires, loss_fn)
+            heads.check_requires(requires)
 
         def finish(mb, outputs):
             loss, metrics = loss_fn(outputs, mb["tensors"], normalizer)
@@ -363,7 +369,7 @@ class MegatronBackend:
             return loss * scale, {}
 
         def hidden_adapter(mb, rider_hidden, hidden):
-            return finish(mb, self._hidden_outputs(mb, riders, rider_hidden, hidden, requires, loss_fn))
+            return finish(mb, self._hidden_outputs(mb, riders, rider_hidden, hidden, requires, distill))
 
         def loss_adapter(mb, rider_logits, logits):
             shard = self._response_shard(logits, mb["rows"])
@@ -379,18 +385,15 @@ class MegatronBackend:
                     if self.layout.tp > 1:
                         raise ConfigError("'teacher_logits' needs tp == 1 (logits stay vocab-sharded); use 'fused_kl'")
                     outputs["teacher_logits"] = rshard
-                temp = float(getattr(loss_fn, "temperature", 1.0))
                 if "fused_kl" in requires:
-                    alpha = getattr(loss_fn, "alpha", None)
-                    if alpha is None:
-                        raise ConfigError("a loss that requires 'fused_kl' must define `alpha`")
-                    outputs["fused_kl"] = vp.generalized_jsd(shard / temp, rshard / temp, float(alpha), self.tp_group)
+                    d = distillation_of(loss_fn, "fused_kl")
+                    temp = d.temperature
+                    outputs["fused_kl"] = vp.generalized_jsd(shard / temp, rshard / temp, d.alpha, self.tp_group)
                 if requires & {"topk_logprobs", "teacher_topk_logprobs"}:
-                    k = getattr(loss_fn, "topk", None)
-                    if not isinstance(k, int):
-                        raise ConfigError("a loss that requires 'topk_logprobs' must define an integer `topk`")
+                    d = distillation_of(loss_fn, "topk_logprobs")
+                    temp = d.temperature
                     outputs["topk_logprobs"], outputs["teacher_topk_logprobs"], _ = vp.topk_logprobs(
-                        shard / temp, rshard / temp, k, self.vocab_start, self.spec.vocab_size, self.tp_group
+                        shard / temp, rshard / temp, d.topk, self.vocab_start, self.spec.vocab_size, self.tp_group
                     )
             return finish(mb, outputs)
 
@@ -433,13 +436,13 @@ class MegatronBackend:
         out["lr"] = float(lr)
         return out
 
-    def _hidden_outputs(self, mb: dict, riders: list, rider_hidden: list, hidden: torch.Tensor, requires: frozenset, loss_fn) -> dict:
+    def _hidden_outputs(self, mb: dict, riders: list, rider_hidden: list, hidden: torch.Tensor, requires: frozenset, d: DistillationSpec) -> dict:
         """The loss inputs of one micro-batch from final hidden states (`heads`): "fused_kl"
-        through `loss_fn.fused_token_loss`, logprobs / entropy through the fused logprob kernel."""
+        through the fused KL kernel as the distillation spec `d` says, logprobs / entropy
+        through the fused logprob kernel."""
         rows, sp = mb["rows"], self.options.sequence_parallel
         b, T = rows.targets.shape
-        impl = getattr(loss_fn, "kernel_impl", "auto")
-        lp_args = dict(start=self.vocab_start, vocab=self.spec.vocab_size, tp_group=self.tp_group, impl=impl)
+        lp_args = dict(start=self.vocab_start, vocab=self.spec.vocab_size, tp_group=self.tp_group, impl=d.kernel_impl)
         h_s = heads.response_hidden(hidden, rows.gather_index, self.tp_group, sp)
         w_s = heads.output_weight(self.policy, self.vocab_width)
         out: dict[str, torch.Tensor] = {}
@@ -456,7 +459,7 @@ class MegatronBackend:
                     key = "ref_logprobs" if name == "reference" else "teacher_logprobs"
                     out[key] = heads.token_logprobs(h_r, w_r, rrows.targets, **lp_args)[0]
             if name == "teacher":
-                kl = loss_fn.fused_token_loss(h_s, h_r, w_s, w_r, None, tp_group=self.tp_group)
+                kl = heads.fused_kl(h_s, h_r, w_s, w_r, d, tp_group=self.tp_group)
                 out["fused_kl"] = kl.view(b, T)
         return out
 

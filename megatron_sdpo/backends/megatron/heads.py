@@ -20,6 +20,7 @@ from typing import Iterator
 
 import torch
 
+from megatron_sdpo.algorithms.distillation import DistillationSpec
 from megatron_sdpo.errors import ConfigError
 
 # Outputs that need full-vocabulary logits in hand; the fused path cannot give them.
@@ -70,16 +71,28 @@ def response_hidden(hidden: torch.Tensor, gather_index: torch.Tensor, tp_group, 
     return h.gather(1, idx).reshape(-1, h.shape[-1])
 
 
-def check_requires(requires: frozenset, loss_fn) -> None:
-    """ConfigError when the fused path cannot serve `requires` or the loss has no kernel hook."""
+def check_requires(requires: frozenset) -> None:
+    """ConfigError when the fused path cannot serve `requires`."""
     bad = requires & LOGIT_OUTPUTS
     if bad:
         raise ConfigError(
             f"kernel.fused_kl computes no logits, but the loss also requires {sorted(bad)}; "
             "use the top-k path (kernel.fused_kl=false) or a loss that needs only 'fused_kl' and logprobs"
         )
-    if not hasattr(loss_fn, "fused_token_loss"):
-        raise ConfigError("'fused_kl' is only available to a loss with fused_token_loss (SDPOLoss(fused=True))")
+
+
+def fused_kl(
+    h_s: torch.Tensor, h_t: torch.Tensor, w_s: torch.Tensor, w_t: torch.Tensor, spec: DistillationSpec, *, tp_group
+) -> torch.Tensor:
+    """Per-token distillation loss [N] from response hidden states [N, H] and this rank's LM-head
+    rows [width, H] through the fused kernel, as `spec` says (no mask: the loss masks). Gradients
+    reach the student hidden states and weight only."""
+    from megatron_sdpo.kernels import ChunkSizes, fused_linear_kl
+
+    return fused_linear_kl(
+        h_s, h_t, w_s, w_t, alpha=spec.alpha, temperature=spec.temperature, mask=None, impl=spec.kernel_impl,
+        tp_group=tp_group, chunk_sizes=ChunkSizes(tokens=spec.chunk_tokens, vocab=spec.chunk_vocab),
+    )
 
 
 def token_logprobs(

@@ -15,10 +15,10 @@ Each statistic therefore computes its own log-normalizer in the right mode.
 """
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.distributed as dist
+
+from megatron_sdpo.algorithms.divergence import combine_jsd_parts, jsd_part_sums
 
 
 class _AllReduceSum(torch.autograd.Function):
@@ -100,22 +100,14 @@ def entropy(logits: torch.Tensor, group) -> torch.Tensor:
 
 
 def generalized_jsd(student: torch.Tensor, teacher: torch.Tensor, alpha: float, group) -> torch.Tensor:
-    """Per-token generalized JSD between full-vocabulary distributions from shards.
+    """Per-token generalized JSD (`megatron_sdpo.algorithms.divergence`) between full-vocabulary
+    distributions from shards: each rank sums its shard's share of the two KL parts, combined
+    with the mixture weights before one all-reduce (the combination is linear).
 
-    student, teacher: [..., Vr] fp32 logit shards (teacher without grad). alpha=0 is
-    KL(q || s), alpha=1 is KL(s || q), otherwise (1-a) KL(s || M) + a KL(q || M) with
-    M = (1-a) s + a q (the method's definition). Returns [...]."""
+    student, teacher: [..., Vr] fp32 logit shards (teacher without grad). Returns [...]."""
     logp_s = student - log_normalizer(student, group, partial_consumers=True).unsqueeze(-1)
     logp_t = teacher - log_normalizer(teacher.detach(), group, partial_consumers=True).unsqueeze(-1)
-    if alpha == 0.0:
-        local = (logp_t.exp() * (logp_t - logp_s)).sum(-1)
-    elif alpha == 1.0:
-        local = (logp_s.exp() * (logp_s - logp_t)).sum(-1)
-    else:
-        log_m = torch.logaddexp(logp_s + math.log1p(-alpha), logp_t + math.log(alpha))
-        local = (1.0 - alpha) * (logp_s.exp() * (logp_s - log_m)).sum(-1) + alpha * (
-            logp_t.exp() * (logp_t - log_m)
-        ).sum(-1)
+    local = combine_jsd_parts(*jsd_part_sums(logp_s, logp_t, alpha), alpha)
     return all_reduce_sum(local, group)
 
 

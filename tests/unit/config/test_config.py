@@ -141,8 +141,16 @@ def test_megatron_tp_sdpo_needs_the_fused_kernel():
     cfg = load_config("qwen3_4b", ["algorithm.sdpo.topk=100", "kernel.fused_kl=false"])
     from megatron_sdpo.trainer import build_loss
 
-    loss = build_loss(cfg)
-    assert loss.topk_source == "shards" and loss.requires == {"topk_logprobs", "teacher_topk_logprobs", "logprobs"}
+    from megatron_sdpo.backends.megatron import MegatronBackend
+
+    loss = build_loss(cfg, topk_source=MegatronBackend.topk_source)
+    assert loss.distillation.topk_source == "shards" and loss.distillation.topk == 100
+    assert loss.requires == {"topk_logprobs", "teacher_topk_logprobs", "logprobs"}
+    # A backend that hands the loss full logits gets the loss that picks the ids itself.
+    from megatron_sdpo.backends.hf import HFBackend
+
+    loss = build_loss(cfg, topk_source=HFBackend.topk_source)
+    assert loss.distillation.topk_source == "logits" and loss.requires == {"logits", "teacher_logits", "logprobs"}
     assert load_config("qwen3_4b", ["backend.megatron.tensor_parallel=1", "backend.megatron.sequence_parallel=false", "algorithm.sdpo.topk=100", "kernel.fused_kl=false"])
 
 

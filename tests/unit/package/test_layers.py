@@ -19,6 +19,9 @@ ROOTS = {PKG: REPO / "megatron_sdpo", f"{PKG}.kernels": REPO / "kernels"}
 # Lowest first.
 LAYERS = [
     ["errors"],
+    # The definitions every engine shares: the generalized JSD and what a loss asks a backend to
+    # distill (torch and errors only; algorithms/__init__ imports nothing).
+    ["algorithms.divergence", "algorithms.distillation"],
     # Foundations: each imports errors only.
     ["config", "data", "rewards", "weights", "kernels", "ranks", "run_dir", "chat", "engine_logs"],
     # The backend seam's plain types: the batch and loss protocol, token layout, LR schedule.

@@ -41,9 +41,16 @@ def test_metrics_match_their_definitions_and_split_into_shares():
 
 
 def test_guarded_loss_adds_logprobs_and_keeps_the_inner_loss():
+    from megatron_sdpo.algorithms.distillation import DistillationSpec
+    from megatron_sdpo.backends.base import LossFn
+
+    spec = DistillationSpec(alpha=0.5, temperature=1.3, topk=5, topk_source="shards", mask_key="distill_mask")
+
     class Inner:
         requires = frozenset({"logits"})
-        alpha = 0.5
+        distillation = spec
+        on_policy = True
+        alpha = 0.5  # not part of the protocol: not forwarded
 
         def global_normalizer(self, tensors):
             return torch.tensor(4.0)
@@ -55,7 +62,9 @@ def test_guarded_loss_adds_logprobs_and_keeps_the_inner_loss():
     tensors = {"rollout_logprobs": rollout}
     attach_guard_tensors(tensors, mask)
     g = GuardedLoss(Inner())
-    assert g.requires == {"logits", "logprobs"} and g.alpha == 0.5
+    assert g.requires == {"logits", "logprobs"} and isinstance(g, LossFn)
+    # The protocol's declarations are forwarded explicitly; nothing else leaks through.
+    assert g.distillation is spec and g.on_policy is True and not hasattr(g, "alpha")
     loss, metrics = g({"logprobs": trainer}, tensors, g.global_normalizer(tensors))
     assert float(loss) == 1.5 and float(metrics["x"]) == 2.0 and "refit/logprob_diff_max" in metrics
 
