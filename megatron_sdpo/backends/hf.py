@@ -39,6 +39,7 @@ from megatron_sdpo.backends.checkpoint import (
 from megatron_sdpo.backends.layout import pack, token_entropy, token_logprobs
 from megatron_sdpo.backends.schedule import LRSchedule
 from megatron_sdpo.errors import CheckpointError, ConfigError, DataError
+from megatron_sdpo.stopwatch import Stopwatch
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _TEACHER_NEEDS = {"teacher_logits", "teacher_logprobs", "topk_logprobs", "teacher_topk_logprobs"}
@@ -182,6 +183,8 @@ class HFBackend:
         self.pad_token_id = int(pad_token_id) if pad_token_id is not None else 0
 
         self.teacher = self._frozen_copy() if with_teacher else None
+        # Time in the teacher's forward inside train_step, reported as "time/teacher_forward".
+        self.teacher_clock = Stopwatch(next(self.policy.parameters()).device)
         self.reference = self._frozen_copy() if with_reference else None
         # State updated by small steps lives in fp32 whatever the model dtype: with a bf16/fp16
         # model AdamW updates fp32 master copies of the policy (cast into the model after each
@@ -291,7 +294,7 @@ class HFBackend:
         pk = pack(mb.prompt_ids, mb.response_ids, response_len=T, pad_id=self.pad_token_id)
         h_s = module(pk.input_ids, pk.attention_mask, pk.position_ids, T, hidden_only=True)
         tk = pack(mb.teacher_prompts(), mb.response_ids, response_len=T, pad_id=self.pad_token_id)
-        with torch.no_grad():
+        with torch.no_grad(), self.teacher_clock.measure():
             h_t = _ResponseLogits(self._model("teacher"))(tk.input_ids, tk.attention_mask, tk.position_ids, T, hidden_only=True)
         mask = mb.tensors[loss_fn.mask_key] > 0
         b, _, H = h_s.shape
@@ -322,7 +325,7 @@ class HFBackend:
                 out["entropy"] = token_entropy(logits)
         if requires & _TEACHER_NEEDS:
             teacher = self._model("teacher")
-            with torch.no_grad():
+            with torch.no_grad(), self.teacher_clock.measure():
                 t_logits, targets = self._logits(teacher, mb.teacher_prompts(), mb.response_ids, T)
             if "teacher_logits" in requires:
                 out["teacher_logits"] = t_logits
@@ -405,6 +408,7 @@ class HFBackend:
 
         loss_sum = torch.zeros((), dtype=torch.float32)
         metric_sums: dict[str, torch.Tensor] = {}
+        self.teacher_clock.take()  # only this step's teacher forwards count
         self.optimizer.zero_grad(set_to_none=True)
         for k, mb_idx in enumerate(micro):
             sync = ddp is None or k == len(micro) - 1
@@ -447,6 +451,8 @@ class HFBackend:
             "skipped": 0.0 if finite else 1.0,
             "samples": float(len(batch)),
             "lr": self.optimizer.param_groups[0]["lr"],
+            # This rank's seconds in the teacher's forward (the trainer books them as teacher time).
+            "time/teacher_forward": self.teacher_clock.take(),
         }
         groups: dict[str, list[str]] = {}
         for n in sorted(metric_sums):
