@@ -38,7 +38,7 @@ import torch
 
 from megatron_sdpo.errors import ConfigError, DataError, require
 from megatron_sdpo.rollout.base import Completion, SamplingConfig
-from megatron_sdpo.rollout.hf import check_sampling, eos_ids_of
+from megatron_sdpo.rollout.hf import check_sampling, eos_ids_of, load_tokenizer
 from megatron_sdpo.rollout.replicas import ReplicaLayout
 
 _LAYER = re.compile(r"\.layers\.(\d+)\.")
@@ -220,7 +220,9 @@ class VLLMRolloutEngine:
         self.max_model_len = max_model_len
         self.bucket_bytes = bucket_bytes
         self.eos_token_ids = list(eos_token_ids) if eos_token_ids is not None else eos_ids_of(model_path)
-        self.detokenize = detokenize
+        # Texts are decoded once per call from the final token ids (as the HF engine does), not
+        # by vLLM's incremental detokenizer, which runs per request per engine step.
+        self.tokenizer = load_tokenizer(self.model_path) if detokenize else None
 
         parallel: dict = {}
         if self.layout.world > 1:
@@ -247,7 +249,7 @@ class VLLMRolloutEngine:
                 enforce_eager=True,
                 max_model_len=max_model_len,
                 max_num_seqs=max_num_seqs,
-                skip_tokenizer_init=not detokenize,
+                skip_tokenizer_init=True,
                 logprobs_mode="processed_logprobs",
                 worker_extension_cls=f"{WeightSyncExtension.__module__}.{WeightSyncExtension.__qualname__}",
                 kv_cache_memory_bytes=kv_cache_memory_bytes,
@@ -267,8 +269,14 @@ class VLLMRolloutEngine:
         """n completions per prompt, grouped consecutively; logprobs of each sampled token under
         the sampling distribution (temperature and top-p applied). `first_index`: the global
         index of prompt_ids[0] in the step's batch, which seeds its requests (a replica passes
-        the offset of its share, so samples do not depend on the layout)."""
+        the offset of its share, so samples do not depend on the layout).
+
+        Per-token work outside the model is kept to what the trainer reads: the sampled token's
+        logprob only, in vLLM's flat layout (no Logprob object per token); outputs built once
+        per request when it finishes (FINAL_ONLY), not at every engine step; no detokenizer
+        (see __init__)."""
         from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
         from vllm.inputs import TokensPrompt
 
         check_sampling(sampling)
@@ -291,11 +299,13 @@ class VLLMRolloutEngine:
                 top_p=1.0 if sampling.greedy else sampling.top_p,
                 max_tokens=min(sampling.max_new_tokens, self.max_model_len - prompt_len),
                 logprobs=0,
+                flat_logprobs=True,
+                output_kind=RequestOutputKind.FINAL_ONLY,
                 stop_token_ids=self.eos_token_ids,
                 # An explicit empty EOS list means "never stop early", as in the HF engine;
                 # otherwise vLLM would still stop at the model's own EOS.
                 ignore_eos=not self.eos_token_ids,
-                detokenize=self.detokenize,
+                detokenize=False,
             )
 
         requests = [p for p in prompt_ids for _ in range(reps)]
@@ -315,10 +325,15 @@ class VLLMRolloutEngine:
         for r, out in enumerate(outs):
             for c in sorted(out.outputs, key=lambda c: c.index):
                 toks = list(c.token_ids)
-                lps = [float(step[tok].logprob) for tok, step in zip(toks, c.logprobs)]
-                result.append(
-                    Completion(r // reps, toks, lps, c.text or "", truncated=c.finish_reason == "length")
-                )
+                flat = c.logprobs  # FlatLogprobs: position i's entries start at start_indices[i]
+                if [flat.token_ids[i] for i in flat.start_indices] != toks:
+                    raise RuntimeError("vLLM returned logprobs that do not follow the sampled tokens")
+                lps = [flat.logprobs[i] for i in flat.start_indices]
+                result.append(Completion(r // reps, toks, lps, "", truncated=c.finish_reason == "length"))
+        if self.tokenizer is not None:
+            texts = self.tokenizer.batch_decode([c.token_ids for c in result], skip_special_tokens=True)
+            for c, text in zip(result, texts):
+                c.text = text
         return result
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
