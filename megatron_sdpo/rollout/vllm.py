@@ -256,6 +256,11 @@ class VLLMRolloutEngine:
                 gpu_memory_utilization=gpu_memory_utilization,
                 enable_sleep_mode=self.sleep_enabled,
                 disable_log_stats=True,
+                # Nothing to reuse in the loop: a call's prompts are new, its n samples of a
+                # prompt are prefilled in the same engine step (no cache hit between them), and
+                # every refit would invalidate the cache. Off, the scheduler hashes no blocks
+                # and a refit has no cache to reset.
+                enable_prefix_caching=False,
                 **parallel,
             )
         if not on_gpu and self.llm.llm_engine.vllm_config.scheduler_config.enable_chunked_prefill:
@@ -366,8 +371,6 @@ class VLLMRolloutEngine:
                 # A bucket's time includes producing it (TP gather / PP broadcast of the export).
                 times.append(t - t_prev)
                 t_prev = t
-            # Cached prefixes were computed with the old weights.
-            self.llm.reset_prefix_cache()
             self.received_checksums = self.llm.collective_rpc("sdpo_take_received")[0]
         self.sent_checksums = checksums_to_host(sent)
         self.last_sync = {
