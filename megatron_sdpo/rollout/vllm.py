@@ -37,7 +37,7 @@ from typing import Callable, Iterable, Iterator
 import torch
 
 from megatron_sdpo.errors import ConfigError, DataError, require
-from megatron_sdpo.rollout.base import Completion, SamplingConfig
+from megatron_sdpo.rollout.base import Completion, SamplingConfig, torch_threads
 from megatron_sdpo.rollout.hf import check_sampling, eos_ids_of, load_tokenizer
 from megatron_sdpo.rollout.replicas import ReplicaLayout
 
@@ -188,11 +188,15 @@ class VLLMRolloutEngine:
         eos_token_ids: list[int] | None = None,
         detokenize: bool = False,
         tensor_parallel_size: int = 1,
+        threads: int | None = None,
     ):
         if not Path(model_path, "config.json").is_file():
             raise ConfigError(f"model_path {model_path!r} is not a HF model directory (no config.json)")
         if bucket_bytes is not None and bucket_bytes <= 0:
             raise ConfigError(f"bucket_bytes must be > 0 or None, got {bucket_bytes}")
+        if threads is not None and threads < 1:
+            raise ConfigError(f"threads must be >= 1 or None, got {threads}")
+        self.threads = threads  # torch threads while generating (None: the trainer's)
         self.layout = ReplicaLayout.of_launch(tensor_parallel_size)
         previous_tmpdir = _configure_env(Path(run_dir) if run_dir else Path.cwd() / ".vllm_run")
         try:
@@ -322,7 +326,7 @@ class VLLMRolloutEngine:
         if not requests:
             # A data-parallel replica without prompts still joins its replicas' engine steps.
             params = params_for(1, None)
-        with keep_torch_threads():
+        with keep_torch_threads(), torch_threads(self.threads):
             outs = self.llm.generate(
                 [TokensPrompt(prompt_token_ids=list(p)) for p in requests], params, use_tqdm=False
             )
