@@ -196,7 +196,7 @@ class VLLMRolloutEngine:
             raise ConfigError(f"bucket_bytes must be > 0 or None, got {bucket_bytes}")
         if threads is not None and threads < 1:
             raise ConfigError(f"threads must be >= 1 or None, got {threads}")
-        self.threads = threads  # torch threads while generating (None: the trainer's)
+        self.threads = threads  # torch threads while generating and reloading (None: the trainer's)
         self.layout = ReplicaLayout.of_launch(tensor_parallel_size)
         previous_tmpdir = _configure_env(Path(run_dir) if run_dir else Path.cwd() / ".vllm_run")
         try:
@@ -360,7 +360,7 @@ class VLLMRolloutEngine:
                 yield name, t
 
         times: list[float] = []
-        with keep_torch_threads():
+        with keep_torch_threads(), torch_threads(self.threads):
             self.llm.collective_rpc("sdpo_take_received")  # drop what an earlier call left
             if self.bucket_bytes is None:
                 buckets: Iterable = [recorded(named_tensors)]
