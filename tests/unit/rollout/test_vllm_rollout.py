@@ -216,3 +216,16 @@ def test_vllm_texts_are_decoded_from_each_completions_own_tokens(setup, monkeypa
     comps = engine.generate(PROMPTS, SamplingConfig(n=3, max_new_tokens=8, seed=1))
     assert [c.text for c in comps] == [" ".join(map(str, c.token_ids)) for c in comps]
     assert len({c.text for c in comps}) > 1
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_vllm_generation_threads_are_restored(setup, monkeypatch):
+    """rollout.threads: generate and refit run with that many torch threads; the trainer's
+    count is back afterwards."""
+    engine, backend = setup
+    monkeypatch.setattr(engine, "threads", 1)
+    before = torch.get_num_threads()
+    comps = engine.generate(PROMPTS, SamplingConfig(n=2, max_new_tokens=4, seed=2))
+    engine.update_weights(backend.export_weights())
+    assert torch.get_num_threads() == before and len(comps) == 2 * len(PROMPTS)
