@@ -123,6 +123,7 @@ def make_rollout(cfg: RunConfig, model_path: str, tokenizer, work_dir: str):
         max_model_len=cfg.rollout.max_model_len,
         eos_token_ids=[tokenizer.eos_token_id],
         detokenize=True,
+        threads=cfg.rollout.threads,
     )
     if kind == "vllm":
         from megatron_sdpo.ranks import rank

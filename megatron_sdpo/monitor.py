@@ -65,7 +65,7 @@ class RunMonitor:
         self.run_dir.append_metrics(record)
         if self._wandb is not None:
             self._wandb.log({k: v for k, v in record.items() if isinstance(v, (int, float))})
-        reward, loss, dt = record.get("reward_mean", 0.0), record.get("loss", 0.0), record.get("step_time", 0.0)
+        reward, loss, dt = record.get("reward_mean", 0.0), record.get("loss", 0.0), record.get("time/step", 0.0)
         if self._progress is not None:
             self._progress.update(self._task, advance=1, reward=reward, loss=loss, dt=dt)
         else:

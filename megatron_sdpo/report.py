@@ -109,7 +109,7 @@ def artifact_rows(metrics: list[dict]) -> list[list]:
                 mean("teacher/gain_gap", first),
                 mean("teacher/gain_gap", last),
                 sum(1 for m in ms if m.get("collapse_alarm")),
-                mean("step_time", ms),
+                mean("time/step", ms),
             ]
         )
     return rows

@@ -6,7 +6,6 @@ shared between GRPO, SDPO, StableSDPO and the hybrid.
 from __future__ import annotations
 
 import random
-import time
 from dataclasses import dataclass
 
 import torch
@@ -18,6 +17,7 @@ from megatron_sdpo.config.algorithm_spec import algorithm_spec
 from megatron_sdpo.config.schema import RunConfig
 from megatron_sdpo.rollout.base import SamplingConfig
 from megatron_sdpo.rollout.guard import attach_guard_tensors
+from megatron_sdpo.stopwatch import PhaseTimes
 
 
 def pad_2d(rows: list[list[float]], width: int, value: float = 0.0) -> torch.Tensor:
@@ -121,22 +121,23 @@ class Trainer:
 
         cfg, a = self.cfg, self.cfg.algorithm
         n = a.group_size
-        t0 = time.perf_counter()
-        prompt_ids = encode_prompts(self.tokenizer, [r["prompt"] for r in records])
-        sampling = SamplingConfig(
-            n=n,
-            temperature=cfg.rollout.temperature,
-            top_p=cfg.rollout.top_p,
-            max_new_tokens=cfg.rollout.max_new_tokens,
-            seed=seed,
-        )
-        comps = self.engine.generate(prompt_ids, sampling)
-        self.engine.sleep()
-        t_rollout = time.perf_counter() - t0
+        times = PhaseTimes(getattr(self.backend, "device", None))
+        with times.phase("rollout"):
+            prompt_ids = encode_prompts(self.tokenizer, [r["prompt"] for r in records])
+            sampling = SamplingConfig(
+                n=n,
+                temperature=cfg.rollout.temperature,
+                top_p=cfg.rollout.top_p,
+                max_new_tokens=cfg.rollout.max_new_tokens,
+                seed=seed,
+            )
+            comps = self.engine.generate(prompt_ids, sampling)
+            self.engine.sleep()
 
         sample_records = [records[c.prompt_index] for c in comps]
         texts = [c.text for c in comps]
-        results = score_batch(domain, texts, sample_records, batched_code=cfg.rewards.batched_code)
+        with times.phase("reward"):
+            results = score_batch(domain, texts, sample_records, batched_code=cfg.rewards.batched_code)
         rewards = torch.tensor([r.score for r in results], dtype=torch.float32)
         batch = SequenceBatch(
             prompt_ids=[prompt_ids[c.prompt_index] for c in comps],
@@ -153,20 +154,22 @@ class Trainer:
             batch.tensors["advantages"] = group_advantages(rewards, group_size=n, norm_by_std=a.grpo.norm_by_std)
         signal: dict[str, float] = {}
         if self.uses_teacher:
-            has_context = self._attach_teacher(batch, sample_records, texts, rewards, results, seed, domain=domain)
-            every = cfg.diagnostics.teacher_signal_every if cfg.diagnostics.enabled else 0
-            if every and step % every == 0:
-                signal = self._teacher_signal(batch, rewards)
-        t1 = time.perf_counter()
-        train_metrics = self._update(batch)
-        t_train = time.perf_counter() - t1
+            with times.phase("teacher"):
+                has_context = self._attach_teacher(batch, sample_records, texts, rewards, results, seed, domain=domain)
+                every = cfg.diagnostics.teacher_signal_every if cfg.diagnostics.enabled else 0
+                if every and step % every == 0:
+                    signal = self._teacher_signal(batch, rewards)
+        with times.phase("train"):
+            train_metrics = self._update(batch)
+        # The backends run the teacher's forward inside their train step and report its time;
+        # a train step without a teacher reports none.
+        times.move(train_metrics.pop("time/teacher_forward", 0.0), source="train", target="teacher")
 
         # This step's samples came from the last refit's weights: check them before the next.
         self.guard.check(label or f"step {step + 1}", train_metrics, self.engine)
-        self.engine.wake()
-        t2 = time.perf_counter()
-        self.engine.update_weights(self.backend.export_weights(model="policy"))
-        t_sync = time.perf_counter() - t2
+        with times.phase("sync"):
+            self.engine.wake()
+            self.engine.update_weights(self.backend.export_weights(model="policy"))
         sync_stats = dict(getattr(self.engine, "last_sync", None) or {})
         lengths = [len(c.token_ids) for c in comps]
         metrics = {
@@ -175,11 +178,8 @@ class Trainer:
             "solve_rate": float((rewards >= 1.0).float().mean()),
             "response_len": sum(lengths) / max(len(lengths), 1),
             "teacher_context_frac": sum(has_context) / max(len(has_context), 1),
-            "rollout_time": t_rollout,
-            "train_time": t_train,
-            "sync_time": t_sync,
             **sync_stats,
-            "step_time": time.perf_counter() - t0,
+            **times.metrics(),
             **signal,
             **train_metrics,
         }

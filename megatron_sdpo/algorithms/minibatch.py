@@ -46,7 +46,7 @@ def combine_step_metrics(steps: list[dict[str, float]]) -> dict[str, float]:
         vals = [s[name] for s in steps if name in s]
         if name == "lr":
             out[name] = vals[-1]
-        elif name in _COUNTS:
+        elif name in _COUNTS or name.startswith("time/"):  # seconds add up over the steps
             out[name] = float(sum(vals))
         elif metric_reduce(name) == "max":
             out[name] = max(vals)

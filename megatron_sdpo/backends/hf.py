@@ -49,6 +49,7 @@ from megatron_sdpo.backends.common import (
 from megatron_sdpo.backends.layout import pack, token_entropy, token_logprobs
 from megatron_sdpo.backends.schedule import LRSchedule
 from megatron_sdpo.errors import CheckpointError, ConfigError
+from megatron_sdpo.stopwatch import Stopwatch
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _TEACHER_NEEDS = {"teacher_logits", "teacher_logprobs", "topk_logprobs", "teacher_topk_logprobs"}
@@ -174,6 +175,8 @@ class HFBackend:
         self.pad_token_id = resolve_pad_id(pad_token_id, self.policy.config)
 
         self.teacher = self._frozen_copy() if with_teacher else None
+        # Time in the teacher's forward inside train_step, reported as "time/teacher_forward".
+        self.teacher_clock = Stopwatch(next(self.policy.parameters()).device)
         self.reference = self._frozen_copy() if with_reference else None
         # State updated by small steps lives in fp32 whatever the model dtype: with a bf16/fp16
         # model AdamW updates fp32 master copies of the policy (cast into the model after each
@@ -265,7 +268,7 @@ class HFBackend:
         pk = pack(mb.prompt_ids, mb.response_ids, response_len=T, pad_id=self.pad_token_id)
         h_s = module(pk.input_ids, pk.attention_mask, pk.position_ids, T, hidden_only=True)
         tk = pack(mb.teacher_prompts(), mb.response_ids, response_len=T, pad_id=self.pad_token_id)
-        with torch.no_grad():
+        with torch.no_grad(), self.teacher_clock.measure():
             h_t = _ResponseLogits(self._model("teacher"))(tk.input_ids, tk.attention_mask, tk.position_ids, T, hidden_only=True)
         mask = mb.tensors[spec.mask_key] > 0
         b, _, H = h_s.shape
@@ -298,7 +301,7 @@ class HFBackend:
                 out["entropy"] = token_entropy(logits)
         if requires & _TEACHER_NEEDS:
             teacher = self._model("teacher")
-            with torch.no_grad():
+            with torch.no_grad(), self.teacher_clock.measure():
                 t_logits, targets = self._logits(teacher, mb.teacher_prompts(), mb.response_ids, T)
             if "teacher_logits" in requires:
                 out["teacher_logits"] = t_logits
@@ -370,6 +373,7 @@ class HFBackend:
         ddp = self._train_module if self.world > 1 else None
 
         sums = MetricSums()
+        self.teacher_clock.take()  # only this step's teacher forwards count
         self.optimizer.zero_grad(set_to_none=True)
         for k, mb_idx in enumerate(micro):
             sync = ddp is None or k == len(micro) - 1
@@ -407,6 +411,8 @@ class HFBackend:
             "skipped": 0.0 if finite else 1.0,
             "samples": float(len(batch)),
             "lr": self.optimizer.param_groups[0]["lr"],
+            # This rank's seconds in the teacher's forward (the trainer books them as teacher time).
+            "time/teacher_forward": self.teacher_clock.take(),
         }
         # One collective per reduction kind (sum, max, min), each over a packed tensor.
         result.update(reduce_metrics(sums, sorted(sums.values)))

@@ -290,6 +290,8 @@ def validate(cfg: RunConfig) -> RunConfig:
     ro = cfg.rollout
     if ro.tensor_parallel_size < 1:
         raise ConfigError(f"rollout.tensor_parallel_size must be >= 1, got {ro.tensor_parallel_size}")
+    if ro.threads is not None and ro.threads < 1:
+        raise ConfigError(f"rollout.threads must be >= 1 or null, got {ro.threads}")
     if ro.bucket_bytes is not None and ro.bucket_bytes <= 0:
         raise ConfigError(f"rollout.bucket_bytes must be > 0, got {ro.bucket_bytes}")
     if ro.guard.max_mismatch is not None:

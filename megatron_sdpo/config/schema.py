@@ -131,6 +131,10 @@ class RolloutConfig:
     # vLLM tensor parallelism per engine replica (independent of the trainer's); under torchrun
     # world / tensor_parallel_size replicas each generate their share of a step's prompts.
     tensor_parallel_size: int = 1
+    # torch intra-op threads while the engine generates (and, for vLLM, reloads weights; null:
+    # the process's count). Decoding is many small ops; on a busy CPU one thread avoids OpenMP
+    # spin-wait at each of them (README, tools/bench_rollout.py).
+    threads: Optional[int] = None
     guard: RefitGuardConfig = field(default_factory=RefitGuardConfig)
 
 

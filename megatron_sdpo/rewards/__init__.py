@@ -68,8 +68,9 @@ def score(domain: str, response: str, record: dict) -> RewardResult:
 
 def score_batch(domain: str, responses: list[str], records: list[dict], *,
                 batched_code: bool = False) -> list[RewardResult]:
-    """Score responses[i] against records[i]. Code batches share sandbox work when
-    `batched_code` (one pre-warmed sandbox forks per test case for the whole batch)."""
+    """Score responses[i] against records[i]. Math sends the batch's answers to the math-verify
+    worker in one request; code batches share sandbox work when `batched_code` (one pre-warmed
+    sandbox forks per test case for the whole batch)."""
     if len(responses) != len(records):
         raise ValueError(f"{len(responses)} responses but {len(records)} records")
     texts = [_as_text(r) for r in responses]
@@ -79,5 +80,11 @@ def score_batch(domain: str, responses: list[str], records: list[dict], *,
         batch = _guarded(domain, lambda: score_code_batch(texts, records, batched=batched_code),
                          len(texts))
         return batch
+    if domain == "math":
+        # Every boxed answer of the batch goes to the math-verify worker in one request.
+        from megatron_sdpo.rewards.math import check_math_batch, prepare_math
+
+        prepared = [_guarded(domain, lambda t=t, r=r: [prepare_math(t, r)], 1)[0] for t, r in zip(texts, records)]
+        return _guarded(domain, lambda: check_math_batch(prepared), len(prepared))
     fn = _scorer(domain)
     return [_guarded(domain, lambda t=t, r=r: [fn(t, r)], 1)[0] for t, r in zip(texts, records)]

@@ -2,9 +2,10 @@
 
 sympy can hang in C code (``9^{9^{9}}``) where no signal-based timeout reaches it, so the trainer
 keeps math-verify in this separate process and kills it on a deadline. Protocol: one JSON object
-per line on stdin ({"gold": str, "answer": str}); one per line on stdout
-({"correct": bool, "parsed": str, "error": str | null}). A first line {"ready": true} announces
-that the imports are done.
+per line on stdin, a batch {"items": [[gold, answer], ...]}; one line per item on stdout, in
+order and flushed as each is done ({"correct": bool, "parsed": str, "error": str | null}), so the
+parent holds every answer to its own deadline. A first line {"ready": true} announces that the
+imports are done.
 """
 import json
 import sys
@@ -23,19 +24,18 @@ def main() -> None:
     out.flush()
     gold_cache: dict = {}
     for line in sys.stdin:
-        try:
-            req = json.loads(line)
-            gold = req["gold"]
-            if gold not in gold_cache:
-                gold_cache[gold] = parse(f"${gold}$", parsing_timeout=None)
-            answer = parse(f"${req['answer']}$", parsing_timeout=None)
-            correct = bool(answer) and verify(gold_cache[gold], answer, timeout_seconds=None)
-            parsed = str(answer[0]) if answer else ""
-            reply = {"correct": bool(correct), "parsed": parsed[:200], "error": None}
-        except Exception as exc:  # a malformed answer is a wrong answer, not a worker crash
-            reply = {"correct": False, "parsed": "", "error": f"{type(exc).__name__}: {exc}"[:200]}
-        out.write(json.dumps(reply) + "\n")
-        out.flush()
+        for gold, answer in json.loads(line)["items"]:
+            try:
+                if gold not in gold_cache:
+                    gold_cache[gold] = parse(f"${gold}$", parsing_timeout=None)
+                parsed_answer = parse(f"${answer}$", parsing_timeout=None)
+                correct = bool(parsed_answer) and verify(gold_cache[gold], parsed_answer, timeout_seconds=None)
+                parsed = str(parsed_answer[0]) if parsed_answer else ""
+                reply = {"correct": bool(correct), "parsed": parsed[:200], "error": None}
+            except Exception as exc:  # a malformed answer is a wrong answer, not a worker crash
+                reply = {"correct": False, "parsed": "", "error": f"{type(exc).__name__}: {exc}"[:200]}
+            out.write(json.dumps(reply) + "\n")
+            out.flush()
 
 
 if __name__ == "__main__":

@@ -1,8 +1,9 @@
 """The rollout seam: sample n responses per prompt, with the sampler's own logprobs."""
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
-from typing import Iterable, Protocol
+from typing import Iterable, Iterator, Protocol
 
 import torch
 
@@ -29,6 +30,22 @@ class Completion:
     logprobs: list[float]
     text: str
     truncated: bool
+
+
+@contextlib.contextmanager
+def torch_threads(threads: int | None) -> Iterator[None]:
+    """Runs the block with `threads` torch intra-op threads (None: leave the count alone) and
+    restores the count after. Decoding is a long chain of small ops: on a busy CPU, OpenMP
+    workers spin-waiting at every op's barrier can cost more than a second thread gains."""
+    if threads is None:
+        yield
+        return
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 class RolloutEngine(Protocol):

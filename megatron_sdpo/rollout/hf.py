@@ -17,7 +17,7 @@ import torch
 
 from megatron_sdpo.backends.layout import left_pad, position_ids_from_mask
 from megatron_sdpo.errors import ConfigError, DataError
-from megatron_sdpo.rollout.base import Completion, SamplingConfig
+from megatron_sdpo.rollout.base import Completion, SamplingConfig, torch_threads
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -98,6 +98,7 @@ class HFRolloutEngine:
         pad_token_id: int | None = None,
         detokenize: bool = False,
         device: str = "cpu",
+        threads: int | None = None,
     ):
         from transformers import AutoModelForCausalLM
 
@@ -107,6 +108,9 @@ class HFRolloutEngine:
             raise ConfigError(f"model_path {model_path!r} is not a HF model directory (no config.json)")
         if max_batch_size < 1:
             raise ConfigError(f"max_batch_size must be >= 1, got {max_batch_size}")
+        if threads is not None and threads < 1:
+            raise ConfigError(f"threads must be >= 1 or None, got {threads}")
+        self.threads = threads  # torch threads while generating (None: the process's)
         self.model_path = str(model_path)
         self.device = torch.device(device)
         self.model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=_DTYPES[dtype]).to(self.device)
@@ -138,8 +142,9 @@ class HFRolloutEngine:
         if sampling.seed is not None:
             # A per-call seed makes the call reproducible whatever ran before (resume).
             self.generator.manual_seed(sampling.seed)
-        for s in range(0, len(rows), self.max_batch_size):
-            out.extend(self._generate_chunk(rows[s : s + self.max_batch_size], sampling))
+        with torch_threads(self.threads):
+            for s in range(0, len(rows), self.max_batch_size):
+                out.extend(self._generate_chunk(rows[s : s + self.max_batch_size], sampling))
         return out
 
     @torch.no_grad()

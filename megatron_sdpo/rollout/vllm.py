@@ -37,8 +37,8 @@ from typing import Callable, Iterable, Iterator
 import torch
 
 from megatron_sdpo.errors import ConfigError, DataError, require
-from megatron_sdpo.rollout.base import Completion, SamplingConfig
-from megatron_sdpo.rollout.hf import check_sampling, eos_ids_of
+from megatron_sdpo.rollout.base import Completion, SamplingConfig, torch_threads
+from megatron_sdpo.rollout.hf import check_sampling, eos_ids_of, load_tokenizer
 from megatron_sdpo.rollout.replicas import ReplicaLayout
 
 _LAYER = re.compile(r"\.layers\.(\d+)\.")
@@ -188,11 +188,15 @@ class VLLMRolloutEngine:
         eos_token_ids: list[int] | None = None,
         detokenize: bool = False,
         tensor_parallel_size: int = 1,
+        threads: int | None = None,
     ):
         if not Path(model_path, "config.json").is_file():
             raise ConfigError(f"model_path {model_path!r} is not a HF model directory (no config.json)")
         if bucket_bytes is not None and bucket_bytes <= 0:
             raise ConfigError(f"bucket_bytes must be > 0 or None, got {bucket_bytes}")
+        if threads is not None and threads < 1:
+            raise ConfigError(f"threads must be >= 1 or None, got {threads}")
+        self.threads = threads  # torch threads while generating and reloading (None: the trainer's)
         self.layout = ReplicaLayout.of_launch(tensor_parallel_size)
         previous_tmpdir = _configure_env(Path(run_dir) if run_dir else Path.cwd() / ".vllm_run")
         try:
@@ -220,7 +224,9 @@ class VLLMRolloutEngine:
         self.max_model_len = max_model_len
         self.bucket_bytes = bucket_bytes
         self.eos_token_ids = list(eos_token_ids) if eos_token_ids is not None else eos_ids_of(model_path)
-        self.detokenize = detokenize
+        # Texts are decoded once per call from the final token ids (as the HF engine does), not
+        # by vLLM's incremental detokenizer, which runs per request per engine step.
+        self.tokenizer = load_tokenizer(self.model_path) if detokenize else None
 
         parallel: dict = {}
         if self.layout.world > 1:
@@ -247,13 +253,18 @@ class VLLMRolloutEngine:
                 enforce_eager=True,
                 max_model_len=max_model_len,
                 max_num_seqs=max_num_seqs,
-                skip_tokenizer_init=not detokenize,
+                skip_tokenizer_init=True,
                 logprobs_mode="processed_logprobs",
                 worker_extension_cls=f"{WeightSyncExtension.__module__}.{WeightSyncExtension.__qualname__}",
                 kv_cache_memory_bytes=kv_cache_memory_bytes,
                 gpu_memory_utilization=gpu_memory_utilization,
                 enable_sleep_mode=self.sleep_enabled,
                 disable_log_stats=True,
+                # Nothing to reuse in the loop: a call's prompts are new, its n samples of a
+                # prompt are prefilled in the same engine step (no cache hit between them), and
+                # every refit would invalidate the cache. Off, the scheduler hashes no blocks
+                # and a refit has no cache to reset.
+                enable_prefix_caching=False,
                 **parallel,
             )
         if not on_gpu and self.llm.llm_engine.vllm_config.scheduler_config.enable_chunked_prefill:
@@ -267,8 +278,14 @@ class VLLMRolloutEngine:
         """n completions per prompt, grouped consecutively; logprobs of each sampled token under
         the sampling distribution (temperature and top-p applied). `first_index`: the global
         index of prompt_ids[0] in the step's batch, which seeds its requests (a replica passes
-        the offset of its share, so samples do not depend on the layout)."""
+        the offset of its share, so samples do not depend on the layout).
+
+        Per-token work outside the model is kept to what the trainer reads: the sampled token's
+        logprob only, in vLLM's flat layout (no Logprob object per token); outputs built once
+        per request when it finishes (FINAL_ONLY), not at every engine step; no detokenizer
+        (see __init__)."""
         from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
         from vllm.inputs import TokensPrompt
 
         check_sampling(sampling)
@@ -291,11 +308,13 @@ class VLLMRolloutEngine:
                 top_p=1.0 if sampling.greedy else sampling.top_p,
                 max_tokens=min(sampling.max_new_tokens, self.max_model_len - prompt_len),
                 logprobs=0,
+                flat_logprobs=True,
+                output_kind=RequestOutputKind.FINAL_ONLY,
                 stop_token_ids=self.eos_token_ids,
                 # An explicit empty EOS list means "never stop early", as in the HF engine;
                 # otherwise vLLM would still stop at the model's own EOS.
                 ignore_eos=not self.eos_token_ids,
-                detokenize=self.detokenize,
+                detokenize=False,
             )
 
         requests = [p for p in prompt_ids for _ in range(reps)]
@@ -307,7 +326,7 @@ class VLLMRolloutEngine:
         if not requests:
             # A data-parallel replica without prompts still joins its replicas' engine steps.
             params = params_for(1, None)
-        with keep_torch_threads():
+        with keep_torch_threads(), torch_threads(self.threads):
             outs = self.llm.generate(
                 [TokensPrompt(prompt_token_ids=list(p)) for p in requests], params, use_tqdm=False
             )
@@ -315,10 +334,15 @@ class VLLMRolloutEngine:
         for r, out in enumerate(outs):
             for c in sorted(out.outputs, key=lambda c: c.index):
                 toks = list(c.token_ids)
-                lps = [float(step[tok].logprob) for tok, step in zip(toks, c.logprobs)]
-                result.append(
-                    Completion(r // reps, toks, lps, c.text or "", truncated=c.finish_reason == "length")
-                )
+                flat = c.logprobs  # FlatLogprobs: position i's entries start at start_indices[i]
+                if [flat.token_ids[i] for i in flat.start_indices] != toks:
+                    raise RuntimeError("vLLM returned logprobs that do not follow the sampled tokens")
+                lps = [flat.logprobs[i] for i in flat.start_indices]
+                result.append(Completion(r // reps, toks, lps, "", truncated=c.finish_reason == "length"))
+        if self.tokenizer is not None:
+            texts = self.tokenizer.batch_decode([c.token_ids for c in result], skip_special_tokens=True)
+            for c, text in zip(result, texts):
+                c.text = text
         return result
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
@@ -336,7 +360,7 @@ class VLLMRolloutEngine:
                 yield name, t
 
         times: list[float] = []
-        with keep_torch_threads():
+        with keep_torch_threads(), torch_threads(self.threads):
             self.llm.collective_rpc("sdpo_take_received")  # drop what an earlier call left
             if self.bucket_bytes is None:
                 buckets: Iterable = [recorded(named_tensors)]
@@ -351,8 +375,6 @@ class VLLMRolloutEngine:
                 # A bucket's time includes producing it (TP gather / PP broadcast of the export).
                 times.append(t - t_prev)
                 t_prev = t
-            # Cached prefixes were computed with the old weights.
-            self.llm.reset_prefix_cache()
             self.received_checksums = self.llm.collective_rpc("sdpo_take_received")[0]
         self.sent_checksums = checksums_to_host(sent)
         self.last_sync = {

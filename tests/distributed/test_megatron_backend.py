@@ -146,6 +146,8 @@ def _backend_worker(model_dir: str, layouts: list) -> list:
         for _ in range(1 if kind.startswith("sdpo") else STEPS):
             m = be.train_step(b, loss_fn)
             steps.append((m["loss"], m["grad_norm"]))
+            # Only the teacher's forward is timed (not the reference rider's).
+            assert (m["time/teacher_forward"] > 0.0) == kind.startswith("sdpo"), (kind, m)
         results.append(steps)
         del be
         destroy()

@@ -1,4 +1,6 @@
 """Trainer pieces that need no model: the teacher-signal diagnostic."""
+import time
+
 import pytest
 import torch
 
@@ -109,6 +111,36 @@ def test_step_order_generate_sleep_train_wake_refit():
         trainer.step("math", records, seed=step, step=step)
     one = ["generate", "sleep", "train", "wake", "refit", "export", "tensor"]
     assert log == one + one
+
+
+class TimedBackend(RecordingBackend):
+    """A train step that takes 30 ms, 10 of them (it says) in the teacher's forward."""
+
+    def train_step(self, batch, loss_fn):
+        time.sleep(0.03)
+        return {**super().train_step(batch, loss_fn), "time/teacher_forward": 0.01}
+
+    def logprobs(self, batch, *, model="policy"):  # the teacher-signal diagnostic's forward
+        return torch.zeros(len(batch), batch.max_response_len)
+
+
+def test_step_reports_disjoint_phase_times():
+    from megatron_sdpo.builders import load_tokenizer
+    from megatron_sdpo.data.synthetic import generate
+    from megatron_sdpo.models.tiny import ensure_tiny_base
+    from megatron_sdpo.stopwatch import PHASES
+
+    tok = load_tokenizer(ensure_tiny_base())
+    records = generate("math", "id", 2, 0)
+    for name in ("tiny", "tiny_sdpo"):
+        trainer = Trainer(load_config(name), TimedBackend([]), RecordingEngine([]), tok)
+        m = trainer.step("math", records, seed=0).metrics
+        parts = [m[f"time/{p}"] for p in PHASES]
+        assert all(v >= 0.0 for v in parts) and m["time/other"] >= 0.0
+        assert sum(parts) <= m["time/step"] and sum(parts) + m["time/other"] == pytest.approx(m["time/step"])
+        # The backend's teacher forward is booked as teacher time, not train time.
+        assert m["time/teacher"] >= 0.01 and 0.02 <= m["time/train"] < m["time/step"]
+        assert "time/teacher_forward" not in m
 
 
 def test_attach_teacher_follows_the_domain_feedback_policy_and_the_token_cap():

@@ -45,6 +45,7 @@ from megatron_sdpo.backends.megatron.model import ModelOptions, build_model, wei
 from megatron_sdpo.backends.megatron.parallel import ParallelConfig, group_device, init_distributed, initialize, launch_device
 from megatron_sdpo.backends.schedule import LRSchedule
 from megatron_sdpo.errors import ConfigError, require
+from megatron_sdpo.stopwatch import Stopwatch
 from megatron_sdpo.weights.plan import ModelSpec
 from megatron_sdpo.weights.transport import export_hf, load_hf
 
@@ -129,6 +130,8 @@ class MegatronBackend:
         # to collectives on `comm_device` (NCCL: the same GPU, gloo: the CPU).
         self.device = torch.device(device) if device is not None else launch_device()
         self.comm_device = group_device()
+        # Time in the teacher's forward inside train_step, reported as "time/teacher_forward".
+        self.teacher_clock = Stopwatch(self.device)
         if self.device.type == "cuda" and torch.cuda.is_available():
             torch.cuda.set_device(self.device)
         self.layout = initialize(parallel, seed=seed)
@@ -409,9 +412,10 @@ class MegatronBackend:
             hidden = heads.hidden_only(m, *(r[1] for r in riders)) if from_hidden else contextlib.nullcontext()
             with hidden:
                 with torch.no_grad():
-                    rider_out = [
-                        model(rows.tokens, rows.positions, None) for (_, model, _), rows in zip(riders, mb["rider_rows"])
-                    ]
+                    rider_out = []
+                    for (name, model, _), rows in zip(riders, mb["rider_rows"]):
+                        with self.teacher_clock.measure() if name == "teacher" else contextlib.nullcontext():
+                            rider_out.append(model(rows.tokens, rows.positions, None))
                 out = m(mb["rows"].tokens, mb["rows"].positions, None)
             if not last and riders:
                 out = torch.cat([out, *rider_out], dim=1)
@@ -419,6 +423,7 @@ class MegatronBackend:
 
         self.policy.zero_grad_buffer()
         self.optimizer.zero_grad()
+        self.teacher_clock.take()  # only this step's teacher forwards count
         self.policy.train()
         get_forward_backward_func()(
             forward_step_func=step, data_iterator=iter(micro), model=[self.policy], num_microbatches=len(micro),
@@ -434,6 +439,8 @@ class MegatronBackend:
             self.scheduler.step(1)
         out = self._reduce_metrics(sums, grad_norm, ok, len(batch))
         out["lr"] = float(lr)
+        # This rank's seconds in the teacher's forward (the trainer books them as teacher time).
+        out["time/teacher_forward"] = self.teacher_clock.take()
         return out
 
     def _hidden_outputs(self, mb: dict, riders: list, rider_hidden: list, hidden: torch.Tensor, requires: frozenset, d: DistillationSpec) -> dict:

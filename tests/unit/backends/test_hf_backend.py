@@ -306,3 +306,16 @@ def test_topk_outputs_give_the_logits_path_step(model_dir):
         got.append((m["loss"], m["grad_norm"], m["sdpo/topk_mass_student"]))
     assert got[0][0] > 1e-4
     assert got[1] == pytest.approx(got[0], rel=1e-5)
+
+
+def test_train_step_reports_the_teacher_forward_time(model_dir):
+    """SDPO's teacher forward runs inside train_step: the step reports its seconds (the trainer
+    books them as teacher time); a loss without teacher outputs reports none."""
+    from megatron_sdpo.algorithms.losses import SDPOLoss
+
+    batch = make_batch(5, with_teacher=True)
+    be = HFBackend(model_dir, lr=1e-3, micro_batch_size=3, seed=0)
+    sdpo = be.train_step(batch, SDPOLoss(alpha=0.5, topk=None, is_clip=None))
+    grpo = be.train_step(batch, WeightedNLL())
+    assert sdpo["time/teacher_forward"] > 0.0
+    assert grpo["time/teacher_forward"] == 0.0

@@ -159,6 +159,12 @@ def test_tempered_sampling_runs_with_the_guard_off():
     assert cfg.rollout.guard.max_mismatch is None
 
 
+def test_rollout_threads_is_checked():
+    assert load_config("tiny", ["rollout.threads=1"]).rollout.threads == 1
+    with pytest.raises(ConfigError, match="rollout.threads must be >= 1"):
+        load_config("tiny", ["rollout.threads=0"])
+
+
 def test_rollout_tensor_parallel_size_checks_the_launch(monkeypatch, tmp_path):
     from megatron_sdpo.builders import make_rollout
 

@@ -85,3 +85,46 @@ def test_huge_and_binary_responses_do_not_raise():
     assert time.monotonic() - start < 10.0  # loose on purpose: catches a scan gone badly super-linear, not a loaded machine
     garbage = bytes(range(256)) * 100
     assert score("math", garbage, {"answer": "12"}).score == 0.0
+
+
+def test_batch_equals_one_at_a_time_including_a_hang():
+    """score_batch sends the whole batch to the worker at once: same results as scoring each
+    response alone, the per-answer deadline still holds, and the answers after a killed one
+    are checked by the restarted worker."""
+    from megatron_sdpo.rewards.math import score_math_batch
+
+    hang = "\\boxed{(9^{9999})^{9999}}"  # evades the refusal guards; math-verify never returns
+    responses = ["\\boxed{12}", "\\boxed{13}", "no box", "\\boxed{}", "\\boxed{9^{9^{9}}}", "\\boxed{12}",
+                 hang, "\\boxed{0.5}", "\\boxed{\\frac{1}{2}}", "\\boxed{hello world}", "\\boxed{12}"]
+    records = [{"answer": "12"}] * 7 + [{"answer": "\\frac{1}{2}"}] * 2 + [{"answer": "12"}] * 2
+    alone_verifier, batch_verifier = MathVerifier(timeout_s=1.5), MathVerifier(timeout_s=1.5)
+    try:
+        alone = [score_math(r, rec, verifier=alone_verifier) for r, rec in zip(responses, records)]
+        batch_verifier.check("1", "1")  # start the worker outside the timed region
+        start = time.monotonic()
+        batch = score_math_batch(responses, records, verifier=batch_verifier)
+        # One deadline for the hang, plus a worker restart; far below the hang itself (forever).
+        assert time.monotonic() - start < 1.5 + 60.0
+    finally:
+        alone_verifier.close()
+        batch_verifier.close()
+    assert [(r.score, r.feedback, r.details) for r in batch] == [(r.score, r.feedback, r.details) for r in alone]
+    assert [r.score for r in batch] == [1.0, 0.0, 0.0, 0.0, 0.0, 1.0, 0.0, 1.0, 1.0, 0.0, 1.0]
+    assert batch[6].details["error"] == "timeout" and batch[4].details["error"] == "too_complex"
+
+
+def test_score_batch_math_matches_score():
+    from megatron_sdpo.rewards import score_batch
+
+    responses = ["\\boxed{4}", "\\boxed{5}", "", "\\boxed{2+2}", b"\\boxed{4}", None]
+    records = [{"answer": "4"}] * 6
+    batch = score_batch("math", responses, records)
+    assert [(r.score, r.feedback) for r in batch] == [(s.score, s.feedback) for s in (score("math", x, rec) for x, rec in zip(responses, records))]
+    assert [r.score for r in batch] == [1.0, 0.0, 0.0, 1.0, 1.0, 0.0]
+
+
+def test_a_bad_record_fails_only_its_own_sample():
+    from megatron_sdpo.rewards import score_batch
+
+    out = score_batch("math", ["\\boxed{4}", "\\boxed{4}"], [{"answer": "4"}, {}])
+    assert out[0].score == 1.0 and out[1].details["error"] == "verifier_exception"

@@ -135,3 +135,19 @@ def test_top_p_logprobs_keeps_nucleus():
     lp = top_p_logprobs(logits, 1.0, 0.8)
     assert torch.isinf(lp[0, 2:]).all()
     torch.testing.assert_close(lp[0, :2].exp(), torch.tensor([0.625, 0.375]))
+
+
+def test_generation_threads_are_set_for_the_call_and_restored(model_dir, monkeypatch):
+    """rollout.threads: the engine generates with that many torch threads, the same samples,
+    and leaves the trainer's count as it was."""
+    seen = []
+    real_chunk = HFRolloutEngine._generate_chunk
+    monkeypatch.setattr(HFRolloutEngine, "_generate_chunk", lambda self, *a: (seen.append(torch.get_num_threads()), real_chunk(self, *a))[1])
+    cfg = SamplingConfig(n=2, max_new_tokens=6, seed=5)
+    before = torch.get_num_threads()
+    one = HFRolloutEngine(model_dir, seed=0, threads=1).generate(PROMPTS, cfg)
+    default = HFRolloutEngine(model_dir, seed=0).generate(PROMPTS, cfg)
+    assert seen == [1, before] and torch.get_num_threads() == before
+    assert [c.token_ids for c in one] == [c.token_ids for c in default]
+    with pytest.raises(ConfigError, match="threads"):
+        HFRolloutEngine(model_dir, threads=0)

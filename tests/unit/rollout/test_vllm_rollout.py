@@ -189,3 +189,34 @@ def test_refit_guard_names_a_tensor_corrupted_in_transit(setup):
         engine.transit = None
         engine.bucket_bytes = None
         engine.update_weights(backend.export_weights())
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_vllm_texts_are_decoded_from_each_completions_own_tokens(setup, monkeypatch):
+    """Texts are decoded once per call from the final token ids (vLLM's per-step detokenizer is
+    off): each completion gets the text of its own tokens, in order."""
+    engine, _ = setup
+
+    class IdsTokenizer:  # the test model has no tokenizer: a text that spells the ids
+        def batch_decode(self, seqs, *, skip_special_tokens):
+            assert skip_special_tokens
+            return [" ".join(map(str, s)) for s in seqs]
+
+    monkeypatch.setattr(engine, "tokenizer", IdsTokenizer())
+    comps = engine.generate(PROMPTS, SamplingConfig(n=3, max_new_tokens=8, seed=1))
+    assert [c.text for c in comps] == [" ".join(map(str, c.token_ids)) for c in comps]
+    assert len({c.text for c in comps}) > 1
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_vllm_generation_threads_are_restored(setup, monkeypatch):
+    """rollout.threads: generate and refit run with that many torch threads; the trainer's
+    count is back afterwards."""
+    engine, backend = setup
+    monkeypatch.setattr(engine, "threads", 1)
+    before = torch.get_num_threads()
+    comps = engine.generate(PROMPTS, SamplingConfig(n=2, max_new_tokens=4, seed=2))
+    engine.update_weights(backend.export_weights())
+    assert torch.get_num_threads() == before and len(comps) == 2 * len(PROMPTS)
