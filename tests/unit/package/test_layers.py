@@ -23,7 +23,7 @@ LAYERS = [
     # distill (torch and errors only; algorithms/__init__ imports nothing).
     ["algorithms.divergence", "algorithms.distillation"],
     # Foundations: each imports errors only.
-    ["config", "data", "rewards", "weights", "kernels", "ranks", "run_dir", "chat", "engine_logs"],
+    ["config", "data", "rewards", "weights", "kernels", "ranks", "run_dir", "chat", "engine_logs", "stopwatch"],
     # The backend seam's plain types: the batch and loss protocol, token layout, LR schedule.
     ["backends.base", "backends.layout", "backends.schedule"],
     # Pure maths on tensors and batches.
