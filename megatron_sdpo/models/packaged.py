@@ -119,8 +119,8 @@ def convert_gguf(gguf_file: str | Path, out_dir: str | Path, *, extra: str = "sm
     """Convert a GGUF checkpoint that transformers can read into a plain HF directory, atomically.
 
     Writes fp32 safetensors, the tokenizer (chat template included) and the generation config to
-    `out_dir`, which must not exist yet or be empty/incomplete (it is replaced). Returns the
-    provenance record (also written to `out_dir/packaged_source.json`).
+    `out_dir`, which must not hold a converted model yet (an incomplete directory is replaced).
+    Returns the provenance record (also written to `out_dir/packaged_source.json`).
     """
     require_gguf_support(extra)
     import torch
@@ -133,6 +133,8 @@ def convert_gguf(gguf_file: str | Path, out_dir: str | Path, *, extra: str = "sm
     gguf_file, out_dir = Path(gguf_file), Path(out_dir)
     if not gguf_file.is_file():
         raise CheckpointError(f"{gguf_file}: no such GGUF file")
+    if is_complete(out_dir):
+        raise CheckpointError(f"{out_dir} already holds a converted model (remove it to convert again)")
     t0 = time.time()
     src, name = str(gguf_file.parent), gguf_file.name
     try:
@@ -182,7 +184,8 @@ def convert_gguf(gguf_file: str | Path, out_dir: str | Path, *, extra: str = "sm
         try:
             os.replace(tmp, out_dir)
         except OSError:
-            # Another process finished the same conversion first: its directory is as good.
+            # Another process (a second rank) finished the same conversion meanwhile: its
+            # directory is as good as ours.
             if not is_complete(out_dir):
                 raise
     finally:

@@ -211,6 +211,8 @@ def test_incomplete_directory_is_replaced(tiny_gguf, tmp_path):
     (out / "config.json").write_text("{}")  # e.g. left by a copy by hand
     packaged.convert_gguf(tiny_gguf, out)
     assert packaged.is_complete(out)
+    with pytest.raises(UserError, match="already holds a converted model"):
+        packaged.convert_gguf(tiny_gguf, out)
 
 
 def test_missing_package_is_one_line_naming_the_extra(monkeypatch, cache):
@@ -284,3 +286,27 @@ def test_packaged_smollm2_converts_and_answers(tmp_path, monkeypatch):
     x = torch.tensor([ids])
     with torch.no_grad():
         assert torch.equal(got(x).logits, ref(x).logits)
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_vllm_serves_the_converted_dir(tiny_gguf, tmp_path):
+    """vLLM loads the converted Llama directory as it is (no quantization config, tied output) and
+    its sampling log-probs are the trainer's: the same check, and tolerance, as the tiny Qwen3's
+    in tests/unit/rollout/test_vllm_rollout.py."""
+    from megatron_sdpo.backends.base import SequenceBatch
+    from megatron_sdpo.backends.hf import HFBackend
+    from megatron_sdpo.rollout import SamplingConfig
+    from megatron_sdpo.rollout.vllm import VLLMRolloutEngine
+
+    out = tmp_path / "hf"
+    packaged.convert_gguf(tiny_gguf, out)
+    prompts = [[1, 5, 6, 7], [1, 100, 101, 102, 103]]
+    engine = VLLMRolloutEngine(str(out), seed=0, max_model_len=64, max_num_seqs=8, run_dir=str(tmp_path / "vllm_run"))
+    comps = engine.generate(prompts, SamplingConfig(n=2, temperature=1.0, max_new_tokens=8))
+    assert len(comps) == 4 and all(len(c.logprobs) == len(c.token_ids) >= 1 for c in comps)
+    backend = HFBackend(str(out), lr=1e-3, micro_batch_size=8)
+    batch = SequenceBatch([prompts[c.prompt_index] for c in comps], [c.token_ids for c in comps])
+    lp = backend.logprobs(batch)
+    worst = max(float((torch.tensor(c.logprobs) - lp[i, : len(c.token_ids)]).abs().max()) for i, c in enumerate(comps))
+    assert worst <= 1e-4, f"vLLM vs trainer logprobs differ by {worst}"
