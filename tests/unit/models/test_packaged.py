@@ -19,7 +19,8 @@ from megatron_sdpo.models.packaged import PackagedModel
 
 gguf = pytest.importorskip("gguf", reason="the gguf package is not installed (pip install -e .[smollm2])")
 
-HIDDEN, HEADS, KV_HEADS, FFN, LAYERS = 64, 4, 2, 128, 2
+# head_dim 64: vLLM's CPU attention supports no smaller heads (16 fails with "Unsupported CPU attention").
+HIDDEN, HEADS, KV_HEADS, FFN, LAYERS = 128, 2, 1, 128, 2
 CHAT_TEMPLATE = (
     "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n'}}"
     "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
