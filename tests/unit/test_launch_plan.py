@@ -63,13 +63,22 @@ def test_builtin_architectures_match_the_public_sizes():
     assert abs(p.arch.params / 4.02e9 - 1) < 0.01 and p.arch.tied and p.arch.layers == 36
     p7 = plan(load_config("olmo3_7b"), 8)
     assert abs(p7.arch.params / 7.3e9 - 1) < 0.01 and not p7.arch.tied
-    assert set(BUILTIN_ARCHS) == {"qwen/qwen3-4b", "allenai/olmo-3-7b-instruct"}
+    assert set(BUILTIN_ARCHS) == {"qwen/qwen3-4b", "allenai/olmo-3-7b-instruct", "smollm2-135m-instruct"}
     # Sharding is visible in the estimate: twice the TP halves the weights per rank.
     tp4 = plan(load_config("qwen3_4b", ["backend.megatron.tensor_parallel=4"]), 8)
     assert tp4.memory["params"] * 2 == pytest.approx(p.memory["params"], rel=1e-6)
     assert p.memory["logits"] > 0  # the paper's top-100 + tail: vocab-sharded logits of a micro-batch
     assert plan(load_config("qwen3_4b", ["algorithm.sdpo.topk=null", "stages.3.algorithm.sdpo.topk=null", "kernel.fused_kl=true"]), 8).memory["logits"] == 0
     assert p.train_peak < 80 * 2**30, "the paper preset must fit an 80 GiB GPU by the estimate"
+
+
+def test_packaged_model_plans_without_converting(tmp_path, monkeypatch):
+    """Before its first run the packaged SmolLM2 is not in the cache: the plan uses the built-in
+    table (134.5M parameters, tied) and converts nothing."""
+    monkeypatch.setenv("MEGATRON_SDPO_CACHE", str(tmp_path))
+    p = plan(load_config("smollm2_135m"), 1)
+    assert abs(p.arch.params / 134_515_008 - 1) < 1e-3 and p.arch.tied and p.arch.layers == 30
+    assert "built-in table" in p.arch.source and not any(tmp_path.iterdir())
 
 
 def test_config_json_of_a_local_model_and_unknown_models(tmp_path):

@@ -17,12 +17,23 @@ _MODULES = {"math": math, "science": science, "tooluse": tooluse, "code": code}
 DEFAULT_DIFFICULTY: dict[str, float] = {d: m.DEFAULT_DIFFICULTY for d, m in _MODULES.items()}
 
 
-def generate(domain: str, split: str, n: int, seed: int, difficulty: float | None = None) -> list[dict]:
-    """`n` records of `domain` / `split`; `difficulty` in [0, 1] (None: the calibrated default)."""
+def generate(domain: str, split: str, n: int, seed: int, difficulty: float | None = None, *,
+             instruction: str | None = None) -> list[dict]:
+    """`n` records of `domain` / `split`; `difficulty` in [0, 1] (None: the calibrated default).
+
+    `instruction` replaces the domain's INSTRUCTION that ends every prompt (None: keep it); the
+    records are otherwise identical, so a model's pass rate can be set by the wording alone."""
     if domain not in _MODULES:
         raise DataError(f"unknown domain {domain!r}; expected one of {', '.join(DOMAINS)}")
     mod = _MODULES[domain]
-    return mod.generate(split, n, seed, mod.DEFAULT_DIFFICULTY if difficulty is None else difficulty)
+    records = mod.generate(split, n, seed, mod.DEFAULT_DIFFICULTY if difficulty is None else difficulty)
+    if instruction is not None:
+        cut = len(mod.INSTRUCTION)
+        for r in records:
+            if not r["prompt"].endswith(mod.INSTRUCTION):  # pragma: no cover - a generator bug
+                raise AssertionError(f"{domain} prompt does not end with its instruction: {r['prompt'][-60:]!r}")
+            r["prompt"] = r["prompt"][:-cut] + instruction
+    return records
 
 
 __all__ = ["DOMAINS", "SPLITS", "DEFAULT_DIFFICULTY", "generate"]

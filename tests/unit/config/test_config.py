@@ -235,3 +235,21 @@ def test_paper_presets_carry_the_paper_settings(name):
     assert grpo.algorithm.name == "grpo" and (g.mini_batches, g.dual_clip, g.norm_by_std, g.tis_cap, g.kl_coef) == (4, 3.0, False, 2.0, 0.0)
     assert (grpo.backend.weight_decay, grpo.backend.lr_schedule.warmup_steps) == (0.01, 40)  # 10 rollout steps
     assert grpo.domains == cfg.domains and grpo.backend.megatron == cfg.backend.megatron
+
+
+def test_a_domain_set_to_null_is_dropped():
+    cfg = load_config("smollm2_135m")
+    assert list(cfg.domains) == ["math", "tooluse"] and [s.domain for s in cfg.stages] == ["math", "tooluse"]
+    assert list(load_config("tiny", ["stages=[{domain: math, steps: 1}]", "domains.code=null"]).domains) == [
+        "math", "science", "tooluse"]
+    with pytest.raises(ConfigError, match=r"stages.3.domain: unknown domain 'code'"):
+        load_config("tiny", ["domains.code=null"])
+
+
+def test_data_instruction_is_for_synthetic_sources_only():
+    cfg = load_config("tiny", ["domains.math.train.instruction=Box it."])
+    assert cfg.domains["math"].train.instruction == "Box it."
+    with pytest.raises(ConfigError, match=r"domains.math.eval.id.instruction applies to synthetic sources only"):
+        load_config("tiny", ["domains.math.eval.id.source=x.jsonl", "domains.math.eval.id.instruction=Box it."])
+    with pytest.raises(ConfigError, match=r"domains.math.train.instruction must be non-empty"):
+        load_config("tiny", ["domains.math.train.instruction=' '"])

@@ -128,3 +128,15 @@ def test_solutions_score_one(domain):
         for r in generate(domain, split, 25, seed=3):
             res = score(domain, r["solution"], r)
             assert res.score == 1.0, (split, r["prompt"], r["solution"], res.feedback)
+
+
+@pytest.mark.parametrize("domain", DOMAINS)
+def test_instruction_replaces_only_the_prompt_ending(domain):
+    from megatron_sdpo.data import synthetic
+
+    own = generate(domain, "id", 8, 3)
+    worded = generate(domain, "id", 8, 3, instruction="Say it plainly.")
+    suffix = synthetic._MODULES[domain].INSTRUCTION
+    for a, b in zip(own, worded):
+        assert a["prompt"].endswith(suffix) and b["prompt"] == a["prompt"][: -len(suffix)] + "Say it plainly."
+        assert {k: v for k, v in a.items() if k != "prompt"} == {k: v for k, v in b.items() if k != "prompt"}
