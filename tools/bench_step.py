@@ -42,7 +42,7 @@ TRL = ("trl_grpo", "trl_sdpo")
 ARMS = OURS + TRL
 LR, CLIP_LOW, CLIP_HIGH, EMA_RATE, ALPHA = 1e-4, 0.2, 0.28, 0.05, 0.5
 FIXED = ["arm", "framework", "algorithm", "engine", "round", "status", "reason", "steps_timed", "s_per_step",
-         "peak_rss_mb", "peak_tree_rss_mb", "wall_s"]
+         "peak_rss_mb", "peak_tree_rss_mb", "wall_s", "load_avg"]
 
 
 def arm_parts(arm: str) -> tuple[str, str, str]:
@@ -252,7 +252,8 @@ def worker(args) -> None:
 def run_arm(args, arm: str, rnd: int) -> dict:
     """One arm in a subprocess; its row (status ok / failed / skipped)."""
     framework, algorithm, engine = arm_parts(arm)
-    row = {"arm": arm, "framework": framework, "algorithm": algorithm, "engine": engine, "round": rnd}
+    row = {"arm": arm, "framework": framework, "algorithm": algorithm, "engine": engine, "round": rnd,
+           "load_avg": os.getloadavg()[0]}  # the machine's 1-minute load when the arm started
     if framework == "trl" and (why := trl_missing()):
         return {**row, "status": "skipped", "reason": why}
     with tempfile.TemporaryDirectory(prefix="bench_step_") as tmp:
@@ -299,7 +300,8 @@ def summarize(rows: list[dict], arms: list[str]) -> list[dict]:
 def print_table(summary: list[dict], rows: list[dict]) -> None:
     trl = {r["algorithm"]: r for r in summary if r["framework"] == "trl" and r["status"] == "ok"}
     phase_keys = sorted({k for r in summary for k in r if k not in FIXED})
-    print(f"\n{'arm':16s} {'s/step':>8s} {'vs TRL':>7s} {'rss MB':>8s} {'tree MB':>8s}  per-round s/step; phases")
+    print(f"\n{'arm':16s} {'s/step':>8s} {'vs TRL':>7s} {'rss MB':>8s} {'tree MB':>8s} {'load':>5s}"
+          "  per-round s/step; phases")
     for r in summary:
         if r["status"] != "ok":
             print(f"{r['arm']:16s} {r['status']}: {r['reason']}")
@@ -308,7 +310,7 @@ def print_table(summary: list[dict], rows: list[dict]) -> None:
         ratio = f"{r['s_per_step'] / ref['s_per_step']:.2f}x" if ref and r["framework"] != "trl" else "-"
         per_round = ", ".join(f"{x['s_per_step']:.3f}" for x in rows if x["arm"] == r["arm"] and x["status"] == "ok")
         phases = ", ".join(f"{k} {r[k]:.3f}" for k in phase_keys if k in r)
-        print(f"{r['arm']:16s} {r['s_per_step']:8.3f} {ratio:>7s} {r['peak_rss_mb']:8.0f} {r['peak_tree_rss_mb']:8.0f}"
+        print(f"{r['arm']:16s} {r['s_per_step']:8.3f} {ratio:>7s} {r['peak_rss_mb']:8.0f} {r['peak_tree_rss_mb']:8.0f} {r['load_avg']:5.1f}"
               f"  [{per_round}]; {phases}")
     for algo, ref in trl.items():  # ratios paired within rounds: load drift hits both arms of a round
         for r in summary:
@@ -322,6 +324,16 @@ def print_table(summary: list[dict], rows: list[dict]) -> None:
                             pairs.append(x["s_per_step"] / y["s_per_step"])
                 if pairs:
                     print(f"{r['arm']} / {ref['arm']} paired by round: " + ", ".join(f"{p:.2f}" for p in pairs))
+
+
+def write_csv(out: Path, rows: list[dict], summary: list[dict]) -> None:
+    """Per-round rows, then one median row per arm; phase columns are the union of those logged."""
+    extra = sorted({k for r in rows + summary for k in r} - set(FIXED))
+    with out.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=FIXED + extra, restval="")
+        w.writeheader()
+        for r in rows + summary:
+            w.writerow({k: (round(v, 4) if isinstance(v, float) else v) for k, v in r.items()})
 
 
 def parse_args(argv=None):
@@ -369,7 +381,8 @@ def main(argv=None) -> None:
     print(f"bench_step: {len(arms)} arms x {args.rounds} rounds, {args.prompts} prompts x {args.samples} samples, "
           f"{args.new_tokens} new tokens, {args.threads} threads, steps {args.warmup + 1}-{args.steps} timed; "
           f"load average {load:.1f} on {os.cpu_count()} CPUs")
-    rows = []
+    rows: list[dict] = []
+    out = Path(args.out)
     for rnd in range(1, args.rounds + 1):
         for arm in arms:
             row = run_arm(args, arm, rnd)
@@ -377,14 +390,9 @@ def main(argv=None) -> None:
             if row["status"] == "ok":
                 print(f"round {rnd} {arm}: {row['s_per_step']:.3f} s/step, peak RSS {row['peak_rss_mb']:.0f} MB",
                       flush=True)
-    summary = summarize(rows, arms)
-    extra = sorted({k for r in rows + summary for k in r} - set(FIXED))
-    out = Path(args.out)
-    with out.open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=FIXED + extra, restval="")
-        w.writeheader()
-        for r in rows + summary:
-            w.writerow({k: (round(v, 4) if isinstance(v, float) else v) for k, v in r.items()})
+            # Rewritten after every arm: an interrupted run keeps the rounds it finished.
+            summary = summarize(rows, [a for a in arms if any(r["arm"] == a for r in rows)])
+            write_csv(out, rows, summary)
     print_table(summary, rows)
     print(f"wrote {out}")
     if not any(r["status"] == "ok" for r in rows):
