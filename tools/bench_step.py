@@ -240,9 +240,9 @@ def worker(args) -> None:
 
     torch.set_num_threads(args.threads)
     tree = TreeRSS()
-    work = Path(tempfile.mkdtemp(prefix=f"bench_step_{args.worker}_"))
     t0 = time.perf_counter()
-    out = (run_trl if args.worker.startswith("trl_") else run_ours)(args, args.worker, work)
+    with tempfile.TemporaryDirectory(prefix=f"bench_step_{args.worker}_") as work:
+        out = (run_trl if args.worker.startswith("trl_") else run_ours)(args, args.worker, Path(work))
     out["wall_s"] = time.perf_counter() - t0
     out["peak_tree_rss_mb"] = tree.stop() / 2**20
     Path(args.result).write_text(json.dumps(out))
