@@ -56,7 +56,7 @@ def trl_missing() -> str | None:
     import importlib.util
 
     if importlib.util.find_spec("trl") is None:
-        return "TRL is not installed (pip install trl)"
+        return "TRL is not installed (pip install trl, or pip install -e .[bench])"
     return None
 
 
@@ -269,8 +269,9 @@ def run_arm(args, arm: str, rnd: int) -> dict:
             _, status, usage = os.wait4(proc.pid, 0)
             proc.returncode = os.waitstatus_to_exitcode(status)
         if proc.returncode != 0 or not result.is_file():
-            tail = log.read_text().strip().splitlines()[-1:] or ["no output"]
-            print(f"  {arm}: failed (exit {proc.returncode}); log tail:\n" + "\n".join(log.read_text().splitlines()[-20:]))
+            lines = log.read_text().strip().splitlines()
+            tail = lines[-1:] or ["no output"]
+            print(f"  {arm}: failed (exit {proc.returncode}); log tail:\n" + "\n".join(lines[-20:]))
             return {**row, "status": "failed", "reason": tail[0][:200]}
         out = json.loads(result.read_text())
     timed = out["times"][args.warmup:]
@@ -310,8 +311,8 @@ def print_table(summary: list[dict], rows: list[dict]) -> None:
         ratio = f"{r['s_per_step'] / ref['s_per_step']:.2f}x" if ref and r["framework"] != "trl" else "-"
         per_round = ", ".join(f"{x['s_per_step']:.3f}" for x in rows if x["arm"] == r["arm"] and x["status"] == "ok")
         phases = ", ".join(f"{k} {r[k]:.3f}" for k in phase_keys if k in r)
-        print(f"{r['arm']:16s} {r['s_per_step']:8.3f} {ratio:>7s} {r['peak_rss_mb']:8.0f} {r['peak_tree_rss_mb']:8.0f} {r['load_avg']:5.1f}"
-              f"  [{per_round}]; {phases}")
+        print(f"{r['arm']:16s} {r['s_per_step']:8.3f} {ratio:>7s} {r['peak_rss_mb']:8.0f} "
+              f"{r['peak_tree_rss_mb']:8.0f} {r['load_avg']:5.1f}  [{per_round}]; {phases}")
     for algo, ref in trl.items():  # ratios paired within rounds: load drift hits both arms of a round
         for r in summary:
             if r["framework"] == "ours" and r["algorithm"] == algo and r["status"] == "ok":
