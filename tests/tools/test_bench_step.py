@@ -1,0 +1,65 @@
+"""tools/bench_step.py: the CSV it writes on a tiny workload, and TRL arms reported, not dropped."""
+import csv
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+TOOL = ROOT / "tools" / "bench_step.py"
+TINY = ["--steps", "2", "--warmup", "1", "--prompts", "4", "--samples", "2", "--micro-batch", "8",
+        "--dataset", "8", "--new-tokens", "8", "--threads", "1"]
+
+
+def load_tool():
+    spec = importlib.util.spec_from_file_location("bench_step", TOOL)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_hf_arm_writes_round_and_median_rows(tmp_path):
+    out = tmp_path / "bench.csv"
+    proc = subprocess.run(
+        [sys.executable, str(TOOL), "--arms", "ours_grpo_hf", "--rounds", "1", "--out", str(out), *TINY],
+        capture_output=True, text=True, timeout=300, cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    rows = list(csv.DictReader(out.open()))
+    assert [(r["arm"], r["round"], r["status"]) for r in rows] == [
+        ("ours_grpo_hf", "1", "ok"), ("ours_grpo_hf", "median", "ok")
+    ]
+    for r in rows:
+        assert (r["framework"], r["algorithm"], r["engine"]) == ("ours", "grpo", "hf")
+        assert r["steps_timed"] == "1"  # 2 steps, the first untimed
+        assert float(r["s_per_step"]) > 0 and float(r["wall_s"]) >= float(r["s_per_step"])
+        # A process holding torch and a model is far above 50 MB; a unit slip (bytes vs KiB) is not.
+        assert 50 < float(r["peak_rss_mb"]) < 64 * 1024
+        assert float(r["peak_tree_rss_mb"]) > 50
+        # The trainer's own phase timers made it into the row (whatever their names).
+        phases = [k for k in r if k.endswith("_time") or k.startswith("time/")]
+        assert phases and all(float(r[k]) >= 0 for k in phases), r
+    assert "ours_grpo_hf" in proc.stdout and "s/step" in proc.stdout
+
+
+def test_trl_arms_without_trl_are_reported_skipped(monkeypatch, tmp_path):
+    tool = load_tool()
+    monkeypatch.setattr(tool, "trl_missing", lambda: "TRL is not installed (pip install trl)")
+    args = tool.parse_args(["--arms", "trl_grpo,trl_sdpo", "--out", str(tmp_path / "x.csv"), *TINY])
+    rows = [tool.run_arm(args, arm, 1) for arm in args.arm_list]
+    assert [(r["arm"], r["status"]) for r in rows] == [("trl_grpo", "skipped"), ("trl_sdpo", "skipped")]
+    assert all("pip install trl" in r["reason"] for r in rows)
+    summary = tool.summarize(rows, args.arm_list)
+    assert [(r["round"], r["status"]) for r in summary] == [("median", "skipped")] * 2
+
+
+@pytest.mark.parametrize("argv", [
+    ["--arms", "ours_grpo_hf,nope"], ["--steps", "2", "--warmup", "2"], ["--samples", "1"],
+    ["--prompts", "4", "--samples", "2", "--micro-batch", "3"],
+])
+def test_bad_options_are_one_line_errors(argv, tmp_path):
+    proc = subprocess.run([sys.executable, str(TOOL), *argv], capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "error:" in proc.stderr.strip().splitlines()[-1]

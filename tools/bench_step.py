@@ -1,0 +1,404 @@
+"""RL step time and peak memory: this project's trainer vs TRL on one workload, side by side.
+
+    python tools/bench_step.py --rounds 3 --out bench_step.csv [--arms ours_grpo_hf,trl_grpo,...]
+
+The workload (issue 13's table): the shipped tiny base, the synthetic math train set (512
+prompts), P prompts x G samples per step, 32 new tokens, temperature 1, teacher feedback off,
+`--threads` torch threads. Arms:
+
+    ours_grpo_hf, ours_sdpo_hf, ours_grpo_vllm, ours_sdpo_vllm  this project (ContinualRun, one
+        math stage, diagnostics and checkpoints off), HF generate or colocated vLLM rollout
+    trl_grpo, trl_sdpo  TRL's GRPOTrainer / trl.experimental.sdpo.SDPOTrainer (HF generate)
+
+SDPO everywhere: EMA teacher (rate 0.05), alpha 0.5, full-vocabulary logit distillation.
+Each arm runs in its own subprocess (fresh interpreter, fresh allocator), arms interleaved within
+each round so load drifts on a shared machine hit every arm alike. A step's time is the wall
+time between two consecutive end-of-step callbacks (everything the loop does per step,
+including the EMA teacher update); steps after `--warmup` are timed and their median is the
+round's s/step; the summary is the median over rounds. Peak RSS is the largest resident set of
+any process of the arm (`wait4`'s ru_maxrss); `peak_tree_rss_mb` is the sampled peak of the
+arm's whole process tree (psutil, every 0.2 s). Phase times are the medians of whatever timing
+keys the trainers log (ours: `*_time` and `time/*` in metrics.jsonl; TRL: `profiling/*`).
+
+TRL arms need `pip install trl` (not a dependency of this project); without it they are
+reported as skipped with that reason.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+OURS = ("ours_grpo_hf", "ours_sdpo_hf", "ours_grpo_vllm", "ours_sdpo_vllm")
+TRL = ("trl_grpo", "trl_sdpo")
+ARMS = OURS + TRL
+LR, CLIP_LOW, CLIP_HIGH, EMA_RATE, ALPHA = 1e-4, 0.2, 0.28, 0.05, 0.5
+FIXED = ["arm", "framework", "algorithm", "engine", "round", "status", "reason", "steps_timed", "s_per_step",
+         "peak_rss_mb", "peak_tree_rss_mb", "wall_s", "load_avg"]
+
+
+def arm_parts(arm: str) -> tuple[str, str, str]:
+    """(framework, algorithm, rollout engine) of an arm name."""
+    parts = arm.split("_")
+    return parts[0], parts[1], parts[2] if len(parts) > 2 else "hf"
+
+
+def trl_missing() -> str | None:
+    """Why the TRL arms cannot run here, or None."""
+    import importlib.util
+
+    if importlib.util.find_spec("trl") is None:
+        return "TRL is not installed (pip install trl, or pip install -e .[bench])"
+    return None
+
+
+# -- workers (one arm, in its own process) ------------------------------------------------------
+class TreeRSS:
+    """Peak summed RSS of this process and its descendants, sampled in a daemon thread."""
+
+    def __init__(self, every: float = 0.2):
+        self.peak = 0
+        self._stop = threading.Event()
+        self._every = every
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        import psutil
+
+        me = psutil.Process()
+        while not self._stop.is_set():
+            total = 0
+            for p in [me, *me.children(recursive=True)]:
+                try:
+                    total += p.memory_info().rss
+                except psutil.Error:
+                    pass
+            self.peak = max(self.peak, total)
+            self._stop.wait(self._every)
+
+    def stop(self) -> int:
+        self._stop.set()
+        self._thread.join()
+        return self.peak
+
+
+def step_times(stamps: list[float]) -> list[float]:
+    """Per-step seconds from [start, end of step 1, end of step 2, ...]."""
+    return [b - a for a, b in zip(stamps, stamps[1:])]
+
+
+def phase_medians(records: list[dict], keep) -> dict[str, float]:
+    """Median over `records` of every numeric key `keep(key)` accepts."""
+    keys = sorted({k for r in records for k, v in r.items() if keep(k) and isinstance(v, (int, float))})
+    return {k: statistics.median(r[k] for r in records if isinstance(r.get(k), (int, float))) for k in keys}
+
+
+def ours_config(args, algorithm: str, engine: str):
+    """The tiny preset narrowed to the workload: one math stage, no eval beyond a token set."""
+    from megatron_sdpo.config.loader import build, deep_merge, load_raw, to_dict, validate
+    from megatron_sdpo.config.schema import RunConfig
+
+    data = deep_merge(to_dict(RunConfig()), load_raw("tiny"))
+    math = data["domains"]["math"]
+    math["train"]["n"] = args.dataset
+    # The base eval and the stage's eval row run outside the timed steps; keep them small.
+    math["eval"] = {"id": {**math["eval"]["id"], "n": 4}}
+    data["domains"] = {"math": math}
+    data["stages"] = [{"domain": "math", "steps": args.steps, "algorithm": {}, "teacher": {}, "backend": {}}]
+    a = data["algorithm"]
+    a.update(name=algorithm, prompts_per_step=args.prompts, group_size=args.samples)
+    a["grpo"].update(clip_low=CLIP_LOW, clip_high=CLIP_HIGH, kl_coef=0.0)
+    a["sdpo"].update(alpha=ALPHA, topk=None)
+    a["sdpo"]["context"]["use_feedback"] = False
+    data["teacher"].update(mode="ema", ema_rate=EMA_RATE)
+    data["rollout"].update(engine=engine, max_new_tokens=args.new_tokens)
+    data["backend"].update(lr=LR)
+    data["diagnostics"]["enabled"] = False
+    data["checkpoint"]["save_every"] = 0
+    data["logging"].update(plots=False, quiet=True, wandb=False)
+    data["eval"]["max_new_tokens"] = args.new_tokens
+    return validate(build(RunConfig, data))
+
+
+def run_ours(args, arm: str, work: Path) -> dict:
+    from megatron_sdpo.continual import ContinualRun
+
+    _, algorithm, engine = arm_parts(arm)
+    run = ContinualRun(ours_config(args, algorithm, engine), work / "run", quiet=True)
+    stamps: list[float] = []
+    monitor = run.monitor
+    stage_start, step = monitor.stage_start, monitor.step
+
+    def on_stage_start(*a, **k):
+        stamps.append(time.perf_counter())
+        return stage_start(*a, **k)
+
+    def on_step(record):
+        stamps.append(time.perf_counter())
+        return step(record)
+
+    # The loop's only per-step callback; wrapping it times whole steps without touching the loop.
+    monitor.stage_start, monitor.step = on_stage_start, on_step
+    run.run()
+    records = [json.loads(line) for line in run.run_dir.metrics.read_text().splitlines() if line.strip()]
+    timed = records[args.warmup:]
+    phases = phase_medians(timed, lambda k: k.startswith("time/") or (k.endswith("_time") and k != "step_time"))
+    return {"times": step_times(stamps), "phases": phases}
+
+
+def trl_dataset(args):
+    from datasets import Dataset
+
+    from megatron_sdpo.data.synthetic import generate
+
+    rows = generate("math", "train", args.dataset, 0)
+    return Dataset.from_list(
+        [{"prompt": [{"role": "user", "content": r["prompt"]}], "record": json.dumps(r)} for r in rows]
+    )
+
+
+def math_reward(prompts, completions, record, **_):
+    """This project's math verifier as a TRL reward function (same scores as our arms)."""
+    from megatron_sdpo.rewards import score_batch
+
+    texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
+    return [r.score for r in score_batch("math", texts, [json.loads(x) for x in record])]
+
+
+def run_trl(args, arm: str, work: Path) -> dict:
+    from transformers import TrainerCallback
+
+    from megatron_sdpo.builders import load_tokenizer
+    from megatron_sdpo.models.tiny import ensure_tiny_base
+
+    _, algorithm, _ = arm_parts(arm)
+    model = str(ensure_tiny_base())
+    batch = args.prompts * args.samples
+    micro = min(args.micro_batch, batch)
+    common = dict(
+        output_dir=str(work / "trl"), use_cpu=True, bf16=False, seed=0, report_to="none", save_strategy="no",
+        logging_steps=1, max_steps=args.steps, learning_rate=LR, lr_scheduler_type="constant", weight_decay=0.0,
+        max_grad_norm=1.0, warmup_steps=0, per_device_train_batch_size=micro,
+        gradient_accumulation_steps=batch // micro, num_generations=args.samples,
+        max_completion_length=args.new_tokens, temperature=1.0, top_p=1.0, beta=0.0, epsilon=CLIP_LOW,
+        epsilon_high=CLIP_HIGH, scale_rewards="none", gradient_checkpointing=False, dataloader_num_workers=0,
+        disable_tqdm=True,
+    )
+    if algorithm == "grpo":
+        from trl import GRPOConfig as Config, GRPOTrainer as Trainer
+    else:
+        from trl.experimental.sdpo import SDPOConfig as Config, SDPOTrainer as Trainer
+
+        common.update(
+            distillation_mode="full_logits", distillation_alpha=ALPHA, distillation_weight=1.0,
+            teacher_model_kind="ema", teacher_update_rate=EMA_RATE, teacher_sync_steps=1,
+            include_environment_feedback=False,
+        )
+    stamps: list[float] = []
+    per_step: list[dict] = []
+    current: dict[str, float] = {}
+    from trl.extras import profiling
+
+    def capture(self, duration: float) -> None:
+        # TRL times its phases (generation, reward, loss) but reports them only to wandb /
+        # mlflow / trackio; summed per step here instead.
+        key = f"profiling/{self.name}"
+        current[key] = current.get(key, 0.0) + duration
+
+    profiling.ProfilingContext._log_metrics = capture
+
+    class Clock(TrainerCallback):
+        def on_train_begin(self, *a, **k):
+            stamps.append(time.perf_counter())
+            current.clear()
+
+        def on_step_end(self, *a, **k):
+            stamps.append(time.perf_counter())
+            per_step.append(dict(current))
+            current.clear()
+
+    trainer = Trainer(
+        model=model, reward_funcs=math_reward, args=Config(**common), train_dataset=trl_dataset(args),
+        processing_class=load_tokenizer(model), callbacks=[Clock()],
+    )
+    trainer.train()
+    phases = phase_medians(per_step[args.warmup:], lambda k: k.startswith("profiling/"))
+    return {"times": step_times(stamps), "phases": phases}
+
+
+def worker(args) -> None:
+    import torch
+
+    torch.set_num_threads(args.threads)
+    tree = TreeRSS()
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix=f"bench_step_{args.worker}_") as work:
+        out = (run_trl if args.worker.startswith("trl_") else run_ours)(args, args.worker, Path(work))
+    out["wall_s"] = time.perf_counter() - t0
+    out["peak_tree_rss_mb"] = tree.stop() / 2**20
+    Path(args.result).write_text(json.dumps(out))
+
+
+# -- driver -------------------------------------------------------------------------------------
+def run_arm(args, arm: str, rnd: int) -> dict:
+    """One arm in a subprocess; its row (status ok / failed / skipped)."""
+    framework, algorithm, engine = arm_parts(arm)
+    row = {"arm": arm, "framework": framework, "algorithm": algorithm, "engine": engine, "round": rnd,
+           "load_avg": os.getloadavg()[0]}  # the machine's 1-minute load when the arm started
+    if framework == "trl" and (why := trl_missing()):
+        return {**row, "status": "skipped", "reason": why}
+    with tempfile.TemporaryDirectory(prefix="bench_step_") as tmp:
+        result = Path(tmp) / "result.json"
+        cmd = [sys.executable, os.path.abspath(__file__), "--worker", arm, "--result", str(result)]
+        for name in ("steps", "warmup", "prompts", "samples", "new_tokens", "threads", "dataset", "micro_batch"):
+            cmd += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
+        env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "MKL_NUM_THREADS": str(args.threads),
+               "TOKENIZERS_PARALLELISM": "false"}
+        log = Path(tmp) / "log.txt"
+        with log.open("w") as fh:
+            proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env)
+            _, status, usage = os.wait4(proc.pid, 0)
+            proc.returncode = os.waitstatus_to_exitcode(status)
+        if proc.returncode != 0 or not result.is_file():
+            lines = log.read_text().strip().splitlines()
+            tail = lines[-1:] or ["no output"]
+            print(f"  {arm}: failed (exit {proc.returncode}); log tail:\n" + "\n".join(lines[-20:]))
+            return {**row, "status": "failed", "reason": tail[0][:200]}
+        out = json.loads(result.read_text())
+    timed = out["times"][args.warmup:]
+    return {
+        **row, "status": "ok", "reason": "", "steps_timed": len(timed), "s_per_step": statistics.median(timed),
+        "peak_rss_mb": usage.ru_maxrss / 1024, "peak_tree_rss_mb": out["peak_tree_rss_mb"], "wall_s": out["wall_s"],
+        **out["phases"],
+    }
+
+
+def summarize(rows: list[dict], arms: list[str]) -> list[dict]:
+    """One row per arm: medians over its ok rounds (or its skip / failure reason)."""
+    out = []
+    for arm in arms:
+        mine = [r for r in rows if r["arm"] == arm]
+        ok = [r for r in mine if r["status"] == "ok"]
+        base = {k: mine[0][k] for k in ("arm", "framework", "algorithm", "engine")}
+        if not ok:
+            out.append({**base, "round": "median", "status": mine[0]["status"], "reason": mine[0]["reason"]})
+            continue
+        keys = [k for k in ok[0] if isinstance(ok[0][k], (int, float)) and k != "round"]
+        med = {k: statistics.median(r[k] for r in ok if k in r) for k in keys}
+        out.append({**base, "round": "median", "status": "ok", "reason": f"{len(ok)}/{len(mine)} rounds", **med})
+    return out
+
+
+def print_table(summary: list[dict], rows: list[dict]) -> None:
+    trl = {r["algorithm"]: r for r in summary if r["framework"] == "trl" and r["status"] == "ok"}
+    phase_keys = sorted({k for r in summary for k in r if k not in FIXED})
+    print(f"\n{'arm':16s} {'s/step':>8s} {'vs TRL':>7s} {'rss MB':>8s} {'tree MB':>8s} {'load':>5s}"
+          "  per-round s/step; phases")
+    for r in summary:
+        if r["status"] != "ok":
+            print(f"{r['arm']:16s} {r['status']}: {r['reason']}")
+            continue
+        ref = trl.get(r["algorithm"])
+        ratio = f"{r['s_per_step'] / ref['s_per_step']:.2f}x" if ref and r["framework"] != "trl" else "-"
+        per_round = ", ".join(f"{x['s_per_step']:.3f}" for x in rows if x["arm"] == r["arm"] and x["status"] == "ok")
+        phases = ", ".join(f"{k} {r[k]:.3f}" for k in phase_keys if k in r)
+        print(f"{r['arm']:16s} {r['s_per_step']:8.3f} {ratio:>7s} {r['peak_rss_mb']:8.0f} "
+              f"{r['peak_tree_rss_mb']:8.0f} {r['load_avg']:5.1f}  [{per_round}]; {phases}")
+    for algo, ref in trl.items():  # ratios paired within rounds: load drift hits both arms of a round
+        for r in summary:
+            if r["framework"] == "ours" and r["algorithm"] == algo and r["status"] == "ok":
+                pairs = []
+                for x in rows:
+                    if x["arm"] == r["arm"] and x["status"] == "ok":
+                        y = next((t for t in rows if t["arm"] == ref["arm"] and t["round"] == x["round"]
+                                  and t["status"] == "ok"), None)
+                        if y:
+                            pairs.append(x["s_per_step"] / y["s_per_step"])
+                if pairs:
+                    print(f"{r['arm']} / {ref['arm']} paired by round: " + ", ".join(f"{p:.2f}" for p in pairs))
+
+
+def write_csv(out: Path, rows: list[dict], summary: list[dict]) -> None:
+    """Per-round rows, then one median row per arm; phase columns are the union of those logged."""
+    extra = sorted({k for r in rows + summary for k in r} - set(FIXED))
+    with out.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=FIXED + extra, restval="")
+        w.writeheader()
+        for r in rows + summary:
+            w.writerow({k: (round(v, 4) if isinstance(v, float) else v) for k, v in r.items()})
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--arms", default=",".join(ARMS), help=f"comma list of {', '.join(ARMS)}")
+    ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--steps", type=int, default=20, help="steps per arm and round")
+    ap.add_argument("--warmup", type=int, default=2, help="untimed first steps")
+    ap.add_argument("--prompts", type=int, default=16)
+    ap.add_argument("--samples", type=int, default=8)
+    ap.add_argument("--new-tokens", type=int, default=32)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--dataset", type=int, default=512, help="math train prompts")
+    ap.add_argument("--micro-batch", type=int, default=64, help="sequences per forward/backward (both frameworks)")
+    ap.add_argument("--out", default="bench_step.csv")
+    ap.add_argument("--worker", help=argparse.SUPPRESS)
+    ap.add_argument("--result", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    arms = [a.strip() for a in args.arms.split(",") if a.strip()]
+    bad = [a for a in arms if a not in ARMS]
+    if bad or not arms:
+        ap.error(f"--arms: unknown arm(s) {', '.join(bad) or '(none)'}; choose from {', '.join(ARMS)}")
+    for name in ("rounds", "steps", "prompts", "samples", "new_tokens", "threads", "dataset", "micro_batch"):
+        if getattr(args, name) < 1:
+            ap.error(f"--{name.replace('_', '-')} must be >= 1")
+    if not 0 <= args.warmup < args.steps:
+        ap.error(f"--warmup must be in [0, --steps) (got {args.warmup} with --steps {args.steps})")
+    if args.samples < 2:
+        ap.error("--samples must be >= 2 (group-relative advantages need a group)")
+    batch = args.prompts * args.samples
+    if batch % min(args.micro_batch, batch) or min(args.micro_batch, batch) % args.samples:
+        ap.error("--micro-batch must divide --prompts x --samples and be a multiple of --samples (TRL's rule)")
+    args.arm_list = arms
+    return args
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    if args.worker:
+        return worker(args)
+    arms = args.arm_list
+    if any(a.startswith("trl_") for a in arms) and (why := trl_missing()):
+        print(f"TRL arms skipped: {why}")
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    print(f"bench_step: {len(arms)} arms x {args.rounds} rounds, {args.prompts} prompts x {args.samples} samples, "
+          f"{args.new_tokens} new tokens, {args.threads} threads, steps {args.warmup + 1}-{args.steps} timed; "
+          f"load average {load:.1f} on {os.cpu_count()} CPUs")
+    rows: list[dict] = []
+    out = Path(args.out)
+    for rnd in range(1, args.rounds + 1):
+        for arm in arms:
+            row = run_arm(args, arm, rnd)
+            rows.append(row)
+            if row["status"] == "ok":
+                print(f"round {rnd} {arm}: {row['s_per_step']:.3f} s/step, peak RSS {row['peak_rss_mb']:.0f} MB",
+                      flush=True)
+            # Rewritten after every arm: an interrupted run keeps the rounds it finished.
+            summary = summarize(rows, [a for a in arms if any(r["arm"] == a for r in rows)])
+            write_csv(out, rows, summary)
+    print_table(summary, rows)
+    print(f"wrote {out}")
+    if not any(r["status"] == "ok" for r in rows):
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
