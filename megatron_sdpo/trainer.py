@@ -87,7 +87,6 @@ class Trainer:
 
         self.loss_fn = self._loss(cfg)
         self.guard = RefitGuard(cfg.rollout.guard.max_mismatch)
-        self.uses_teacher = algorithm_spec(cfg.algorithm.name).uses_teacher
         self._reasoning_end_ids = (
             tokenizer(cfg.algorithm.sdpo.reasoning_end, add_special_tokens=False)["input_ids"]
             if cfg.algorithm.sdpo.reasoning_end
@@ -103,6 +102,15 @@ class Trainer:
 
         loss = build_loss(cfg, topk_source=self.backend.topk_source)
         return GuardedLoss(loss) if cfg.algorithm.grpo.mini_batches == 1 else loss
+
+    @property
+    def algorithm(self):
+        """The configured algorithm's spec (uses teacher / advantages, distillation mask)."""
+        return algorithm_spec(self.cfg.algorithm.name)
+
+    @property
+    def uses_teacher(self) -> bool:
+        return self.algorithm.uses_teacher
 
     def configure(self, cfg: RunConfig) -> None:
         """Run with `cfg` from now on (a stage's settings: config/stages.py)."""
@@ -121,7 +129,7 @@ class Trainer:
 
         cfg, a = self.cfg, self.cfg.algorithm
         n = a.group_size
-        times = PhaseTimes(getattr(self.backend, "device", None))
+        times = PhaseTimes(self.backend.device)
         with times.phase("rollout"):
             prompt_ids = encode_prompts(self.tokenizer, [r["prompt"] for r in records])
             sampling = SamplingConfig(
@@ -149,11 +157,10 @@ class Trainer:
         batch.tensors["loss_mask"] = response_mask
         attach_guard_tensors(batch.tensors, response_mask)
         has_context = [False] * len(comps)
-        spec = algorithm_spec(a.name)
-        if spec.uses_advantages:
+        if self.algorithm.uses_advantages:
             batch.tensors["advantages"] = group_advantages(rewards, group_size=n, norm_by_std=a.grpo.norm_by_std)
         signal: dict[str, float] = {}
-        if self.uses_teacher:
+        if self.algorithm.uses_teacher:
             with times.phase("teacher"):
                 has_context = self._attach_teacher(batch, sample_records, texts, rewards, results, seed, domain=domain)
                 every = cfg.diagnostics.teacher_signal_every if cfg.diagnostics.enabled else 0
@@ -206,7 +213,7 @@ class Trainer:
         sampled it (rollout logprobs), averaged over rewarded (score >= 1) and unrewarded
         responses. SDPO only pulls towards correct answers when `teacher/gain_gap` =
         gain_rewarded - gain_unrewarded is clearly positive."""
-        mask = batch.tensors[algorithm_spec(self.cfg.algorithm.name).distill_mask_key]
+        mask = batch.tensors[self.algorithm.distill_mask_key]
         teacher = self.backend.logprobs(batch, model="teacher")
         tokens = mask.sum(1)
         gain = ((teacher - batch.tensors["rollout_logprobs"]) * mask).sum(1) / tokens.clamp_min(1.0)
@@ -251,5 +258,5 @@ class Trainer:
             reasoning_end_ids=self._reasoning_end_ids,
             distill_cot=s.distill_cot,
         )
-        batch.tensors[algorithm_spec(self.cfg.algorithm.name).distill_mask_key] = mask * has[:, None]
+        batch.tensors[self.algorithm.distill_mask_key] = mask * has[:, None]
         return [bool(h) for h in has]

@@ -147,9 +147,11 @@ class Backend(Protocol):
     `topk_source` is a capability: where this backend picks the student's top-k ids for top-k
     distillation ("logits": it can hand the loss [B, T, V] logits and the loss picks them;
     "shards": its logits stay vocab-sharded, so it computes "topk_logprobs" itself). The loss is
-    built for it (`trainer.build_loss`)."""
+    built for it (`trainer.build_loss`). `device` is where its policy lives (step timers
+    synchronize it when it is a CUDA device)."""
 
     topk_source: TopkSource
+    device: torch.device
 
     def logprobs(self, batch: SequenceBatch, *, model: str = "policy") -> torch.Tensor:
         """[B, T] fp32 per-token logprobs of `batch.response_ids` under `model`

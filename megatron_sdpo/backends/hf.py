@@ -176,7 +176,8 @@ class HFBackend:
 
         self.teacher = self._frozen_copy() if with_teacher else None
         # Time in the teacher's forward inside train_step, reported as "time/teacher_forward".
-        self.teacher_clock = Stopwatch(next(self.policy.parameters()).device)
+        self.device = next(self.policy.parameters()).device
+        self.teacher_clock = Stopwatch(self.device)
         self.reference = self._frozen_copy() if with_reference else None
         # State updated by small steps lives in fp32 whatever the model dtype: with a bf16/fp16
         # model AdamW updates fp32 master copies of the policy (cast into the model after each

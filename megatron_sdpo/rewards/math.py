@@ -210,10 +210,7 @@ def score_math(response: str, record: dict, *, reveal_gold: bool = False,
     """1.0 iff the last boxed answer of `response` equals `record["answer"]` per math-verify.
 
     Feedback names the model's own answer, and the gold only when `reveal_gold`."""
-    prepared = prepare_math(response, record, reveal_gold=reveal_gold)
-    if isinstance(prepared, RewardResult):
-        return prepared
-    return _finish(prepared, (verifier or _default_verifier()).check(prepared.gold, prepared.answer))
+    return score_math_batch([response], [record], reveal_gold=reveal_gold, verifier=verifier)[0]
 
 
 def check_math_batch(prepared: list[RewardResult | _Pending],

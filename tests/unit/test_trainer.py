@@ -83,6 +83,7 @@ class RecordingEngine:
 
 class RecordingBackend:
     topk_source = "logits"  # the Backend capability the trainer builds its loss for
+    device = torch.device("cpu")
 
     def __init__(self, log):
         self.log = log
@@ -247,6 +248,7 @@ class CapturingBackend:
     response token at log-prob -1/4."""
 
     topk_source = "logits"  # the Backend protocol: where a top-k loss gets its top-k
+    device = torch.device("cpu")
 
     def __init__(self):
         self.trained, self.scored = [], []
