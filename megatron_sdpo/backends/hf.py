@@ -48,6 +48,7 @@ from megatron_sdpo.backends.common import (
 )
 from megatron_sdpo.backends.layout import pack, token_entropy, token_logprobs
 from megatron_sdpo.backends.schedule import LRSchedule
+from megatron_sdpo.backends.varlen import gather_hidden, pack_varlen
 from megatron_sdpo.errors import CheckpointError, ConfigError
 from megatron_sdpo.stopwatch import Stopwatch
 
@@ -92,13 +93,15 @@ class _ResponseLogits(nn.Module):
     def forward(
         self,
         input_ids: torch.Tensor,
-        attention_mask: torch.Tensor,
+        attention_mask: torch.Tensor | None,
         position_ids: torch.Tensor,
-        response_len: int,
+        select: int | torch.Tensor,
         hidden_only: bool = False,
     ) -> torch.Tensor:
-        """[B, P+T] ids/mask/positions -> [B, T, V] fp32 logits predicting the response tokens
-        (or, with hidden_only, the [B, T, H] final hidden states that predict them)."""
+        """[R, L] ids/mask/positions -> [B, T, V] fp32 logits predicting the response tokens
+        (or, with hidden_only, the [B, T, H] final hidden states that predict them). `select`
+        is T for the padded layout (the responses end every row) or, for the packed layout
+        (no attention mask: the positions delimit the samples), its [B, T] `hidden_index`."""
         decoder = getattr(self.lm, self.lm.base_model_prefix)
         hidden = decoder(
             input_ids=input_ids,
@@ -106,8 +109,11 @@ class _ResponseLogits(nn.Module):
             position_ids=position_ids,
             use_cache=False,
         ).last_hidden_state
-        L = hidden.shape[1]
-        h = hidden[:, L - response_len - 1 : L - 1]
+        if isinstance(select, torch.Tensor):
+            h = gather_hidden(hidden, select)
+        else:
+            L = hidden.shape[1]
+            h = hidden[:, L - select - 1 : L - 1]
         if hidden_only:
             return h
         head = self.lm.get_output_embeddings()
@@ -130,7 +136,9 @@ class HFBackend:
     """Policy + teacher (+ optional frozen reference) transformers causal LMs trained with AdamW.
 
     `micro_batch_size` counts samples per forward/backward on one rank. With
-    torch.distributed initialized, the policy is wrapped in DDP (gloo on CPU)."""
+    torch.distributed initialized, the policy is wrapped in DDP (gloo on CPU). With `packing`
+    every forward runs the micro-batch's samples packed into rows of at most `pack_row_tokens`
+    tokens (0: one row) without padding (`backends.varlen`)."""
 
     # Full [B, T, V] logits are at hand: a top-k loss picks its ids from them.
     topk_source: TopkSource = "logits"
@@ -150,6 +158,8 @@ class HFBackend:
         with_teacher: bool = True,
         with_reference: bool = False,
         pad_token_id: int | None = None,
+        packing: bool = False,
+        pack_row_tokens: int = 0,
     ):
         from transformers import AutoModelForCausalLM
 
@@ -163,6 +173,10 @@ class HFBackend:
         self._sched = (0, None)
         self.grad_clip = grad_clip
         self.micro_batch_size = micro_batch_size
+        if pack_row_tokens < 0:
+            raise ConfigError(f"pack_row_tokens must be >= 0 (0: one row per micro-batch), got {pack_row_tokens}")
+        # Packed rows (backends.varlen) instead of the padded rectangle; see _run.
+        self.packing, self.pack_row_tokens = bool(packing), int(pack_row_tokens)
         self.seed = seed
         self.step = 0
 
@@ -248,15 +262,19 @@ class HFBackend:
         return [idx[i : i + mbs] for i in range(0, len(idx), mbs)]
 
     # ------------------------------------------------------------------ forward
-    def _logits(
-        self, module: nn.Module, prompts: list[list[int]], responses: list[list[int]], T: int
+    def _run(
+        self, module: nn.Module, prompts: list[list[int]], responses: list[list[int]], T: int, hidden_only: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """-> ([b, T, V] fp32 logits predicting each response token, [b, T] response ids)."""
-        pk = pack(prompts, responses, response_len=T, pad_id=self.pad_token_id)
+        """-> ([b, T, V] fp32 logits predicting each response token, or with hidden_only their
+        [b, T, H] hidden states; [b, T] response ids), through the packed layout with
+        `packing`, else the padded one."""
         if not isinstance(module, (_ResponseLogits, nn.parallel.DistributedDataParallel)):
             module = _ResponseLogits(module)
-        logits = module(pk.input_ids, pk.attention_mask, pk.position_ids, T)
-        return logits, pk.response_ids
+        if self.packing:
+            vb = pack_varlen(prompts, responses, response_len=T, pad_id=self.pad_token_id, row_tokens=self.pack_row_tokens)
+            return module(vb.input_ids, None, vb.position_ids, vb.hidden_index, hidden_only), vb.response_ids
+        pk = pack(prompts, responses, response_len=T, pad_id=self.pad_token_id)
+        return module(pk.input_ids, pk.attention_mask, pk.position_ids, T, hidden_only), pk.response_ids
 
     def _fused_kl(self, mb: SequenceBatch, T: int, module: nn.Module, spec: DistillationSpec) -> torch.Tensor:
         """[b, T] per-token distillation loss from hidden states through the fused kernel: the
@@ -266,11 +284,9 @@ class HFBackend:
         heads = [m.get_output_embeddings() for m in (self.policy, self._model("teacher"))]
         if any(h.bias is not None for h in heads):
             raise ConfigError("kernel.fused_kl needs an LM head without bias")
-        pk = pack(mb.prompt_ids, mb.response_ids, response_len=T, pad_id=self.pad_token_id)
-        h_s = module(pk.input_ids, pk.attention_mask, pk.position_ids, T, hidden_only=True)
-        tk = pack(mb.teacher_prompts(), mb.response_ids, response_len=T, pad_id=self.pad_token_id)
+        h_s, _ = self._run(module, mb.prompt_ids, mb.response_ids, T, hidden_only=True)
         with torch.no_grad(), self.teacher_clock.measure():
-            h_t = _ResponseLogits(self._model("teacher"))(tk.input_ids, tk.attention_mask, tk.position_ids, T, hidden_only=True)
+            h_t, _ = self._run(self._model("teacher"), mb.teacher_prompts(), mb.response_ids, T, hidden_only=True)
         mask = mb.tensors[spec.mask_key] > 0
         b, _, H = h_s.shape
         per_token = fused_linear_kl(
@@ -293,7 +309,7 @@ class HFBackend:
             out["fused_kl"] = self._fused_kl(mb, T, module, distillation_of(loss_fn, "fused_kl"))
         topk = requires & {"topk_logprobs", "teacher_topk_logprobs"}
         if requires & {"logprobs", "entropy", "logits"} or topk:
-            logits, targets = self._logits(module, mb.prompt_ids, mb.response_ids, T)
+            logits, targets = self._run(module, mb.prompt_ids, mb.response_ids, T)
             if "logits" in requires:
                 out["logits"] = logits
             if "logprobs" in requires:
@@ -303,7 +319,7 @@ class HFBackend:
         if requires & _TEACHER_NEEDS:
             teacher = self._model("teacher")
             with torch.no_grad(), self.teacher_clock.measure():
-                t_logits, targets = self._logits(teacher, mb.teacher_prompts(), mb.response_ids, T)
+                t_logits, targets = self._run(teacher, mb.teacher_prompts(), mb.response_ids, T)
             if "teacher_logits" in requires:
                 out["teacher_logits"] = t_logits
             if "teacher_logprobs" in requires:
@@ -313,7 +329,7 @@ class HFBackend:
                 out["topk_logprobs"], out["teacher_topk_logprobs"] = _topk_logprobs(logits, t_logits, spec)
         if "ref_logprobs" in requires:
             with torch.no_grad():
-                r_logits, targets = self._logits(self._model("reference"), mb.prompt_ids, mb.response_ids, T)
+                r_logits, targets = self._run(self._model("reference"), mb.prompt_ids, mb.response_ids, T)
             out["ref_logprobs"] = token_logprobs(r_logits, targets)
         return out
 
@@ -348,7 +364,7 @@ class HFBackend:
         with torch.no_grad():
             for mb_idx in self._micro_batches(list(range(len(sub)))):
                 mb = sub.select(mb_idx)
-                logits, targets = self._logits(module, mb.prompt_ids, mb.response_ids, T)
+                logits, targets = self._run(module, mb.prompt_ids, mb.response_ids, T)
                 rows.append(token_logprobs(logits, targets))
         local = torch.cat(rows) * sub.tensors["response_mask"]
         if self.world == 1:

@@ -24,8 +24,8 @@ LAYERS = [
     ["algorithms.divergence", "algorithms.distillation"],
     # Foundations: each imports errors only.
     ["config", "data", "rewards", "weights", "kernels", "ranks", "run_dir", "chat", "engine_logs", "stopwatch"],
-    # The backend seam's plain types: the batch and loss protocol, token layout, LR schedule.
-    ["backends.base", "backends.layout", "backends.schedule"],
+    # The backend seam's plain types: the batch and loss protocol, token layouts, LR schedule.
+    ["backends.base", "backends.layout", "backends.varlen", "backends.schedule"],
     # Pure maths on tensors and batches.
     ["algorithms"],
     # The shipped tiny base (built with the algorithms' teacher prompt).

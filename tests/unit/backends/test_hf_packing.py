@@ -1,0 +1,142 @@
+"""HFBackend with `packing`: the packed rows give the padded layout's per-token outputs, losses,
+gradients and step, for GRPO (with the reference model's KL) and SDPO (full vocabulary, top-k
+and the fused hidden-state KL, teacher prompts differing from the student's).
+
+That transformers turns position ids restarting at 0 into a block-diagonal causal mask when no
+attention mask is given (masking_utils.find_packed_sequence_indices) is checked here against an
+unpadded forward of each sample alone: a sample attending to another would be off by O(1).
+
+Tolerances. Both layouts evaluate the same fp32 function; they differ only in GEMM shapes, so
+in summation order. A dot product of K terms reordered changes by at most ~sqrt(K) u |terms|
+(u = 2^-24, random-walk rounding), each of the model's layers adds that relative error to
+the hidden state, and a log-softmax passes an absolute error of the logits' size through. So
+per-token log-probs agree to c * n_layers * sqrt(H) * u * max|logit| with a small c (4 here,
+for the attention and MLP sums of each layer); losses (means of such terms) to the same
+relative bound. A gradient runs the chain twice (forward, then backward), so it gets twice the
+bound relative to its largest element; the weights after one AdamW step are compared with the
+checker in tests/conftest.py, which derives its own bound from the gradient differences.
+"""
+import math
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from megatron_sdpo.algorithms.losses import GRPOLoss, SDPOLoss
+from megatron_sdpo.backends.base import SequenceBatch
+from megatron_sdpo.backends.hf import HFBackend
+from megatron_sdpo.backends.tiny import TINY_QWEN3, save_tiny_qwen3
+from megatron_sdpo.errors import ConfigError
+
+U = 2.0**-24
+
+
+REL = 4 * TINY_QWEN3["num_hidden_layers"] * math.sqrt(TINY_QWEN3["hidden_size"]) * U  # ~5.4e-6
+
+
+def logprob_tol(max_logit: float) -> float:
+    return REL * max_logit
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return save_tiny_qwen3(tmp_path_factory.mktemp("tiny"), seed=5)
+
+
+def odd_batch(seed: int, B: int = 7, vocab: int = 300) -> SequenceBatch:
+    """Odd lengths, one empty response, teacher prompts longer than the student's (or absent)."""
+    g = torch.Generator().manual_seed(seed)
+    p_len = torch.randint(1, 12, (B,), generator=g).tolist()
+    r_len = torch.randint(1, 8, (B,), generator=g).tolist()
+    if B > 2:
+        r_len[2] = 0
+    prompts = [torch.randint(3, vocab, (n,), generator=g).tolist() for n in p_len]
+    responses = [torch.randint(3, vocab, (n,), generator=g).tolist() for n in r_len]
+    teacher = [None if i % 3 == 1 else p + torch.randint(3, vocab, (5,), generator=g).tolist() for i, p in enumerate(prompts)]
+    T = max(r_len)
+    has = torch.tensor([0.0 if t is None else 1.0 for t in teacher])
+    mask = torch.zeros(B, T)
+    for i, n in enumerate(r_len):
+        mask[i, :n] = 1.0
+    tensors = {
+        "loss_mask": mask * has[:, None],
+        "advantages": torch.randn(B, generator=g),
+        "rollout_logprobs": -torch.rand(B, T, generator=g) * 3,
+    }
+    return SequenceBatch(prompts, responses, teacher, tensors)
+
+
+def backend(model_dir, packing: bool, row_tokens: int = 0, mbs: int = 3) -> HFBackend:
+    be = HFBackend(model_dir, lr=1e-3, micro_batch_size=mbs, with_reference=True, packing=packing, pack_row_tokens=row_tokens)
+    with torch.no_grad():  # a teacher and a reference that differ from the student
+        for m, scale in ((be.teacher, 0.05), (be.reference, 0.03)):
+            for p in m.parameters():
+                p.add_(scale * torch.sin(torch.arange(p.numel(), dtype=torch.float32) * 0.37).view_as(p))
+    return be
+
+
+@pytest.mark.parametrize("row_tokens", [0, 9])
+def test_packed_logprobs_equal_each_sample_run_alone(model_dir, row_tokens):
+    batch = odd_batch(0)
+    be = backend(model_dir, True, row_tokens)
+    lp = be.logprobs(batch)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    for i, (p, r) in enumerate(zip(batch.prompt_ids, batch.response_ids)):
+        assert torch.all(lp[i, len(r) :] == 0)
+        if not r:
+            continue
+        with torch.no_grad():
+            logits = model(torch.tensor([p + r])).logits[0, len(p) - 1 : -1]
+        ref = torch.log_softmax(logits, -1).gather(-1, torch.tensor(r)[:, None])[:, 0]
+        torch.testing.assert_close(lp[i, : len(r)], ref, atol=logprob_tol(float(logits.abs().max())), rtol=0)
+
+
+@pytest.mark.parametrize("row_tokens, mbs", [(0, 3), (9, 7), (0, 1)])
+def test_packed_outputs_equal_padded(model_dir, row_tokens, mbs):
+    batch = odd_batch(1)
+    requires = {"logits", "logprobs", "entropy", "teacher_logits", "teacher_logprobs", "ref_logprobs"}
+    out = [backend(model_dir, packing, row_tokens, mbs).compute(batch, requires) for packing in (False, True)]
+    mask = batch.response_mask()
+    tol = logprob_tol(float(out[0]["logits"].abs().max()))
+    for k in requires - {"logits", "teacher_logits"}:
+        torch.testing.assert_close(out[1][k] * mask, out[0][k] * mask, atol=tol, rtol=0, msg=k)
+    for k in ("logits", "teacher_logits"):
+        m = mask[..., None]
+        torch.testing.assert_close(out[1][k] * m, out[0][k] * m, atol=tol, rtol=0, msg=k)
+
+
+LOSSES = {
+    "grpo_kl": lambda: GRPOLoss(on_policy=True, kl_coef=0.1),
+    "sdpo_full": lambda: SDPOLoss(alpha=0.5, topk=None, is_clip=2.0),
+    "sdpo_topk": lambda: SDPOLoss(alpha=0.5, topk=5, is_clip=None, temperature=1.3),
+    "sdpo_fused": lambda: SDPOLoss(alpha=0.5, topk=None, is_clip=None, fused=True, chunk_tokens=4, chunk_vocab=64),
+}
+
+
+@pytest.mark.parametrize("loss", sorted(LOSSES))
+@pytest.mark.parametrize("row_tokens, mbs", [(0, 3), (9, 7)])
+def test_packed_step_equals_padded_step(model_dir, loss, row_tokens, mbs, assert_adam_first_step_close):
+    batch = odd_batch(2)
+    with torch.no_grad():
+        max_logit = float(backend(model_dir, False).compute(batch, {"logits"})["logits"].abs().max())
+    tol = logprob_tol(max_logit)
+    runs = []
+    for packing in (False, True):
+        be = backend(model_dir, packing, row_tokens, mbs)
+        metrics = be.train_step(batch, LOSSES[loss]())
+        # Adam's exp_avg after one step is (1 - beta1) * (clipped) gradient.
+        grads = {n: be.optimizer.state[p]["exp_avg"] / 0.1 for n, p in be.policy.named_parameters()}
+        runs.append((metrics, grads, {n: p.detach().clone() for n, p in be.policy.named_parameters()}))
+    (m0, g0, p0), (m1, g1, p1) = runs
+    assert abs(m0["loss"]) > 1e-4  # the comparison is not between two zeros
+    assert m1["loss"] == pytest.approx(m0["loss"], rel=tol, abs=tol)
+    assert m1["grad_norm"] == pytest.approx(m0["grad_norm"], rel=2 * REL)
+    for k in p0:
+        scale = float(g0[k].abs().max())
+        torch.testing.assert_close(g1[k], g0[k], atol=2 * REL * scale, rtol=0, msg=k)
+        assert_adam_first_step_close(p1[k], p0[k], g1[k], g0[k], lr=1e-3, what=f"{k} packed vs padded")
+
+
+def test_bad_row_tokens_is_a_config_error(model_dir):
+    with pytest.raises(ConfigError, match="pack_row_tokens"):
+        HFBackend(model_dir, lr=1e-3, micro_batch_size=1, packing=True, pack_row_tokens=-2)
