@@ -77,7 +77,7 @@ def make_backend(cfg: RunConfig, model_path: str, tokenizer):
     if b.name == "hf":
         from megatron_sdpo.backends.hf import HFBackend
 
-        return HFBackend(model_path, dtype=cfg.model.dtype, **common)
+        return HFBackend(model_path, dtype=cfg.model.dtype, packing=b.packing, pack_row_tokens=b.pack_row_tokens, **common)
     if b.name == "megatron":
         return _megatron_backend(cfg, model_path, common)
     raise ConfigError(f"backend.name: unknown backend {b.name!r}")  # pragma: no cover

@@ -159,7 +159,7 @@ class HFBackend:
         with_reference: bool = False,
         pad_token_id: int | None = None,
         packing: bool = False,
-        pack_row_tokens: int = 0,
+        pack_row_tokens: int = 512,
     ):
         from transformers import AutoModelForCausalLM
 

@@ -175,6 +175,13 @@ class BackendConfig:
     weight_decay: float = 0.0
     grad_clip: float = 1.0
     micro_batch_size: int = 64  # samples per micro-batch
+    # Train-step forwards on packed rows (no padding; backends/varlen.py) instead of the padded
+    # [B, longest prompt + longest response] rectangle. HF backend only: megatron-core's local
+    # (non-TE) attention rejects packed sequences (see the megatron backend's docstring).
+    packing: bool = False
+    # Row capacity of the packed layout in tokens (0: one row per micro-batch). SDPA and eager
+    # attention with a block-diagonal mask cost row length squared, so bounded rows are faster.
+    pack_row_tokens: int = 512
     stage_start: Literal["weights_only", "keep_optimizer"] = "weights_only"
     megatron: MegatronConfig = field(default_factory=MegatronConfig)
 

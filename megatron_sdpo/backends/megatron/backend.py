@@ -17,6 +17,14 @@ for its micro-batch (normalizer global over all DP ranks); megatron's schedule d
 returned loss by the number of micro-batches and DDP averages gradients over DP, so the adapter
 multiplies by (micro-batches x DP size). The gradient is then that of the global loss, whatever
 the micro-batch count or DP size.
+
+No sequence packing here (backend.packing is HF-only, a ConfigError with megatron): with
+megatron-core 0.16.1's local layer spec (CPU, no Transformer Engine) DotProductAttention asserts
+`packed_seq_params is None`, and GPTModel computes RoPE for columns 0..S-1 unless given THD
+`packed_seq_params`, so an explicit block-diagonal mask alone would neither restart positions
+nor save work (the local attention materialises [b, heads, S, S] scores). The real path is TE's
+attention with PackedSeqParams(qkv_format="thd", cu_seqlens from backends.varlen, rows padded
+to batching.seq_multiple); it is not written (no GPU to test it on).
 """
 from __future__ import annotations
 

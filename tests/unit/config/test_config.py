@@ -71,11 +71,13 @@ def test_a_section_given_by_name_keeps_its_other_keys(tmp_path):
         ("algorithm.grpo.dual_clip=0.5", "dual_clip"),
         ("algorithm.sdpo.context.feedback_domains=[poetry]", "feedback_domains.0"),
         ("teacher.reset_at_stage=always", "teacher.reset_at_stage"),
+        ("backend.pack_row_tokens=-1", "backend.pack_row_tokens"),
+        ("backend.packing=true backend.name=megatron", "backend.packing"),
     ],
 )
 def test_bad_overrides_name_the_key(override, needle):
     with pytest.raises(ConfigError) as err:
-        load_config("tiny", [override])
+        load_config("tiny", override.split(" "))
     assert needle in str(err.value)
     assert "\n" not in str(err.value)
 

@@ -1,0 +1,128 @@
+"""Train-step time of the HF backend, padded layout vs packed rows, side by side in one run.
+
+The workload is the tiny run's: 128 sequences (16 prompts x 8 samples), prompts of 20-40
+tokens, responses of 3-32 tokens (uniform), micro-batches of 64; for SDPO the teacher prompt
+is the student prompt plus a 30-60 token re-prompt (a solution shown to the teacher). Each arm
+(padded; packed with each --row-tokens value, 0 meaning one row per micro-batch) owns a backend
+built from the same weights. Every round runs every arm once in a rotated order (so a busy
+machine slows all arms alike), after one warm-up step each; the CSV has one row per
+(loss, arm): median s/step over the rounds, its ratio to the padded arm's median, and the
+tokens each layout feeds the model per step (padded: B x longest, packed: rows x width).
+
+    python tools/bench_pack.py --rounds 7 --out bench_pack.csv
+    python tools/bench_pack.py --model path/to/hf_dir --losses sdpo --row-tokens 0,512
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import statistics
+import sys
+import time
+
+FIELDS = ["loss", "arm", "row_tokens", "samples", "model_tokens", "real_tokens", "median_s", "min_s", "max_s",
+          "ratio_vs_padded", "rounds", "threads"]
+
+
+def make_batch(n: int, vocab: int, seed: int, sdpo: bool):
+    import torch
+
+    from megatron_sdpo.backends.base import SequenceBatch
+
+    g = torch.Generator().manual_seed(seed)
+    p_len = torch.randint(20, 41, (n,), generator=g).tolist()
+    r_len = torch.randint(3, 33, (n,), generator=g).tolist()
+    ids = lambda k: torch.randint(3, vocab, (k,), generator=g).tolist()  # noqa: E731
+    prompts = [ids(k) for k in p_len]
+    responses = [ids(k) for k in r_len]
+    T = max(r_len)
+    mask = torch.zeros(n, T)
+    for i, k in enumerate(r_len):
+        mask[i, :k] = 1.0
+    teacher = [p + ids(int(torch.randint(30, 61, (1,), generator=g))) for p in prompts] if sdpo else None
+    tensors = {"loss_mask": mask, "advantages": torch.randn(n, generator=g), "rollout_logprobs": -torch.rand(n, T, generator=g)}
+    return SequenceBatch(prompts, responses, teacher, tensors)
+
+
+def model_tokens(batch, mbs: int, packing: bool, row_tokens: int) -> tuple[int, int]:
+    """(tokens the student's forwards see per step, real tokens) for this layout."""
+    from megatron_sdpo.backends.varlen import pack_varlen
+
+    total = real = 0
+    for s in range(0, len(batch), mbs):
+        p, r = batch.prompt_ids[s : s + mbs], batch.response_ids[s : s + mbs]
+        real += sum(len(a) + len(b) for a, b in zip(p, r))
+        if packing:
+            vb = pack_varlen(p, r, response_len=batch.max_response_len, pad_id=0, row_tokens=row_tokens)
+            total += vb.input_ids.numel()
+        else:
+            total += len(p) * (max(map(len, p)) + batch.max_response_len)
+    return total, real
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default=None, help="HF model directory (default: the shipped tiny base)")
+    ap.add_argument("--losses", default="grpo,sdpo")
+    ap.add_argument("--row-tokens", default="0,256,512", help="packed arms' row capacities (0: one row)")
+    ap.add_argument("--samples", type=int, default=128)
+    ap.add_argument("--micro-batch-size", type=int, default=64)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", default="bench_pack.csv")
+    args = ap.parse_args(argv)
+
+    import torch
+
+    from megatron_sdpo.algorithms.losses import GRPOLoss, SDPOLoss
+    from megatron_sdpo.backends.hf import HFBackend
+
+    torch.set_num_threads(args.threads)
+    model = args.model
+    if model is None:
+        from megatron_sdpo.models.tiny import ensure_tiny_base
+
+        model = ensure_tiny_base()
+    from transformers import AutoConfig
+
+    vocab = AutoConfig.from_pretrained(model).vocab_size
+    losses = {"grpo": lambda: GRPOLoss(on_policy=True), "sdpo": lambda: SDPOLoss(alpha=0.5, topk=None, is_clip=2.0)}
+    arms = [("padded", False, 0)] + [(f"packed_{k}", True, k) for k in map(int, args.row_tokens.split(","))]
+    rows = []
+    for name in args.losses.split(","):
+        if name not in losses:
+            ap.error(f"--losses: unknown {name!r} (grpo, sdpo)")
+        batch = make_batch(args.samples, vocab, args.seed, sdpo=name == "sdpo")
+        backends = {
+            arm: HFBackend(model, lr=1e-5, micro_batch_size=args.micro_batch_size, seed=args.seed,
+                           with_teacher=name == "sdpo", packing=packing, pack_row_tokens=k)
+            for arm, packing, k in arms
+        }
+        times: dict[str, list[float]] = {arm: [] for arm, _, _ in arms}
+        for arm, _, _ in arms:  # warm-up
+            backends[arm].train_step(batch, losses[name]())
+        for r in range(args.rounds):
+            order = arms[r % len(arms):] + arms[: r % len(arms)]
+            for arm, _, _ in order:
+                t0 = time.perf_counter()
+                backends[arm].train_step(batch, losses[name]())
+                times[arm].append(time.perf_counter() - t0)
+        base = statistics.median(times["padded"])
+        for arm, packing, k in arms:
+            med = statistics.median(times[arm])
+            fed, real = model_tokens(batch, args.micro_batch_size, packing, k)
+            rows.append(dict(loss=name, arm=arm, row_tokens=k if packing else "", samples=args.samples,
+                             model_tokens=fed, real_tokens=real, median_s=round(med, 4), min_s=round(min(times[arm]), 4),
+                             max_s=round(max(times[arm]), 4), ratio_vs_padded=round(med / base, 3),
+                             rounds=args.rounds, threads=args.threads))
+            print(f"{name:5s} {arm:12s} tokens {fed:6d} (real {real})  median {med:.3f} s  ratio {med / base:.3f}", flush=True)
+    with open(args.out, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=FIELDS)
+        w.writeheader()
+        w.writerows(rows)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
