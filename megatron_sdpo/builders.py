@@ -77,7 +77,9 @@ def make_backend(cfg: RunConfig, model_path: str, tokenizer):
     if b.name == "hf":
         from megatron_sdpo.backends.hf import HFBackend
 
-        return HFBackend(model_path, dtype=cfg.model.dtype, packing=b.packing, pack_row_tokens=b.pack_row_tokens, **common)
+        # backend.packing null means on for this backend.
+        packing = b.packing is not False
+        return HFBackend(model_path, dtype=cfg.model.dtype, packing=packing, pack_row_tokens=b.pack_row_tokens, **common)
     if b.name == "megatron":
         return _megatron_backend(cfg, model_path, common)
     raise ConfigError(f"backend.name: unknown backend {b.name!r}")  # pragma: no cover

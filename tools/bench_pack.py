@@ -7,7 +7,9 @@ is the student prompt plus a 30-60 token re-prompt (a solution shown to the teac
 built from the same weights. Every round runs every arm once in a rotated order (so a busy
 machine slows all arms alike), after one warm-up step each; the CSV has one row per
 (loss, arm): median s/step over the rounds, its ratio to the padded arm's median, and the
-tokens each layout feeds the model per step (padded: B x longest, packed: rows x width).
+tokens each layout feeds the model per step (padded: B x longest, packed: rows x width). The
+process's CPU seconds per step (all threads) are reported next to the wall time: on a machine
+shared with other jobs they measure the work done, which the wall time blurs with waiting.
 
     python tools/bench_pack.py --rounds 7 --out bench_pack.csv
     python tools/bench_pack.py --model path/to/hf_dir --losses sdpo --row-tokens 0,512
@@ -21,7 +23,7 @@ import sys
 import time
 
 FIELDS = ["loss", "arm", "row_tokens", "samples", "model_tokens", "real_tokens", "median_s", "min_s", "max_s",
-          "ratio_vs_padded", "rounds", "threads"]
+          "ratio_vs_padded", "median_cpu_s", "cpu_ratio_vs_padded", "rounds", "threads"]
 
 
 def make_batch(n: int, vocab: int, seed: int, sdpo: bool):
@@ -100,23 +102,26 @@ def main(argv: list[str] | None = None) -> int:
             for arm, packing, k in arms
         }
         times: dict[str, list[float]] = {arm: [] for arm, _, _ in arms}
+        cpu: dict[str, list[float]] = {arm: [] for arm, _, _ in arms}
         for arm, _, _ in arms:  # warm-up
             backends[arm].train_step(batch, losses[name]())
         for r in range(args.rounds):
             order = arms[r % len(arms):] + arms[: r % len(arms)]
             for arm, _, _ in order:
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), time.process_time()
                 backends[arm].train_step(batch, losses[name]())
                 times[arm].append(time.perf_counter() - t0)
-        base = statistics.median(times["padded"])
+                cpu[arm].append(time.process_time() - c0)
+        base, cpu_base = statistics.median(times["padded"]), statistics.median(cpu["padded"])
         for arm, packing, k in arms:
-            med = statistics.median(times[arm])
+            med, cmed = statistics.median(times[arm]), statistics.median(cpu[arm])
             fed, real = model_tokens(batch, args.micro_batch_size, packing, k)
             rows.append(dict(loss=name, arm=arm, row_tokens=k if packing else "", samples=args.samples,
                              model_tokens=fed, real_tokens=real, median_s=round(med, 4), min_s=round(min(times[arm]), 4),
                              max_s=round(max(times[arm]), 4), ratio_vs_padded=round(med / base, 3),
-                             rounds=args.rounds, threads=args.threads))
-            print(f"{name:5s} {arm:12s} tokens {fed:6d} (real {real})  median {med:.3f} s  ratio {med / base:.3f}", flush=True)
+                             median_cpu_s=round(cmed, 4), cpu_ratio_vs_padded=round(cmed / cpu_base, 3), rounds=args.rounds, threads=args.threads))
+            print(f"{name:5s} {arm:12s} tokens {fed:6d} (real {real})  median {med:.3f} s  ratio {med / base:.3f}  "
+                  f"cpu {cmed:.3f} s  ratio {cmed / cpu_base:.3f}", flush=True)
     with open(args.out, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=FIELDS)
         w.writeheader()

@@ -158,8 +158,8 @@ class HFBackend:
         with_teacher: bool = True,
         with_reference: bool = False,
         pad_token_id: int | None = None,
-        packing: bool = False,
-        pack_row_tokens: int = 512,
+        packing: bool = True,
+        pack_row_tokens: int = 256,
     ):
         from transformers import AutoModelForCausalLM
 
@@ -271,7 +271,9 @@ class HFBackend:
         if not isinstance(module, (_ResponseLogits, nn.parallel.DistributedDataParallel)):
             module = _ResponseLogits(module)
         if self.packing:
-            vb = pack_varlen(prompts, responses, response_len=T, pad_id=self.pad_token_id, row_tokens=self.pack_row_tokens)
+            vb = pack_varlen(
+                prompts, responses, response_len=T, pad_id=self.pad_token_id, row_tokens=self.pack_row_tokens, device=self.device
+            )
             return module(vb.input_ids, None, vb.position_ids, vb.hidden_index, hidden_only), vb.response_ids
         pk = pack(prompts, responses, response_len=T, pad_id=self.pad_token_id)
         return module(pk.input_ids, pk.attention_mask, pk.position_ids, T, hidden_only), pk.response_ids

@@ -279,10 +279,10 @@ def validate(cfg: RunConfig) -> RunConfig:
         raise ConfigError("backend.micro_batch_size must be >= 1")
     if cfg.backend.pack_row_tokens < 0:
         raise ConfigError("backend.pack_row_tokens must be >= 0 (0: one packed row per micro-batch)")
-    if cfg.backend.packing and cfg.backend.name == "megatron":
+    if cfg.backend.packing is True and cfg.backend.name == "megatron":
         raise ConfigError(
             "backend.packing=true is HF-backend only: megatron-core's local attention rejects packed "
-            "sequences and the Transformer Engine path is not written; set backend.packing=false"
+            "sequences and the Transformer Engine path is not written; set backend.packing=false or null"
         )
     _validate_lr_schedule(cfg)
     m = cfg.backend.megatron

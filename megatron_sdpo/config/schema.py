@@ -176,12 +176,14 @@ class BackendConfig:
     grad_clip: float = 1.0
     micro_batch_size: int = 64  # samples per micro-batch
     # Train-step forwards on packed rows (no padding; backends/varlen.py) instead of the padded
-    # [B, longest prompt + longest response] rectangle. HF backend only: megatron-core's local
-    # (non-TE) attention rejects packed sequences (see the megatron backend's docstring).
-    packing: bool = False
+    # [B, longest prompt + longest response] rectangle. null: on with the HF backend, off with
+    # megatron, where true is a ConfigError: megatron-core's local (non-TE) attention rejects
+    # packed sequences (see the megatron backend's docstring).
+    packing: Optional[bool] = None
     # Row capacity of the packed layout in tokens (0: one row per micro-batch). SDPA and eager
-    # attention with a block-diagonal mask cost row length squared, so bounded rows are faster.
-    pack_row_tokens: int = 512
+    # attention with a block-diagonal mask cost row length squared: on the tiny run rows of 256
+    # took 0.71x the padded step, one row per micro-batch 2.6x (tools/bench_pack.py).
+    pack_row_tokens: int = 256
     stage_start: Literal["weights_only", "keep_optimizer"] = "weights_only"
     megatron: MegatronConfig = field(default_factory=MegatronConfig)
 
