@@ -9,6 +9,8 @@ the same shape where it is missing, `loop` then needs the shipped tokenizer):
   preset's 32) at most, texts decoded, and a weight refit before every generate. The engines
   alternate within each repeat (order flipped every repeat) so a busy machine slows both alike;
   the CSV has the median over repeats after the first two, and the vLLM / HF ratio is printed.
+  `--preset smollm2_135m --workload loop` runs the same on that preset's model and prompts
+  (`--loop-new-tokens 48 --prompts 8 --n 4` is its step).
 - `fixed`: random prompts with EOS disabled, so every sample runs to exactly max_new_tokens for
   each of `--new-tokens` and both engines do the same work (best of `--repeats`).
 Writes one CSV row per (workload, engine, max_new_tokens) and <out>.startup.csv with start-up
@@ -46,16 +48,19 @@ def make_prompts(num: int, vocab: int, seed: int) -> list[list[int]]:
     return [torch.randint(3, vocab, (n,), generator=g).tolist() for n in lengths]
 
 
-def loop_prompts(path: str, num: int, seed: int):
-    """The tiny run's first-stage prompts, encoded as the trainer encodes them, and the tokenizer."""
+def loop_prompts(cfg, path: str, num: int, seed: int):
+    """The preset's first-stage prompts (its data source: wording, difficulty), encoded as the
+    trainer encodes them, and the tokenizer."""
+    import dataclasses
+
     from megatron_sdpo.builders import load_tokenizer
     from megatron_sdpo.chat import encode_prompts
-    from megatron_sdpo.config import load_config
-    from megatron_sdpo.data.synthetic import generate
+    from megatron_sdpo.data.sources import load_source
 
-    cfg = load_config("tiny")
+    domain = cfg.stages[0].domain
     tok = load_tokenizer(path)
-    records = generate(cfg.stages[0].domain, "train", num, seed)
+    source = dataclasses.replace(cfg.domains[domain].train, n=num)
+    records = load_source(source, domain, "train", seed=seed)
     return encode_prompts(tok, [r["prompt"] for r in records]), tok
 
 
@@ -64,9 +69,10 @@ def bench_loop(args, path: str, work: Path, startup: list[dict]) -> list[dict]:
 
     from megatron_sdpo.rollout import SamplingConfig, make_engine
 
-    prompts, tok = loop_prompts(path, args.prompts, args.seed)
+    prompts, tok = loop_prompts(args.cfg, path, args.prompts, args.seed)
     # The same settings the trainer's engines get (builders.make_rollout).
-    common = dict(seed=args.seed, max_model_len=384, eos_token_ids=[tok.eos_token_id], detokenize=True)
+    common = dict(seed=args.seed, max_model_len=args.cfg.rollout.max_model_len,
+                  eos_token_ids=[tok.eos_token_id], detokenize=True)
     extra = {
         "vllm": {"run_dir": str(work / "vllm_run"), "max_num_seqs": args.prompts * args.n},
         "hf": {"pad_token_id": tok.pad_token_id, "max_batch_size": 256},
@@ -164,13 +170,22 @@ def main() -> None:
     ap.add_argument("--loop-repeats", type=int, default=10, help="loop workload: timed repeats (median)")
     ap.add_argument("--engines", default="vllm,hf")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--preset", default="tiny",
+                    help="loop workload: the preset whose model and first-stage prompts to use "
+                         "(e.g. smollm2_135m; the fixed workload always uses the tiny base)")
     args = ap.parse_args()
     workloads = args.workload.split(",")
     if set(workloads) - {"loop", "fixed"} or set(args.engines.split(",")) - {"vllm", "hf"}:
         ap.error("--workload takes loop,fixed and --engines vllm,hf")
 
+    from megatron_sdpo.builders import resolve_model_path
+    from megatron_sdpo.config import load_config
+
     work = Path(tempfile.mkdtemp(prefix="bench_rollout_"))
-    path = model_dir(work)
+    args.cfg = load_config(args.preset)
+    if args.preset != "tiny" and "fixed" in workloads:
+        ap.error("--preset applies to the loop workload only: pass --workload loop")
+    path = model_dir(work) if args.preset == "tiny" else resolve_model_path(args.cfg)
     print(f"model {path}  torch threads {torch.get_num_threads()}  prompts {args.prompts} x n {args.n}")
     rows: list[dict] = []
     startup: list[dict] = []

@@ -238,6 +238,11 @@ def validate(cfg: RunConfig) -> RunConfig:
                 raise ConfigError(f"domains.{name}.{where}.instruction applies to synthetic sources only (source: {src.source})")
             if src.instruction is not None and not src.instruction.strip():
                 raise ConfigError(f"domains.{name}.{where}.instruction must be non-empty or null")
+            if src.difficulty is not None:
+                if src.source != "synthetic":
+                    raise ConfigError(f"domains.{name}.{where}.difficulty applies to synthetic sources only (source: {src.source})")
+                if isinstance(src.difficulty, bool) or not 0.0 <= float(src.difficulty) <= 1.0:
+                    raise ConfigError(f"domains.{name}.{where}.difficulty must be in [0, 1] or null, got {src.difficulty!r}")
     a = cfg.algorithm
     spec = algorithm_spec(a.name)
     if a.group_size < 2 and spec.uses_teacher:

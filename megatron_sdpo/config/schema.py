@@ -23,6 +23,10 @@ class DataSource:
     # Synthetic only: replaces the instruction ending every generated prompt (a format hint a
     # pretrained chat model follows, e.g. smollm2_135m); null keeps the suite's own.
     instruction: str | None = None
+    # Synthetic only: the generator's difficulty in [0, 1] (what it scales is in each domain's
+    # module docstring, e.g. tool use: the share of arguments to compute rather than copy);
+    # null keeps the suite's calibrated default for its tiny base.
+    difficulty: float | None = None
 
 
 @dataclass

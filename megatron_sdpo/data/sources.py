@@ -11,12 +11,13 @@ def load_source(source, domain: str, split: str, *, seed: int) -> list[dict]:
 
     Synthetic sources draw `source.n` records deterministically from the seed; file sources load
     with the named schema and keep `source.n` of them (0 = all), sampled with the seed.
-    `source.instruction` (synthetic only) replaces the suite's instruction ending each prompt.
+    `source.instruction` (synthetic only) replaces the suite's instruction ending each prompt;
+    `source.difficulty` (synthetic only; None: the domain's default) sets the generator's difficulty.
     """
     if source.source == "synthetic":
         from megatron_sdpo.data import synthetic
 
-        return synthetic.generate(domain, split, source.n, seed, instruction=source.instruction)
+        return synthetic.generate(domain, split, source.n, seed, source.difficulty, instruction=source.instruction)
     from megatron_sdpo.data.loaders import load_records
 
     records = load_records(source.source, source.schema, domain=domain, split=split)

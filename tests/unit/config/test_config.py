@@ -255,3 +255,20 @@ def test_data_instruction_is_for_synthetic_sources_only():
         load_config("tiny", ["domains.math.eval.id.source=x.jsonl", "domains.math.eval.id.instruction=Box it."])
     with pytest.raises(ConfigError, match=r"domains.math.train.instruction must be non-empty"):
         load_config("tiny", ["domains.math.train.instruction=' '"])
+
+
+def test_data_difficulty_is_for_synthetic_sources_in_unit_range():
+    from megatron_sdpo.data.sources import load_source
+
+    cfg = load_config("tiny", ["domains.tooluse.train.difficulty=0"])
+    src = cfg.domains["tooluse"].train
+    assert src.difficulty == 0.0 and cfg.domains["tooluse"].eval["id"].difficulty is None
+    # Difficulty 0 of the tool-use generator: every argument is copied from the request, none
+    # computed; the default (0.8) computes most of them, so the two draws differ.
+    easy = load_source(src, "tooluse", "train", seed=0)
+    assert easy != load_source(cfg.domains["tooluse"].eval["id"], "tooluse", "train", seed=0)
+    assert all(("adults" not in r["prompt"]) and ("hour" not in r["prompt"]) for r in easy)
+    with pytest.raises(ConfigError, match=r"domains.math.eval.id.difficulty applies to synthetic sources only"):
+        load_config("tiny", ["domains.math.eval.id.source=x.jsonl", "domains.math.eval.id.difficulty=0.5"])
+    with pytest.raises(ConfigError, match=r"domains.math.train.difficulty must be in \[0, 1\]"):
+        load_config("tiny", ["domains.math.train.difficulty=1.5"])

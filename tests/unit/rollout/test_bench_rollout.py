@@ -24,3 +24,11 @@ def test_bench_rollout_writes_loop_and_fixed_rows(tmp_path):
     assert int(fixed["generated_tokens"]) == 2 * 2 * 4
     assert all(float(r["seconds"]) > 0 for r in rows)
     assert (tmp_path / "rollout.startup.csv").is_file()
+
+
+def test_bench_rollout_preset_is_for_the_loop_workload_only(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "tools" / "bench_rollout.py"), "--preset", "smollm2_135m", "--out", str(tmp_path / "x.csv")],
+        capture_output=True, text=True, timeout=120, cwd=tmp_path,
+    )
+    assert proc.returncode == 2 and "--preset applies to the loop workload only" in proc.stderr
