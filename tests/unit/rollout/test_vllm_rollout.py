@@ -220,3 +220,29 @@ def test_vllm_generation_threads_are_restored(setup, monkeypatch):
     comps = engine.generate(PROMPTS, SamplingConfig(n=2, max_new_tokens=4, seed=2))
     engine.update_weights(backend.export_weights())
     assert torch.get_num_threads() == before and len(comps) == 2 * len(PROMPTS)
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_vllm_refit_of_a_tied_qwen3_sends_the_head_and_matches(tmp_path):
+    """Tied embeddings (Qwen3-4B ties them): the export yields the shared tensor once, the engine
+    sends it again as lm_head.weight (see with_tied_head; the stale head it prevents shows on
+    vLLM's Llama, tests/unit/models/test_packaged.py), and vLLM's Qwen3, whose head is the
+    embedding module itself, takes the extra name and samples from the updated weights."""
+    from megatron_sdpo.rollout.vllm import VLLMRolloutEngine
+
+    model_dir = save_tiny_qwen3(tmp_path / "tied", seed=5, tie_word_embeddings=True)
+    engine = VLLMRolloutEngine(model_dir, seed=0, max_model_len=64, max_num_seqs=32, run_dir=str(tmp_path / "run"))
+    backend = HFBackend(model_dir, lr=5e-2, micro_batch_size=8)
+    assert [n for n, _ in backend.export_weights() if "embed_tokens" in n or "lm_head" in n] == ["model.embed_tokens.weight"]
+    cfg = SamplingConfig(n=2, temperature=1.0, max_new_tokens=8)
+    check_against_backend(backend, engine.generate(PROMPTS, cfg))
+    # One streamed call, then layer buckets (the run's default: the embedding in its own call).
+    for seed, bucket_bytes in enumerate((None, 100_000)):
+        with torch.no_grad():  # move only the shared embedding, far beyond the check's tolerance
+            emb = backend.policy.get_input_embeddings().weight
+            emb.add_(0.5 * torch.randn(emb.shape, generator=torch.Generator().manual_seed(seed)))
+        engine.bucket_bytes = bucket_bytes
+        engine.update_weights(backend.export_weights())
+        assert engine.sent_checksums["lm_head.weight"] == engine.sent_checksums["model.embed_tokens.weight"]
+        check_against_backend(backend, engine.generate(PROMPTS, cfg))
