@@ -97,12 +97,6 @@ class WeightSyncExtension:
         return checksums_to_host(received)
 
 
-def _ties_embeddings(model_path: str) -> bool:
-    import json
-
-    return bool(json.loads(Path(model_path, "config.json").read_text()).get("tie_word_embeddings", False))
-
-
 def with_tied_head(named_tensors: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
     """The stream, with the shared input embedding once more as `lm_head.weight` behind it.
 
@@ -219,7 +213,6 @@ class VLLMRolloutEngine:
             raise ConfigError(f"threads must be >= 1 or None, got {threads}")
         self.threads = threads  # torch threads while generating and reloading (None: the trainer's)
         self.layout = ReplicaLayout.of_launch(tensor_parallel_size)
-        self.tied_head = _ties_embeddings(model_path)
         previous_tmpdir = _configure_env(Path(run_dir) if run_dir else Path.cwd() / ".vllm_run")
         try:
             self._start(model_path, seed, dtype, max_model_len, max_num_seqs, kv_cache_memory_bytes,
@@ -292,6 +285,8 @@ class VLLMRolloutEngine:
         if not on_gpu and self.llm.llm_engine.vllm_config.scheduler_config.enable_chunked_prefill:
             raise RuntimeError("vLLM re-enabled chunked prefill: seeded CPU sampling would fail")
         self.startup_seconds = time.perf_counter() - t0
+        # Read from the config vLLM loaded, not the directory a second time.
+        self.tied_head = bool(self.llm.llm_engine.vllm_config.model_config.hf_config.tie_word_embeddings)
         self._sleeping = False
 
     def generate(
