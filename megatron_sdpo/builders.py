@@ -79,7 +79,11 @@ def make_backend(cfg: RunConfig, model_path: str, tokenizer):
 
         # backend.packing null means on for this backend.
         packing = b.packing is not False
-        return HFBackend(model_path, dtype=cfg.model.dtype, packing=packing, pack_row_tokens=b.pack_row_tokens, **common)
+        share = packing and b.share_prompts is not False
+        return HFBackend(
+            model_path, dtype=cfg.model.dtype, packing=packing, pack_row_tokens=b.pack_row_tokens,
+            share_prompts=share, **common,
+        )
     if b.name == "megatron":
         return _megatron_backend(cfg, model_path, common)
     raise ConfigError(f"backend.name: unknown backend {b.name!r}")  # pragma: no cover

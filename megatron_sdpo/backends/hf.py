@@ -98,10 +98,12 @@ class _ResponseLogits(nn.Module):
         select: int | torch.Tensor,
         hidden_only: bool = False,
     ) -> torch.Tensor:
-        """[R, L] ids/mask/positions -> [B, T, V] fp32 logits predicting the response tokens
-        (or, with hidden_only, the [B, T, H] final hidden states that predict them). `select`
-        is T for the padded layout (the responses end every row) or, for the packed layout
-        (no attention mask: the positions delimit the samples), its [B, T] `hidden_index`."""
+        """[R, L] ids/positions -> [B, T, V] fp32 logits predicting the response tokens (or,
+        with hidden_only, the [B, T, H] final hidden states that predict them). `select` is T
+        for the padded layout (the responses end every row; `attention_mask` [R, L]) or, for
+        the packed layout, its [B, T] `hidden_index` (`attention_mask` None: the positions
+        delimit the samples; or, with shared prompts, the layout's [R, 1, L, L] mask in the
+        form the model's attention implementation takes, see `_attention_mask`)."""
         decoder = getattr(self.lm, self.lm.base_model_prefix)
         hidden = decoder(
             input_ids=input_ids,
@@ -138,7 +140,8 @@ class HFBackend:
     `micro_batch_size` counts samples per forward/backward on one rank. With
     torch.distributed initialized, the policy is wrapped in DDP (gloo on CPU). With `packing`
     every forward runs the micro-batch's samples packed into rows of at most `pack_row_tokens`
-    tokens (0: one row) without padding (`backends.varlen`)."""
+    tokens (0: one row) without padding (`backends.varlen`); with `share_prompts` (None: when
+    packing) samples with identical prompts (a group) share one copy of the prompt as well."""
 
     # Full [B, T, V] logits are at hand: a top-k loss picks its ids from them.
     topk_source: TopkSource = "logits"
@@ -160,6 +163,7 @@ class HFBackend:
         pad_token_id: int | None = None,
         packing: bool = True,
         pack_row_tokens: int = 256,
+        share_prompts: bool | None = None,
     ):
         from transformers import AutoModelForCausalLM
 
@@ -177,6 +181,10 @@ class HFBackend:
             raise ConfigError(f"pack_row_tokens must be >= 0 (0: one row per micro-batch), got {pack_row_tokens}")
         # Packed rows (backends.varlen) instead of the padded rectangle; see _run.
         self.packing, self.pack_row_tokens = bool(packing), int(pack_row_tokens)
+        if share_prompts and not self.packing:
+            raise ConfigError("share_prompts needs packing: the padded layout has one row per sample")
+        # None: wherever packing is.
+        self.share_prompts = self.packing if share_prompts is None else bool(share_prompts)
         self.seed = seed
         self.step = 0
 
@@ -187,6 +195,8 @@ class HFBackend:
         self.policy = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=self.dtype)
         self.policy.eval()
         self.pad_token_id = resolve_pad_id(pad_token_id, self.policy.config)
+        if self.share_prompts:
+            self._check_mask_support(self.policy.config)
 
         self.teacher = self._frozen_copy() if with_teacher else None
         # Time in the teacher's forward inside train_step, reported as "time/teacher_forward".
@@ -261,6 +271,23 @@ class HFBackend:
         mbs = self.micro_batch_size
         return [idx[i : i + mbs] for i in range(0, len(idx), mbs)]
 
+    @staticmethod
+    def _check_mask_support(config) -> None:
+        impl = getattr(config, "_attn_implementation", None)
+        if impl not in ("sdpa", "eager"):
+            raise ConfigError(
+                f"share_prompts needs sdpa or eager attention (an explicit 4D mask); the model uses "
+                f"{impl!r}: set backend.share_prompts=false"
+            )
+
+    def _attention_mask(self, allowed: torch.Tensor | None) -> torch.Tensor | None:
+        """The shared layout's [R, 1, W, W] bool mask (True = attend) as the attention
+        implementation takes a prepared 4D mask: SDPA a bool mask, eager an additive one."""
+        if allowed is None or self.policy.config._attn_implementation == "sdpa":
+            return allowed
+        zero = torch.zeros((), dtype=self.dtype, device=allowed.device)
+        return zero.masked_fill(~allowed, torch.finfo(self.dtype).min)
+
     # ------------------------------------------------------------------ forward
     def _run(
         self, module: nn.Module, prompts: list[list[int]], responses: list[list[int]], T: int, hidden_only: bool = False
@@ -272,9 +299,11 @@ class HFBackend:
             module = _ResponseLogits(module)
         if self.packing:
             vb = pack_varlen(
-                prompts, responses, response_len=T, pad_id=self.pad_token_id, row_tokens=self.pack_row_tokens, device=self.device
+                prompts, responses, response_len=T, pad_id=self.pad_token_id, row_tokens=self.pack_row_tokens,
+                share_prompts=self.share_prompts, device=self.device,
             )
-            return module(vb.input_ids, None, vb.position_ids, vb.hidden_index, hidden_only), vb.response_ids
+            mask = self._attention_mask(vb.attention_mask)
+            return module(vb.input_ids, mask, vb.position_ids, vb.hidden_index, hidden_only), vb.response_ids
         pk = pack(prompts, responses, response_len=T, pad_id=self.pad_token_id)
         return module(pk.input_ids, pk.attention_mask, pk.position_ids, T, hidden_only), pk.response_ids
 

@@ -18,6 +18,17 @@ The per-token outputs the losses consume keep the [B, T] response layout: `hidde
 is the flat index (row * W + column) of the hidden state that predicts response token j of
 sample i. Columns past a sample's response point at its last real token (finite values that
 the response mask zeroes), as the padded layout's pad columns hold finite values too.
+
+Shared prompts (`share_prompts=True`): a GRPO/SDPO batch holds each prompt G times (one per
+sample of its group), so most of a step's tokens are prompt copies (the tiny run: 4,456 prompt
+tokens for 1,493 response tokens per step). Samples with identical prompts then form one
+segment: the prompt once, then each response after it with positions continuing from the
+prompt's length, and an explicit attention mask in which a response token sees the prompt and
+its own earlier tokens only (a tree, not a chain). Each response's hidden states are then those
+of prompt + response run alone, and the backward sums the prompt's gradient over its samples,
+which is what G separate copies would accumulate. A varlen kernel's `cu_seqlens` cannot state
+that mask, so the shared layout carries the mask instead (`attention_mask` [R, 1, W, W] bool,
+True = attend) and no `cu_seqlens`.
 """
 from __future__ import annotations
 
@@ -33,16 +44,19 @@ class VarlenBatch:
     """input_ids / position_ids: [R, W] int64 (each row's unused tail is `pad_id` with its own
     positions 0.., a separate segment); cu_seqlens: [S + 1] int32 segment offsets into the
     row-major flattened [R * W] tokens (samples and row tails alike, so they tile every token, as
-    the THD format expects); hidden_index: [B, T] int64 flat index of the hidden state predicting
-    response token j of sample i; response_ids: [B, T] int64; response_mask: [B, T] float32."""
+    the THD format expects), None with shared prompts; attention_mask: None (the positions
+    delimit the samples) or, with shared prompts, [R, 1, W, W] bool (True = query attends to
+    key); hidden_index: [B, T] int64 flat index of the hidden state predicting response token j
+    of sample i; response_ids: [B, T] int64; response_mask: [B, T] float32."""
 
     input_ids: torch.Tensor
     position_ids: torch.Tensor
-    cu_seqlens: torch.Tensor
+    cu_seqlens: torch.Tensor | None
     hidden_index: torch.Tensor
     response_ids: torch.Tensor
     response_mask: torch.Tensor
-    real_tokens: int  # tokens that belong to a sample (the row tails excluded)
+    real_tokens: int  # tokens the model sees that belong to a sample (the row tails excluded)
+    attention_mask: torch.Tensor | None = None
 
 
 def _rows(lengths: list[int], row_tokens: int) -> list[list[int]]:
@@ -65,6 +79,17 @@ def _rows(lengths: list[int], row_tokens: int) -> list[list[int]]:
     return rows
 
 
+def _segments(prompts: list[list[int]], share: bool) -> list[list[int]]:
+    """Sample indices per segment, in order of first appearance: samples with identical
+    prompts together when `share`, else one sample each."""
+    if not share:
+        return [[i] for i in range(len(prompts))]
+    groups: dict[tuple[int, ...], list[int]] = {}
+    for i, p in enumerate(prompts):
+        groups.setdefault(tuple(p), []).append(i)
+    return list(groups.values())
+
+
 def pack_varlen(
     prompts: list[list[int]],
     responses: list[list[int]],
@@ -73,9 +98,11 @@ def pack_varlen(
     pad_id: int,
     row_tokens: int = 0,
     multiple: int = 1,
+    share_prompts: bool = False,
     device: torch.device | str | None = None,
 ) -> VarlenBatch:
-    """Pack the samples (prompt_i + response_i) into rows of at most `row_tokens` tokens.
+    """Pack the samples (prompt_i + response_i) into rows of at most `row_tokens` tokens; with
+    `share_prompts`, samples with identical prompts share one copy of it (module docstring).
 
     `response_len` is the global T (as in `layout.pack`); `multiple` rounds the row width W up
     (tensor parallelism with sequence parallelism splits the sequence over ranks, FP8 GEMMs
@@ -87,50 +114,76 @@ def pack_varlen(
     if row_tokens < 0 or multiple < 1:
         raise DataError(f"row_tokens must be >= 0 and multiple >= 1, got {row_tokens}, {multiple}")
     T = response_len
-    lengths = []
     for i, (p, r) in enumerate(zip(prompts, responses)):
         if not p:
             raise DataError(f"prompt {i} is empty: every sample needs at least one prompt token")
         if len(r) > T:
             raise DataError(f"response {i} has {len(r)} tokens, more than the batch's T={T}")
-        lengths.append(len(p) + len(r))
-    rows = _rows(lengths, row_tokens)
-    W = max(sum(lengths[i] for i in row) for row in rows)
+    segments = _segments(prompts, share_prompts)
+    seg_len = [len(prompts[seg[0]]) + sum(len(responses[i]) for i in seg) for seg in segments]
+    rows = _rows(seg_len, row_tokens)
+    W = max(sum(seg_len[k] for k in row) for row in rows)
     W = -(-W // multiple) * multiple
     ids: list[int] = []
     pos: list[int] = []
+    # Per token: its segment (row tails are segments too) and branch (0: the prompt, k: the
+    # k-th response of the segment); only the shared layout's mask reads them.
+    seg_of: list[int] = []
+    branch: list[int] = []
     cu = [0]
     index = [[0] * T for _ in prompts]
     targets = [list(r) + [pad_id] * (T - len(r)) for r in responses]
     for row in rows:
         start = len(ids)
-        for i in row:
-            p, r = prompts[i], responses[i]
-            base = len(ids)
+        for k in row:
+            p = prompts[segments[k][0]]
+            P = len(p)
             ids.extend(p)
-            ids.extend(r)
-            pos.extend(range(lengths[i]))
+            pos.extend(range(P))
+            seg_of.extend([len(cu)] * P)
+            branch.extend([0] * P)
+            prompt_end = len(ids) - 1
+            for b, i in enumerate(segments[k], start=1):
+                r = responses[i]
+                first = len(ids)
+                ids.extend(r)
+                pos.extend(range(P, P + len(r)))
+                seg_of.extend([len(cu)] * len(r))
+                branch.extend([b] * len(r))
+                # Response token 0 is predicted by the prompt's last column, token j by the
+                # response's column j - 1; beyond the response, its last real column (masked
+                # out downstream).
+                last = first + len(r) - 1 if r else prompt_end
+                index[i] = [prompt_end if j == 0 else min(first + j - 1, last) for j in range(T)]
             cu.append(len(ids))
-            # Response token j is predicted at column len(p) + j - 1; beyond the response, the
-            # last real column (masked out downstream).
-            last = base + lengths[i] - 1
-            index[i] = [min(base + len(p) + j - 1, last) for j in range(T)]
         tail = W - (len(ids) - start)
         if tail:
             ids.extend([pad_id] * tail)
             pos.extend(range(tail))
+            seg_of.extend([len(cu)] * tail)
+            branch.extend([0] * tail)
             cu.append(len(ids))
     R = len(rows)
     long = dict(dtype=torch.long, device=device)
     mask = torch.tensor([[1.0] * len(r) + [0.0] * (T - len(r)) for r in responses], dtype=torch.float32, device=device)
+    attention = None
+    if share_prompts:
+        seg_t = torch.tensor(seg_of, **long).view(R, W)
+        br = torch.tensor(branch, **long).view(R, W)
+        col = torch.arange(W, device=device)
+        causal = col[:, None] >= col[None, :]
+        same_seg = seg_t[:, :, None] == seg_t[:, None, :]
+        visible = (br[:, None, :] == 0) | (br[:, :, None] == br[:, None, :])
+        attention = (same_seg & visible & causal).unsqueeze(1)
     return VarlenBatch(
         input_ids=torch.tensor(ids, **long).view(R, W),
         position_ids=torch.tensor(pos, **long).view(R, W),
-        cu_seqlens=torch.tensor(cu, dtype=torch.int32, device=device),
+        cu_seqlens=None if share_prompts else torch.tensor(cu, dtype=torch.int32, device=device),
         hidden_index=torch.tensor(index, **long).view(len(prompts), T),
         response_ids=torch.tensor(targets, **long).view(len(prompts), T),
         response_mask=mask.view(len(prompts), T),
-        real_tokens=sum(lengths),
+        real_tokens=sum(seg_len),
+        attention_mask=attention,
     )
 
 

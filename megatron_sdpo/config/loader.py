@@ -289,6 +289,12 @@ def validate(cfg: RunConfig) -> RunConfig:
             "backend.packing=true is HF-backend only: megatron-core's local attention rejects packed "
             "sequences and the Transformer Engine path is not written; set backend.packing=false or null"
         )
+    packed = cfg.backend.packing is True or (cfg.backend.packing is None and cfg.backend.name == "hf")
+    if cfg.backend.share_prompts is True and not packed:
+        raise ConfigError(
+            "backend.share_prompts=true needs the packed layout (backend.packing on, HF backend); "
+            "set backend.share_prompts=false or null"
+        )
     _validate_lr_schedule(cfg)
     m = cfg.backend.megatron
     if m.tensor_parallel < 1 or m.pipeline_parallel < 1:

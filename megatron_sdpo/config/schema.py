@@ -188,6 +188,11 @@ class BackendConfig:
     # attention with a block-diagonal mask cost row length squared: on the tiny run rows of 256
     # took 0.71x the padded step, one row per micro-batch 2.6x (tools/bench_pack.py).
     pack_row_tokens: int = 256
+    # In the packed layout, samples with identical prompts (a GRPO/SDPO group) share one copy of
+    # the prompt: each response attends to it and to itself through an explicit mask, so the
+    # prompt's tokens are run once per group instead of once per sample. null: on wherever
+    # packing is; true without packing is a ConfigError.
+    share_prompts: Optional[bool] = None
     stage_start: Literal["weights_only", "keep_optimizer"] = "weights_only"
     megatron: MegatronConfig = field(default_factory=MegatronConfig)
 

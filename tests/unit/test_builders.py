@@ -1,4 +1,5 @@
-"""builders.make_backend: backend.packing reaches the HF backend (null means on there)."""
+"""builders.make_backend: backend.packing and share_prompts reach the HF backend (null means on
+there; shared prompts only with packing)."""
 from types import SimpleNamespace
 
 import pytest
@@ -8,8 +9,17 @@ from megatron_sdpo.backends.tiny import save_tiny_qwen3
 from megatron_sdpo.config.loader import load_config
 
 
-@pytest.mark.parametrize("override, packing", [(None, True), ("backend.packing=false", False), ("backend.packing=true", True)])
-def test_hf_backend_gets_the_packing_keys(tmp_path, override, packing):
-    cfg = load_config("tiny", ["backend.pack_row_tokens=64"] + ([override] if override else []))
+@pytest.mark.parametrize(
+    "override, packing, share",
+    [
+        (None, True, True),
+        ("backend.packing=false", False, False),
+        ("backend.packing=true", True, True),
+        ("backend.share_prompts=false", True, False),
+        ("backend.packing=false backend.share_prompts=null", False, False),
+    ],
+)
+def test_hf_backend_gets_the_packing_keys(tmp_path, override, packing, share):
+    cfg = load_config("tiny", ["backend.pack_row_tokens=64"] + (override.split(" ") if override else []))
     backend = builders.make_backend(cfg, save_tiny_qwen3(tmp_path / "m"), SimpleNamespace(pad_token_id=0))
-    assert (backend.packing, backend.pack_row_tokens) == (packing, 64)
+    assert (backend.packing, backend.pack_row_tokens, backend.share_prompts) == (packing, 64, share)

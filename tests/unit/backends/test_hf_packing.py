@@ -1,6 +1,8 @@
 """HFBackend with `packing`: the packed rows give the padded layout's per-token outputs, losses,
 gradients and step, for GRPO (with the reference model's KL) and SDPO (full vocabulary, top-k
-and the fused hidden-state KL, teacher prompts differing from the student's).
+and the fused hidden-state KL, teacher prompts differing from the student's). The same holds
+with `share_prompts` (groups of samples with one prompt run once, responses attending to it
+through an explicit mask), on batches whose prompts repeat, through SDPA and eager attention.
 
 That transformers turns position ids restarting at 0 into a block-diagonal causal mask when no
 attention mask is given (masking_utils.find_packed_sequence_indices) is checked here against an
@@ -66,8 +68,32 @@ def odd_batch(seed: int, B: int = 7, vocab: int = 300) -> SequenceBatch:
     return SequenceBatch(prompts, responses, teacher, tensors)
 
 
-def backend(model_dir, packing: bool, row_tokens: int = 0, mbs: int = 3) -> HFBackend:
-    be = HFBackend(model_dir, lr=1e-3, micro_batch_size=mbs, with_reference=True, packing=packing, pack_row_tokens=row_tokens)
+def grouped_batch(seed: int, groups: int = 3, G: int = 3, vocab: int = 300) -> SequenceBatch:
+    """`groups` prompts x G samples each (a GRPO/SDPO batch), odd lengths, one empty response;
+    teacher prompts: none, one context shared by a group's samples, or one per sample."""
+    g = torch.Generator().manual_seed(seed)
+    base = odd_batch(seed, B=groups * G, vocab=vocab)
+    prompts = [torch.randint(3, vocab, (int(n),), generator=g).tolist() for n in torch.randint(2, 12, (groups,), generator=g)]
+    student = [prompts[i // G] for i in range(groups * G)]
+    shared_ctx = [p + torch.randint(3, vocab, (4,), generator=g).tolist() for p in prompts]
+    teacher = []
+    for i in range(groups * G):
+        k = i // G
+        own = student[i] + torch.randint(3, vocab, (1 + i % 4,), generator=g).tolist()
+        teacher.append((None, shared_ctx[k], own)[(i + k) % 3])
+    return SequenceBatch(student, base.response_ids, teacher, base.tensors)
+
+
+LAYOUTS = {"padded": (False, False), "packed": (True, False), "shared": (True, True)}
+
+
+def backend(model_dir, packing: bool | str, row_tokens: int = 0, mbs: int = 3) -> HFBackend:
+    """`packing`: a bool (shared prompts with it) or a LAYOUTS name."""
+    pack, share = LAYOUTS[packing] if isinstance(packing, str) else (packing, None)
+    be = HFBackend(
+        model_dir, lr=1e-3, micro_batch_size=mbs, with_reference=True, packing=pack, pack_row_tokens=row_tokens,
+        share_prompts=share,
+    )
     with torch.no_grad():  # a teacher and a reference that differ from the student
         for m, scale in ((be.teacher, 0.05), (be.reference, 0.03)):
             for p in m.parameters():
@@ -75,10 +101,12 @@ def backend(model_dir, packing: bool, row_tokens: int = 0, mbs: int = 3) -> HFBa
     return be
 
 
-@pytest.mark.parametrize("row_tokens", [0, 9])
-def test_packed_logprobs_equal_each_sample_run_alone(model_dir, row_tokens):
-    batch = odd_batch(0)
-    be = backend(model_dir, True, row_tokens)
+@pytest.mark.parametrize("layout, row_tokens, attn", [("packed", 0, "sdpa"), ("packed", 9, "sdpa"),
+                                                     ("shared", 0, "sdpa"), ("shared", 9, "sdpa"), ("shared", 9, "eager")])
+def test_packed_logprobs_equal_each_sample_run_alone(model_dir, layout, row_tokens, attn):
+    batch = odd_batch(0) if layout == "packed" else grouped_batch(0)
+    be = backend(model_dir, layout, row_tokens, mbs=5)
+    be.policy.set_attn_implementation(attn)
     lp = be.logprobs(batch)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     for i, (p, r) in enumerate(zip(batch.prompt_ids, batch.response_ids)):
@@ -91,11 +119,12 @@ def test_packed_logprobs_equal_each_sample_run_alone(model_dir, row_tokens):
         torch.testing.assert_close(lp[i, : len(r)], ref, atol=logprob_tol(float(logits.abs().max())), rtol=0)
 
 
-@pytest.mark.parametrize("row_tokens, mbs", [(0, 3), (9, 7), (0, 1)])
-def test_packed_outputs_equal_padded(model_dir, row_tokens, mbs):
-    batch = odd_batch(1)
+@pytest.mark.parametrize("layout, row_tokens, mbs", [("packed", 0, 3), ("packed", 9, 7), ("packed", 0, 1),
+                                                     ("shared", 0, 9), ("shared", 9, 4), ("shared", 0, 1)])
+def test_packed_outputs_equal_padded(model_dir, layout, row_tokens, mbs):
+    batch = odd_batch(1) if layout == "packed" else grouped_batch(1)
     requires = {"logits", "logprobs", "entropy", "teacher_logits", "teacher_logprobs", "ref_logprobs"}
-    out = [backend(model_dir, packing, row_tokens, mbs).compute(batch, requires) for packing in (False, True)]
+    out = [backend(model_dir, name, row_tokens, mbs).compute(batch, requires) for name in ("padded", layout)]
     mask = batch.response_mask()
     tol = logprob_tol(float(out[0]["logits"].abs().max()))
     for k in requires - {"logits", "teacher_logits"}:
@@ -114,15 +143,15 @@ LOSSES = {
 
 
 @pytest.mark.parametrize("loss", sorted(LOSSES))
-@pytest.mark.parametrize("row_tokens, mbs", [(0, 3), (9, 7)])
-def test_packed_step_equals_padded_step(model_dir, loss, row_tokens, mbs, assert_adam_first_step_close):
-    batch = odd_batch(2)
+@pytest.mark.parametrize("layout, row_tokens, mbs", [("packed", 0, 3), ("packed", 9, 7), ("shared", 0, 9), ("shared", 12, 6)])
+def test_packed_step_equals_padded_step(model_dir, loss, layout, row_tokens, mbs, assert_adam_first_step_close):
+    batch = odd_batch(2) if layout == "packed" else grouped_batch(2)
     with torch.no_grad():
         max_logit = float(backend(model_dir, False).compute(batch, {"logits"})["logits"].abs().max())
     tol = logprob_tol(max_logit)
     runs = []
-    for packing in (False, True):
-        be = backend(model_dir, packing, row_tokens, mbs)
+    for name in ("padded", layout):
+        be = backend(model_dir, name, row_tokens, mbs)
         metrics = be.train_step(batch, LOSSES[loss]())
         # Adam's exp_avg after one step is (1 - beta1) * (clipped) gradient.
         grads = {n: be.optimizer.state[p]["exp_avg"] / 0.1 for n, p in be.policy.named_parameters()}
@@ -140,3 +169,12 @@ def test_packed_step_equals_padded_step(model_dir, loss, row_tokens, mbs, assert
 def test_bad_row_tokens_is_a_config_error(model_dir):
     with pytest.raises(ConfigError, match="pack_row_tokens"):
         HFBackend(model_dir, lr=1e-3, micro_batch_size=1, packing=True, pack_row_tokens=-2)
+    with pytest.raises(ConfigError, match="share_prompts needs packing"):
+        HFBackend(model_dir, lr=1e-3, micro_batch_size=1, packing=False, share_prompts=True)
+
+
+def test_shared_prompts_need_an_attention_that_takes_a_4d_mask(model_dir):
+    be = HFBackend(model_dir, lr=1e-3, micro_batch_size=1, with_teacher=False)
+    be.policy.config._attn_implementation = "flash_attention_2"
+    with pytest.raises(ConfigError, match="share_prompts=false"):
+        be._check_mask_support(be.policy.config)

@@ -65,3 +65,39 @@ def test_bad_inputs_are_data_errors():
         pack_varlen([[1], [2]], [[1]], response_len=1, pad_id=0)
     with pytest.raises(DataError, match="row_tokens"):
         pack_varlen([[1]], [[1]], response_len=1, pad_id=0, row_tokens=-1)
+
+
+@pytest.mark.parametrize("row_tokens", [0, 7])
+def test_shared_prompts_run_once_and_responses_see_only_the_prompt_and_themselves(row_tokens):
+    prompts = [[5, 6, 7], [5, 6, 7], [8], [5, 6, 7], [8]]
+    responses = [[20, 21], [22], [23, 24, 25], [], [26]]
+    vb = pack_varlen(prompts, responses, response_len=3, pad_id=0, row_tokens=row_tokens, share_prompts=True)
+    R, W = vb.input_ids.shape
+    assert vb.cu_seqlens is None and vb.attention_mask.shape == (R, 1, W, W)
+    assert vb.real_tokens == 3 + 1 + sum(map(len, responses))  # each distinct prompt once
+    flat_ids, flat_pos = vb.input_ids.reshape(-1).tolist(), vb.position_ids.reshape(-1).tolist()
+    allowed = vb.attention_mask[:, 0]
+
+    def seen_by(flat: int) -> list[int]:  # token ids the query at `flat` attends to, in order
+        r, c = divmod(flat, W)
+        return [flat_ids[r * W + k] for k in range(W) if allowed[r, c, k]]
+
+    for i, (p, r) in enumerate(zip(prompts, responses)):
+        for j in range(3):
+            k = int(vb.hidden_index[i, j])
+            if j < len(r):
+                # The predicting column sees exactly prompt + response[:j], at positions 0..P+j-1.
+                assert seen_by(k) == p + r[:j] and flat_pos[k] == len(p) + j - 1
+                assert int(vb.response_ids[i, j]) == r[j] and vb.response_mask[i, j] == 1
+            else:
+                assert vb.response_mask[i, j] == 0 and seen_by(k) == (p + r)[: len(seen_by(k))]
+    # Every query sees itself, so no attention row is empty.
+    assert bool(allowed.diagonal(dim1=1, dim2=2).all())
+
+
+def test_without_repeated_prompts_sharing_changes_nothing_but_the_mask():
+    plain = pack_varlen(PROMPTS, RESPONSES, response_len=4, pad_id=0, row_tokens=6)
+    shared = pack_varlen(PROMPTS, RESPONSES, response_len=4, pad_id=0, row_tokens=6, share_prompts=True)
+    for name in ("input_ids", "position_ids", "hidden_index", "response_ids", "response_mask"):
+        assert torch.equal(getattr(plain, name), getattr(shared, name)), name
+    assert plain.attention_mask is None and shared.attention_mask is not None

@@ -73,6 +73,8 @@ def test_a_section_given_by_name_keeps_its_other_keys(tmp_path):
         ("teacher.reset_at_stage=always", "teacher.reset_at_stage"),
         ("backend.pack_row_tokens=-1", "backend.pack_row_tokens"),
         ("backend.packing=true backend.name=megatron", "backend.packing"),
+        ("backend.share_prompts=true backend.packing=false", "backend.share_prompts"),
+        ("backend.share_prompts=true backend.name=megatron", "backend.share_prompts"),
     ],
 )
 def test_bad_overrides_name_the_key(override, needle):

@@ -8,7 +8,7 @@ from megatron_sdpo.backends.hf import HFBackend
 from megatron_sdpo.backends.tiny import save_tiny_qwen3
 from megatron_sdpo.errors import ConfigError, DataError, MissingDependencyError
 from megatron_sdpo.rollout import SamplingConfig, make_engine
-from megatron_sdpo.rollout.hf import HFRolloutEngine, top_p_logprobs
+from megatron_sdpo.rollout.hf import HFRolloutEngine, sample_from_logprobs, top_p_logprobs
 
 PROMPTS = [[5, 6, 7], [10, 11, 12, 13, 14], [9], [200, 201]]
 
@@ -135,6 +135,25 @@ def test_top_p_logprobs_keeps_nucleus():
     lp = top_p_logprobs(logits, 1.0, 0.8)
     assert torch.isinf(lp[0, 2:]).all()
     torch.testing.assert_close(lp[0, :2].exp(), torch.tensor([0.625, 0.375]))
+
+
+def test_inverse_cdf_sampler_draws_the_distribution_and_never_a_zero_probability_id():
+    probs = torch.tensor([0.0, 0.5, 0.0, 0.3, 0.15, 0.05, 0.0])
+    N = 200_000
+    logp = torch.log(probs).expand(N, -1)
+    ids = sample_from_logprobs(logp, torch.Generator().manual_seed(0))
+    freq = torch.bincount(ids, minlength=len(probs)).double() / N
+    # Each frequency is a mean of N Bernoulli(p) draws: 6 standard deviations is a bound a
+    # correct sampler crosses with probability ~2e-9 per id.
+    bound = 6 * torch.sqrt(probs.double() * (1 - probs.double()) / N)
+    assert torch.all((freq - probs.double()).abs() <= bound + 1e-12), (freq, probs)
+    assert freq[probs == 0].sum() == 0
+
+
+def test_inverse_cdf_sampler_clamps_a_uniform_at_the_top_to_the_last_id_with_mass(monkeypatch):
+    logp = torch.log(torch.tensor([[0.25, 0.75, 0.0, 0.0], [1.0, 0.0, 0.0, 0.0]]))
+    monkeypatch.setattr(torch, "rand", lambda n, _, **kw: torch.full((n, 1), 1.0 - 2.0**-24, dtype=kw["dtype"]))
+    assert sample_from_logprobs(logp, torch.Generator()).tolist() == [1, 0]
 
 
 def test_generation_threads_are_set_for_the_call_and_restored(model_dir, monkeypatch):
