@@ -148,6 +148,7 @@ def make_rollout(cfg: RunConfig, model_path: str, tokenizer, work_dir: str):
             gpu_memory_utilization=cfg.rollout.gpu_memory_utilization,
             max_num_seqs=max(cfg.algorithm.prompts_per_step * cfg.algorithm.group_size, cfg.eval.batch_size),
             tensor_parallel_size=layout.tp,
+            prefix_caching=cfg.rollout.prefix_caching,
             **common,
         )
         # Several ranks: each replica generates its share of a call's prompts, gathered to all.

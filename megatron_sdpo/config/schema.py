@@ -142,6 +142,9 @@ class RolloutConfig:
     # the process's count). Decoding is many small ops; on a busy CPU one thread avoids OpenMP
     # spin-wait at each of them (README, tools/bench_rollout.py).
     threads: Optional[int] = None
+    # vLLM: reuse a prompt's KV blocks across its n samples and across prompts with a common
+    # prefix (the chat template's system text); reset at every refit.
+    prefix_caching: bool = True
     guard: RefitGuardConfig = field(default_factory=RefitGuardConfig)
 
 

