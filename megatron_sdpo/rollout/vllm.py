@@ -54,10 +54,20 @@ _CPU_CACHE_BLOCK = 32
 
 
 def tensor_checksum(t: torch.Tensor) -> torch.Tensor:
-    """[2] float64 (sum, sum of |x|) of a tensor, accumulated in float64 on its device: the
-    pair the refit guard compares (no host sync here)."""
-    t = t.detach()
-    return torch.stack([t.sum(dtype=torch.float64), torch.linalg.vector_norm(t, ord=1, dtype=torch.float64)])
+    """[2] float64 (sum, sum of |x|) of a tensor on its device: the pair the refit guard
+    compares (no host sync here). Rows (the last dimension) are summed in the tensor's dtype
+    (fp32 upcast for half types) and the row sums added in float64: a change of one element
+    shows once it exceeds the rounding of its row's sum, and the pass runs at fp32 speed
+    (float64 accumulation over every element took 10x longer, 1.8 s of a 2.7 s SmolLM2 refit).
+    Sender and receiver compute it alike on the same bytes, so equal tensors give equal sums."""
+    x = t.detach()
+    if x.numel() == 0:
+        return torch.zeros(2, dtype=torch.float64, device=x.device)
+    x = x.reshape(-1, x.shape[-1]) if x.ndim > 1 else x.reshape(1, -1)
+    if x.element_size() < 4:
+        x = x.float()
+    rows = torch.stack([x.sum(-1), torch.linalg.vector_norm(x, ord=1, dim=-1)])
+    return rows.double().sum(-1)
 
 
 def checksums_to_host(sums: dict[str, torch.Tensor]) -> dict[str, tuple[float, float]]:

@@ -10,7 +10,7 @@ from megatron_sdpo.backends.hf import HFBackend
 from megatron_sdpo.backends.tiny import save_tiny_qwen3
 from megatron_sdpo.errors import ConfigError, DataError
 from megatron_sdpo.rollout import SamplingConfig
-from megatron_sdpo.rollout.vllm import layer_buckets
+from megatron_sdpo.rollout.vllm import layer_buckets, tensor_checksum
 
 PROMPTS = [[5, 6, 7], [10, 11, 12, 13, 14], [9], [200, 201]]
 
@@ -122,6 +122,23 @@ def test_vllm_stops_caps_and_errors(setup):
     engine.sleep()  # no-op on CPU, must not break generation
     engine.wake()
     assert len(engine.generate(PROMPTS[:1], SamplingConfig(max_new_tokens=2))) == 1
+
+
+def test_tensor_checksum_sums_rows_and_sees_one_changed_element():
+    t = torch.randn(300, 97, generator=torch.Generator().manual_seed(0))
+    s = tensor_checksum(t)
+    assert s.dtype == torch.float64 and s.shape == (2,)
+    # fp32 row sums of 97 terms: each off by at most ~97 u sum|row|, u = 2^-24, so both totals
+    # by at most 97 u sum|t|.
+    ref = torch.stack([t.double().sum(), t.double().abs().sum()])
+    torch.testing.assert_close(s, ref, rtol=0, atol=97 * 2.0**-24 * float(ref[1]))
+    assert torch.equal(tensor_checksum(t.clone()), s)  # equal bytes, equal checksum
+    u = t.clone()
+    u[123, 45] += 1e-3  # far above a row sum's rounding (~1e-5 here)
+    assert tensor_checksum(u)[0] != s[0]
+    assert tensor_checksum(torch.ones(2, 3, dtype=torch.bfloat16)).tolist() == [6.0, 6.0]
+    assert tensor_checksum(torch.zeros(4, 0)).tolist() == [0.0, 0.0]
+    assert tensor_checksum(torch.tensor(-2.0)).tolist() == [-2.0, 2.0]
 
 
 def test_layer_buckets_cut_only_between_layers():
