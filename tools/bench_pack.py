@@ -1,10 +1,12 @@
 """Train-step time of the HF backend, padded layout vs packed rows, side by side in one run.
 
-The workload is the tiny run's: 128 sequences (16 prompts x 8 samples), prompts of 20-40
+The workload is the tiny run's: 128 sequences (16 prompts x 8 samples: `--group-size` samples
+share a prompt, as in a GRPO/SDPO batch; 1 makes every prompt distinct), prompts of 20-40
 tokens, responses of 3-32 tokens (uniform), micro-batches of 64; for SDPO the teacher prompt
-is the student prompt plus a 30-60 token re-prompt (a solution shown to the teacher). Each arm
-(padded; packed with each --row-tokens value, 0 meaning one row per micro-batch) owns a backend
-built from the same weights. Every round runs every arm once in a rotated order (so a busy
+is the student prompt plus a 30-60 token re-prompt (a solution shown to the teacher), one per
+sample. Each arm (padded; for each --row-tokens value, 0 meaning one row per micro-batch,
+packed rows with every sample's prompt (`packed_K`) and with a group's prompt once
+(`shared_K`, backend.share_prompts)) owns a backend built from the same weights. Every round runs every arm once in a rotated order (so a busy
 machine slows all arms alike), after one warm-up step each; the CSV has one row per
 (loss, arm): median s/step over the rounds, its ratio to the padded arm's median, and the
 tokens each layout feeds the model per step (padded: B x longest, packed: rows x width). The
@@ -26,16 +28,17 @@ FIELDS = ["loss", "arm", "row_tokens", "samples", "model_tokens", "real_tokens",
           "ratio_vs_padded", "median_cpu_s", "cpu_ratio_vs_padded", "rounds", "threads"]
 
 
-def make_batch(n: int, vocab: int, seed: int, sdpo: bool):
+def make_batch(n: int, vocab: int, seed: int, sdpo: bool, group: int = 1):
     import torch
 
     from megatron_sdpo.backends.base import SequenceBatch
 
     g = torch.Generator().manual_seed(seed)
-    p_len = torch.randint(20, 41, (n,), generator=g).tolist()
+    p_len = torch.randint(20, 41, (-(-n // group),), generator=g).tolist()
     r_len = torch.randint(3, 33, (n,), generator=g).tolist()
     ids = lambda k: torch.randint(3, vocab, (k,), generator=g).tolist()  # noqa: E731
-    prompts = [ids(k) for k in p_len]
+    distinct = [ids(k) for k in p_len]
+    prompts = [distinct[i // group] for i in range(n)]
     responses = [ids(k) for k in r_len]
     T = max(r_len)
     mask = torch.zeros(n, T)
@@ -46,8 +49,9 @@ def make_batch(n: int, vocab: int, seed: int, sdpo: bool):
     return SequenceBatch(prompts, responses, teacher, tensors)
 
 
-def model_tokens(batch, mbs: int, packing: bool, row_tokens: int) -> tuple[int, int]:
-    """(tokens the student's forwards see per step, real tokens) for this layout."""
+def model_tokens(batch, mbs: int, packing: bool, row_tokens: int, share: bool = False) -> tuple[int, int]:
+    """(tokens the student's forwards see per step, real tokens: every sample's prompt and
+    response) for this layout."""
     from megatron_sdpo.backends.varlen import pack_varlen
 
     total = real = 0
@@ -55,7 +59,7 @@ def model_tokens(batch, mbs: int, packing: bool, row_tokens: int) -> tuple[int, 
         p, r = batch.prompt_ids[s : s + mbs], batch.response_ids[s : s + mbs]
         real += sum(len(a) + len(b) for a, b in zip(p, r))
         if packing:
-            vb = pack_varlen(p, r, response_len=batch.max_response_len, pad_id=0, row_tokens=row_tokens)
+            vb = pack_varlen(p, r, response_len=batch.max_response_len, pad_id=0, row_tokens=row_tokens, share_prompts=share)
             total += vb.input_ids.numel()
         else:
             total += len(p) * (max(map(len, p)) + batch.max_response_len)
@@ -68,6 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--losses", default="grpo,sdpo")
     ap.add_argument("--row-tokens", default="0,256,512", help="packed arms' row capacities (0: one row)")
     ap.add_argument("--samples", type=int, default=128)
+    ap.add_argument("--group-size", type=int, default=8, help="samples per prompt (1: all prompts distinct)")
     ap.add_argument("--micro-batch-size", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--threads", type=int, default=2)
@@ -90,32 +95,36 @@ def main(argv: list[str] | None = None) -> int:
 
     vocab = AutoConfig.from_pretrained(model).vocab_size
     losses = {"grpo": lambda: GRPOLoss(on_policy=True), "sdpo": lambda: SDPOLoss(alpha=0.5, topk=None, is_clip=2.0)}
-    arms = [("padded", False, 0)] + [(f"packed_{k}", True, k) for k in map(int, args.row_tokens.split(","))]
+    if args.group_size < 1:
+        ap.error("--group-size must be >= 1")
+    ks = list(map(int, args.row_tokens.split(",")))
+    arms = [("padded", False, 0, False)] + [(f"{name}_{k}", True, k, share) for k in ks
+                                            for name, share in (("packed", False), ("shared", True))]
     rows = []
     for name in args.losses.split(","):
         if name not in losses:
             ap.error(f"--losses: unknown {name!r} (grpo, sdpo)")
-        batch = make_batch(args.samples, vocab, args.seed, sdpo=name == "sdpo")
+        batch = make_batch(args.samples, vocab, args.seed, sdpo=name == "sdpo", group=args.group_size)
         backends = {
             arm: HFBackend(model, lr=1e-5, micro_batch_size=args.micro_batch_size, seed=args.seed,
-                           with_teacher=name == "sdpo", packing=packing, pack_row_tokens=k)
-            for arm, packing, k in arms
+                           with_teacher=name == "sdpo", packing=packing, pack_row_tokens=k, share_prompts=share)
+            for arm, packing, k, share in arms
         }
-        times: dict[str, list[float]] = {arm: [] for arm, _, _ in arms}
-        cpu: dict[str, list[float]] = {arm: [] for arm, _, _ in arms}
-        for arm, _, _ in arms:  # warm-up
+        times: dict[str, list[float]] = {arm: [] for arm, *_ in arms}
+        cpu: dict[str, list[float]] = {arm: [] for arm, *_ in arms}
+        for arm, *_ in arms:  # warm-up
             backends[arm].train_step(batch, losses[name]())
         for r in range(args.rounds):
             order = arms[r % len(arms):] + arms[: r % len(arms)]
-            for arm, _, _ in order:
+            for arm, *_ in order:
                 t0, c0 = time.perf_counter(), time.process_time()
                 backends[arm].train_step(batch, losses[name]())
                 times[arm].append(time.perf_counter() - t0)
                 cpu[arm].append(time.process_time() - c0)
         base, cpu_base = statistics.median(times["padded"]), statistics.median(cpu["padded"])
-        for arm, packing, k in arms:
+        for arm, packing, k, share in arms:
             med, cmed = statistics.median(times[arm]), statistics.median(cpu[arm])
-            fed, real = model_tokens(batch, args.micro_batch_size, packing, k)
+            fed, real = model_tokens(batch, args.micro_batch_size, packing, k, share)
             rows.append(dict(loss=name, arm=arm, row_tokens=k if packing else "", samples=args.samples,
                              model_tokens=fed, real_tokens=real, median_s=round(med, 4), min_s=round(min(times[arm]), 4),
                              max_s=round(max(times[arm]), 4), ratio_vs_padded=round(med / base, 3),
