@@ -77,12 +77,9 @@ def make_backend(cfg: RunConfig, model_path: str, tokenizer):
     if b.name == "hf":
         from megatron_sdpo.backends.hf import HFBackend
 
-        # backend.packing null means on for this backend.
-        packing = b.packing is not False
-        share = packing and b.share_prompts is not False
         return HFBackend(
-            model_path, dtype=cfg.model.dtype, packing=packing, pack_row_tokens=b.pack_row_tokens,
-            share_prompts=share, **common,
+            model_path, dtype=cfg.model.dtype, packing=b.packed(), pack_row_tokens=b.pack_row_tokens,
+            share_prompts=b.prompts_shared(), **common,
         )
     if b.name == "megatron":
         return _megatron_backend(cfg, model_path, common)

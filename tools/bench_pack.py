@@ -6,8 +6,8 @@ tokens, responses of 3-32 tokens (uniform), micro-batches of 64; for SDPO the te
 is the student prompt plus a 30-60 token re-prompt (a solution shown to the teacher), one per
 sample. Each arm (padded; for each --row-tokens value, 0 meaning one row per micro-batch,
 packed rows with every sample's prompt (`packed_K`) and with a group's prompt once
-(`shared_K`, backend.share_prompts)) owns a backend built from the same weights. Every round runs every arm once in a rotated order (so a busy
-machine slows all arms alike), after one warm-up step each; the CSV has one row per
+(`shared_K`, backend.share_prompts)) owns a backend built from the same weights. Every round
+runs every arm once in a rotated order (so a busy machine slows all arms alike), after one warm-up step each; the CSV has one row per
 (loss, arm): median s/step over the rounds, its ratio to the padded arm's median, and the
 tokens each layout feeds the model per step (padded: B x longest, packed: rows x width). The
 process's CPU seconds per step (all threads) are reported next to the wall time: on a machine

@@ -289,8 +289,7 @@ def validate(cfg: RunConfig) -> RunConfig:
             "backend.packing=true is HF-backend only: megatron-core's local attention rejects packed "
             "sequences and the Transformer Engine path is not written; set backend.packing=false or null"
         )
-    packed = cfg.backend.packing is True or (cfg.backend.packing is None and cfg.backend.name == "hf")
-    if cfg.backend.share_prompts is True and not packed:
+    if cfg.backend.share_prompts is True and not cfg.backend.packed():
         raise ConfigError(
             "backend.share_prompts=true needs the packed layout (backend.packing on, HF backend); "
             "set backend.share_prompts=false or null"

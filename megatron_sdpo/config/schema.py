@@ -199,6 +199,14 @@ class BackendConfig:
     stage_start: Literal["weights_only", "keep_optimizer"] = "weights_only"
     megatron: MegatronConfig = field(default_factory=MegatronConfig)
 
+    def packed(self) -> bool:
+        """Whether the train step runs on packed rows (`packing`, null resolved per backend)."""
+        return self.packing if self.packing is not None else self.name == "hf"
+
+    def prompts_shared(self) -> bool:
+        """Whether the packed rows share a group's prompt (`share_prompts`, null resolved)."""
+        return self.packed() and self.share_prompts is not False
+
 
 @dataclass
 class RewardConfig:

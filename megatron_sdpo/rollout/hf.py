@@ -173,15 +173,12 @@ class HFRolloutEngine:
         from transformers import DynamicCache
 
         N = len(rows)
-        # Distinct prompts of the chunk (rows of one prompt share its prefill); `expand` maps
-        # each row to its prompt's row in the prefill batch.
-        first: dict[int, int] = {}
-        for pi, _ in rows:
-            first.setdefault(pi, len(first))
-        unique = [None] * len(first)
-        for pi, p in rows:
-            unique[first[pi]] = p
-        expand = torch.tensor([first[pi] for pi, _ in rows], device=self.device)
+        # Distinct prompts of the chunk (rows of one prompt share its prefill), in order of first
+        # appearance; `expand` maps each row to its prompt's row in the prefill batch.
+        prompt_of = dict(rows)
+        slot = {pi: k for k, pi in enumerate(prompt_of)}
+        unique = list(prompt_of.values())
+        expand = torch.tensor([slot[pi] for pi, _ in rows], device=self.device)
         ids, mask = left_pad(unique, self.pad_token_id)
         ids, mask = ids.to(self.device), mask.to(self.device)
         # Each row may generate up to max_new_tokens, capped so prompt + response fits.
