@@ -73,6 +73,8 @@ def make_backend(cfg: RunConfig, model_path: str, tokenizer):
         # The frozen base also serves the excess-KL diagnostic after every stage.
         with_reference=cfg.algorithm.grpo.kl_coef > 0 or cfg.diagnostics.enabled,
         pad_token_id=tokenizer.pad_token_id,
+        # Trainer log-probs at the rollout temperature (verl / TRL): those the engine sampled from.
+        logit_temperature=cfg.rollout.temperature,
     )
     if b.name == "hf":
         from megatron_sdpo.backends.hf import HFBackend

@@ -1,25 +1,43 @@
-"""Turning a user message into prompt token ids with the model's chat template."""
+"""Turning a user message (after any earlier turns) into prompt token ids with the model's chat
+template."""
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Mapping, Sequence
+
+Turns = Sequence[Mapping[str, str]]
 
 
-def encode_prompt(tokenizer: Any, message: str) -> list[int]:
-    """Token ids of `message` as one user turn, followed by the assistant generation prompt.
+def encode_prompt(tokenizer: Any, message: str, history: Turns = ()) -> list[int]:
+    """Token ids of `history` (earlier {"role", "content"} turns, e.g. worked examples) and then
+    `message` as a user turn, followed by the assistant generation prompt.
 
-    Models without a chat template get the raw message (base models), so every HF tokenizer works.
+    Models without a chat template get the raw text, each earlier turn on its own line and a
+    blank line after each reply, so every HF tokenizer works (base models).
     """
     if getattr(tokenizer, "chat_template", None):
         out = tokenizer.apply_chat_template(
-            [{"role": "user", "content": message}], add_generation_prompt=True, tokenize=True
+            [*history, {"role": "user", "content": message}], add_generation_prompt=True, tokenize=True
         )
         # transformers 5 returns a BatchEncoding; 4.x returns a list of ids.
         ids = out["input_ids"] if hasattr(out, "keys") else out
         if ids and isinstance(ids[0], list):
             ids = ids[0]
         return [int(i) for i in ids]
-    return [int(i) for i in tokenizer(message, add_special_tokens=True)["input_ids"]]
+    text = "".join(t["content"] + ("\n\n" if t["role"] == "assistant" else "\n") for t in history)
+    return [int(i) for i in tokenizer(text + message, add_special_tokens=True)["input_ids"]]
 
 
-def encode_prompts(tokenizer: Any, messages: list[str]) -> list[list[int]]:
-    return [encode_prompt(tokenizer, m) for m in messages]
+def encode_prompts(
+    tokenizer: Any, messages: Sequence[str], histories: Sequence[Turns] | None = None
+) -> list[list[int]]:
+    """`encode_prompt` over `messages`; `histories[i]` (None: none) precedes `messages[i]`."""
+    if histories is None:
+        return [encode_prompt(tokenizer, m) for m in messages]
+    if len(histories) != len(messages):
+        raise ValueError(f"{len(messages)} messages but {len(histories)} histories")
+    return [encode_prompt(tokenizer, m, h) for m, h in zip(messages, histories)]
+
+
+def record_prompts(tokenizer: Any, records: Sequence[Mapping[str, Any]]) -> list[list[int]]:
+    """Prompt token ids of `records`: each record's "history" turns (if any), then its "prompt"."""
+    return encode_prompts(tokenizer, [r["prompt"] for r in records], [r.get("history", ()) for r in records])

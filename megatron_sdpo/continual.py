@@ -81,7 +81,10 @@ class ContinualRun:
         random.seed(cfg.seed)
         self.tokenizer = builders.load_tokenizer(self.model_path)
         self.train_sets = {
-            s.domain: load_source(cfg.domains[s.domain].train, s.domain, "train", seed=cfg.seed) for s in cfg.stages
+            s.domain: load_source(
+                cfg.domains[s.domain].train, s.domain, "train", seed=cfg.seed, shots=cfg.domains[s.domain].shots
+            )
+            for s in cfg.stages
         }
         self.eval_sets = load_eval_sets(cfg)
         self.backend = builders.make_backend(cfg, self.model_path, self.tokenizer)

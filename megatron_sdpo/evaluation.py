@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from megatron_sdpo.chat import encode_prompts
+from megatron_sdpo.chat import record_prompts
 from megatron_sdpo.rollout.base import SamplingConfig
 
 
@@ -12,7 +12,7 @@ def generate_texts(engine, tokenizer, records: list[dict], sampling: SamplingCon
     out = []
     for start in range(0, len(records), batch_size):
         chunk = records[start : start + batch_size]
-        prompts = encode_prompts(tokenizer, [r["prompt"] for r in chunk])
+        prompts = record_prompts(tokenizer, chunk)
         seed = None if sampling.seed is None else sampling.seed + start
         comps = engine.generate(prompts, replace(sampling, seed=seed))
         for c in comps:
@@ -68,7 +68,7 @@ def load_eval_sets(cfg) -> dict[str, list[dict]]:
     from megatron_sdpo.data.sources import load_source
 
     return {
-        f"{domain}/{split}": load_source(src, domain, split, seed=cfg.seed + 1)
+        f"{domain}/{split}": load_source(src, domain, split, seed=cfg.seed + 1, shots=dcfg.shots)
         for domain, dcfg in cfg.domains.items()
         for split, src in dcfg.eval.items()
     }

@@ -12,7 +12,7 @@ import torch
 
 from megatron_sdpo.algorithms.distillation import TopkSource
 from megatron_sdpo.backends.base import SequenceBatch
-from megatron_sdpo.chat import encode_prompts
+from megatron_sdpo.chat import encode_prompts, record_prompts
 from megatron_sdpo.config.algorithm_spec import algorithm_spec
 from megatron_sdpo.config.schema import RunConfig
 from megatron_sdpo.rollout.base import SamplingConfig
@@ -131,7 +131,7 @@ class Trainer:
         n = a.group_size
         times = PhaseTimes(self.backend.device)
         with times.phase("rollout"):
-            prompt_ids = encode_prompts(self.tokenizer, [r["prompt"] for r in records])
+            prompt_ids = record_prompts(self.tokenizer, records)
             sampling = SamplingConfig(
                 n=n,
                 temperature=cfg.rollout.temperature,
@@ -244,7 +244,12 @@ class Trainer:
         )
         encoded = [
             truncate_context_ids(ids, s.context.max_context_tokens)
-            for ids in encode_prompts(self.tokenizer, [ctx for ctx in contexts if ctx is not None])
+            for ids in encode_prompts(
+                self.tokenizer,
+                [ctx for ctx in contexts if ctx is not None],
+                # The teacher sees the student's earlier turns too: only its last turn gains context.
+                [rec.get("history", ()) for rec, ctx in zip(records, contexts) if ctx is not None],
+            )
         ]
         it = iter(encoded)
         batch.teacher_prompt_ids = [next(it) if ctx is not None else None for ctx in contexts]

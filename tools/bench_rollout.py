@@ -54,14 +54,14 @@ def loop_prompts(cfg, path: str, num: int, seed: int):
     import dataclasses
 
     from megatron_sdpo.builders import load_tokenizer
-    from megatron_sdpo.chat import encode_prompts
+    from megatron_sdpo.chat import record_prompts
     from megatron_sdpo.data.sources import load_source
 
     domain = cfg.stages[0].domain
     tok = load_tokenizer(path)
     source = dataclasses.replace(cfg.domains[domain].train, n=num)
-    records = load_source(source, domain, "train", seed=seed)
-    return encode_prompts(tok, [r["prompt"] for r in records]), tok
+    records = load_source(source, domain, "train", seed=seed, shots=cfg.domains[domain].shots)
+    return record_prompts(tok, records), tok
 
 
 def bench_loop(args, path: str, work: Path, startup: list[dict]) -> list[dict]:

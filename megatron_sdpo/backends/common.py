@@ -24,8 +24,10 @@ _REDUCE_OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.R
 _IDENTITY = {"sum": 0.0, "max": float("-inf"), "min": float("inf")}
 
 
-def check_backend_args(model_path: str, *, lr: float, micro_batch_size: int) -> None:
+def check_backend_args(model_path: str, *, lr: float, micro_batch_size: int, logit_temperature: float = 1.0) -> None:
     """The constructor checks every backend shares (ConfigError naming the bad value)."""
+    if isinstance(logit_temperature, bool) or not logit_temperature > 0:
+        raise ConfigError(f"logit_temperature must be > 0, got {logit_temperature!r}")
     if micro_batch_size < 1:
         raise ConfigError(f"micro_batch_size must be >= 1, got {micro_batch_size}")
     if lr <= 0:

@@ -79,9 +79,12 @@ class _ResponseLogits(nn.Module):
     over the prompt, and doing the projection in fp32 avoids rounding bf16 GEMM outputs before
     the log-softmax. DDP wraps this module so the backward hooks see every parameter used."""
 
-    def __init__(self, lm: nn.Module):
+    def __init__(self, lm: nn.Module, temperature: float = 1.0):
         super().__init__()
         self.lm = lm
+        # Every model's logits are divided by the rollout's sampling temperature (as verl and TRL
+        # do), so trainer log-probs are those of the distribution the engine sampled from.
+        self.temperature = float(temperature)
         cfg = lm.config
         for unsupported in ("final_logit_softcapping", "logit_scale"):
             if getattr(cfg, unsupported, None) not in (None, 1.0):
@@ -98,8 +101,9 @@ class _ResponseLogits(nn.Module):
         select: int | torch.Tensor,
         hidden_only: bool = False,
     ) -> torch.Tensor:
-        """[R, L] ids/positions -> [B, T, V] fp32 logits predicting the response tokens (or,
-        with hidden_only, the [B, T, H] final hidden states that predict them). `select` is T
+        """[R, L] ids/positions -> [B, T, V] fp32 logits / temperature predicting the response
+        tokens (or, with hidden_only, the [B, T, H] final hidden states that predict them: the
+        kernels that take them divide by the temperature themselves). `select` is T
         for the padded layout (the responses end every row; `attention_mask` [R, L]) or, for
         the packed layout, its [B, T] `hidden_index` (`attention_mask` None: the positions
         delimit the samples; or, with shared prompts, the layout's [R, 1, L, L] mask in the
@@ -120,7 +124,8 @@ class _ResponseLogits(nn.Module):
             return h
         head = self.lm.get_output_embeddings()
         bias = None if head.bias is None else head.bias.float()
-        return F.linear(h.float(), head.weight.float(), bias)
+        logits = F.linear(h.float(), head.weight.float(), bias)
+        return logits if self.temperature == 1.0 else logits / self.temperature
 
 
 def _topk_logprobs(logits: torch.Tensor, t_logits: torch.Tensor, spec: DistillationSpec) -> tuple[torch.Tensor, torch.Tensor]:
@@ -164,10 +169,13 @@ class HFBackend:
         packing: bool = True,
         pack_row_tokens: int = 256,
         share_prompts: bool | None = None,
+        logit_temperature: float = 1.0,
     ):
         from transformers import AutoModelForCausalLM
 
-        check_backend_args(model_path, lr=lr, micro_batch_size=micro_batch_size)
+        check_backend_args(model_path, lr=lr, micro_batch_size=micro_batch_size, logit_temperature=logit_temperature)
+        # Divides every model's logits (policy, teacher, reference): the rollout temperature.
+        self.logit_temperature = float(logit_temperature)
         self.model_path = str(model_path)
         self.dtype = _resolve_dtype(dtype)
         self.lr, self.weight_decay, self.betas = lr, weight_decay, tuple(betas)
@@ -216,7 +224,7 @@ class HFBackend:
 
         self.world = dist.get_world_size() if dist.is_initialized() else 1
         self.rank = dist.get_rank() if dist.is_initialized() else 0
-        self._head = _ResponseLogits(self.policy)
+        self._head = _ResponseLogits(self.policy, self.logit_temperature)
         # In-process vLLM initializes a world-1 process group of its own: DDP only when there
         # is data parallelism to do.
         if self.world > 1:
@@ -296,7 +304,7 @@ class HFBackend:
         [b, T, H] hidden states; [b, T] response ids), through the packed layout with
         `packing`, else the padded one."""
         if not isinstance(module, (_ResponseLogits, nn.parallel.DistributedDataParallel)):
-            module = _ResponseLogits(module)
+            module = _ResponseLogits(module, self.logit_temperature)
         if self.packing:
             vb = pack_varlen(
                 prompts, responses, response_len=T, pad_id=self.pad_token_id, row_tokens=self.pack_row_tokens,
@@ -322,7 +330,8 @@ class HFBackend:
         b, _, H = h_s.shape
         per_token = fused_linear_kl(
             h_s.reshape(b * T, H), h_t.reshape(b * T, -1), heads[0].weight, heads[1].weight,
-            alpha=spec.alpha, temperature=spec.temperature, mask=mask.reshape(-1), impl=spec.kernel_impl,
+            alpha=spec.alpha, temperature=spec.temperature * self.logit_temperature, mask=mask.reshape(-1),
+            impl=spec.kernel_impl,
             chunk_sizes=ChunkSizes(tokens=spec.chunk_tokens, vocab=spec.chunk_vocab),
         )
         return per_token.view(b, T)

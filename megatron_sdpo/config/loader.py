@@ -243,6 +243,10 @@ def validate(cfg: RunConfig) -> RunConfig:
                     raise ConfigError(f"domains.{name}.{where}.difficulty applies to synthetic sources only (source: {src.source})")
                 if isinstance(src.difficulty, bool) or not 0.0 <= float(src.difficulty) <= 1.0:
                     raise ConfigError(f"domains.{name}.{where}.difficulty must be in [0, 1] or null, got {src.difficulty!r}")
+        for k, shot in enumerate(dcfg.shots):
+            for part in ("user", "assistant"):
+                if not getattr(shot, part).strip():
+                    raise ConfigError(f"domains.{name}.shots.{k}.{part} must be non-empty text")
     a = cfg.algorithm
     spec = algorithm_spec(a.name)
     if a.group_size < 2 and spec.uses_teacher:
@@ -310,6 +314,8 @@ def validate(cfg: RunConfig) -> RunConfig:
         if a.sdpo.topk is None and not cfg.kernel.fused_kl:
             raise ConfigError("full-vocabulary SDPO (sdpo.topk=null) with backend.megatron.tensor_parallel > 1 needs kernel.fused_kl=true")
     ro = cfg.rollout
+    if not ro.temperature > 0:
+        raise ConfigError(f"rollout.temperature must be > 0 (greedy evaluation is eval.greedy), got {ro.temperature}")
     if ro.tensor_parallel_size < 1:
         raise ConfigError(f"rollout.tensor_parallel_size must be >= 1, got {ro.tensor_parallel_size}")
     if ro.threads is not None and ro.threads < 1:
@@ -319,10 +325,10 @@ def validate(cfg: RunConfig) -> RunConfig:
     if ro.guard.max_mismatch is not None:
         if not ro.guard.max_mismatch > 0:
             raise ConfigError(f"rollout.guard.max_mismatch must be > 0 or null, got {ro.guard.max_mismatch}")
-        if ro.temperature != 1.0 or ro.top_p != 1.0:
+        if ro.top_p != 1.0:
             raise ConfigError(
-                "rollout.guard.max_mismatch compares the engine's logprobs with the trainer's untempered ones: "
-                "it needs rollout.temperature=1 and rollout.top_p=1 (or rollout.guard.max_mismatch=null)"
+                "rollout.guard.max_mismatch compares the engine's logprobs with the trainer's, which renormalize over "
+                "the whole vocabulary, not the top-p nucleus: it needs rollout.top_p=1 (or rollout.guard.max_mismatch=null)"
             )
     if m.fp8.recipe != "none" and cfg.backend.name != "megatron":
         raise ConfigError("backend.megatron.fp8.recipe needs backend.name=megatron")

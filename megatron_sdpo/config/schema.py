@@ -30,11 +30,24 @@ class DataSource:
 
 
 @dataclass
+class Shot:
+    """One worked example: a user turn and the assistant's reply."""
+
+    user: str = ""
+    assistant: str = ""
+
+
+@dataclass
 class DomainConfig:
     train: DataSource = field(default_factory=DataSource)
     eval: dict[str, DataSource] = field(
         default_factory=lambda: {s: DataSource(n=64) for s in EVAL_SPLITS}
     )
+    # Worked examples placed before every prompt of this domain (training and evaluation, student
+    # and SDPO teacher) as earlier user / assistant chat turns: the answer format shown rather
+    # than described, which a small instruct model follows (smollm2_135m) where it ignores a
+    # one-line instruction.
+    shots: list[Shot] = field(default_factory=list)
 
 
 @dataclass
@@ -121,7 +134,8 @@ class TeacherConfig:
 class RefitGuardConfig:
     # Stop when the mean |rollout - trainer| logprob of the sampled tokens exceeds this (a
     # refit that loaded the wrong weights gives O(1); fp32 on CPU gives ~1e-6, bf16 ~1e-2).
-    # null: log the mismatch metrics only. Needs temperature 1 and top_p 1.
+    # null: log the mismatch metrics only. Needs top_p 1 (the backends score at the rollout
+    # temperature, not within the top-p nucleus).
     max_mismatch: Optional[float] = 0.5
 
 
@@ -129,6 +143,8 @@ class RefitGuardConfig:
 class RolloutConfig:
     # auto: vLLM where installed (single process or torchrun), else HF generate
     engine: Literal["auto", "vllm", "hf"] = "auto"
+    # Sampling temperature; the backends divide every model's logits by it too (policy, teacher,
+    # reference; as verl and TRL do), so the loss sees the distribution the engine sampled from.
     temperature: float = 1.0
     top_p: float = 1.0
     max_new_tokens: int = 32

@@ -9,7 +9,9 @@ Domain keys:
     code     "tests" (list of {"input": str, "output": str[, "testtype"]}); functional tests need
              "fn_name" on the record.
 Optional: "solution" (str, an ideal full response), "allowed" (tooluse, BFCL-style allowed
-argument values), any other key a loader keeps for provenance.
+argument values), "history" (earlier chat turns shown before the prompt: a list of
+{"role": "user" | "assistant", "content": str}, user first, alternating, ending with the
+assistant's), any other key a loader keeps for provenance.
 """
 from __future__ import annotations
 
@@ -46,6 +48,15 @@ def _fail(where: str, msg: str) -> None:
 def _check_str(rec: dict, key: str, where: str) -> None:
     if not isinstance(rec[key], str):
         _fail(where, f"field {key!r} must be a string, got {type(rec[key]).__name__}")
+
+
+def _check_history(turns: Any, where: str) -> None:
+    if not isinstance(turns, list) or len(turns) % 2:
+        _fail(where, "field 'history' must be a list of user / assistant turn pairs")
+    for i, turn in enumerate(turns):
+        role = "user" if i % 2 == 0 else "assistant"
+        if not isinstance(turn, dict) or turn.get("role") != role or not isinstance(turn.get("content"), str):
+            _fail(where, f"history[{i}] must be {{'role': {role!r}, 'content': <text>}}")
 
 
 def _tool_calls(value: Any, where: str) -> list:
@@ -87,6 +98,8 @@ def validate_record(rec: Any, where: str) -> dict:
         _fail(where, "field 'prompt' is empty")
     if "solution" in rec and rec["solution"] is not None:
         _check_str(rec, "solution", where)
+    if "history" in rec:
+        _check_history(rec["history"], where)
 
     if domain == "math":
         _check_str(rec, "answer", where)

@@ -6,14 +6,28 @@ import random
 from megatron_sdpo.errors import DataError
 
 
-def load_source(source, domain: str, split: str, *, seed: int) -> list[dict]:
+def load_source(source, domain: str, split: str, *, seed: int, shots=()) -> list[dict]:
     """Records for `domain`/`split` from `source` (a `DataSource` config).
 
     Synthetic sources draw `source.n` records deterministically from the seed; file sources load
     with the named schema and keep `source.n` of them (0 = all), sampled with the seed.
     `source.instruction` (synthetic only) replaces the suite's instruction ending each prompt;
     `source.difficulty` (synthetic only; None: the domain's default) sets the generator's difficulty.
+    `shots` (the domain's worked examples, `Shot`s) become every record's earliest "history" turns.
     """
+    return with_shots(_load(source, domain, split, seed), shots)
+
+
+def with_shots(records: list[dict], shots) -> list[dict]:
+    """`records` with `shots` (objects with `user` and `assistant` text) as the first turns of
+    each record's "history" (before any turns the record brings)."""
+    if not shots:
+        return records
+    turns = [t for s in shots for t in ({"role": "user", "content": s.user}, {"role": "assistant", "content": s.assistant})]
+    return [{**r, "history": [*turns, *r.get("history", ())]} for r in records]
+
+
+def _load(source, domain: str, split: str, seed: int) -> list[dict]:
     if source.source == "synthetic":
         from megatron_sdpo.data import synthetic
 

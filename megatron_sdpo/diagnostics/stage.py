@@ -56,7 +56,7 @@ def probe_batches(tokenizer, cur_samples: dict[str, list[dict]], eval_sets: dict
     eval set (prompts through the chat template; an empty answer scored as one eos token);
     answers whose record is not in `eval_sets` are left out."""
     from megatron_sdpo.backends.base import SequenceBatch
-    from megatron_sdpo.chat import encode_prompts
+    from megatron_sdpo.chat import record_prompts
 
     out = {}
     for key in in_domain_sets(cur_samples):
@@ -64,7 +64,7 @@ def probe_batches(tokenizer, cur_samples: dict[str, list[dict]], eval_sets: dict
         probe = [s for s in cur_samples[key][:probe_n] if s["id"] in records]
         if not probe:
             continue
-        prompts = encode_prompts(tokenizer, [records[s["id"]]["prompt"] for s in probe])
+        prompts = record_prompts(tokenizer, [records[s["id"]] for s in probe])
         ids = [tokenizer(s["response"], add_special_tokens=False)["input_ids"] or [tokenizer.eos_token_id] for s in probe]
         out[key] = SequenceBatch(prompt_ids=prompts, response_ids=ids)
     return out

@@ -4,7 +4,9 @@ head (fused kernel, no logits) against the JSD from vocab-sharded logits, one op
 Both paths see the same batch, the same SDPOLoss (full vocabulary, importance weights on, so
 the student's logprobs come from the kernel as well) and the same initial weights; loss, grad
 norm and the parameters after one Adam step must agree at TP=1 (DP=2), TP=2, TP=2 with
-sequence parallelism and PP=2 (the teacher riding in the student's schedule).
+sequence parallelism and PP=2 (the teacher riding in the student's schedule), and at TP=2 with
+a rollout temperature (every model's logits divided by it), whose log-probs must also equal the
+HF backend's at that temperature.
 """
 import pytest
 import torch
@@ -29,7 +31,8 @@ def _loss():
 
 
 def _worker(model_dir: str, cases: list) -> list:
-    """Per (tp, pp, sequence_parallel, source): loss, grad norm and exported weights after one step."""
+    """Per (tp, pp, sequence_parallel, temperature, source): log-probs before the step, loss,
+    grad norm and exported weights after it."""
     from test_megatron_backend import make_batch
 
     from megatron_sdpo.backends.megatron.backend import MegatronBackend
@@ -37,17 +40,19 @@ def _worker(model_dir: str, cases: list) -> list:
     from megatron_sdpo.backends.megatron.parallel import ParallelConfig, destroy
 
     out = []
-    for tp, pp, sp, source in cases:
+    for tp, pp, sp, temp, source in cases:
         be = MegatronBackend(
             model_dir, lr=LR, micro_batch_size=2, parallel=ParallelConfig(tp=tp, pp=pp, sequence_parallel=sp),
-            options=ModelOptions(sequence_parallel=sp), grad_clip=1.0, fused_kl=source,
+            options=ModelOptions(sequence_parallel=sp), grad_clip=1.0, fused_kl=source, logit_temperature=temp,
         )
         b = make_batch()
         mask = b.tensors["loss_mask"]
-        b.tensors["rollout_logprobs"] = (be.logprobs(b) + b.tensors["noise"]) * mask
+        lp = be.logprobs(b)
+        b.tensors["rollout_logprobs"] = (lp + b.tensors["noise"]) * mask
         m = be.train_step(b, _loss())
         weights = {k: v.clone() for k, v in be.export_weights()}
-        out.append({"loss": m["loss"], "grad_norm": m["grad_norm"], "weights": weights, "device": str(be.device)})
+        out.append({"loss": m["loss"], "grad_norm": m["grad_norm"], "weights": weights, "device": str(be.device),
+                    "logprobs": lp.clone()})
         del be
         destroy()
     return out
@@ -67,11 +72,22 @@ def test_fused_kernel_matches_the_logits_path_one_step(model_dir):
 
     from megatron_sdpo.backends.megatron.launch import spawn
 
-    layouts = [(1, 1, False), (2, 1, False), (2, 1, True), (1, 2, False)]
+    from test_megatron_backend import make_batch
+
+    from megatron_sdpo.backends.hf import HFBackend
+
+    layouts = [(1, 1, False, 1.0), (2, 1, False, 1.0), (2, 1, True, 1.0), (1, 2, False, 1.0), (2, 1, False, 0.7)]
     cases = [(*lay, src) for lay in layouts for src in ("shards", "kernel")]
-    ranks = spawn(_worker, 2, model_dir, cases, timeout_s=500)
+    ranks = spawn(_worker, 2, model_dir, cases, timeout_s=600)
     init = load_file(f"{model_dir}/model.safetensors")
+    b = make_batch()
+    mask = b.response_mask()
+    tempered = HFBackend(model_dir, lr=LR, micro_batch_size=2, logit_temperature=0.7).logprobs(b)
     for rank in ranks:
+        # Megatron's log-probs at the rollout temperature, vocab-sharded, equal the HF backend's;
+        # at temperature 1 they are measurably different.
+        torch.testing.assert_close(rank[-2]["logprobs"] * mask, tempered, atol=TOL, rtol=0)
+        assert float(((rank[2]["logprobs"] - rank[-2]["logprobs"]) * mask).abs().max()) > 1e-2
         for i, lay in enumerate(layouts):
             shards, kernel = rank[2 * i], rank[2 * i + 1]
             assert shards["loss"] > 1e-3 and shards["grad_norm"] > 1e-3, (lay, shards["loss"])

@@ -323,6 +323,31 @@ def test_step_passes_rollout_rewards_and_advantages_to_the_backend(tok):
     assert engine.calls["refit"] == backend.weights  # the policy's weights, after the update
 
 
+def test_shots_precede_the_student_and_the_teacher_prompts(tok):
+    """A domain's worked examples (the records' history) come before the prompt for the engine
+    and before the re-prompt for the teacher; only the last user turn differs between them."""
+    from megatron_sdpo.chat import encode_prompt
+    from megatron_sdpo.config.schema import Shot
+    from megatron_sdpo.data.sources import with_shots
+    from megatron_sdpo.data.synthetic import generate
+
+    cfg = load_config("tiny_sdpo", ["algorithm.prompts_per_step=1", "algorithm.group_size=2"])
+    shot = Shot(user="Zed has 2 pens and gets 3 more. How many pens now?", assistant="2 + 3 = \\boxed{5}")
+    records = with_shots(generate("math", "id", 1, 0), [shot])
+    engine = ScriptedEngine(lambda p, j: _boxed(records[p]) if j == 0 else "\\boxed{-7}")
+    backend = CapturingBackend()
+    Trainer(cfg, backend, engine, tok).step("math", records, seed=3, step=0)
+
+    (prompts, _), ((batch, _),) = engine.calls["generate"], backend.trained
+    assert prompts == [encode_prompt(tok, records[0]["prompt"], records[0]["history"])]
+    teacher = batch.teacher_prompt_ids[1]
+    # The shared head: everything up to the last user turn's text (chat header of that turn).
+    head = encode_prompt(tok, "", records[0]["history"])
+    k = next(i for i, (a, b) in enumerate(zip(head, prompts[0])) if a != b)
+    assert k > len(encode_prompt(tok, "")) and teacher[:k] == prompts[0][:k]
+    assert "Zed has 2 pens" in tok.decode(teacher) and _boxed(records[0]) in tok.decode(teacher)
+
+
 def test_sdpo_step_passes_the_teacher_prompts_and_the_distillation_mask(tok):
     from megatron_sdpo.algorithms.losses import SDPOLoss
     from megatron_sdpo.data.synthetic import generate

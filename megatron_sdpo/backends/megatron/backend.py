@@ -115,11 +115,15 @@ class MegatronBackend:
         pad_token_id: int | None = None,
         device: torch.device | str | None = None,
         fused_kl: str = "kernel",
+        logit_temperature: float = 1.0,
     ):
         require("megatron.core", "cpu", "the megatron backend")
         from transformers import AutoConfig
 
-        check_backend_args(model_path, lr=lr, micro_batch_size=micro_batch_size)
+        check_backend_args(model_path, lr=lr, micro_batch_size=micro_batch_size, logit_temperature=logit_temperature)
+        # Divides every model's logits (policy, teacher, reference): the rollout temperature, so
+        # trainer log-probs are those of the distribution the engine sampled from.
+        self.logit_temperature = float(logit_temperature)
         if fused_kl not in ("kernel", "shards"):
             raise ConfigError(f"fused_kl={fused_kl!r}; expected 'kernel' or 'shards'")
         # How a loss's "fused_kl" is computed: "kernel" from final hidden states and the sharded
@@ -277,10 +281,11 @@ class MegatronBackend:
 
     # ------------------------------------------------------------------ forward pieces
     def _response_shard(self, logits: torch.Tensor, rows: batching.Rows) -> torch.Tensor:
-        """[b, S, V/tp] model output -> [b, T, width] fp32 logits predicting response tokens,
-        padded vocabulary columns cut off."""
+        """[b, S, V/tp] model output -> [b, T, width] fp32 logits / logit_temperature predicting
+        response tokens, padded vocabulary columns cut off."""
         idx = rows.gather_index.unsqueeze(-1).expand(-1, -1, logits.shape[-1])
-        return logits.gather(1, idx)[..., : self.vocab_width].float()
+        shard = logits.gather(1, idx)[..., : self.vocab_width].float()
+        return shard if self.logit_temperature == 1.0 else shard / self.logit_temperature
 
     def _stats(self, shard: torch.Tensor, rows: batching.Rows, needs: frozenset) -> dict[str, torch.Tensor]:
         out: dict[str, torch.Tensor] = {}
@@ -457,7 +462,10 @@ class MegatronBackend:
         through the fused logprob kernel."""
         rows, sp = mb["rows"], self.options.sequence_parallel
         b, T = rows.targets.shape
-        lp_args = dict(start=self.vocab_start, vocab=self.spec.vocab_size, tp_group=self.tp_group, impl=d.kernel_impl)
+        lp_args = dict(
+            start=self.vocab_start, vocab=self.spec.vocab_size, tp_group=self.tp_group, impl=d.kernel_impl,
+            temperature=self.logit_temperature,
+        )
         h_s = heads.response_hidden(hidden, rows.gather_index, self.tp_group, sp)
         w_s = heads.output_weight(self.policy, self.vocab_width)
         out: dict[str, torch.Tensor] = {}
@@ -474,7 +482,7 @@ class MegatronBackend:
                     key = "ref_logprobs" if name == "reference" else "teacher_logprobs"
                     out[key] = heads.token_logprobs(h_r, w_r, rrows.targets, **lp_args)[0]
             if name == "teacher":
-                kl = heads.fused_kl(h_s, h_r, w_s, w_r, d, tp_group=self.tp_group)
+                kl = heads.fused_kl(h_s, h_r, w_s, w_r, d, tp_group=self.tp_group, logit_temperature=self.logit_temperature)
                 out["fused_kl"] = kl.view(b, T)
         return out
 

@@ -82,15 +82,18 @@ def check_requires(requires: frozenset) -> None:
 
 
 def fused_kl(
-    h_s: torch.Tensor, h_t: torch.Tensor, w_s: torch.Tensor, w_t: torch.Tensor, spec: DistillationSpec, *, tp_group
+    h_s: torch.Tensor, h_t: torch.Tensor, w_s: torch.Tensor, w_t: torch.Tensor, spec: DistillationSpec, *, tp_group,
+    logit_temperature: float = 1.0,
 ) -> torch.Tensor:
     """Per-token distillation loss [N] from response hidden states [N, H] and this rank's LM-head
-    rows [width, H] through the fused kernel, as `spec` says (no mask: the loss masks). Gradients
-    reach the student hidden states and weight only."""
+    rows [width, H] through the fused kernel, as `spec` says (no mask: the loss masks), on logits
+    divided by `logit_temperature` (the rollout's) and then by the spec's. Gradients reach the
+    student hidden states and weight only."""
     from megatron_sdpo.kernels import ChunkSizes, fused_linear_kl
 
     return fused_linear_kl(
-        h_s, h_t, w_s, w_t, alpha=spec.alpha, temperature=spec.temperature, mask=None, impl=spec.kernel_impl,
+        h_s, h_t, w_s, w_t, alpha=spec.alpha, temperature=spec.temperature * logit_temperature, mask=None,
+        impl=spec.kernel_impl,
         tp_group=tp_group, chunk_sizes=ChunkSizes(tokens=spec.chunk_tokens, vocab=spec.chunk_vocab),
     )
 
@@ -105,12 +108,14 @@ def token_logprobs(
     tp_group,
     impl: str,
     want_entropy: bool = False,
+    temperature: float = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(logprobs [b, T], entropy [b, T] or None) of `targets` [b, T] from hidden [b * T, H] and
-    this rank's head rows [width, H] for ids [start, start + width)."""
+    this rank's head rows [width, H] for ids [start, start + width), logits / `temperature`."""
     from megatron_sdpo.kernels import fused_linear_logprobs
 
     lp, ent = fused_linear_logprobs(
-        hidden, weight, targets.reshape(-1), impl=impl, tp_group=tp_group, shard_start=start, vocab_size=vocab
+        hidden, weight, targets.reshape(-1), temperature=temperature, impl=impl, tp_group=tp_group,
+        shard_start=start, vocab_size=vocab,
     )
     return lp.view(targets.shape), ent.view(targets.shape) if want_entropy else None

@@ -23,13 +23,15 @@ def batch_with_teacher(seed: int, B: int = 5, vocab: int = 300) -> SequenceBatch
     return SequenceBatch(prompts, responses, teacher, {"loss_mask": mask, "rollout_logprobs": rollout})
 
 
-@pytest.mark.parametrize("alpha, is_clip", [(0.5, None), (1.0, 2.0), (0.0, None)])
-def test_fused_path_matches_logits_path(tmp_path, alpha, is_clip):
+@pytest.mark.parametrize("alpha, is_clip, temperature", [(0.5, None, 1.0), (1.0, 2.0, 1.0), (0.0, None, 1.0), (0.5, 2.0, 0.7)])
+def test_fused_path_matches_logits_path(tmp_path, alpha, is_clip, temperature):
+    """Also at a rollout temperature: the kernel divides by it (times the loss's own) where the
+    logits path divides the logits."""
     path = save_tiny_qwen3(tmp_path / "m", seed=1)
     batch = batch_with_teacher(0)
     results = []
     for fused in (False, True):
-        backend = HFBackend(path, lr=1e-3, micro_batch_size=2)
+        backend = HFBackend(path, lr=1e-3, micro_batch_size=2, logit_temperature=temperature)
         # A teacher that differs from the student, so the KL is not ~0.
         with torch.no_grad():
             for p in backend.teacher.parameters():
@@ -63,3 +65,26 @@ def test_max_and_min_metrics_reduce_as_max_and_min(tmp_path):
     # On-policy: every ratio is exactly 1, in each of the 3 micro-batches.
     assert m["grpo/ratio_max"] == pytest.approx(1.0) and m["grpo/ratio_min"] == pytest.approx(1.0)
     assert m["grpo/ratio_mean"] == pytest.approx(1.0)
+
+
+def test_rollout_temperature_divides_every_models_logits(tmp_path):
+    """logprobs / entropy / teacher and reference log-probs at temperature T are those of
+    softmax(logits / T), the logits taken from a backend at temperature 1."""
+    import torch.nn.functional as F
+
+    path = save_tiny_qwen3(tmp_path / "m", seed=3)
+    batch = batch_with_teacher(2)
+    plain = HFBackend(path, lr=1e-3, micro_batch_size=2, with_reference=True)
+    hot = HFBackend(path, lr=1e-3, micro_batch_size=2, with_reference=True, logit_temperature=0.6)
+    T, mask = batch.max_response_len, batch.response_mask()
+    targets = torch.zeros(len(batch), T, dtype=torch.long)
+    for i, r in enumerate(batch.response_ids):
+        targets[i, : len(r)] = torch.tensor(r)
+    want = plain.compute(batch, {"logits", "teacher_logits"})
+    got = hot.compute(batch, {"logprobs", "entropy", "teacher_logprobs", "ref_logprobs"})
+    for logits, key in ((want["logits"], "logprobs"), (want["teacher_logits"], "teacher_logprobs"), (want["logits"], "ref_logprobs")):
+        ref = F.log_softmax(logits.double() / 0.6, -1).gather(-1, targets[..., None])[..., 0]
+        torch.testing.assert_close(got[key].double() * mask, ref * mask, atol=1e-5, rtol=0)
+    logp = F.log_softmax(want["logits"].double() / 0.6, -1)
+    torch.testing.assert_close(got["entropy"].double() * mask, -(logp.exp() * logp).sum(-1) * mask, atol=1e-5, rtol=0)
+    assert float(((hot.logprobs(batch) - plain.logprobs(batch)) * mask).abs().max()) > 1e-2

@@ -60,7 +60,7 @@ def test_a_section_given_by_name_keeps_its_other_keys(tmp_path):
         ("rollout.tensor_parallel_size=0", "rollout.tensor_parallel_size"),
         ("rollout.bucket_bytes=0", "rollout.bucket_bytes"),
         ("rollout.guard.max_mismatch=0", "rollout.guard.max_mismatch"),
-        ("rollout.temperature=0.7", "rollout.guard.max_mismatch=null"),
+        ("rollout.top_p=0.9", "rollout.guard.max_mismatch=null"),
         ("stages.3.algorithm.sdpo.context.use_fedback=true", "stages.3.algorithm.sdpo.context.use_fedback"),
         ("stages.3.teacher.ema_rate=fast", "stages.3.teacher.ema_rate"),
         ("stages.3.teacher.mode=frozen", "stages.3.teacher.mode"),
@@ -158,9 +158,19 @@ def test_megatron_tp_sdpo_needs_the_fused_kernel():
     assert load_config("qwen3_4b", ["backend.megatron.tensor_parallel=1", "backend.megatron.sequence_parallel=false", "algorithm.sdpo.topk=100", "kernel.fused_kl=false"])
 
 
-def test_tempered_sampling_runs_with_the_guard_off():
-    cfg = load_config("tiny", ["rollout.temperature=0.7", "rollout.guard.max_mismatch=null"])
+def test_tempered_sampling_keeps_the_guard_and_top_p_turns_it_off():
+    """The backends score at the rollout temperature, so the guard compares like with like;
+    the top-p nucleus is the engine's alone."""
+    from megatron_sdpo.backends.hf import HFBackend
+
+    cfg = load_config("tiny", ["rollout.temperature=0.7"])
+    assert cfg.rollout.guard.max_mismatch == 0.5
+    cfg = load_config("tiny", ["rollout.top_p=0.9", "rollout.guard.max_mismatch=null"])
     assert cfg.rollout.guard.max_mismatch is None
+    with pytest.raises(ConfigError, match="rollout.temperature must be > 0"):
+        load_config("tiny", ["rollout.temperature=0"])
+    with pytest.raises(ConfigError, match="logit_temperature must be > 0"):
+        HFBackend("unused", lr=1e-3, micro_batch_size=1, logit_temperature=-1.0)
 
 
 def test_rollout_threads_is_checked():
@@ -274,3 +284,43 @@ def test_data_difficulty_is_for_synthetic_sources_in_unit_range():
         load_config("tiny", ["domains.math.eval.id.source=x.jsonl", "domains.math.eval.id.difficulty=0.5"])
     with pytest.raises(ConfigError, match=r"domains.math.train.difficulty must be in \[0, 1\]"):
         load_config("tiny", ["domains.math.train.difficulty=1.5"])
+
+
+def test_domain_shots_become_every_record_history_in_training_and_evaluation(tmp_path):
+    from megatron_sdpo.data.sources import load_source
+    from megatron_sdpo.evaluation import load_eval_sets
+
+    path = tmp_path / "shots.yaml"
+    path.write_text(
+        "defaults: tiny\n"
+        "domains:\n"
+        "  math:\n"
+        "    shots:\n"
+        "      - {user: 'Tom has 2 pens and gets 3 more. How many pens now?', assistant: '2 + 3 = \\boxed{5}'}\n"
+        "      - {user: 'Sue had 7 cards and lost 4. How many remain?', assistant: '7 - 4 = \\boxed{3}'}\n"
+    )
+    cfg = load_config(str(path))
+    shots = cfg.domains["math"].shots
+    assert [s.assistant for s in shots] == ["2 + 3 = \\boxed{5}", "7 - 4 = \\boxed{3}"]
+    assert cfg.domains["science"].shots == [] and load_config("tiny").domains["math"].shots == []
+    turns = [
+        {"role": "user", "content": shots[0].user}, {"role": "assistant", "content": shots[0].assistant},
+        {"role": "user", "content": shots[1].user}, {"role": "assistant", "content": shots[1].assistant},
+    ]
+    train = load_source(cfg.domains["math"].train, "math", "train", seed=0, shots=shots)
+    plain = load_source(cfg.domains["math"].train, "math", "train", seed=0)
+    assert all(r["history"] == turns for r in train) and all("history" not in r for r in plain)
+    assert [{k: v for k, v in r.items() if k != "history"} for r in train] == plain  # nothing else changes
+    evals = load_eval_sets(cfg)
+    assert all(r["history"] == turns for r in evals["math/ood_far"])
+    assert all("history" not in r for r in evals["science/id"])
+
+
+def test_domain_shots_need_both_turns(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text("defaults: tiny\ndomains:\n  math:\n    shots:\n      - {user: 'q', assistant: ' '}\n")
+    with pytest.raises(ConfigError, match=r"domains.math.shots.0.assistant must be non-empty text"):
+        load_config(str(path))
+    path.write_text("defaults: tiny\ndomains:\n  math:\n    shots:\n      - {user: 'q', answer: 'a'}\n")
+    with pytest.raises(ConfigError, match=r"unknown config key 'domains.math.shots.0.answer'"):
+        load_config(str(path))

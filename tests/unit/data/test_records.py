@@ -32,12 +32,23 @@ def test_good_records_pass(domain):
         ("code", {"tests": [{"input": "1"}]}, "needs|must be a dict with 'input' and 'output'"),
         ("code", {"fn_name": None}, "functional tests need"),
         ("math", {"prompt": "  "}, "'prompt' is empty"),
+        ("math", {"history": [{"role": "user", "content": "q"}]}, "list of user / assistant turn pairs"),
+        ("math", {"history": [{"role": "assistant", "content": "a"}, {"role": "user", "content": "q"}]},
+         r"history\[0\] must be \{'role': 'user'"),
+        ("math", {"history": [{"role": "user", "content": "q"}, {"role": "assistant", "content": 3}]},
+         r"history\[1\] must be \{'role': 'assistant'"),
     ],
 )
 def test_bad_records_name_where(domain, patch, msg):
     rec = {**BASE, "domain": domain, **GOOD[domain], **patch}
     with pytest.raises(DataError, match=rf"^f.jsonl:7: .*({msg})"):
         validate_record(rec, "f.jsonl:7")
+
+
+def test_history_of_turn_pairs_passes():
+    turns = [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "\\boxed{4}"}]
+    rec = {**BASE, "domain": "math", **GOOD["math"], "history": turns}
+    assert validate_record(rec, "x")["history"] == turns
 
 
 def test_missing_keys_and_domain():

@@ -38,15 +38,20 @@ def trainer_logits(backend: HFBackend, completions, prompts) -> tuple[SequenceBa
     return batch, backend.compute(batch, {"logits"})["logits"]
 
 
-@pytest.mark.parametrize("temperature,top_p", [(1.0, 1.0), (0.7, 0.85)])
+@pytest.mark.parametrize("temperature,top_p", [(1.0, 1.0), (0.7, 1.0), (0.7, 0.85)])
 def test_sampling_logprobs_match_backend(model_dir, temperature, top_p):
+    """The engine reports the log-probs of the distribution it sampled from; a backend at the
+    rollout temperature (its logits divided by it) computes the same ones."""
     engine = HFRolloutEngine(model_dir, seed=0, max_batch_size=5)  # 3 chunks of rows
     backend = HFBackend(model_dir, lr=1e-3, micro_batch_size=4)
     comps = engine.generate(PROMPTS, SamplingConfig(n=3, temperature=temperature, top_p=top_p, max_new_tokens=10))
     assert [c.prompt_index for c in comps] == [i for i in range(len(PROMPTS)) for _ in range(3)]
     batch, logits = trainer_logits(backend, comps, PROMPTS)
-    if temperature == 1.0 and top_p == 1.0:
-        lp = backend.logprobs(batch)
+    if top_p == 1.0:
+        tempered = HFBackend(model_dir, lr=1e-3, micro_batch_size=4, logit_temperature=temperature)
+        lp = tempered.logprobs(batch)
+        if temperature != 1.0:  # the untempered trainer is measurably off: the guard would see it
+            assert (lp - backend.logprobs(batch)).abs().max() > 1e-2
         for i, c in enumerate(comps):
             torch.testing.assert_close(torch.tensor(c.logprobs), lp[i, : len(c.token_ids)], atol=1e-4, rtol=0)
     for i, c in enumerate(comps):
