@@ -5,7 +5,8 @@
 Two workloads on the shipped tiny base (megatron_sdpo/assets/tiny_base; a random tiny Qwen3 of
 the same shape where it is missing, `loop` then needs the shipped tokenizer):
 - `loop`: what `run tiny` does every step: the tiny preset's first-stage prompts (16 math
-  training prompts, chat template), 8 samples each, EOS on, `--loop-new-tokens` (the tiny
+  training prompts, chat template, the domain's worked examples), 8 samples each at the
+  preset's rollout temperature and top-p, EOS on, `--loop-new-tokens` (the tiny
   preset's 32) at most, texts decoded, and a weight refit before every generate. The engines
   alternate within each repeat (order flipped every repeat) so a busy machine slows both alike;
   the CSV has the median over repeats after the first two, and the vLLM / HF ratio is printed.
@@ -88,7 +89,9 @@ def bench_loop(args, path: str, work: Path, startup: list[dict]) -> list[dict]:
     policy = AutoModelForCausalLM.from_pretrained(path)  # the trainer's side of the refit
     times = {k: {"generate": [], "refit": [], "tokens": []} for k in engines}
     for rep in range(args.loop_repeats + 2):
-        cfg = SamplingConfig(n=args.n, temperature=1.0, max_new_tokens=args.loop_new_tokens, seed=rep)
+        # The preset's sampling, as its trainer rolls out (smollm2_135m samples at 0.7).
+        cfg = SamplingConfig(n=args.n, temperature=args.cfg.rollout.temperature, top_p=args.cfg.rollout.top_p,
+                             max_new_tokens=args.loop_new_tokens, seed=rep)
         order = list(engines) if rep % 2 == 0 else list(engines)[::-1]
         for kind in order:
             e = engines[kind]

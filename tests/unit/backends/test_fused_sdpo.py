@@ -5,8 +5,9 @@ import torch
 from megatron_sdpo.algorithms.losses import SDPOLoss
 from megatron_sdpo.backends.base import SequenceBatch
 from megatron_sdpo.backends.hf import HFBackend
-from megatron_sdpo.backends.tiny import save_tiny_qwen3
+from megatron_sdpo.backends.tiny import TINY_QWEN3, save_tiny_qwen3
 from megatron_sdpo.errors import ConfigError
+from rounding import assert_grads_close, forward_rel
 
 
 def batch_with_teacher(seed: int, B: int = 5, vocab: int = 300) -> SequenceBatch:
@@ -26,27 +27,45 @@ def batch_with_teacher(seed: int, B: int = 5, vocab: int = 300) -> SequenceBatch
 @pytest.mark.parametrize("alpha, is_clip, temperature", [(0.5, None, 1.0), (1.0, 2.0, 1.0), (0.0, None, 1.0), (0.5, 2.0, 0.7)])
 def test_fused_path_matches_logits_path(tmp_path, alpha, is_clip, temperature):
     """Also at a rollout temperature: the kernel divides by it (times the loss's own) where the
-    logits path divides the logits."""
+    logits path divides the logits. Both paths evaluate the same fp32 function in a different
+    order: tolerances from tests/rounding.py (the kernel's vocabulary-chunked normalizer adds
+    sqrt(V) u to a log-prob, far below the decoder's bound times max|logit|)."""
     path = save_tiny_qwen3(tmp_path / "m", seed=1)
     batch = batch_with_teacher(0)
+    rel = forward_rel(TINY_QWEN3, seq_len=32)  # a sample: <= 7 prompt + 5 context + 6 response tokens
+    g = torch.Generator().manual_seed(7)
+    noise = [0.05 * torch.randn(p.shape, generator=g) for p in HFBackend(path, lr=1e-3, micro_batch_size=2).teacher.parameters()]
     results = []
     for fused in (False, True):
         backend = HFBackend(path, lr=1e-3, micro_batch_size=2, logit_temperature=temperature)
-        # A teacher that differs from the student, so the KL is not ~0.
         with torch.no_grad():
-            for p in backend.teacher.parameters():
-                p.add_(0.05 * torch.randn_like(p))
+            # A teacher that differs from the student, so the KL is not ~0. The random model's
+            # logits reach ~20: student and teacher would be near-disjoint, the JSD saturated at
+            # ln 2 and its gradient a small difference of large terms (rounding amplified
+            # 10-100x, data-dependent). A head scaled to logits of a few units keeps the
+            # divergences mid-range, where the bound of tests/rounding.py applies.
+            for model in (backend.policy, backend.teacher):
+                model.lm_head.weight.mul_(0.2)
+            for p, n in zip(backend.teacher.parameters(), noise):
+                p.add_(n)
+            if not fused:
+                # Rollout log-probs near the policy's own (at this temperature): importance
+                # weights of O(1) that clip at 2 for some tokens (not ~0 everywhere).
+                lp = backend.logprobs(batch)
+                max_logit = float(backend.compute(batch, {"logits"})["logits"].abs().max())
+                batch.tensors["rollout_logprobs"] = lp + 2 * torch.rand(lp.shape, generator=g) - 1
         loss = SDPOLoss(alpha=alpha, topk=None, is_clip=is_clip, fused=fused, chunk_tokens=4, chunk_vocab=64)
         metrics = backend.train_step(batch, loss)
         # Adam's first moment after one step is (1 - beta1) * grad: the gradients themselves.
         moments = {n: backend.optimizer.state[p]["exp_avg"].clone() for n, p in backend.policy.named_parameters()}
         results.append((metrics, moments))
     (m0, g0), (m1, g1) = results
-    assert m1["loss"] == pytest.approx(m0["loss"], rel=1e-5, abs=1e-7)
-    assert m1["grad_norm"] == pytest.approx(m0["grad_norm"], rel=1e-4)
-    assert m0["loss"] > 0
-    for k in g0:
-        torch.testing.assert_close(g1[k], g0[k], atol=1e-6, rtol=1e-4)
+    assert m0["loss"] > 1e-3  # the comparison is not between two zeros
+    if is_clip is not None:
+        assert 0.2 < m0["sdpo/is_weight_mean"] < 2.0
+    assert m1["loss"] == pytest.approx(m0["loss"], rel=rel * max_logit)
+    assert m1["grad_norm"] == pytest.approx(m0["grad_norm"], rel=2 * rel)
+    assert_grads_close(g1, g0, 2 * rel)
 
 
 def test_fused_needs_full_vocabulary():
