@@ -103,6 +103,7 @@ def _megatron_backend(cfg: RunConfig, model_path: str, common: dict):
         precision=PrecisionConfig(params=m.params_dtype, fp8=recipe, fp8_format=m.fp8.fp8_format if recipe else None),
         sequence_parallel=m.sequence_parallel,
         recompute=None if m.recompute == "none" else m.recompute,
+        vocab_divisor=m.vocab_divisor,
     )
     return MegatronBackend(
         model_path,

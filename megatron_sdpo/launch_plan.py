@@ -267,7 +267,6 @@ def world_size_from(requested: int | None) -> tuple[int, str]:
 def plan(cfg: RunConfig, world_size: int | None = None, *, gpu_memory_gib: float = 80.0,
          world_source: str | None = None) -> LaunchPlan:
     """The launch plan of `cfg` on `world_size` ranks (None: --world-size/WORLD_SIZE rules)."""
-    from megatron_sdpo.backends.megatron.model import ModelOptions
     from megatron_sdpo.backends.megatron.parallel import ParallelConfig
     from megatron_sdpo.weights.plan import Layout
 
@@ -286,7 +285,7 @@ def plan(cfg: RunConfig, world_size: int | None = None, *, gpu_memory_gib: float
     arch, spec, unknown = resolve_arch(cfg)
     notes, warnings = (unknown, []) if arch is not None else ([], unknown)
     if megatron and spec is not None:
-        Layout(tp=tp, pp=pp, vocab_divisor=ModelOptions().vocab_divisor).validate(spec)
+        Layout(tp=tp, pp=pp, vocab_divisor=cfg.backend.megatron.vocab_divisor).validate(spec)
 
     a = cfg.algorithm
     samples = a.prompts_per_step * a.group_size

@@ -17,7 +17,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--hf-model", required=True, help="HF directory of the base model (config, tokenizer)")
     p.add_argument("--out", required=True, help="output HF directory")
     p.add_argument("--model", default="policy", choices=["policy", "teacher"])
-    p.add_argument("--vocab-divisor", type=int, default=128, help="the run's model.vocab_divisor")
+    p.add_argument("--vocab-divisor", type=int, default=128, help="the run's backend.megatron.vocab_divisor")
     args = p.parse_args(argv)
 
     from megatron_sdpo.errors import UserError

@@ -179,6 +179,10 @@ class MegatronConfig:
     distributed_optimizer: bool = True
     recompute: Literal["none", "selective", "full"] = "none"
     params_dtype: Literal["float32", "bfloat16"] = "float32"
+    # The vocabulary is padded to a multiple of this, whatever the TP size (so a checkpoint
+    # resumes under another TP); tensor_parallel must divide it. SmolLM2-135M's 3 KV heads allow
+    # TP 1 or 3 only: TP 3 needs e.g. 384 (49,152 = 128 x 384, so no padding either way).
+    vocab_divisor: int = 128
     fp8: FP8Config = field(default_factory=FP8Config)
 
 

@@ -214,7 +214,9 @@ class Layout:
         if self.tp < 1 or self.pp < 1 or self.vocab_divisor < 1:
             raise ConfigError(f"tp={self.tp}, pp={self.pp}, vocab_divisor={self.vocab_divisor} must all be >= 1")
         if self.vocab_divisor % self.tp:
-            raise ConfigError(f"tp={self.tp} must divide model.vocab_divisor={self.vocab_divisor} (vocabulary padding)")
+            raise ConfigError(
+                f"tp={self.tp} must divide backend.megatron.vocab_divisor={self.vocab_divisor} (vocabulary padding)"
+            )
         if spec.num_kv_heads % self.tp:
             raise ConfigError(f"tp={self.tp} must divide num_key_value_heads={spec.num_kv_heads}")
         if spec.ffn_hidden_size % self.tp:

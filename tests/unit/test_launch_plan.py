@@ -45,6 +45,21 @@ def test_world_size_flag_wins_and_bad_layouts_are_one_line_errors(capsys, monkey
     assert "--world-size is for --dry-run" in capsys.readouterr().err
 
 
+def test_smollm2_splits_over_three_tensor_parallel_ranks_with_a_vocab_divisor_of_three(capsys):
+    """SmolLM2-135M has 9 query and 3 KV heads: TP 2 cannot split it, TP 3 can once the padded
+    vocabulary is a multiple of 3 ranks' shards; the error names the key that fixes it."""
+    args = ["run", "smollm2_135m", "backend=megatron", "--dry-run", "--world-size"]
+    assert main(args + ["2", "backend.megatron.tensor_parallel=2"]) == 2
+    assert "tp=2 must divide num_key_value_heads=3" in capsys.readouterr().err
+    assert main(args + ["3", "backend.megatron.tensor_parallel=3"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "tp=3 must divide backend.megatron.vocab_divisor=128" in err, err
+    assert main(args + ["3", "backend.megatron.tensor_parallel=3", "backend.megatron.vocab_divisor=384"]) == 0
+    assert "trainer layout: TP=3 PP=1 DP=1" in capsys.readouterr().out
+    with pytest.raises(ConfigError, match="vocab_divisor must be >= 1"):
+        load_config("smollm2_135m", ["backend.megatron.vocab_divisor=0"])
+
+
 def test_rollout_tensor_parallel_size_sets_the_replicas():
     cfg = load_config("qwen3_4b")
     cfg.rollout.tensor_parallel_size = 1  # the key the multi-rank rollout adds
