@@ -284,8 +284,11 @@ class ContinualRun:
         )
 
     def _stage_diagnostics(self, k: int) -> None:
-        """Drift of stage k's policy against the previous stage and the base (every rank: the
-        probe scoring is collective), written to drift/stage_<k+1>.json."""
+        """Drift of stage k's policy against the previous stage and the base, written to
+        drift/stage_<k+1>.json. Every rank scores the probes (a collective forward); the rest
+        (two HF checkpoints loaded for the SVDs, the sentence embedder) runs on the main rank
+        only, which alone writes it: computed on every rank, it cost the stage end that memory
+        and time once per rank."""
         cfg = self.cfg
         if not cfg.diagnostics.enabled:
             return
@@ -299,13 +302,14 @@ class ContinualRun:
         for key, b in probe_batches(self.tokenizer, cur, self.eval_sets, d.probe_n).items():
             policy, base = (self.backend.logprobs(b, model=m) for m in ("policy", "reference"))
             probes[key] = ProbeLogprobs(policy, base, b.response_mask())
+        if not self.main:
+            return
         record = stage_diagnostics(
             k, cfg.stages[k].domain, cfg.algorithm.name, self._stage_policies(k),
             report.read_eval_samples(self.run_dir, "base"), cur, probes,
             svd_rank=d.svd_rank, seed=cfg.seed, probe_n=d.probe_n, embedder=self._embedder() if d.response_drift else None,
         )
-        if self.main:
-            report.write_stage_drift(self.run_dir, record)
+        report.write_stage_drift(self.run_dir, record)
 
     def _finish(self, seconds: float) -> None:
         from megatron_sdpo.report import write_report
