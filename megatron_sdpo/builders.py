@@ -149,6 +149,7 @@ def make_rollout(cfg: RunConfig, model_path: str, tokenizer, work_dir: str):
             max_num_seqs=max(cfg.algorithm.prompts_per_step * cfg.algorithm.group_size, cfg.eval.batch_size),
             tensor_parallel_size=layout.tp,
             prefix_caching=cfg.rollout.prefix_caching,
+            enforce_eager=cfg.rollout.enforce_eager,
             **common,
         )
         # Several ranks: each replica generates its share of a call's prompts, gathered to all.

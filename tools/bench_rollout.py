@@ -75,7 +75,8 @@ def bench_loop(args, path: str, work: Path, startup: list[dict]) -> list[dict]:
     common = dict(seed=args.seed, max_model_len=args.cfg.rollout.max_model_len,
                   eos_token_ids=[tok.eos_token_id], detokenize=True)
     extra = {
-        "vllm": {"run_dir": str(work / "vllm_run"), "max_num_seqs": args.prompts * args.n},
+        "vllm": {"run_dir": str(work / "vllm_run"), "max_num_seqs": args.prompts * args.n,
+                 "enforce_eager": args.cfg.rollout.enforce_eager},
         "hf": {"pad_token_id": tok.pad_token_id, "max_batch_size": 256},
     }
     engines = {}

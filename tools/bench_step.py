@@ -8,6 +8,8 @@ prompts), P prompts x G samples per step, 32 new tokens, temperature 1, teacher 
 
     ours_grpo_hf, ours_sdpo_hf, ours_grpo_vllm, ours_sdpo_vllm  this project (ContinualRun, one
         math stage, diagnostics and checkpoints off), HF generate or colocated vLLM rollout
+    ours_grpo_vllmeager, ours_sdpo_vllmeager  vLLM with rollout.enforce_eager=true (the vLLM
+        arms above run the default, a compiled decoder)
     trl_grpo, trl_sdpo  TRL's GRPOTrainer / trl.experimental.sdpo.SDPOTrainer (HF generate)
 
 SDPO everywhere: EMA teacher (rate 0.05), alpha 0.5, full-vocabulary logit distillation.
@@ -38,8 +40,10 @@ import time
 from pathlib import Path
 
 OURS = ("ours_grpo_hf", "ours_sdpo_hf", "ours_grpo_vllm", "ours_sdpo_vllm")
+EAGER = ("ours_grpo_vllmeager", "ours_sdpo_vllmeager")  # on request only (not in the default list)
 TRL = ("trl_grpo", "trl_sdpo")
-ARMS = OURS + TRL
+DEFAULT_ARMS = OURS + TRL
+ARMS = OURS + EAGER + TRL
 LR, CLIP_LOW, CLIP_HIGH, EMA_RATE, ALPHA = 1e-4, 0.2, 0.28, 0.05, 0.5
 FIXED = ["arm", "framework", "algorithm", "engine", "round", "status", "reason", "steps_timed", "s_per_step",
          "peak_rss_mb", "peak_tree_rss_mb", "wall_s", "load_avg"]
@@ -120,7 +124,10 @@ def ours_config(args, algorithm: str, engine: str):
     a["sdpo"].update(alpha=ALPHA, topk=None)
     a["sdpo"]["context"]["use_feedback"] = False
     data["teacher"].update(mode="ema", ema_rate=EMA_RATE)
-    data["rollout"].update(engine=engine, max_new_tokens=args.new_tokens)
+    eager = engine == "vllmeager"
+    data["rollout"].update(engine="vllm" if eager else engine, max_new_tokens=args.new_tokens)
+    if eager:
+        data["rollout"]["enforce_eager"] = True
     data["backend"].update(lr=LR)
     data["diagnostics"]["enabled"] = False
     data["checkpoint"]["save_every"] = 0
@@ -339,7 +346,7 @@ def write_csv(out: Path, rows: list[dict], summary: list[dict]) -> None:
 
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--arms", default=",".join(ARMS), help=f"comma list of {', '.join(ARMS)}")
+    ap.add_argument("--arms", default=",".join(DEFAULT_ARMS), help=f"comma list of {', '.join(ARMS)}")
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--steps", type=int, default=20, help="steps per arm and round")
     ap.add_argument("--warmup", type=int, default=2, help="untimed first steps")

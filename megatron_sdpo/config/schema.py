@@ -161,6 +161,9 @@ class RolloutConfig:
     # vLLM: reuse a prompt's KV blocks across its n samples and across prompts with a common
     # prefix (the chat template's system text); reset at every refit.
     prefix_caching: bool = True
+    # vLLM: false compiles the decoder (torch.compile; CUDA graphs too on GPU), which pays
+    # start-up once (cached across runs) for faster decode steps; true runs it eagerly.
+    enforce_eager: bool = False
     guard: RefitGuardConfig = field(default_factory=RefitGuardConfig)
 
 

