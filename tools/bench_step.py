@@ -125,9 +125,7 @@ def ours_config(args, algorithm: str, engine: str):
     a["sdpo"]["context"]["use_feedback"] = False
     data["teacher"].update(mode="ema", ema_rate=EMA_RATE)
     eager = engine == "vllmeager"
-    data["rollout"].update(engine="vllm" if eager else engine, max_new_tokens=args.new_tokens)
-    if eager:
-        data["rollout"]["enforce_eager"] = True
+    data["rollout"].update(engine="vllm" if eager else engine, enforce_eager=eager, max_new_tokens=args.new_tokens)
     data["backend"].update(lr=LR)
     data["diagnostics"]["enabled"] = False
     data["checkpoint"]["save_every"] = 0

@@ -262,10 +262,11 @@ class VLLMRolloutEngine:
         # rollout.enforce_eager, false unless set (see the module docstring).
         self.enforce_eager = bool(enforce_eager)
         self.layout = ReplicaLayout.of_launch(tensor_parallel_size)
+        self.on_gpu = torch.cuda.is_available()
         previous_tmpdir = _configure_env(
             Path(run_dir) if run_dir else Path.cwd() / ".vllm_run",
             compiled=not self.enforce_eager,
-            on_gpu=torch.cuda.is_available(),
+            on_gpu=self.on_gpu,
         )
         try:
             self._start(model_path, seed, dtype, max_model_len, max_num_seqs, kv_cache_memory_bytes,
@@ -281,7 +282,7 @@ class VLLMRolloutEngine:
         require("vllm", "cpu", "the vLLM rollout engine")
         from vllm import LLM
 
-        on_gpu = torch.cuda.is_available()
+        on_gpu = self.on_gpu
         self.sleep_enabled = on_gpu if enable_sleep_mode is None else enable_sleep_mode
         if self.sleep_enabled and not on_gpu:
             raise ConfigError("enable_sleep_mode needs a GPU; vLLM's CPU backend has no sleep mode")
