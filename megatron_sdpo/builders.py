@@ -110,6 +110,8 @@ def _megatron_backend(cfg: RunConfig, model_path: str, common: dict):
         parallel=ParallelConfig(tp=m.tensor_parallel, pp=m.pipeline_parallel, sequence_parallel=m.sequence_parallel),
         options=options,
         distributed_optimizer=m.distributed_optimizer,
+        # null: the backend packs wherever the model's layers take packed rows.
+        packing=cfg.backend.packing,
         **common,
     )
 

@@ -1,4 +1,4 @@
-"""Train-step time of the HF backend, padded layout vs packed rows, side by side in one run.
+"""Train-step time of a backend, padded layout vs packed rows, side by side in one run.
 
 The workload is the tiny run's: 128 sequences (16 prompts x 8 samples: `--group-size` samples
 share a prompt, as in a GRPO/SDPO batch; 1 makes every prompt distinct), prompts of 20-40
@@ -13,7 +13,12 @@ tokens each layout feeds the model per step (padded: B x longest, packed: rows x
 process's CPU seconds per step (all threads) are reported next to the wall time: on a machine
 shared with other jobs they measure the work done, which the wall time blurs with waiting.
 
+`--backend megatron`: the megatron backend (world of one), arms `padded` and `packed` (THD rows,
+one per micro-batch; backends/megatron/packed.py), one backend whose layout is switched between
+steps (megatron's parallel state is per process).
+
     python tools/bench_pack.py --rounds 7 --out bench_pack.csv
+    python tools/bench_pack.py --backend megatron --rounds 5 --out bench_pack_megatron.csv
     python tools/bench_pack.py --model path/to/hf_dir --losses sdpo --row-tokens 0,512
 """
 from __future__ import annotations
@@ -66,9 +71,24 @@ def model_tokens(batch, mbs: int, packing: bool, row_tokens: int, share: bool = 
     return total, real
 
 
+def megatron_tokens(batch, mbs: int, packing: bool) -> tuple[int, int]:
+    """(model_tokens, real_tokens) of the student's rows in the megatron backend (no pipeline
+    parallelism): padded rows are the step's longest sample long, teacher prompts included (the
+    riders share the row length); a packed row is as long as its micro-batch's samples."""
+    from megatron_sdpo.backends.megatron.batching import packed_len
+
+    n, r = len(batch), batch.response_ids
+    real = packed_len(batch.prompt_ids, r)
+    if packing:
+        return sum(packed_len(batch.prompt_ids[s : s + mbs], r[s : s + mbs]) for s in range(0, n, mbs)), real
+    prompts = [batch.prompt_ids] + ([batch.teacher_prompts()] if batch.teacher_prompt_ids else [])
+    return n * max(len(p[i]) + len(r[i]) for p in prompts for i in range(n)), real
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default=None, help="HF model directory (default: the shipped tiny base)")
+    ap.add_argument("--backend", default="hf", choices=("hf", "megatron"))
     ap.add_argument("--losses", default="grpo,sdpo")
     ap.add_argument("--row-tokens", default="0,256,512", help="packed arms' row capacities (0: one row)")
     ap.add_argument("--samples", type=int, default=128)
@@ -100,16 +120,21 @@ def main(argv: list[str] | None = None) -> int:
     ks = list(map(int, args.row_tokens.split(",")))
     arms = [("padded", False, 0, False)] + [(f"{name}_{k}", True, k, share) for k in ks
                                             for name, share in (("packed", False), ("shared", True))]
+    if args.backend == "megatron":
+        arms = [("padded", False, 0, False), ("packed", True, 0, False)]
     rows = []
     for name in args.losses.split(","):
         if name not in losses:
             ap.error(f"--losses: unknown {name!r} (grpo, sdpo)")
         batch = make_batch(args.samples, vocab, args.seed, sdpo=name == "sdpo", group=args.group_size)
-        backends = {
-            arm: HFBackend(model, lr=1e-5, micro_batch_size=args.micro_batch_size, seed=args.seed,
-                           with_teacher=name == "sdpo", packing=packing, pack_row_tokens=k, share_prompts=share)
-            for arm, packing, k, share in arms
-        }
+        if args.backend == "megatron":
+            backends = megatron_arms(model, args, with_teacher=name == "sdpo")
+        else:
+            backends = {
+                arm: HFBackend(model, lr=1e-5, micro_batch_size=args.micro_batch_size, seed=args.seed,
+                               with_teacher=name == "sdpo", packing=packing, pack_row_tokens=k, share_prompts=share)
+                for arm, packing, k, share in arms
+            }
         times: dict[str, list[float]] = {arm: [] for arm, *_ in arms}
         cpu: dict[str, list[float]] = {arm: [] for arm, *_ in arms}
         for arm, *_ in arms:  # warm-up
@@ -124,18 +149,49 @@ def main(argv: list[str] | None = None) -> int:
         base, cpu_base = statistics.median(times["padded"]), statistics.median(cpu["padded"])
         for arm, packing, k, share in arms:
             med, cmed = statistics.median(times[arm]), statistics.median(cpu[arm])
-            fed, real = model_tokens(batch, args.micro_batch_size, packing, k, share)
+            if args.backend == "megatron":
+                fed, real = megatron_tokens(batch, args.micro_batch_size, packing)
+            else:
+                fed, real = model_tokens(batch, args.micro_batch_size, packing, k, share)
             rows.append(dict(loss=name, arm=arm, row_tokens=k if packing else "", samples=args.samples,
                              model_tokens=fed, real_tokens=real, median_s=round(med, 4), min_s=round(min(times[arm]), 4),
                              max_s=round(max(times[arm]), 4), ratio_vs_padded=round(med / base, 3),
                              median_cpu_s=round(cmed, 4), cpu_ratio_vs_padded=round(cmed / cpu_base, 3), rounds=args.rounds, threads=args.threads))
             print(f"{name:5s} {arm:12s} tokens {fed:6d} (real {real})  median {med:.3f} s  ratio {med / base:.3f}  "
                   f"cpu {cmed:.3f} s  ratio {cmed / cpu_base:.3f}", flush=True)
+    if args.backend == "megatron":
+        from megatron_sdpo.backends.megatron.parallel import destroy
+
+        destroy()
     with open(args.out, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=FIELDS)
         w.writeheader()
         w.writerows(rows)
     return 0
+
+
+class _Layout:
+    """One megatron backend seen through a layout: each train step runs with `packing` set."""
+
+    def __init__(self, backend, packing: bool):
+        self.backend, self.packing = backend, packing
+
+    def train_step(self, batch, loss_fn):
+        self.backend.packing = self.packing
+        return self.backend.train_step(batch, loss_fn)
+
+
+def megatron_arms(model: str, args, *, with_teacher: bool) -> dict:
+    """The megatron arms over one backend (a second one in the process would share its parallel
+    state); the weights both arms train are the same, the layouts differ."""
+    from megatron_sdpo.backends.megatron.backend import MegatronBackend
+    from megatron_sdpo.backends.megatron.parallel import destroy
+
+    destroy()  # the previous loss's backend, if any
+    be = MegatronBackend(model, lr=1e-5, micro_batch_size=args.micro_batch_size, seed=args.seed, with_teacher=with_teacher)
+    if not be.packing:
+        raise SystemExit(f"{model}: this model's layers take the padded layout only; nothing to compare")
+    return {"padded": _Layout(be, False), "packed": _Layout(be, True)}
 
 
 if __name__ == "__main__":

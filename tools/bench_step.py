@@ -157,6 +157,11 @@ def run_ours(args, arm: str, work: Path) -> dict:
     records = [json.loads(line) for line in run.run_dir.metrics.read_text().splitlines() if line.strip()]
     timed = records[args.warmup:]
     phases = phase_medians(timed, lambda k: k.startswith("time/") or (k.endswith("_time") and k != "step_time"))
+    # The rollout phase's time depends on the longest answer of the step, so its distribution
+    # is skewed: the mean (the phase's share of the run's wall time) next to the median.
+    rollouts = [r["time/rollout"] for r in timed if isinstance(r.get("time/rollout"), (int, float))]
+    if rollouts:
+        phases["time/rollout_mean"] = statistics.mean(rollouts)
     return {"times": step_times(stamps), "phases": phases}
 
 

@@ -99,6 +99,7 @@ def pack_varlen(
     row_tokens: int = 0,
     multiple: int = 1,
     share_prompts: bool = False,
+    width: int = 0,
     device: torch.device | str | None = None,
 ) -> VarlenBatch:
     """Pack the samples (prompt_i + response_i) into rows of at most `row_tokens` tokens; with
@@ -106,13 +107,15 @@ def pack_varlen(
 
     `response_len` is the global T (as in `layout.pack`); `multiple` rounds the row width W up
     (tensor parallelism with sequence parallelism splits the sequence over ranks, FP8 GEMMs
-    want multiples of 16). Tensors are built as Python lists and copied once each."""
+    want multiples of 16); `width` is a lower bound on W (the megatron backend gives every
+    micro-batch of a step one width, as the pipeline's P2P buffers need). Tensors are built as
+    Python lists and copied once each."""
     if len(prompts) != len(responses):
         raise DataError(f"{len(prompts)} prompts but {len(responses)} responses")
     if not prompts:
         raise DataError("pack_varlen needs at least one sample")
-    if row_tokens < 0 or multiple < 1:
-        raise DataError(f"row_tokens must be >= 0 and multiple >= 1, got {row_tokens}, {multiple}")
+    if row_tokens < 0 or multiple < 1 or width < 0:
+        raise DataError(f"row_tokens and width must be >= 0 and multiple >= 1, got {row_tokens}, {width}, {multiple}")
     T = response_len
     for i, (p, r) in enumerate(zip(prompts, responses)):
         if not p:
@@ -122,7 +125,7 @@ def pack_varlen(
     segments = _segments(prompts, share_prompts)
     seg_len = [len(prompts[seg[0]]) + sum(len(responses[i]) for i in seg) for seg in segments]
     rows = _rows(seg_len, row_tokens)
-    W = max(sum(seg_len[k] for k in row) for row in rows)
+    W = max(width, max(sum(seg_len[k] for k in row) for row in rows))
     W = -(-W // multiple) * multiple
     ids: list[int] = []
     pos: list[int] = []

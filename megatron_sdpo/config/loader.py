@@ -288,15 +288,10 @@ def validate(cfg: RunConfig) -> RunConfig:
         raise ConfigError("backend.micro_batch_size must be >= 1")
     if cfg.backend.pack_row_tokens < 0:
         raise ConfigError("backend.pack_row_tokens must be >= 0 (0: one packed row per micro-batch)")
-    if cfg.backend.packing is True and cfg.backend.name == "megatron":
+    if cfg.backend.share_prompts is True and not (cfg.backend.packed() and cfg.backend.name == "hf"):
         raise ConfigError(
-            "backend.packing=true is HF-backend only: megatron-core's local attention rejects packed "
-            "sequences and the Transformer Engine path is not written; set backend.packing=false or null"
-        )
-    if cfg.backend.share_prompts is True and not cfg.backend.packed():
-        raise ConfigError(
-            "backend.share_prompts=true needs the packed layout (backend.packing on, HF backend); "
-            "set backend.share_prompts=false or null"
+            "backend.share_prompts=true needs the HF backend's packed layout (backend.packing on; "
+            "megatron's THD rows cannot state the shared-prompt mask); set backend.share_prompts=false or null"
         )
     _validate_lr_schedule(cfg)
     m = cfg.backend.megatron

@@ -205,30 +205,33 @@ class BackendConfig:
     weight_decay: float = 0.0
     grad_clip: float = 1.0
     micro_batch_size: int = 64  # samples per micro-batch
-    # Train-step forwards on packed rows (no padding; backends/varlen.py) instead of the padded
-    # [B, longest prompt + longest response] rectangle. null: on with the HF backend, off with
-    # megatron, where true is a ConfigError: megatron-core's local (non-TE) attention rejects
-    # packed sequences (see the megatron backend's docstring).
+    # Train-step forwards on packed rows (no padding; backends/varlen.py, and THD packed
+    # sequences in megatron: backends/megatron/packed.py) instead of the padded
+    # [B, longest prompt + longest response] rectangle. null: on, except with megatron on a
+    # model whose layers take the padded layout only (Olmo), where true is a ConfigError.
     packing: Optional[bool] = None
-    # Row capacity of the packed layout in tokens (0: one row per micro-batch). SDPA and eager
+    # Row capacity of the HF backend's packed layout in tokens (0: one row per micro-batch;
+    # megatron packs one row per micro-batch, its THD attention needs no bound). SDPA and eager
     # attention with a block-diagonal mask cost row length squared: on the tiny run rows of 256
     # took 0.71x the padded step, one row per micro-batch 2.6x (tools/bench_pack.py).
     pack_row_tokens: int = 256
     # In the packed layout, samples with identical prompts (a GRPO/SDPO group) share one copy of
     # the prompt: each response attends to it and to itself through an explicit mask, so the
-    # prompt's tokens are run once per group instead of once per sample. null: on wherever
-    # packing is; true without packing is a ConfigError.
+    # prompt's tokens are run once per group instead of once per sample. HF backend only (THD
+    # segments cannot state that mask). null: on wherever packing is with the HF backend; true
+    # without packing or with megatron is a ConfigError.
     share_prompts: Optional[bool] = None
     stage_start: Literal["weights_only", "keep_optimizer"] = "weights_only"
     megatron: MegatronConfig = field(default_factory=MegatronConfig)
 
     def packed(self) -> bool:
-        """Whether the train step runs on packed rows (`packing`, null resolved per backend)."""
-        return self.packing if self.packing is not None else self.name == "hf"
+        """Whether packing is asked for (`packing`, null: on; megatron still keeps the padded
+        layout for models whose layers take only that, e.g. Olmo)."""
+        return self.packing is not False
 
     def prompts_shared(self) -> bool:
         """Whether the packed rows share a group's prompt (`share_prompts`, null resolved)."""
-        return self.packed() and self.share_prompts is not False
+        return self.name == "hf" and self.packed() and self.share_prompts is not False
 
 
 @dataclass

@@ -2,7 +2,8 @@
 
 The reference is written here: the HF model scores each sample unpadded, the team's loss
 adapters compute the loss, torch AdamW + clip_grad_norm_ take the step. The megatron backend
-must match loss and gradient norm at every layout, micro-batch count and DP size.
+must match loss and gradient norm at every layout, micro-batch count and DP size, on packed
+(THD) rows (its default) and on the padded layout.
 """
 import pytest
 import torch
@@ -123,18 +124,20 @@ def _targets(b, T):
 
 
 def _backend_worker(model_dir: str, layouts: list) -> list:
-    """Per layout (tp, pp, micro_batch_size, kind[, sequence_parallel]): the backend's
-    (loss, grad_norm) per step."""
+    """Per layout (tp, pp, micro_batch_size, kind[, sequence_parallel[, packing]]): the backend's
+    (loss, grad_norm) per step, and whether it ran packed rows."""
     from megatron_sdpo.backends.megatron.backend import MegatronBackend
     from megatron_sdpo.backends.megatron.model import ModelOptions
     from megatron_sdpo.backends.megatron.parallel import ParallelConfig, destroy
 
     results = []
-    for tp, pp, mbs, kind, *sp in layouts:
-        sp = bool(sp and sp[0])
+    for tp, pp, mbs, kind, *rest in layouts:
+        sp = bool(rest[0]) if rest else False
+        packing = rest[1] if len(rest) > 1 else None
         be = MegatronBackend(
             model_dir, lr=LR, micro_batch_size=mbs, parallel=ParallelConfig(tp=tp, pp=pp, sequence_parallel=sp),
             options=ModelOptions(sequence_parallel=sp), grad_clip=1.0, with_reference=kind == "grpo_kl",
+            packing=packing,
         )
         b = make_batch()
         lp = be.logprobs(b)
@@ -148,7 +151,7 @@ def _backend_worker(model_dir: str, layouts: list) -> list:
             steps.append((m["loss"], m["grad_norm"]))
             # Only the teacher's forward is timed (not the reference rider's).
             assert (m["time/teacher_forward"] > 0.0) == kind.startswith("sdpo"), (kind, m)
-        results.append(steps)
+        results.append((steps, be.packing))
         del be
         destroy()
     return results
@@ -168,12 +171,19 @@ def refs(model_dir):
     return {k: reference(model_dir, k) for k in ("grpo", "grpo_kl", "sdpo", "sdpo_topk")}
 
 
-def _compare(got, want, tol_first=1e-5, tol_later=1e-4):
+def _compare(result, want, packed: bool = True, tol_first=1e-5, tol_later=1e-4):
+    got, ran_packed = result
+    assert ran_packed == packed
     assert len(got) == len(want)
     for i, ((gl, gn), (wl, wn)) in enumerate(zip(got, want)):
         tol = tol_first if i == 0 else tol_later
         assert abs(gl - wl) <= tol * max(1.0, abs(wl)), (i, got, want)
         assert abs(gn - wn) <= tol * max(1.0, abs(wn)), (i, got, want)
+
+
+def _packed(layout: tuple) -> bool:
+    """Whether a layout runs packed rows (its packing entry; null means packed on this model)."""
+    return layout[5] is not False if len(layout) > 5 else True
 
 
 def test_reference_is_not_degenerate(refs):
@@ -190,10 +200,14 @@ def test_reference_is_not_degenerate(refs):
 def test_world1_grpo_steps_and_sdpo_match_hf(model_dir, refs):
     from megatron_sdpo.backends.megatron.launch import spawn
 
-    layouts = [(1, 1, 2, "grpo"), (1, 1, 4, "sdpo"), (1, 1, 3, "grpo_kl"), (1, 1, 2, "sdpo_topk")]
+    # Packed rows by default; the last two run the padded layout.
+    layouts = [
+        (1, 1, 2, "grpo"), (1, 1, 4, "sdpo"), (1, 1, 3, "grpo_kl"), (1, 1, 2, "sdpo_topk"),
+        (1, 1, 4, "grpo", False, False), (1, 1, 3, "sdpo", False, False),
+    ]
     (r,) = spawn(_backend_worker, 1, model_dir, layouts, timeout_s=300)
     for got, layout in zip(r, layouts):
-        _compare(got, refs[layout[3]])
+        _compare(got, refs[layout[3]], packed=_packed(layout))
 
 
 @pytest.mark.slow
@@ -205,11 +219,13 @@ def test_world2_tp2_pp2_dp2_match_hf(model_dir, refs):
         (1, 2, 2, "grpo_kl"), (1, 1, 1, "grpo"), (1, 1, 2, "sdpo_topk"),
         # Sequence parallelism: norms' grads summed over TP, activations sequence-sharded.
         (2, 1, 2, "grpo", True), (2, 1, 3, "sdpo", True), (2, 1, 2, "sdpo_topk", True),
+        # The padded layout under TP (with SP) and PP.
+        (2, 1, 3, "sdpo", True, False), (1, 2, 2, "grpo", False, False),
     ]
     ranks = spawn(_backend_worker, 2, model_dir, layouts, timeout_s=500)
     for rank in ranks:  # every rank reports the same reduced metrics
         for got, layout in zip(rank, layouts):
-            _compare(got, refs[layout[3]])
+            _compare(got, refs[layout[3]], packed=_packed(layout))
 
 
 @pytest.mark.slow

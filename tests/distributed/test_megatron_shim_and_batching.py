@@ -59,7 +59,8 @@ def test_rows_put_each_response_token_after_its_own_prompt():
     assert rows.targets.tolist() == [[1, 2, 0], [3, 4, 9]]
     picked = rows.tokens.gather(1, rows.gather_index + 1)
     assert picked[0, :2].tolist() == [1, 2] and picked[1].tolist() == [3, 4, 9]
-    assert all(t.device.type == "cpu" and t.dtype == torch.long for t in vars(rows).values())
+    assert rows.packed is None
+    assert all(t.device.type == "cpu" and t.dtype == torch.long for t in (rows.tokens, rows.positions, rows.gather_index, rows.targets))
 
 
 def test_fp8_rounds_each_ranks_share_of_the_sequence_to_16():

@@ -41,6 +41,8 @@ def test_hf_arm_writes_round_and_median_rows(tmp_path):
         # The trainer's own phase timers made it into the row (whatever their names).
         phases = [k for k in r if k.endswith("_time") or k.startswith("time/")]
         assert phases and all(float(r[k]) >= 0 for k in phases), r
+        # One timed step: the rollout phase's mean is that step's rollout time.
+        assert float(r["time/rollout_mean"]) == pytest.approx(float(r["time/rollout"]), rel=1e-6)
     assert "ours_grpo_hf" in proc.stdout and "s/step" in proc.stdout
 
 

@@ -18,13 +18,12 @@ returned loss by the number of micro-batches and DDP averages gradients over DP,
 multiplies by (micro-batches x DP size). The gradient is then that of the global loss, whatever
 the micro-batch count or DP size.
 
-No sequence packing here (backend.packing is HF-only, a ConfigError with megatron): with
-megatron-core 0.16.1's local layer spec (CPU, no Transformer Engine) DotProductAttention asserts
-`packed_seq_params is None`, and GPTModel computes RoPE for columns 0..S-1 unless given THD
-`packed_seq_params`, so an explicit block-diagonal mask alone would neither restart positions
-nor save work (the local attention materialises [b, heads, S, S] scores). The real path is TE's
-attention with PackedSeqParams(qkv_format="thd", cu_seqlens from backends.varlen, rows padded
-to batching.seq_multiple); it is not written (no GPU to test it on).
+Packed rows (`packing`, on by default where the layers take them): each micro-batch's samples
+end to end in one row of the step's common width, megatron's THD packed-sequence params marking
+where each sample starts (packed.py, batching.py). Transformer Engine's varlen attention runs
+them on GPU; on CPU the local layer spec's core attention does. Olmo's layers take the padded
+layout only (their attention applies per-layer ropes itself). The riders' rows are packed with
+the same width, so their hidden states still share the P2P buffers.
 """
 from __future__ import annotations
 
@@ -49,7 +48,7 @@ from megatron_sdpo.backends.common import (
     resolve_pad_id,
 )
 from megatron_sdpo.backends.megatron import batching, heads, vocab_parallel as vp
-from megatron_sdpo.backends.megatron.model import ModelOptions, build_model, weight_layout
+from megatron_sdpo.backends.megatron.model import ModelOptions, build_model, supports_packing, weight_layout
 from megatron_sdpo.backends.megatron.parallel import ParallelConfig, group_device, init_distributed, initialize, launch_device
 from megatron_sdpo.backends.schedule import LRSchedule
 from megatron_sdpo.errors import ConfigError, require
@@ -89,7 +88,8 @@ def _hf_tensors(model_path: str):
 
 class MegatronBackend:
     """Megatron-core backend. Launch one process per rank (torchrun) or call from a single
-    process (a world of one is created). `micro_batch_size` counts samples per micro-batch."""
+    process (a world of one is created). `micro_batch_size` counts samples per micro-batch;
+    `packing`: packed rows (None: wherever the model's layers take them; module docstring)."""
 
     # Logits stay vocab-sharded over TP: the backend picks the top-k ids from the shards and
     # hands the loss their log-probabilities ("topk_logprobs").
@@ -116,6 +116,7 @@ class MegatronBackend:
         device: torch.device | str | None = None,
         fused_kl: str = "kernel",
         logit_temperature: float = 1.0,
+        packing: bool | None = None,
     ):
         require("megatron.core", "cpu", "the megatron backend")
         from transformers import AutoConfig
@@ -152,6 +153,9 @@ class MegatronBackend:
         self._ps = ps
         hf_config = AutoConfig.from_pretrained(model_path)
         self.spec = ModelSpec.from_hf_config(hf_config)
+        if packing and not supports_packing(self.spec):
+            raise ConfigError(f"backend.packing=true: {self.spec.arch}'s layers take the padded layout only; set it to false or null")
+        self.packing = supports_packing(self.spec) if packing is None else bool(packing)
         self.options = options
         self.wlayout = weight_layout(self.layout.tp, self.layout.pp, options)
         self.model_path = str(model_path)
@@ -257,34 +261,21 @@ class MegatronBackend:
     def _micro(
         self, batch: SequenceBatch, T: int, prompts: list[list[int]], local: list[int], riders: tuple = ()
     ) -> tuple[list[dict], int]:
-        """Micro-batch dicts for this DP rank's samples `local`, rows built from `prompts`;
-        `riders` are further prompt lists (teacher, reference) built into `rider_rows` with the
-        same samples and the same padded length S (their hidden states share P2P buffers)."""
-        groups = batching.micro_batches(local, self.micro_batch_size, equal=self.layout.pp > 1)
-        responses = [batch.response_ids[i] for i in local]
-        S = max(batching.seq_len([p[i] for i in local], responses, self.seq_multiple) for p in (prompts, *riders))
-        out = []
-        for g in groups:
-            real = [i for i in g if i >= 0]
-            rows_idx = [i if i >= 0 else real[0] for i in g]
-            resp = [batch.response_ids[i] for i in rows_idx]
-            dev = self.device
-            rows = batching.build_rows([prompts[i] for i in rows_idx], resp, T, S, self.pad_token_id, dev)
-            rider_rows = [batching.build_rows([p[i] for i in rows_idx], resp, T, S, self.pad_token_id, dev) for p in riders]
-            keep = torch.tensor([1.0 if i >= 0 else 0.0 for i in g], device=dev)
-            tensors = {}
-            for k, v in batch.tensors.items():
-                t = v[rows_idx].to(dev, copy=True)
-                tensors[k] = t * keep.view(-1, *([1] * (t.ndim - 1))).to(t.dtype) if (keep == 0).any() else t
-            out.append({"rows": rows, "rider_rows": rider_rows, "tensors": tensors, "n_real": len(real)})
-        return out, S
+        """This DP rank's micro-batches (batching.micro_batch_dicts) and their row length S."""
+        return batching.micro_batch_dicts(
+            batch, T, prompts, local, riders, size=self.micro_batch_size, equal=self.layout.pp > 1,
+            packed=self.packing, multiple=self.seq_multiple, pad_id=self.pad_token_id, device=self.device,
+        )
+
+    def _rows_per_micro_batch(self) -> int:
+        """Rows of a micro-batch (the pipeline's P2P buffers): one packed row, or a row per sample."""
+        return 1 if self.packing else self.micro_batch_size
 
     # ------------------------------------------------------------------ forward pieces
     def _response_shard(self, logits: torch.Tensor, rows: batching.Rows) -> torch.Tensor:
         """[b, S, V/tp] model output -> [b, T, width] fp32 logits / logit_temperature predicting
         response tokens, padded vocabulary columns cut off."""
-        idx = rows.gather_index.unsqueeze(-1).expand(-1, -1, logits.shape[-1])
-        shard = logits.gather(1, idx)[..., : self.vocab_width].float()
+        shard = rows.select(logits)[..., : self.vocab_width].float()
         return shard if self.logit_temperature == 1.0 else shard / self.logit_temperature
 
     def _stats(self, shard: torch.Tensor, rows: batching.Rows, needs: frozenset) -> dict[str, torch.Tensor]:
@@ -309,7 +300,7 @@ class MegatronBackend:
 
         def step(data_iter, m):
             mb = next(data_iter)
-            out = m(mb["rows"].tokens, mb["rows"].positions, None)
+            out = m(mb["rows"].tokens, mb["rows"].positions, None, packed_seq_params=mb["rows"].packed)
 
             def reduce(output):
                 return output.new_zeros(()), {"value": collect(mb, output)}
@@ -319,7 +310,7 @@ class MegatronBackend:
         with torch.no_grad():
             store = get_forward_backward_func()(
                 forward_step_func=step, data_iterator=iter(micro), model=[model], num_microbatches=len(micro),
-                seq_length=S, micro_batch_size=self.micro_batch_size, forward_only=True,
+                seq_length=S, micro_batch_size=self._rows_per_micro_batch(), forward_only=True,
             )
         return [d["value"] for d in store] if self._ps.is_pipeline_last_stage() else []
 
@@ -428,8 +419,8 @@ class MegatronBackend:
                     rider_out = []
                     for (name, model, _), rows in zip(riders, mb["rider_rows"]):
                         with self.teacher_clock.measure() if name == "teacher" else contextlib.nullcontext():
-                            rider_out.append(model(rows.tokens, rows.positions, None))
-                out = m(mb["rows"].tokens, mb["rows"].positions, None)
+                            rider_out.append(model(rows.tokens, rows.positions, None, packed_seq_params=rows.packed))
+                out = m(mb["rows"].tokens, mb["rows"].positions, None, packed_seq_params=mb["rows"].packed)
             if not last and riders:
                 out = torch.cat([out, *rider_out], dim=1)
             return out, partial(hidden_adapter if from_hidden else loss_adapter, mb, rider_out)
@@ -440,7 +431,7 @@ class MegatronBackend:
         self.policy.train()
         get_forward_backward_func()(
             forward_step_func=step, data_iterator=iter(micro), model=[self.policy], num_microbatches=len(micro),
-            seq_length=S, micro_batch_size=self.micro_batch_size * (1 + len(riders)), forward_only=False,
+            seq_length=S, micro_batch_size=self._rows_per_micro_batch() * (1 + len(riders)), forward_only=False,
         )
         self.policy.eval()
         for _, model, _ in riders:
@@ -466,7 +457,7 @@ class MegatronBackend:
             start=self.vocab_start, vocab=self.spec.vocab_size, tp_group=self.tp_group, impl=d.kernel_impl,
             temperature=self.logit_temperature,
         )
-        h_s = heads.response_hidden(hidden, rows.gather_index, self.tp_group, sp)
+        h_s = heads.response_hidden(hidden, rows, self.tp_group, sp)
         w_s = heads.output_weight(self.policy, self.vocab_width)
         out: dict[str, torch.Tensor] = {}
         if requires & {"logprobs", "entropy"}:
@@ -476,7 +467,7 @@ class MegatronBackend:
                 out["entropy"] = ent
         for (name, model, _), rrows, rh in zip(riders, mb["rider_rows"], rider_hidden):
             with torch.no_grad():
-                h_r = heads.response_hidden(rh, rrows.gather_index, self.tp_group, sp)
+                h_r = heads.response_hidden(rh, rrows, self.tp_group, sp)
                 w_r = heads.output_weight(model, self.vocab_width)
                 if name == "reference" or "teacher_logprobs" in requires:
                     key = "ref_logprobs" if name == "reference" else "teacher_logprobs"

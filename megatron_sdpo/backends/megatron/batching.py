@@ -1,6 +1,12 @@
-"""Token layout of the megatron backend: one right-padded row per sample.
+"""Token layout of the megatron backend: packed rows (the default) or one right-padded row per sample.
 
-Each row is prompt + response, right-padded to the micro-batch's common length S. With causal
+Packed (`build_packed_rows`, packed.py): a micro-batch's samples end to end in one row [1, W],
+THD params delimiting them; `gather_index` [b, T] holds each response token's predicting column
+in that row. Under pipeline parallelism W is one width for the whole step (every micro-batch and
+the riders' rows), as the stages' P2P buffers need one shape; otherwise each row is as wide as
+its samples.
+
+Padded: each row is prompt + response, right-padded to the micro-batch's common length S. With causal
 attention, right padding never changes the real tokens' outputs, so no attention mask and no
 position shift is needed (positions are 0..S-1 for every row). Response token j of sample i is
 predicted at column len(prompt_i) + j - 1; `gather_index` holds those columns, [b, T]. Every
@@ -10,6 +16,7 @@ once per step.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, Optional
 
 import torch
 
@@ -18,12 +25,22 @@ from megatron_sdpo.errors import DataError
 
 @dataclass
 class Rows:
-    """tokens / positions: [b, S] int64; gather_index / targets: [b, T] int64."""
+    """tokens / positions: [r, S] int64 (r = b padded, 1 packed); gather_index / targets:
+    [b, T] int64; packed: the THD params of a packed row (packed.VarlenParams), else None."""
 
     tokens: torch.Tensor
     positions: torch.Tensor
     gather_index: torch.Tensor
     targets: torch.Tensor
+    packed: Optional[Any] = None
+
+    def select(self, x: torch.Tensor) -> torch.Tensor:
+        """[r, S, D] per-column values of these rows -> [b, T, D] at the columns predicting the
+        response tokens (an index, so the backward scatters into the columns)."""
+        b, T = self.gather_index.shape
+        if self.packed is not None:
+            return x[0].index_select(0, self.gather_index.reshape(-1)).view(b, T, x.shape[-1])
+        return x.gather(1, self.gather_index.unsqueeze(-1).expand(-1, -1, x.shape[-1]))
 
 
 # Transformer Engine's FP8 GEMMs need every dimension, the token count included, to be a
@@ -66,6 +83,26 @@ def build_rows(
     return Rows(as_long(tokens), positions, as_long(gather), as_long(targets))
 
 
+def packed_len(prompts: list[list[int]], responses: list[list[int]]) -> int:
+    """Tokens of these samples end to end (a packed row's real part)."""
+    return sum(len(p) + len(r) for p, r in zip(prompts, responses))
+
+
+def build_packed_rows(
+    prompts: list[list[int]], responses: list[list[int]], T: int, W: int, pad_id: int, device: torch.device
+) -> Rows:
+    """One packed row [1, W] of these samples (W >= `packed_len`, the step's common width) with
+    its THD params; positions restart at 0 at each sample."""
+    from megatron_sdpo.backends.megatron.packed import segment_lengths, varlen_params
+    from megatron_sdpo.backends.varlen import pack_varlen
+
+    if packed_len(prompts, responses) > W:
+        raise DataError(f"{len(prompts)} samples ({packed_len(prompts, responses)} tokens) do not fit a row of W={W}")
+    v = pack_varlen(prompts, responses, response_len=T, pad_id=pad_id, row_tokens=0, width=W, device=device)
+    params = varlen_params(segment_lengths([len(p) + len(r) for p, r in zip(prompts, responses)], W), device)
+    return Rows(v.input_ids, v.position_ids, v.hidden_index, v.response_ids, packed=params)
+
+
 def micro_batches(idx: list[int], size: int, equal: bool) -> list[list[int]]:
     """Split `idx` into micro-batches of `size`; with `equal` the last one is padded with -1
     (a dummy row whose tensors are zero), as the pipeline schedule needs one shape."""
@@ -73,3 +110,48 @@ def micro_batches(idx: list[int], size: int, equal: bool) -> list[list[int]]:
     if equal and out and len(out[-1]) < size:
         out[-1] = out[-1] + [-1] * (size - len(out[-1]))
     return out
+
+
+def micro_batch_dicts(
+    batch, T: int, prompts: list[list[int]], local: list[int], riders: tuple = (), *, size: int, equal: bool,
+    packed: bool, multiple: int, pad_id: int, device: torch.device,
+) -> tuple[list[dict], int]:
+    """Micro-batches of `size` samples out of this DP rank's samples `local` of `batch` (a
+    SequenceBatch), rows built from `prompts`; `riders` are further prompt lists (teacher,
+    reference) built into `rider_rows` with the same samples and the same row length S (their
+    hidden states share P2P buffers): one packed row per micro-batch (`packed`), or one padded
+    row per sample. `equal` (pipeline parallelism: the stages exchange buffers of one shape) pads
+    the last micro-batch with dummy samples whose tensors are zero and gives every packed row the
+    step's common width; without it each packed row is as wide as its samples (rounded up to
+    `multiple`). Returns (micro-batch dicts, S: the row length, the widest where they differ)."""
+    groups = micro_batches(local, size, equal=equal)
+    # Dummy rows (-1) repeat the micro-batch's first real sample.
+    filled = [[i if i >= 0 else [j for j in g if j >= 0][0] for i in g] for g in groups]
+    if packed:
+        def width(idx: list[int], lists) -> int:
+            w = max(packed_len([p[i] for i in idx], [batch.response_ids[i] for i in idx]) for p in lists)
+            return -(-w // multiple) * multiple
+
+        S = max(width(idx, (prompts, *riders)) for idx in filled)
+        build = build_packed_rows
+    else:
+        responses = [batch.response_ids[i] for i in local]
+        S = max(seq_len([p[i] for i in local], responses, multiple) for p in (prompts, *riders))
+        build = build_rows
+    out = []
+    for g, rows_idx in zip(groups, filled):
+        real = [i for i in g if i >= 0]
+        resp = [batch.response_ids[i] for i in rows_idx]
+        if packed and not equal:
+            rows = build([prompts[i] for i in rows_idx], resp, T, width(rows_idx, (prompts,)), pad_id, device)
+            rider_rows = [build([p[i] for i in rows_idx], resp, T, width(rows_idx, (p,)), pad_id, device) for p in riders]
+        else:
+            rows = build([prompts[i] for i in rows_idx], resp, T, S, pad_id, device)
+            rider_rows = [build([p[i] for i in rows_idx], resp, T, S, pad_id, device) for p in riders]
+        keep = torch.tensor([1.0 if i >= 0 else 0.0 for i in g], device=device)
+        tensors = {}
+        for k, v in batch.tensors.items():
+            t = v[rows_idx].to(device, copy=True)
+            tensors[k] = t * keep.view(-1, *([1] * (t.ndim - 1))).to(t.dtype) if (keep == 0).any() else t
+        out.append({"rows": rows, "rider_rows": rider_rows, "tensors": tensors, "n_real": len(real)})
+    return out, S

@@ -58,17 +58,15 @@ def output_weight(model, width: int) -> torch.Tensor:
     return w[:width]
 
 
-def response_hidden(hidden: torch.Tensor, gather_index: torch.Tensor, tp_group, sequence_parallel: bool) -> torch.Tensor:
-    """Decoder output `[s, b, H]` (s = S / tp under sequence parallelism) -> the states that
-    predict each response token, `[b * T, H]` (gather_index `[b, T]` columns of the rows)."""
+def response_hidden(hidden: torch.Tensor, rows, tp_group, sequence_parallel: bool) -> torch.Tensor:
+    """Decoder output `[s, r, H]` (s = S / tp under sequence parallelism) of `rows`
+    (batching.Rows) -> the states that predict each response token, `[b * T, H]`."""
     if sequence_parallel:
         from megatron.core.tensor_parallel import gather_from_sequence_parallel_region
 
         # Split backward: the kernels already summed this gradient over the TP group.
         hidden = gather_from_sequence_parallel_region(hidden, tensor_parallel_output_grad=False, group=tp_group)
-    h = hidden.transpose(0, 1)  # [b, S, H]
-    idx = gather_index.unsqueeze(-1).expand(-1, -1, h.shape[-1])
-    return h.gather(1, idx).reshape(-1, h.shape[-1])
+    return rows.select(hidden.transpose(0, 1)).reshape(-1, hidden.shape[-1])
 
 
 def check_requires(requires: frozenset) -> None:

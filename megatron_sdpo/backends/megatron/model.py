@@ -120,9 +120,10 @@ def transformer_config(
 
 
 def layer_spec(spec: ModelSpec, use_te: bool):
-    """The GPT layer spec of pre-norm models: TE modules (fused norms, FP8-capable linears) or
-    local modules with this project's RMSNorm (megatron's torch-norm fallback refuses sequence
-    parallelism). (Olmo: `olmo.block_spec`, one spec per layer.)"""
+    """The GPT layer spec of pre-norm models: TE modules (fused norms, FP8-capable linears,
+    varlen attention) or local modules with this project's RMSNorm (megatron's torch-norm
+    fallback refuses sequence parallelism) and core attention that takes packed rows.
+    (Olmo: `olmo.block_spec`, one spec per layer.)"""
     from megatron.core.models.gpt import gpt_layer_specs as specs
 
     if spec.norm_placement != "pre":
@@ -130,12 +131,22 @@ def layer_spec(spec: ModelSpec, use_te: bool):
     qk = spec.qk_norm == "head"
     if use_te:
         return specs.get_gpt_layer_with_transformer_engine_spec(qk_layernorm=qk)
+    from megatron_sdpo.backends.megatron.packed import VarlenDotProductAttention
+
     layer = specs.get_gpt_layer_local_spec(qk_layernorm=qk, normalization="RMSNorm")
     sub = layer.submodules
     sub.input_layernorm = sub.pre_mlp_layernorm = RMSNorm
+    # megatron's local attention plus packed (THD) rows (packed.py).
+    sub.self_attention.submodules.core_attention = VarlenDotProductAttention
     if qk:
         sub.self_attention.submodules.q_layernorm = sub.self_attention.submodules.k_layernorm = RMSNorm
     return layer
+
+
+def supports_packing(spec: ModelSpec) -> bool:
+    """Whether this model's layers take packed (THD) rows: the pre-norm spec's do; Olmo's
+    attention applies its per-layer ropes itself, over the padded layout only."""
+    return spec.norm_placement == "pre" and not spec.ropes
 
 
 def block_spec(spec: ModelSpec, config, use_te: bool, pp_rank: int):

@@ -72,7 +72,6 @@ def test_a_section_given_by_name_keeps_its_other_keys(tmp_path):
         ("algorithm.sdpo.context.feedback_domains=[poetry]", "feedback_domains.0"),
         ("teacher.reset_at_stage=always", "teacher.reset_at_stage"),
         ("backend.pack_row_tokens=-1", "backend.pack_row_tokens"),
-        ("backend.packing=true backend.name=megatron", "backend.packing"),
         ("backend.share_prompts=true backend.packing=false", "backend.share_prompts"),
         ("backend.share_prompts=true backend.name=megatron", "backend.share_prompts"),
     ],
