@@ -19,11 +19,11 @@ multiplies by (micro-batches x DP size). The gradient is then that of the global
 the micro-batch count or DP size.
 
 Packed rows (`packing`, on by default where the layers take them): each micro-batch's samples
-end to end in one row of the step's common width, megatron's THD packed-sequence params marking
-where each sample starts (packed.py, batching.py). Transformer Engine's varlen attention runs
-them on GPU; on CPU the local layer spec's core attention does. Olmo's layers take the padded
-layout only (their attention applies per-layer ropes itself). The riders' rows are packed with
-the same width, so their hidden states still share the P2P buffers.
+end to end in one row, megatron's THD packed-sequence params marking where each sample starts
+(packed.py, batching.py). Transformer Engine's varlen attention runs them on GPU; on CPU the
+local layer spec's core attention does. Under pipeline parallelism every row of a step (the
+riders' too) has the step's common width, so hidden states still share the P2P buffers. Olmo's
+layers take the padded layout only (their attention applies per-layer ropes itself).
 """
 from __future__ import annotations
 
@@ -273,8 +273,8 @@ class MegatronBackend:
 
     # ------------------------------------------------------------------ forward pieces
     def _response_shard(self, logits: torch.Tensor, rows: batching.Rows) -> torch.Tensor:
-        """[b, S, V/tp] model output -> [b, T, width] fp32 logits / logit_temperature predicting
-        response tokens, padded vocabulary columns cut off."""
+        """[r, S, V/tp] model output of `rows` (r = 1 packed) -> [b, T, width] fp32 logits /
+        logit_temperature predicting response tokens, padded vocabulary columns cut off."""
         shard = rows.select(logits)[..., : self.vocab_width].float()
         return shard if self.logit_temperature == 1.0 else shard / self.logit_temperature
 
