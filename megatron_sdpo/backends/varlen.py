@@ -107,9 +107,9 @@ def pack_varlen(
 
     `response_len` is the global T (as in `layout.pack`); `multiple` rounds the row width W up
     (tensor parallelism with sequence parallelism splits the sequence over ranks, FP8 GEMMs
-    want multiples of 16); `width` is a lower bound on W (the megatron backend gives every
-    micro-batch of a step one width, as the pipeline's P2P buffers need). Tensors are built as
-    Python lists and copied once each."""
+    want multiples of 16); `width` is a lower bound on W (the megatron backend's packed rows
+    under pipeline parallelism share the step's width). Tensors are built as Python lists and
+    copied once each."""
     if len(prompts) != len(responses):
         raise DataError(f"{len(prompts)} prompts but {len(responses)} responses")
     if not prompts:

@@ -16,11 +16,14 @@ once per step.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Optional
 
 import torch
 
 from megatron_sdpo.errors import DataError
+
+if TYPE_CHECKING:  # packed.py imports megatron-core
+    from megatron_sdpo.backends.megatron.packed import VarlenParams
 
 
 @dataclass
@@ -32,7 +35,7 @@ class Rows:
     positions: torch.Tensor
     gather_index: torch.Tensor
     targets: torch.Tensor
-    packed: Optional[Any] = None
+    packed: Optional["VarlenParams"] = None
 
     def select(self, x: torch.Tensor) -> torch.Tensor:
         """[r, S, D] per-column values of these rows -> [b, T, D] at the columns predicting the
@@ -118,36 +121,35 @@ def micro_batch_dicts(
 ) -> tuple[list[dict], int]:
     """Micro-batches of `size` samples out of this DP rank's samples `local` of `batch` (a
     SequenceBatch), rows built from `prompts`; `riders` are further prompt lists (teacher,
-    reference) built into `rider_rows` with the same samples and the same row length S (their
-    hidden states share P2P buffers): one packed row per micro-batch (`packed`), or one padded
-    row per sample. `equal` (pipeline parallelism: the stages exchange buffers of one shape) pads
+    reference) built into `rider_rows` with the same samples: one packed row per micro-batch
+    (`packed`), or one padded row per sample (padded rows of a step share one length S). `equal` (pipeline parallelism: the stages exchange buffers of one shape) pads
     the last micro-batch with dummy samples whose tensors are zero and gives every packed row the
     step's common width; without it each packed row is as wide as its samples (rounded up to
     `multiple`). Returns (micro-batch dicts, S: the row length, the widest where they differ)."""
     groups = micro_batches(local, size, equal=equal)
     # Dummy rows (-1) repeat the micro-batch's first real sample.
     filled = [[i if i >= 0 else [j for j in g if j >= 0][0] for i in g] for g in groups]
+    lists = (prompts, *riders)
     if packed:
-        def width(idx: list[int], lists) -> int:
-            w = max(packed_len([p[i] for i in idx], [batch.response_ids[i] for i in idx]) for p in lists)
-            return -(-w // multiple) * multiple
-
-        S = max(width(idx, (prompts, *riders)) for idx in filled)
+        # [micro-batch][student, riders...]: each row's own width, rounded up to `multiple`.
+        widths = [
+            [-(-packed_len([p[i] for i in idx], [batch.response_ids[i] for i in idx]) // multiple) * multiple for p in lists]
+            for idx in filled
+        ]
+        S = max(max(w) for w in widths)
+        if equal:
+            widths = [[S] * len(lists) for _ in filled]
         build = build_packed_rows
     else:
         responses = [batch.response_ids[i] for i in local]
-        S = max(seq_len([p[i] for i in local], responses, multiple) for p in (prompts, *riders))
+        S = max(seq_len([p[i] for i in local], responses, multiple) for p in lists)
+        widths = [[S] * len(lists) for _ in filled]
         build = build_rows
     out = []
-    for g, rows_idx in zip(groups, filled):
+    for g, rows_idx, row_widths in zip(groups, filled, widths):
         real = [i for i in g if i >= 0]
         resp = [batch.response_ids[i] for i in rows_idx]
-        if packed and not equal:
-            rows = build([prompts[i] for i in rows_idx], resp, T, width(rows_idx, (prompts,)), pad_id, device)
-            rider_rows = [build([p[i] for i in rows_idx], resp, T, width(rows_idx, (p,)), pad_id, device) for p in riders]
-        else:
-            rows = build([prompts[i] for i in rows_idx], resp, T, S, pad_id, device)
-            rider_rows = [build([p[i] for i in rows_idx], resp, T, S, pad_id, device) for p in riders]
+        rows, *rider_rows = [build([p[i] for i in rows_idx], resp, T, w, pad_id, device) for p, w in zip(lists, row_widths)]
         keep = torch.tensor([1.0 if i >= 0 else 0.0 for i in g], device=device)
         tensors = {}
         for k, v in batch.tensors.items():
