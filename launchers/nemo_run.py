@@ -46,6 +46,7 @@ REPO_ROOT = _HERE.parent
 if str(REPO_ROOT) not in sys.path:  # run as a script from a checkout that is not installed
     sys.path.insert(0, str(REPO_ROOT))
 
+from megatron_sdpo.config.backend_spec import backend_spec  # noqa: E402
 from megatron_sdpo.errors import ConfigError, DataError, UserError, require  # noqa: E402
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -92,7 +93,7 @@ def processes_per_node(cfg: "RunConfig", requested: int | None = None) -> int:
         raise ConfigError(f"--nproc-per-node must be >= 1, got {requested}")
     if cfg.launch.nodes < 1:
         raise ConfigError(f"launch.nodes must be >= 1, got {cfg.launch.nodes}")
-    default = cfg.launch.gpus_per_node if cfg.backend.name == "megatron" else 1
+    default = cfg.launch.gpus_per_node if backend_spec(cfg.backend.name).model_parallel else 1
     nproc = requested if requested is not None else default
     if nproc < 1:
         raise ConfigError(f"launch.gpus_per_node must be >= 1, got {nproc}")

@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 
 from megatron_sdpo.config.algorithm_spec import algorithm_spec
+from megatron_sdpo.config.backend_spec import backend_spec
 from megatron_sdpo.config.schema import RunConfig
 from megatron_sdpo.errors import ConfigError, UserError
 
@@ -79,9 +80,10 @@ def make_backend(cfg: RunConfig, model_path: str, tokenizer):
     if b.name == "hf":
         from megatron_sdpo.backends.hf import HFBackend
 
+        spec = backend_spec(b.name)
         return HFBackend(
-            model_path, dtype=cfg.model.dtype, packing=b.packed(), pack_row_tokens=b.pack_row_tokens,
-            share_prompts=b.prompts_shared(), **common,
+            model_path, dtype=cfg.model.dtype, packing=bool(spec.packing(b)), pack_row_tokens=b.pack_row_tokens,
+            share_prompts=spec.share_prompts(b), **common,
         )
     if b.name == "megatron":
         return _megatron_backend(cfg, model_path, common)
@@ -96,8 +98,6 @@ def _megatron_backend(cfg: RunConfig, model_path: str, common: dict):
     from megatron_sdpo.backends.megatron.precision import PrecisionConfig
 
     m = cfg.backend.megatron
-    if not m.fp8.keep_lm_head_bf16:
-        raise ConfigError("backend.megatron.fp8.keep_lm_head_bf16=False: the LM head is never FP8 here")
     recipe = None if m.fp8.recipe == "none" else m.fp8.recipe
     options = ModelOptions(
         precision=PrecisionConfig(params=m.params_dtype, fp8=recipe, fp8_format=m.fp8.fp8_format if recipe else None),
@@ -110,8 +110,8 @@ def _megatron_backend(cfg: RunConfig, model_path: str, common: dict):
         parallel=ParallelConfig(tp=m.tensor_parallel, pp=m.pipeline_parallel, sequence_parallel=m.sequence_parallel),
         options=options,
         distributed_optimizer=m.distributed_optimizer,
-        # null: the backend packs wherever the model's layers take packed rows.
-        packing=cfg.backend.packing,
+        # None: the backend packs wherever the model's layers take packed rows.
+        packing=backend_spec(cfg.backend.name).packing(cfg.backend),
         **common,
     )
 

@@ -51,7 +51,14 @@ def cmd_run(args) -> int:
     log_file = route_engine_logs(out, verbose=args.verbose)  # after the run directory passed its checks
     if log_file is not None and run.main and not args.quiet:
         print(f"engine logs (vLLM, transformers): {log_file}  (--verbose shows them here)", flush=True)
-    run.run()
+    from megatron_sdpo.stop_request import StopRequested
+
+    try:
+        run.run()
+    except StopRequested as exc:
+        if run.main:
+            print(f"{exc}: {out}", file=sys.stderr)
+        return 128 + exc.signum  # what the signal's default action would have given
     print(f"run directory: {out}")
     return 0
 

@@ -8,18 +8,22 @@ from __future__ import annotations
 import json
 import random
 import shutil
+import signal
 import time
 from pathlib import Path
 
 import torch
 
 from megatron_sdpo import builders, ranks
-from megatron_sdpo.config.loader import dump_yaml, load_config
+from megatron_sdpo.algorithms.blend import TeacherBlend
+from megatron_sdpo.algorithms.teacher import TeacherController
+from megatron_sdpo.config import dump_yaml, load_config
 from megatron_sdpo.config.schema import RunConfig
 from megatron_sdpo.data.sources import load_source
 from megatron_sdpo.evaluation import evaluate_config, load_eval_sets
 from megatron_sdpo.monitor import RunMonitor
 from megatron_sdpo.run_dir import RunDir
+from megatron_sdpo.stop_request import StopRequest, StopRequested
 from megatron_sdpo.trainer import Trainer
 
 
@@ -57,7 +61,7 @@ class ContinualRun:
         check_data_files(cfg)
         # A missing or corrupt model fails before anything is written; _setup loads this path.
         self.model_path = builders.resolve_model_path(cfg)
-        ranks.init_if_launched()
+        ranks.init_if_launched(cfg.launch.distributed_timeout_minutes)
         self.main = ranks.is_main()
         self.run_dir = RunDir(out_dir)
         if self.main:
@@ -92,8 +96,6 @@ class ContinualRun:
             cfg, self.model_path, self.tokenizer, str(self.run_dir.root / ".rollout")
         )
         self.trainer = Trainer(cfg, self.backend, self.engine, self.tokenizer)
-        from megatron_sdpo.algorithms.teacher import TeacherController
-
         self.teacher = TeacherController(
             mode=cfg.teacher.mode,
             ema_rate=cfg.teacher.ema_rate,
@@ -163,8 +165,20 @@ class ContinualRun:
 
     # -- the loop -----------------------------------------------------------------------------
     def run(self) -> RunDir:
+        """The whole run; StopRequested after saving when the scheduler asked it to stop
+        (stop_request.py)."""
+        self.stop = StopRequest()
+        try:
+            return self._run()
+        finally:
+            self.stop.uninstall()
+
+    def _run(self) -> RunDir:
         t_start = time.perf_counter()
         self._setup()
+        # After the engines start (a library may install handlers of its own); a signal before
+        # this point finds nothing to save yet and ends the process as usual.
+        self.stop.install()
         cfg = self.cfg
         start_stage, start_step = self._restore() if self.resume else (0, 0)
         rows = self.run_dir.read_eval_matrix() if self.resume else []
@@ -181,11 +195,17 @@ class ContinualRun:
                 self._stage_start(k)
             if first < stage.steps:
                 self._train_stage(k, first)
+            if first < stage.steps or stage.steps == 0:
+                # A stage of 0 steps keeps the model it starts from: its checkpoint still marks the
+                # stage done, and the stage diagnostics read its policy.
                 self._save(self._stage_label(k), k, stage.steps)
+            # The stage's checkpoint holds everything up to here; a resumed run redoes the rest.
+            self._stop_if_asked(self._stage_label(k))
             if len(rows) <= k + 1:
                 rows.append((stage.domain, self._evaluate(self._stage_label(k))))
                 self._write_matrix(rows)
             self._stage_diagnostics(k)
+            self._stop_if_asked(self._stage_label(k))
         self._finish(time.perf_counter() - t_start)
         return self.run_dir
 
@@ -199,11 +219,23 @@ class ContinualRun:
             self.backend.reset_optimizer()
         # The schedule counts optimizer steps: mini_batches per rollout step.
         self.backend.set_lr_schedule(stage.steps * cfg.algorithm.grpo.mini_batches)
-        self._teacher_action(self.teacher.on_stage_start(max(stage.steps, 1)))
+        self._teacher_update(self.teacher.on_stage_start(max(stage.steps, 1)))
 
-    def _teacher_action(self, action: str) -> None:
-        if self.trainer.uses_teacher and action != "none":
-            self.backend.teacher_update(action, rate=self.stage_cfg.teacher.ema_rate)
+    def _stop_if_asked(self, checkpoint: str) -> None:
+        """Stop when a rank received a stop signal (`checkpoint` holds the run so far); one
+        small collective."""
+        signum = self.stop.agreed()
+        if signum:
+            self._stopped(signum, checkpoint)
+
+    def _stopped(self, signum: int, checkpoint: str) -> None:
+        self.monitor.log(f"stop requested ({signal.Signals(signum).name}): checkpoint {checkpoint}; resume with --resume")
+        self.monitor.close()
+        raise StopRequested(signum, checkpoint)
+
+    def _teacher_update(self, blend: TeacherBlend) -> None:
+        if self.trainer.uses_teacher and not blend.is_identity:
+            self.backend.blend_teacher(blend)
 
     def _train_stage(self, k: int, first: int) -> None:
         cfg, stage = self.stage_cfg, self.cfg.stages[k]
@@ -228,7 +260,7 @@ class ContinualRun:
             out = self.trainer.step(
                 stage.domain, batch, seed=step_seed(cfg.seed, k, step), step=step, label=f"stage {k + 1} step {step + 1}"
             )
-            self._teacher_action(self.teacher.after_step(step + 1))
+            self._teacher_update(self.teacher.after_step(step + 1))
             stats = artifact_stats(
                 out.responses,
                 truncated=out.truncated,
@@ -247,8 +279,16 @@ class ContinualRun:
             }
             self.monitor.step(record)
             every = cfg.checkpoint.save_every
-            if every and (step + 1) % every == 0 and step + 1 < stage.steps:
+            saved = bool(every) and (step + 1) % every == 0 and step + 1 < stage.steps
+            if saved:
                 self._save(f"step_{k}_{step + 1:06d}", k, step + 1)
+            signum = self.stop.agreed() if step + 1 < stage.steps else 0
+            if signum:
+                # Honoured at the step's end on every rank at once: this step is the checkpoint.
+                name = f"step_{k}_{step + 1:06d}"
+                if not saved:
+                    self._save(name, k, step + 1)
+                self._stopped(signum, name)
             if alarm and collapse.should_stop:
                 self.monitor.log(
                     f"collapse alarm at stage {k + 1} step {step + 1}: {'; '.join(alarm.reasons)}; stopping the stage"

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from megatron_sdpo.config.algorithm_spec import algorithm_spec
+from megatron_sdpo.config.backend_spec import backend_spec
 from megatron_sdpo.config.schema import RunConfig
 from megatron_sdpo.errors import ConfigError, DataError
 
@@ -273,7 +274,7 @@ def plan(cfg: RunConfig, world_size: int | None = None, *, gpu_memory_gib: float
     if world_size is None:
         world_size, world_source = world_size_from(None)
     world_source = world_source or "given"
-    megatron = cfg.backend.name == "megatron"
+    megatron = backend_spec(cfg.backend.name).model_parallel
     m = cfg.backend.megatron
     tp, pp, sp = (m.tensor_parallel, m.pipeline_parallel, m.sequence_parallel) if megatron else (1, 1, False)
     if world_size % (tp * pp):
@@ -333,12 +334,13 @@ def _memory(cfg: RunConfig, arch: Arch, tp: int, pp: int, dp: int, rollout_tp: i
     (megatron DDP grad_reduce_in_fp32); vLLM holds 16-bit weights split over its TP and a KV
     budget of gpu_memory_utilization of the GPU minus those weights."""
     m = cfg.backend.megatron
-    bf16 = (m.params_dtype == "bfloat16") if cfg.backend.name == "megatron" else cfg.model.dtype != "float32"
+    model_parallel = backend_spec(cfg.backend.name).model_parallel
+    bf16 = (m.params_dtype == "bfloat16") if model_parallel else cfg.model.dtype != "float32"
     pbytes = 2 if bf16 else 4
     shard = arch.params / (tp * pp)
     # Adam moments (fp32) and, for 16-bit params, fp32 master weights.
     opt_per_param = 12 if bf16 else 8
-    opt_split = dp if (cfg.backend.name == "megatron" and m.distributed_optimizer) else 1
+    opt_split = dp if (model_parallel and m.distributed_optimizer) else 1
     with_teacher = algorithm_spec(cfg.algorithm.name).uses_teacher
     with_ref = cfg.algorithm.grpo.kl_coef > 0 or cfg.diagnostics.enabled
     seq = cfg.rollout.max_model_len

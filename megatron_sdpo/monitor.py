@@ -28,16 +28,25 @@ class RunMonitor:
         mode = os.environ.get("WANDB_MODE") or cfg.logging.wandb_mode
         os.environ.setdefault("WANDB_SILENT", "true")
         wandb = require("wandb", "cpu", "wandb logging")
-        from megatron_sdpo.config.loader import to_dict
+        from megatron_sdpo.config.construction import to_dict
 
-        return wandb.init(
+        kwargs = dict(
             project=cfg.logging.wandb_project,
             name=name,
             dir=str(self.run_dir.root),
             config=to_dict(cfg),
-            mode=mode,
             settings=wandb.Settings(init_timeout=30, silent=True),
         )
+        if mode != "online":
+            return wandb.init(mode=mode, **kwargs)
+        try:
+            return wandb.init(mode=mode, **kwargs)
+        except Exception as exc:  # noqa: BLE001 - wandb raises several types when its server is out of reach
+            # Compute nodes often have no route to the server: keep the run and log to the run
+            # directory (`wandb sync` uploads it later).
+            print(f"warning: wandb could not reach its server ({type(exc).__name__}: {' '.join(str(exc).split())[:200]}); "
+                  f"logging offline under {self.run_dir.root}/wandb", file=sys.stderr, flush=True)
+            return wandb.init(mode="offline", **kwargs)
 
     # -- stages -----------------------------------------------------------------------------
     def stage_start(self, label: str, total: int, done: int = 0) -> None:

@@ -7,6 +7,7 @@ the run directory.
 """
 from __future__ import annotations
 
+import datetime
 import os
 
 import torch
@@ -18,8 +19,9 @@ def launched_world_size() -> int:
     return int(os.environ.get("WORLD_SIZE", "1"))
 
 
-def init_if_launched() -> None:
-    """Join the launch's process group (gloo on CPU, NCCL on CUDA) when started by torchrun."""
+def init_if_launched(timeout_minutes: float = 30.0) -> None:
+    """Join the launch's process group (gloo on CPU, NCCL on CUDA) when started by torchrun; a
+    collective that waits `timeout_minutes` for a rank fails the job instead of hanging."""
     if launched_world_size() > 1 and not dist.is_initialized():
         from megatron_sdpo.errors import ConfigError
 
@@ -29,7 +31,7 @@ def init_if_launched() -> None:
         backend = "nccl" if torch.cuda.is_available() else "gloo"
         if backend == "nccl":
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-        dist.init_process_group(backend)
+        dist.init_process_group(backend, timeout=datetime.timedelta(minutes=timeout_minutes))
 
 
 def rank() -> int:

@@ -13,6 +13,7 @@ from pathlib import Path
 from megatron_sdpo.config.algorithm_spec import algorithm_spec
 from megatron_sdpo.run_dir import RunDir
 
+
 def _fmt(v, digits: int = 3) -> str:
     if v is None or (isinstance(v, float) and math.isnan(v)):
         return "–"

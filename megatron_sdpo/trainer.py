@@ -11,10 +11,12 @@ from dataclasses import dataclass
 import torch
 
 from megatron_sdpo.algorithms.distillation import TopkSource
-from megatron_sdpo.backends.base import SequenceBatch
+from megatron_sdpo.algorithms.minibatch import combine_step_metrics, split_groups
+from megatron_sdpo.backends.base import Backend, LossFn, SequenceBatch
 from megatron_sdpo.chat import encode_prompts, record_prompts
 from megatron_sdpo.config.algorithm_spec import algorithm_spec
 from megatron_sdpo.config.schema import RunConfig
+from megatron_sdpo.errors import ConfigError
 from megatron_sdpo.rollout.base import SamplingConfig
 from megatron_sdpo.rollout.guard import attach_guard_tensors
 from megatron_sdpo.stopwatch import PhaseTimes
@@ -39,7 +41,7 @@ def build_loss(cfg: RunConfig, *, topk_source: TopkSource):
     spec = algorithm_spec(a.name)
     g = a.grpo
     # One optimizer step per rollout batch: the behaviour policy is the current one (detached);
-    # with mini-batches the old log-probs are the rollout-time policy's (algorithms/minibatch.py).
+    # with mini-batches the old log-probs are the rollout-time policy's (minibatch_update).
     grpo = losses.GRPOLoss(
         clip_low=g.clip_low, clip_high=g.clip_high, kl_coef=g.kl_coef, tis_cap=g.tis_cap,
         on_policy=g.mini_batches == 1, dual_clip=g.dual_clip,
@@ -64,6 +66,24 @@ def build_loss(cfg: RunConfig, *, topk_source: TopkSource):
     if spec.uses_advantages:  # both terms: lam * GRPO + (1 - lam) * SDPO
         return losses.HybridLoss(sdpo=sdpo, grpo=grpo, lam=s.hybrid_lambda)
     return sdpo
+
+
+def minibatch_update(backend: Backend, batch: SequenceBatch, loss_fn: LossFn, *, mini_batches: int, group_size: int) -> dict[str, float]:
+    """`mini_batches` optimizer steps on `batch` through `backend.train_step`. With more than one,
+    "old_logprobs" [B, T] of the current (rollout-time) policy are added to the batch first and
+    the loss must read them (GRPOLoss(on_policy=False)). Returns the combined metrics, with the
+    first and last step's clip fraction and mean ratio where the loss reports them."""
+    if mini_batches == 1:
+        return backend.train_step(batch, loss_fn)
+    if loss_fn.on_policy:
+        raise ConfigError("several mini-batches need a loss that reads old_logprobs (on_policy=False)")
+    batch.tensors["old_logprobs"] = backend.logprobs(batch, model="policy").detach()
+    steps = [backend.train_step(mb, loss_fn) for mb in split_groups(batch, mini_batches, group_size)]
+    out = combine_step_metrics(steps)
+    for key in ("grpo/clip_frac", "grpo/ratio_mean"):
+        if key in steps[-1]:
+            out[f"{key}_last"] = steps[-1][key]
+    return out
 
 
 @dataclass
@@ -177,7 +197,7 @@ class Trainer:
         with times.phase("sync"):
             self.engine.wake()
             self.engine.update_weights(self.backend.export_weights(model="policy"))
-        sync_stats = dict(getattr(self.engine, "last_sync", None) or {})
+        sync_stats = dict(self.engine.last_sync)
         lengths = [len(c.token_ids) for c in comps]
         metrics = {
             "reward_mean": float(rewards.mean()),
@@ -194,8 +214,6 @@ class Trainer:
 
     def _update(self, batch: SequenceBatch) -> dict[str, float]:
         """The optimizer step(s) on one rollout batch: `algorithm.grpo.mini_batches` of them."""
-        from megatron_sdpo.algorithms.minibatch import minibatch_update
-
         from megatron_sdpo.rollout.guard import SEQ_WEIGHT, TOKEN_WEIGHT, mismatch_metrics
 
         a = self.cfg.algorithm

@@ -16,10 +16,14 @@
 # No training logic lives here: a preflight `python -m megatron_sdpo run PRESET ... --dry-run`
 # (config, layout for this allocation, data, memory; no weights) on one node, then every rank runs
 # `python -m megatron_sdpo run PRESET ...`.
-# Requeue: the job asks for USR1 ten minutes before its time limit, requeues itself and stops;
-# on preemption Slurm requeues it (--requeue). The requeued job keeps its id, finds the run
-# directory with its resolved_config.yaml and passes --resume, so training continues from the
-# last complete checkpoint (checkpoint.save_every).
+# Stopping: the job asks for USR1 ten minutes before its time limit (the #SBATCH --signal of the
+# wrappers). Either signal (USR1, or TERM from scancel or preemption) is passed on to the ranks as
+# SIGTERM; each rank finishes its step, the run saves a checkpoint at that step and exits (the
+# ranks agree on the step: megatron_sdpo/stop_request.py); torchrun waits STOP_GRACE_S seconds
+# (default 540) for that before it kills them. Only then, after USR1, does the job requeue itself;
+# a plain TERM stays cancelled, and preemption requeues through --requeue. The requeued job keeps
+# its id, finds the run directory with its resolved_config.yaml and passes --resume, so training
+# continues from the step it stopped at.
 
 set -euo pipefail
 
@@ -60,6 +64,7 @@ if [[ -z "${MASTER_ADDR}" ]]; then
 fi
 MASTER_PORT="${MASTER_PORT:-$((20000 + SLURM_JOB_ID % 20000))}"
 GPUS_PER_NODE="${GPUS_PER_NODE:-${SLURM_GPUS_ON_NODE:-8}}"
+STOP_GRACE_S="${STOP_GRACE_S:-540}"
 export MASTER_ADDR MASTER_PORT
 
 # Megatron's tensor/sequence-parallel overlap relies on one CUDA work queue per device.
@@ -88,11 +93,17 @@ SRUN_ARGS=(--nodes="${SLURM_JOB_NUM_NODES}" --ntasks-per-node=1 --kill-on-bad-ex
 
 SRUN_PID=""
 SIGNALLED=""
+REQUEUE=""
+requeue() {
+  echo "$(date '+%F %T') requeueing job ${SLURM_JOB_ID}; it resumes from ${RUN_DIR}"
+  scontrol requeue "${SLURM_JOB_ID}"
+}
+# The requeue waits for the ranks' save: requeueing first would kill the job before it is written.
 on_time_limit() {
   SIGNALLED=1
-  echo "$(date '+%F %T') time limit near: requeueing job ${SLURM_JOB_ID}; it resumes from ${RUN_DIR}"
-  scontrol requeue "${SLURM_JOB_ID}"
-  [[ -n "${SRUN_PID}" ]] || exit 0
+  REQUEUE=1
+  echo "$(date '+%F %T') time limit near: stopping job ${SLURM_JOB_ID} at the end of its step"
+  if [[ -z "${SRUN_PID}" ]]; then requeue; exit 0; fi
   kill -TERM "${SRUN_PID}" 2>/dev/null || true
 }
 # A plain TERM (scancel, preemption) is forwarded without requeueing: a cancelled job stays
@@ -124,7 +135,7 @@ fi
 srun "${SRUN_ARGS[@]}" \
   torchrun --nnodes="${SLURM_JOB_NUM_NODES}" --nproc-per-node="${GPUS_PER_NODE}" \
     --rdzv-backend=c10d --rdzv-endpoint="${MASTER_ADDR}:${MASTER_PORT}" --rdzv-id="${SLURM_JOB_ID}" \
-    --max-restarts=0 --no-python \
+    --max-restarts=0 --shutdown-timeout="${STOP_GRACE_S}" --no-python \
   python -m megatron_sdpo run "${PRESET}" "$@" --out "${RUN_DIR}" ${RESUME:+"${RESUME}"} --quiet &
 SRUN_PID=$!
 
@@ -139,4 +150,7 @@ while [[ -n "${SIGNALLED}" ]]; do
   ((again == 127)) || status="${again}"
 done
 echo "$(date '+%F %T') srun exited with status ${status}"
+if [[ -n "${REQUEUE}" ]]; then
+  requeue
+fi
 exit "${status}"

@@ -11,6 +11,7 @@ import torch
 
 from megatron_sdpo.algorithms.distillation import DistillationSpec
 from megatron_sdpo.algorithms.grpo import policy_loss
+from megatron_sdpo.algorithms.reduction import as_normalizer
 from megatron_sdpo.algorithms.sdpo import (
     importance_weights,
     reduce_token_loss,
@@ -18,7 +19,6 @@ from megatron_sdpo.algorithms.sdpo import (
     token_distillation_loss,
     topk_distillation_loss,
 )
-from megatron_sdpo.algorithms.reduction import as_normalizer
 from megatron_sdpo.errors import ConfigError
 
 SDPO_VARIANTS = ("logits", "sampled")

@@ -1,6 +1,6 @@
-"""Several optimizer steps per rollout batch (PPO/GRPO mini-batches).
+"""Several optimizer steps per rollout batch (PPO/GRPO mini-batches): the pure parts.
 
-The rollout batch is split into `n` mini-batches of whole prompt groups, in order; each is one
+The trainer (`trainer.minibatch_update`) drives the backend through them. The rollout batch is split into `n` mini-batches of whole prompt groups, in order; each is one
 optimizer step through the backend. The old log-probabilities are those of the policy that
 sampled the batch, computed once before the first update, so from the second mini-batch on the
 importance ratio differs from 1 and the clip acts (the paper's GRPO baseline: 32 prompts per
@@ -9,7 +9,7 @@ rollout in mini-batches of 8, 4 optimizer steps).
 from __future__ import annotations
 
 from megatron_sdpo.algorithms.losses import metric_reduce
-from megatron_sdpo.backends.base import LossFn, SequenceBatch
+from megatron_sdpo.backends.base import SequenceBatch
 from megatron_sdpo.errors import ConfigError
 
 # Backend step results that are counts over the mini-batches rather than per-step means.
@@ -55,22 +55,4 @@ def combine_step_metrics(steps: list[dict[str, float]]) -> dict[str, float]:
         else:
             out[name] = sum(vals) / len(vals)
     out["optimizer_steps"] = float(len(steps))
-    return out
-
-
-def minibatch_update(backend, batch: SequenceBatch, loss_fn: LossFn, *, mini_batches: int, group_size: int) -> dict[str, float]:
-    """`mini_batches` optimizer steps on `batch` through `backend.train_step`. With more than one,
-    "old_logprobs" [B, T] of the current (rollout-time) policy are added to the batch first and
-    the loss must read them (GRPOLoss(on_policy=False)). Returns the combined metrics, with the
-    first and last step's clip fraction and mean ratio where the loss reports them."""
-    if mini_batches == 1:
-        return backend.train_step(batch, loss_fn)
-    if loss_fn.on_policy:
-        raise ConfigError("several mini-batches need a loss that reads old_logprobs (on_policy=False)")
-    batch.tensors["old_logprobs"] = backend.logprobs(batch, model="policy").detach()
-    steps = [backend.train_step(mb, loss_fn) for mb in split_groups(batch, mini_batches, group_size)]
-    out = combine_step_metrics(steps)
-    for key in ("grpo/clip_frac", "grpo/ratio_mean"):
-        if key in steps[-1]:
-            out[f"{key}_last"] = steps[-1][key]
     return out

@@ -19,7 +19,9 @@ from typing import Iterator, Protocol, runtime_checkable
 
 import torch
 
+from megatron_sdpo.algorithms.blend import TeacherBlend
 from megatron_sdpo.algorithms.distillation import DistillationSpec, TopkSource
+from megatron_sdpo.backends.schedule import LRSchedule
 
 # Quantities a loss can ask for; each is aligned to response tokens: shape [B, T] or [B, T, V].
 REQUIRES = frozenset(
@@ -122,7 +124,7 @@ class LossFn(Protocol):
     top-k and its source, mask key, fused kernel or not): the one place a backend reads those
     settings; None for a loss that does not distill. `on_policy` is True when the loss takes the
     current policy's detached log-probabilities as the behaviour policy, which holds only for
-    one optimizer step per batch (`algorithms.minibatch` refuses it with several).
+    one optimizer step per batch (`trainer.minibatch_update` refuses it with several).
     """
 
     requires: frozenset
@@ -142,7 +144,8 @@ class LossFn(Protocol):
 
 
 class Backend(Protocol):
-    """Training engine seam (HF transformers + torch DDP, or megatron-core).
+    """Training engine seam (HF transformers + torch DDP, or megatron-core). Backends subclass
+    it to declare conformance; a conformance test checks that each defines every member itself.
 
     `topk_source` is a capability: where this backend picks the student's top-k ids for top-k
     distillation ("logits": it can hand the loss [B, T, V] logits and the loss picks them;
@@ -163,8 +166,12 @@ class Backend(Protocol):
     def export_weights(self, *, model: str = "policy") -> Iterator[tuple[str, torch.Tensor]]:
         """Stream (HF name, full tensor) pairs, gathered across TP/PP, one tensor at a time."""
 
-    def teacher_update(self, action: str, *, rate: float = 0.0) -> None:
-        """Apply a teacher-control action: "ema" (rate), "copy" (student -> teacher), "none"."""
+    def blend_teacher(self, blend: TeacherBlend) -> None:
+        """Apply a teacher update (algorithms/blend.py) to the teacher's local shards: its fp32
+        truth becomes the blend of the policy's fp32 truth, itself and the base model."""
+
+    def configure_optimizer(self, *, lr: float, weight_decay: float, grad_clip: float, lr_schedule: LRSchedule) -> None:
+        """A stage's optimizer settings; they take effect at the next `set_lr_schedule` / step."""
 
     def reset_optimizer(self) -> None:
         """Fresh optimizer state (used at stage boundaries)."""

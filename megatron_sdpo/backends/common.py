@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from megatron_sdpo.algorithms.blend import TeacherBlend
 from megatron_sdpo.algorithms.losses import metric_reduce
 from megatron_sdpo.backends.base import SequenceBatch
 from megatron_sdpo.errors import ConfigError, DataError
@@ -45,6 +46,24 @@ def resolve_pad_id(pad_token_id: int | None, hf_config) -> int:
     if isinstance(pad_token_id, (list, tuple)):
         pad_token_id = pad_token_id[0]
     return int(pad_token_id) if pad_token_id is not None else 0
+
+
+def blend_sources(blend: TeacherBlend, policy: list[torch.Tensor], reference: list[torch.Tensor] | None) -> dict | None:
+    """The weight lists `blend_` reads for `blend`: the policy's fp32 truth and the resident
+    reference's params (the base model). None when the blend replaces the teacher with the base
+    and no reference is resident: the caller then loads the base from its directory. A blend
+    that mixes the base into something else needs the reference resident."""
+    if blend.reference and reference is None:
+        if blend.reference < 1.0:
+            raise ConfigError(
+                f"the teacher update {blend} mixes in the base model, which needs the reference resident "
+                "(diagnostics.enabled=true or algorithm.grpo.kl_coef > 0)"
+            )
+        return None
+    sources = {"policy": policy}
+    if reference is not None:
+        sources["reference"] = reference
+    return sources
 
 
 def named_model(name: str, models: dict):

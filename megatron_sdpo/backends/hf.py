@@ -14,9 +14,7 @@ function of the weights.
 from __future__ import annotations
 
 import copy
-import json
 import random
-import shutil
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Iterator
@@ -27,17 +25,16 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from megatron_sdpo.algorithms.blend import TeacherBlend, blend_, copy_
 from megatron_sdpo.algorithms.distillation import DistillationSpec, TopkSource, distillation_of
-from megatron_sdpo.algorithms.teacher import apply_action_, copy_
-from megatron_sdpo.backends.base import REQUIRES, LossFn, SequenceBatch
+from megatron_sdpo.backends import hf_checkpoint
+from megatron_sdpo.backends.base import REQUIRES, Backend, LossFn, SequenceBatch
 from megatron_sdpo.backends.checkpoint import (
-    atomic_checkpoint_dir,
-    check_complete,
     load_hf_weights,
-    torch_load,
 )
 from megatron_sdpo.backends.common import (
     MetricSums,
+    blend_sources,
     check_backend_args,
     checked_batch,
     dp_sizes,
@@ -49,19 +46,12 @@ from megatron_sdpo.backends.common import (
 from megatron_sdpo.backends.layout import pack, token_entropy, token_logprobs
 from megatron_sdpo.backends.schedule import LRSchedule
 from megatron_sdpo.backends.varlen import gather_hidden, pack_varlen
-from megatron_sdpo.errors import CheckpointError, ConfigError
+from megatron_sdpo.config.backend_spec import BACKENDS
+from megatron_sdpo.errors import ConfigError
 from megatron_sdpo.stopwatch import Stopwatch
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _TEACHER_NEEDS = {"teacher_logits", "teacher_logprobs", "topk_logprobs", "teacher_topk_logprobs"}
-_TOKENIZER_FILES = (
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "vocab.json",
-    "merges.txt",
-    "chat_template.jinja",
-)
 
 
 def _resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
@@ -139,7 +129,7 @@ def _topk_logprobs(logits: torch.Tensor, t_logits: torch.Tensor, spec: Distillat
     return top_s, top_t
 
 
-class HFBackend:
+class HFBackend(Backend):
     """Policy + teacher (+ optional frozen reference) transformers causal LMs trained with AdamW.
 
     `micro_batch_size` counts samples per forward/backward on one rank. With
@@ -149,7 +139,7 @@ class HFBackend:
     packing) samples with identical prompts (a group) share one copy of the prompt as well."""
 
     # Full [B, T, V] logits are at hand: a top-k loss picks its ids from them.
-    topk_source: TopkSource = "logits"
+    topk_source: TopkSource = BACKENDS["hf"].topk_source
 
     def __init__(
         self,
@@ -492,22 +482,21 @@ class HFBackend:
         for p, m in zip(self.policy.parameters(), self._masters):
             p.copy_(m)
 
-    def teacher_update(self, action: str, *, rate: float = 0.0) -> None:
-        """"ema": θ_T ← (1-rate)·θ_T + rate·θ_S; "copy": θ_T ← θ_S; "none": nothing.
-        θ_S is the student's fp32 truth (master weights in bf16); with a bf16 teacher the update
-        is applied to its fp32 shadow, which is then rounded once into the teacher."""
-        if action == "none":
+    def blend_teacher(self, blend: TeacherBlend) -> None:
+        """Apply a teacher update (algorithms/blend.py) to the teacher's fp32 truth: its fp32
+        shadow with a bf16/fp16 model, then rounded once into the teacher; else its params. The
+        policy enters as its fp32 truth (the master weights with a bf16 model)."""
+        if blend.is_identity:
             return
-        if action == "base":
+        reference = None if self.reference is None else [p.detach() for p in self.reference.parameters()]
+        sources = blend_sources(blend, self.fp32_weights("policy"), reference)
+        if sources is None:
             self.teacher_from_base()
             return
-        teacher = list(self._model("teacher").parameters())
-        student = self.fp32_weights("policy")
-        if self._teacher_fp32 is None:
-            apply_action_(action, teacher, student, rate=rate)
-            return
-        apply_action_(action, self._teacher_fp32, student, rate=rate)
-        copy_(teacher, self._teacher_fp32)
+        teacher = [p.detach() for p in self._model("teacher").parameters()]
+        blend_(self._teacher_fp32 if self._teacher_fp32 is not None else teacher, sources, blend)
+        if self._teacher_fp32 is not None:
+            copy_(teacher, self._teacher_fp32)
 
     def teacher_from_base(self) -> None:
         """Teacher <- the base model (the HF directory this backend was built from)."""
@@ -538,79 +527,9 @@ class HFBackend:
     def save(self, path: str, *, extra: dict | None = None) -> None:
         """Writes policy/ and teacher/ (HF safetensors dirs), reference/ when present,
         optimizer.pt, rng.pt, extra.json and a COMPLETE marker, atomically (rank 0 writes)."""
-        extra = dict(extra or {})
-        json.dumps(extra)  # fail before writing anything if extra is not JSON-serializable
-        if self.rank == 0:
-            with atomic_checkpoint_dir(path) as tmp:
-                for name in ("policy", "teacher", "reference"):
-                    m = getattr(self, name)
-                    if m is not None:
-                        m.save_pretrained(str(tmp / name), safe_serialization=True)
-                        self._copy_tokenizer(tmp / name)
-                torch.save(
-                    {"optimizer": self.optimizer.state_dict(), "step": self.step, "lr_schedule": list(self._sched)},
-                    tmp / "optimizer.pt",
-                )
-                if self._masters is not None:
-                    torch.save(
-                        {
-                            "masters": [m.detach() for m in self._masters],
-                            "teacher": self._teacher_fp32,
-                        },
-                        tmp / "fp32_state.pt",
-                    )
-                torch.save(
-                    {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()},
-                    tmp / "rng.pt",
-                )
-                (tmp / "extra.json").write_text(json.dumps(extra))
-        if self.world > 1:
-            dist.barrier()
-
-    @torch.no_grad()
-    def _load_fp32_state(self, root: Path) -> None:
-        """Restore the fp32 masters / teacher shadow saved next to the bf16 weights; without
-        that file (a checkpoint written in fp32, or an HF directory) they restart from the
-        weights just loaded."""
-        if self._masters is None:
-            return
-        f = root / "fp32_state.pt"
-        state = torch_load(f) if f.is_file() else {}
-        masters = state.get("masters") or [p.detach() for p in self.policy.parameters()]
-        copy_(self._masters, masters)
-        if self._teacher_fp32 is not None:
-            shadow = state.get("teacher") or [p.detach() for p in self.teacher.parameters()]
-            copy_(self._teacher_fp32, shadow)
-
-    def _copy_tokenizer(self, dest: Path) -> None:
-        for f in _TOKENIZER_FILES:
-            src = Path(self.model_path, f)
-            if src.is_file():
-                shutil.copyfile(src, dest / f)
+        hf_checkpoint.save(self, path, extra=extra)
 
     def load(self, path: str, *, weights_only: bool = False) -> dict:
         """Restores a checkpoint written by `save`; returns its extra dict. weights_only loads
         policy and teacher weights only (stage transitions keep the fresh optimizer/RNG)."""
-        root = check_complete(path)
-        load_hf_weights(self.policy, root / "policy")
-        if self.teacher is not None:
-            load_hf_weights(self.teacher, root / "teacher")
-        self._load_fp32_state(root)
-        try:
-            extra = json.loads((root / "extra.json").read_text())
-        except (OSError, ValueError) as exc:
-            raise CheckpointError(f"checkpoint {path}: unreadable extra.json ({exc})") from None
-        if weights_only:
-            return extra
-        if self.reference is not None and (root / "reference").is_dir():
-            load_hf_weights(self.reference, root / "reference")
-        opt = torch_load(root / "optimizer.pt")
-        self.optimizer = self._make_optimizer()
-        self.optimizer.load_state_dict(opt["optimizer"])
-        self.step = int(opt["step"])
-        self._sched = tuple(opt.get("lr_schedule", (0, None)))
-        rng = torch_load(root / "rng.pt")
-        torch.set_rng_state(rng["torch"])
-        np.random.set_state(rng["numpy"])
-        random.setstate(rng["python"])
-        return extra
+        return hf_checkpoint.load(self, path, weights_only=weights_only)

@@ -171,7 +171,6 @@ class RolloutConfig:
 class FP8Config:
     recipe: Literal["none", "delayed", "tensorwise", "blockwise", "mxfp8"] = "none"
     fp8_format: Literal["e4m3", "hybrid"] = "hybrid"
-    keep_lm_head_bf16: bool = True
 
 
 @dataclass
@@ -223,15 +222,6 @@ class BackendConfig:
     share_prompts: Optional[bool] = None
     stage_start: Literal["weights_only", "keep_optimizer"] = "weights_only"
     megatron: MegatronConfig = field(default_factory=MegatronConfig)
-
-    def packed(self) -> bool:
-        """Whether packing is asked for (`packing`, null: on; megatron still keeps the padded
-        layout for models whose layers take only that, e.g. Olmo)."""
-        return self.packing is not False
-
-    def prompts_shared(self) -> bool:
-        """Whether the packed rows share a group's prompt (`share_prompts`, null resolved)."""
-        return self.name == "hf" and self.packed() and self.share_prompts is not False
 
 
 @dataclass
@@ -298,6 +288,10 @@ class LaunchConfig:
     account: str = ""
     time: str = "04:00:00"
     container_image: str = ""
+    # How long a collective waits for a rank before the job fails (torch.distributed's process
+    # group timeout; its own default is 10 minutes under NCCL). It must exceed the longest stretch
+    # one rank works while the others wait: today the main rank's stage-end drift diagnostics.
+    distributed_timeout_minutes: float = 30.0
 
 
 @dataclass

@@ -5,8 +5,8 @@
       - {domain: code, steps: 200, teacher: {ema_rate: 0.01}, algorithm: {sdpo: {alpha: 1.0, topk: 20}}}
 
 or on the command line `stages.3.teacher.ema_rate=0.01`. The overrides are validated like the
-rest of the config when it is loaded (an unknown key is a ConfigError naming
-`stages.<i>.<section>.<key>`) and applied by the continual loop at the stage start. Settings
+rest of the config when it is loaded (config/validation.py; an unknown key is a ConfigError
+naming `stages.<i>.<section>.<key>`) and applied by the continual loop at the stage start. Settings
 that fix what the backend builds (the algorithm's name, the teacher mode, the backend and its
 parallel layout) cannot change between stages.
 """
@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from megatron_sdpo.config.construction import build, to_dict
+from megatron_sdpo.config.presets import deep_merge
 from megatron_sdpo.config.schema import RunConfig
 from megatron_sdpo.errors import ConfigError
 
@@ -37,10 +39,9 @@ def _check_allowed(section: str, over: dict, where: str) -> None:
 
 def stage_config(cfg: RunConfig, i: int) -> RunConfig:
     """The configuration stage `i` runs with: the run's config with the stage's overrides merged
-    into its sections (and no per-stage overrides left in `stages`). ConfigError naming the
-    dotted key when an override is unknown, not allowed per stage, or invalid."""
-    from megatron_sdpo.config.loader import build, deep_merge, to_dict, validate
-
+    into its sections (and no per-stage overrides left in `stages`); `cfg` itself when the
+    stage overrides nothing. ConfigError naming the dotted key when an override is unknown, not
+    allowed per stage, or of the wrong type (its values are checked by config/validation.py)."""
     stage = cfg.stages[i]
     changes = {}
     for section in SECTIONS:
@@ -56,9 +57,4 @@ def stage_config(cfg: RunConfig, i: int) -> RunConfig:
     if not changes:
         return cfg
     plain = [dataclasses.replace(s, algorithm={}, teacher={}, backend={}) for s in cfg.stages]
-    eff = dataclasses.replace(cfg, stages=plain, **changes)
-    try:
-        validate(eff)
-    except ConfigError as exc:
-        raise ConfigError(f"stages.{i} (per-stage settings): {exc}") from None
-    return eff
+    return dataclasses.replace(cfg, stages=plain, **changes)

@@ -1,7 +1,6 @@
 """Drift report between two checkpoints: drift.json + PNG plots, and its command line.
 
     megatron-sdpo drift A B --out DIR [--overlap-with C D] [--responses]
-    python tools/drift_report.py A B --out DIR
 
 Library use (the continual loop calls this after each stage):
     checkpoint_drift(prev_dir, stage_dir, out_dir=run/"drift"/f"stage_{k}")
@@ -12,9 +11,7 @@ import argparse
 import json
 import math
 import os
-import sys
 from pathlib import Path
-from typing import Sequence
 
 from megatron_sdpo.diagnostics.param_drift import parameter_drift, update_mask_overlap
 from megatron_sdpo.diagnostics.sources import SourceLike
@@ -154,7 +151,7 @@ def checkpoint_drift(
 
 
 def add_drift_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """Arguments of `drift`, shared by tools/drift_report.py and `megatron-sdpo drift`."""
+    """Arguments of `megatron-sdpo drift`."""
     parser.add_argument("a", help="first checkpoint (HF dir with *.safetensors, or a .safetensors file)")
     parser.add_argument("b", help="second checkpoint")
     parser.add_argument("--out", required=True, help="output directory for drift.json and PNGs")
@@ -223,17 +220,3 @@ def report_drift(args: argparse.Namespace) -> dict:
     result = run_drift(args)
     print(f"{_summary_line(result)} -> {os.path.join(args.out, DRIFT_FILE)}")
     return result
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of tools/drift_report.py; a user error prints one line and returns 1."""
-    parser = add_drift_arguments(
-        argparse.ArgumentParser(prog="drift_report", description="Parameter / response drift between two checkpoints")
-    )
-    args = parser.parse_args(argv)
-    try:
-        report_drift(args)
-    except UserError as exc:
-        print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)
-        return 1
-    return 0

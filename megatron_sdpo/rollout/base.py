@@ -49,6 +49,18 @@ def torch_threads(threads: int | None) -> Iterator[None]:
 
 
 class RolloutEngine(Protocol):
+    """What the trainer and the refit guard need from an engine. Engines subclass it to declare
+    conformance; a conformance test checks that each defines every member itself.
+
+    `last_sync`: metrics of the last `update_weights` (timings; {} where the engine reports
+    none). `sent_checksums` / `received_checksums`: per-tensor checksums of what the trainer sent
+    at the last refit and of what the engine's worker received ({} where the weights never leave
+    the process); the refit guard compares them."""
+
+    last_sync: dict[str, float]
+    sent_checksums: dict[str, tuple[float, float]]
+    received_checksums: dict[str, tuple[float, float]]
+
     def generate(self, prompt_ids: list[list[int]], sampling: SamplingConfig) -> list[Completion]:
         """n completions per prompt, grouped consecutively: prompt 0's n, then prompt 1's, ..."""
 

@@ -111,10 +111,9 @@ class RefitGuard:
 
     def check(self, step_label: str, metrics: dict[str, float], engine) -> None:
         """step_label names the step in the error ("stage 1 step 3"). engine: the rollout engine;
-        its `sent_checksums` / `received_checksums` (absent on engines without them) are those
-        of its last refit, whose weights produced this step's samples."""
-        sent = getattr(engine, "sent_checksums", None) or {}
-        received = getattr(engine, "received_checksums", None) or {}
+        its `sent_checksums` / `received_checksums` ({} on engines that keep weights in process)
+        are those of its last refit, whose weights produced this step's samples."""
+        sent, received = engine.sent_checksums, engine.received_checksums
         changed = _any_rank(first_changed(sent, received))
         mean = metrics.get("refit/logprob_diff_mean")
         over = self.max_mismatch is not None and mean is not None and not mean <= self.max_mismatch

@@ -24,7 +24,7 @@ import torch
 
 from megatron_sdpo.backends.layout import left_pad, position_ids_from_mask
 from megatron_sdpo.errors import ConfigError, DataError
-from megatron_sdpo.rollout.base import Completion, SamplingConfig, torch_threads
+from megatron_sdpo.rollout.base import Completion, RolloutEngine, SamplingConfig, torch_threads
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -104,7 +104,7 @@ def sample_from_logprobs(logp: torch.Tensor, generator: torch.Generator) -> torc
     return torch.minimum(idx, last)
 
 
-class HFRolloutEngine:
+class HFRolloutEngine(RolloutEngine):
     """Batched sampling with transformers on CPU (or one GPU)."""
 
     def __init__(
@@ -148,6 +148,10 @@ class HFRolloutEngine:
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
         self._params = dict(self.model.named_parameters())
         self._names = set(self.model.state_dict().keys())
+        # Weights are copied in process: no sync timings, nothing for the refit guard to compare.
+        self.last_sync: dict[str, float] = {}
+        self.sent_checksums: dict[str, tuple[float, float]] = {}
+        self.received_checksums: dict[str, tuple[float, float]] = {}
 
     # ------------------------------------------------------------------ generation
     def generate(self, prompt_ids: list[list[int]], sampling: SamplingConfig) -> list[Completion]:

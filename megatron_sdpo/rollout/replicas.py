@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch.distributed as dist
 
 from megatron_sdpo.errors import ConfigError
-from megatron_sdpo.rollout.base import Completion, SamplingConfig
+from megatron_sdpo.rollout.base import Completion, RolloutEngine, SamplingConfig
 
 
 @dataclass(frozen=True)
@@ -82,7 +82,7 @@ def merge_shares(shares: list[list[Completion]], bounds: list[tuple[int, int]]) 
     return out
 
 
-class ReplicatedRollout:
+class ReplicatedRollout(RolloutEngine):
     """A rollout engine spread over the launch: splits each call's prompts by replica, generates
     this replica's share with `engine`, and all-gathers the completions (every rank of the world
     must call `generate` together, as vLLM's replicas step in lockstep anyway).
@@ -117,6 +117,15 @@ class ReplicatedRollout:
     def wake(self) -> None:
         self.engine.wake()
 
-    def __getattr__(self, name: str):
-        # Sync timings, checksums and the test hook live on the wrapped engine.
-        return getattr(self.__dict__["engine"], name)
+    # Sync timings and checksums live on the wrapped engine.
+    @property
+    def last_sync(self) -> dict[str, float]:
+        return self.engine.last_sync
+
+    @property
+    def sent_checksums(self) -> dict[str, tuple[float, float]]:
+        return self.engine.sent_checksums
+
+    @property
+    def received_checksums(self) -> dict[str, tuple[float, float]]:
+        return self.engine.received_checksums

@@ -54,7 +54,7 @@ from typing import Callable, Iterable, Iterator
 import torch
 
 from megatron_sdpo.errors import ConfigError, DataError, require
-from megatron_sdpo.rollout.base import Completion, SamplingConfig, torch_threads
+from megatron_sdpo.rollout.base import Completion, RolloutEngine, SamplingConfig, torch_threads
 from megatron_sdpo.rollout.hf import check_sampling, eos_ids_of, load_tokenizer
 from megatron_sdpo.rollout.replicas import ReplicaLayout
 
@@ -227,7 +227,7 @@ def keep_torch_threads() -> Iterator[None]:
         set_threads(threads)
 
 
-class VLLMRolloutEngine:
+class VLLMRolloutEngine(RolloutEngine):
     """vLLM `LLM` in this process, sharing the machine with the trainer."""
 
     def __init__(
@@ -355,8 +355,8 @@ class VLLMRolloutEngine:
         per request when it finishes (FINAL_ONLY), not at every engine step; no detokenizer
         (see __init__)."""
         from vllm import SamplingParams
-        from vllm.sampling_params import RequestOutputKind
         from vllm.inputs import TokensPrompt
+        from vllm.sampling_params import RequestOutputKind
 
         check_sampling(sampling)
         for i, p in enumerate(prompt_ids):

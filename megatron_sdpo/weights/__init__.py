@@ -1,5 +1,13 @@
 """HF <-> megatron-core weight plan (pure) and conversions; see `plan` and `convert`."""
-from megatron_sdpo.weights.convert import full_to_hf, hf_to_full, hf_to_megatron, iter_hf, megatron_to_hf, shard, unshard
+from megatron_sdpo.weights.convert import (
+    full_to_hf,
+    hf_to_full,
+    hf_to_megatron,
+    iter_hf,
+    megatron_to_hf,
+    shard,
+    unshard,
+)
 from megatron_sdpo.weights.plan import Layout, Mapping, ModelSpec, hf_names, owner_stage, plan
 
 __all__ = [

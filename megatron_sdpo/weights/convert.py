@@ -5,7 +5,8 @@ shards are contiguous (gloo scatters/gathers of non-contiguous views silently co
 """
 from __future__ import annotations
 
-from typing import Callable, Iterator, Mapping as MappingT
+from typing import Callable, Iterator
+from typing import Mapping as MappingT
 
 import torch
 

@@ -7,7 +7,8 @@ gathers it over its TP group, then broadcasts it over the PP group.
 """
 from __future__ import annotations
 
-from typing import Iterator, Mapping as MappingT
+from typing import Iterator
+from typing import Mapping as MappingT
 
 import torch
 import torch.distributed as dist

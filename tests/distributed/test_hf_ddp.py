@@ -4,19 +4,18 @@ Seven samples split 4 / 3 over the ranks and 2-sample micro-batches: loss, grad 
 gradient (Adam's first moment) and gathered logprobs must match a single process.
 """
 import faulthandler
-import json
 import os
-import sys
 import time
 
 import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from backend_losses import WeightedNLL
 
 from megatron_sdpo.backends.base import SequenceBatch
-from megatron_sdpo.backends.tiny import save_tiny_qwen3
+from megatron_sdpo.models.random_qwen3 import save_tiny_qwen3
+
+from backend_losses import WeightedNLL
 
 TIMEOUT_S = 240
 

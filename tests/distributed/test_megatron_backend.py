@@ -187,7 +187,7 @@ def _packed(layout: tuple) -> bool:
 
 
 def test_reference_is_not_degenerate(refs):
-    losses = [l for l, _ in refs["grpo"]]
+    losses = [loss for loss, _ in refs["grpo"]]
     assert all(g > 1e-3 for _, g in refs["grpo"]) and refs["sdpo"][0][1] > 1e-4
     assert refs["sdpo"][0][0] > 1e-4  # teacher prompts differ: a real distillation signal
     assert refs["sdpo_topk"][0][0] > 1e-4 and abs(refs["sdpo_topk"][0][0] - refs["sdpo"][0][0]) > 1e-4
@@ -262,9 +262,9 @@ def _mb_loss():
 
 
 def _mb_worker(model_dir: str) -> dict:
-    from megatron_sdpo.algorithms.minibatch import minibatch_update
     from megatron_sdpo.backends.megatron.backend import MegatronBackend
     from megatron_sdpo.backends.megatron.parallel import destroy
+    from megatron_sdpo.trainer import minibatch_update
 
     be = MegatronBackend(model_dir, lr=MB_LR, micro_batch_size=2, grad_clip=1.0, with_teacher=False)
     b = _mb_batch()
@@ -275,9 +275,9 @@ def _mb_worker(model_dir: str) -> dict:
 
 
 def test_world1_grpo_four_minibatches_match_hf(model_dir):
-    from megatron_sdpo.algorithms.minibatch import minibatch_update
     from megatron_sdpo.backends.hf import HFBackend
     from megatron_sdpo.backends.megatron.launch import spawn
+    from megatron_sdpo.trainer import minibatch_update
 
     hf = HFBackend(model_dir, lr=MB_LR, micro_batch_size=2, grad_clip=1.0, with_teacher=False)
     b = _mb_batch()

@@ -18,9 +18,9 @@ def _run(be, b, steps):
 def _ckpt_worker(model_dir: str, ckpt: str) -> dict:
     from megatron_sdpo.backends.megatron.backend import MegatronBackend
     from megatron_sdpo.backends.megatron.parallel import ParallelConfig, destroy
-    from test_megatron_backend import make_batch
-
     from megatron_sdpo.backends.schedule import LRSchedule
+
+    from test_megatron_backend import make_batch
 
     def backend(tp):
         # A decaying LR: a resume that restarted the schedule would take a different step.

@@ -4,6 +4,8 @@ rounded once into the bf16 teacher; checkpoints keep it, so a resume continues e
 import pytest
 import torch
 
+from megatron_sdpo.algorithms.blend import TeacherBlend
+
 pytestmark = [pytest.mark.megatron, pytest.mark.distributed]
 
 RATE, STEPS, LR = 0.05, 50, 1e-5
@@ -32,21 +34,21 @@ def _batch(be):
 
 
 def _ema_worker(model_dir: str, dist_opt: bool, tp: int) -> dict:
-    from test_megatron_backend import _grpo
-
     from megatron_sdpo.backends.megatron.parallel import destroy
+
+    from test_megatron_backend import _grpo
 
     be = _backend(model_dir, dist_opt, tp)
     # A stage's optimizer settings (here the same values) go through without disturbing anything.
     be.configure_optimizer(lr=LR, weight_decay=0.0, grad_clip=1.0, lr_schedule=be.lr_schedule)
     be.set_lr_schedule(None)
-    be.teacher_update("copy")
+    be.blend_teacher(TeacherBlend.copy())
     t0 = [p.detach().clone() for p in be._params("teacher")]
     ref = [w.clone() for w in be.fp32_weights("policy")]  # NaN where another DP rank owns it
     b, loss = _batch(be), _grpo()
     for _ in range(STEPS):
         be.train_step(b, loss)
-        be.teacher_update("ema", rate=RATE)
+        be.blend_teacher(TeacherBlend.ema(RATE))
         for r, s in zip(ref, be.fp32_weights("policy")):
             r.lerp_(s, RATE)
     shadow = be.fp32_weights("teacher")
@@ -57,7 +59,7 @@ def _ema_worker(model_dir: str, dist_opt: bool, tp: int) -> dict:
     cast_exact = all(torch.equal(t.detach(), s.to(torch.bfloat16)) for t, s in zip(teacher, shadow))
     moved = sum(int((t.detach() != t_init).sum()) for t, t_init in zip(teacher, t0))
     total = sum(t.numel() for t in teacher)
-    be.teacher_update("base")  # teacher.reset_at_stage=base: the base model again, in both copies
+    be.blend_teacher(TeacherBlend.base())  # teacher.reset_at_stage=base: the base model again, in both copies
     base_ok = all(torch.equal(t.detach(), t_init) for t, t_init in zip(be._params("teacher"), t0))
     base_ok &= all(torch.equal(s, t.float()) for s, t in zip(be.fp32_weights("teacher"), t0))
     masters = [w.clone() for w in be.fp32_weights("policy")]
@@ -69,19 +71,19 @@ def _ema_worker(model_dir: str, dist_opt: bool, tp: int) -> dict:
 
 
 def _resume_worker(model_dir: str, path: str) -> dict:
-    from test_megatron_backend import _grpo
-
     from megatron_sdpo.backends.megatron.parallel import destroy
+
+    from test_megatron_backend import _grpo
 
     a = _backend(model_dir, True)
     b_, loss = _batch(a), _grpo()
     for _ in range(3):
         a.train_step(b_, loss)
-        a.teacher_update("ema", rate=RATE)
+        a.blend_teacher(TeacherBlend.ema(RATE))
     a.save(path)
     for _ in range(2):
         m_a = a.train_step(b_, loss)
-        a.teacher_update("ema", rate=RATE)
+        a.blend_teacher(TeacherBlend.ema(RATE))
     want = {w: [x.clone() for x in a.fp32_weights(w)] for w in ("policy", "teacher")}
     del a
     destroy()
@@ -89,7 +91,7 @@ def _resume_worker(model_dir: str, path: str) -> dict:
     b.load(path)
     for _ in range(2):
         m_b = b.train_step(b_, loss)
-        b.teacher_update("ema", rate=RATE)
+        b.blend_teacher(TeacherBlend.ema(RATE))
     same = {"loss": m_a["loss"] == m_b["loss"], "losses": (m_a["loss"], m_b["loss"])}
     for w in ("policy", "teacher"):
         same[w] = max(

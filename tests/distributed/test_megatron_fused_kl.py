@@ -33,11 +33,11 @@ def _loss():
 def _worker(model_dir: str, cases: list) -> list:
     """Per (tp, pp, sequence_parallel, temperature, source): log-probs before the step, loss,
     grad norm and exported weights after it."""
-    from test_megatron_backend import make_batch
-
     from megatron_sdpo.backends.megatron.backend import MegatronBackend
     from megatron_sdpo.backends.megatron.model import ModelOptions
     from megatron_sdpo.backends.megatron.parallel import ParallelConfig, destroy
+
+    from test_megatron_backend import make_batch
 
     out = []
     for tp, pp, sp, temp, source in cases:
@@ -70,11 +70,10 @@ def model_dir(tmp_path_factory):
 def test_fused_kernel_matches_the_logits_path_one_step(model_dir):
     from safetensors.torch import load_file
 
+    from megatron_sdpo.backends.hf import HFBackend
     from megatron_sdpo.backends.megatron.launch import spawn
 
     from test_megatron_backend import make_batch
-
-    from megatron_sdpo.backends.hf import HFBackend
 
     layouts = [(1, 1, False, 1.0), (2, 1, False, 1.0), (2, 1, True, 1.0), (1, 2, False, 1.0), (2, 1, False, 0.7)]
     cases = [(*lay, src) for lay in layouts for src in ("shards", "kernel")]

@@ -214,9 +214,9 @@ def test_world2_backend_grpo_and_sdpo_at_tp2_match_hf(olmo_dir):
     and gradient norm over 3 steps, and one SDPO step (teacher in the student's schedule), equal
     the HF reference's (the helpers of test_megatron_backend); also with sequence parallelism.
     Olmo's layers take the padded layout only: the backend's default keeps it."""
-    from test_megatron_backend import _backend_worker, _compare, reference
-
     from megatron_sdpo.backends.megatron.launch import spawn
+
+    from test_megatron_backend import _backend_worker, _compare, reference
 
     want = {k: reference(olmo_dir, k) for k in ("grpo", "sdpo_topk")}
     layouts = [(2, 1, 3, "grpo"), (2, 1, 2, "grpo", True), (2, 1, 2, "sdpo_topk", True)]

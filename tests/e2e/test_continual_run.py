@@ -106,6 +106,35 @@ def test_killed_and_resumed_run_matches_uninterrupted(full_run, small_yaml, tmp_
     assert [m["loss"] for m in ours] == pytest.approx([m["loss"] for m in theirs], abs=1e-6)
 
 
+@pytest.mark.slow
+def test_sigterm_saves_the_last_step_and_resume_matches_uninterrupted(full_run, small_yaml, tmp_path):
+    proc = cli("run", str(small_yaml), "--out", "run", "--quiet", cwd=tmp_path)
+    metrics = tmp_path / "run" / "metrics.jsonl"
+    deadline = time.time() + 900
+    while not (metrics.exists() and '"stage": 1' in metrics.read_text()):
+        assert proc.poll() is None, "the run ended before it could be signalled"
+        assert time.time() < deadline, "stage 2 never started"
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGTERM)  # mid-stage 2, as Slurm or torchrun would
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signal.SIGTERM, out[-3000:]
+    assert "stopped by SIGTERM" in out and "Traceback" not in out
+    done = [json.loads(x) for x in metrics.read_text().splitlines()]
+    latest = (tmp_path / "run" / "checkpoints" / "latest").read_text().strip()
+    # The checkpoint is the last completed step's, not the last periodic one.
+    assert latest == f"step_1_{done[-1]['step']:06d}" and done[-1]["stage"] == 1, (latest, done[-1])
+    assert (tmp_path / "run" / "checkpoints" / latest / "COMPLETE").is_file()
+    out = finish(cli("run", str(small_yaml), "--out", "run", "--resume", "--quiet", cwd=tmp_path))
+    assert f"resumed from {latest}" in out
+    assert (tmp_path / "run" / "eval_matrix.csv").read_text() == (full_run / "eval_matrix.csv").read_text()
+    ours = [json.loads(x) for x in metrics.read_text().splitlines()]
+    theirs = [json.loads(x) for x in (full_run / "metrics.jsonl").read_text().splitlines()]
+    assert [(m["stage"], m["step"], m["reward_mean"]) for m in ours] == [
+        (m["stage"], m["step"], m["reward_mean"]) for m in theirs
+    ]
+    assert [m["loss"] for m in ours] == pytest.approx([m["loss"] for m in theirs], abs=1e-6)
+
+
 COMPARE = """
 defaults: tiny
 name: cmp
@@ -172,3 +201,16 @@ def test_megatron_backend_runs_the_continual_job_like_the_hf_backend(small_yaml,
         assert m["sdpo/loss_per_token"] > 0
     assert (run / "checkpoints" / "stage_2_tooluse" / "COMPLETE").is_file()
     assert "name: megatron" in (run / "resolved_config.yaml").read_text()
+
+
+@pytest.mark.slow
+def test_a_stage_of_zero_steps_keeps_its_model_and_gets_a_row(small_yaml, tmp_path):
+    # Its eval row and diagnostics describe the model it started from (they once failed on the
+    # stage's missing checkpoint).
+    finish(cli("run", str(small_yaml), "stages.0.steps=2", "stages.1.steps=0", "--out", "run", "--quiet", cwd=tmp_path))
+    run = tmp_path / "run"
+    rows = list(csv.reader((run / "eval_matrix.csv").open()))
+    assert [r[0] for r in rows[1:]] == ["base", "math", "tooluse"]
+    assert rows[2][1:] == rows[3][1:]  # greedy eval of the same weights
+    assert (run / "checkpoints" / "stage_2_tooluse" / "COMPLETE").is_file()
+    assert (run / "drift" / "stage_2.json").is_file()

@@ -5,7 +5,7 @@ import torch
 
 from megatron_sdpo.kernels import ChunkSizes, fused_linear_kl, fused_linear_logprobs, resolve_impl
 
-from kl_cases import grads_of, make_inputs, oracle_kl, one_thread  # noqa: F401
+from kl_cases import grads_of, make_inputs, one_thread, oracle_kl  # noqa: F401
 
 # Loss tolerance is absolute+relative on values of O(0.1..10); gradients of bf16 inputs come back in
 # bf16 (8 bits of mantissa), hence the looser tolerance there.
@@ -28,25 +28,24 @@ def _run(impl, x, alpha, t, chunks=None):
 def test_chunked_kl_matches_reference(dtype, alpha, chunks):
     x = make_inputs(dtype=dtype)
     (l_ref,), dh_ref, dw_ref = _run("reference", x, alpha, 0.7)
-    (l, dh, dw) = _run("chunked", x, alpha, 0.7, chunks)
-    l = l[0]
+    (loss,), dh, dw = _run("chunked", x, alpha, 0.7, chunks)
     tol = TOL[dtype]
-    assert l.dtype == torch.float32
-    torch.testing.assert_close(l, l_ref, **TOL[torch.float32])
+    assert loss.dtype == torch.float32
+    torch.testing.assert_close(loss, l_ref, **TOL[torch.float32])
     torch.testing.assert_close(dh, dh_ref, **tol)
     torch.testing.assert_close(dw, dw_ref, **tol)
     assert (dh[~x["mask"]] == 0).all()
     # Against the float64 oracle too, so that a shared mistake in both paths cannot pass.
     l_orc = oracle_kl(x["hs"], x["ht"], x["ws"], x["wt"], alpha, 0.7, x["mask"])
-    torch.testing.assert_close(l.double(), l_orc, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(loss.double(), l_orc, rtol=1e-4, atol=1e-4)
 
 
 def test_gradient_dtype_follows_inputs_and_no_mask_path():
     x = make_inputs(dtype=torch.bfloat16, masked=False)
-    (l,), dh, dw = grads_of(
+    (loss,), dh, dw = grads_of(
         lambda hs, ws: fused_linear_kl(hs, x["ht"], ws, x["wt"], alpha=0.5, impl="chunked"), x["hs"], x["ws"], x["go"]
     )
-    assert torch.isfinite(l).all() and (l > 0).all()
+    assert torch.isfinite(loss).all() and (loss > 0).all()
     hs = x["hs"].clone().requires_grad_(True)
     fused_linear_kl(hs, x["ht"], x["ws"], x["wt"], alpha=0.5).sum().backward()
     assert hs.grad.dtype == torch.bfloat16
@@ -58,9 +57,9 @@ def test_large_logits_stay_finite():
     x["hs"] = x["hs"] * 60
     x["ht"] = x["ht"] * 60
     (l_ref,), dh_ref, _ = _run("reference", x, 0.5, 1.0)
-    (l,), dh, _ = _run("chunked", x, 0.5, 1.0, ChunkSizes(16, 100))
-    assert torch.isfinite(l).all() and torch.isfinite(dh).all()
-    torch.testing.assert_close(l, l_ref, rtol=1e-4, atol=1e-4)
+    (loss,), dh, _ = _run("chunked", x, 0.5, 1.0, ChunkSizes(16, 100))
+    assert torch.isfinite(loss).all() and torch.isfinite(dh).all()
+    torch.testing.assert_close(loss, l_ref, rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(dh, dh_ref, rtol=1e-3, atol=1e-3)
 
 

@@ -6,7 +6,7 @@ import torch
 from megatron_sdpo.errors import ConfigError, UserError
 from megatron_sdpo.kernels import fused_linear_kl, fused_linear_logprobs, reference_linear_kl, reference_linear_logprobs
 
-from kl_cases import grads_of, make_inputs, oracle_kl, oracle_logprobs, one_thread  # noqa: F401
+from kl_cases import grads_of, make_inputs, one_thread, oracle_kl, oracle_logprobs  # noqa: F401
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

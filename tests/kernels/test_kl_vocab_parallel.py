@@ -21,8 +21,9 @@ def _worker(rank: int, world: int, store_file: str, out_dir: str) -> None:
     sys.path.insert(0, str(HERE))
     import torch.distributed as dist
 
-    from kl_cases import grads_of, make_inputs
     from megatron_sdpo.kernels import ChunkSizes, fused_linear_kl, fused_linear_logprobs
+
+    from kl_cases import grads_of, make_inputs
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{store_file}", rank=rank, world_size=world)

@@ -5,8 +5,8 @@ from types import SimpleNamespace
 import pytest
 
 from megatron_sdpo import builders
-from megatron_sdpo.backends.tiny import save_tiny_qwen3
 from megatron_sdpo.config.loader import load_config
+from megatron_sdpo.models.random_qwen3 import save_tiny_qwen3
 
 
 @pytest.mark.parametrize(

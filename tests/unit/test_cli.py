@@ -88,3 +88,17 @@ def test_main_prints_one_line_and_exits_2(capsys):
     assert main(["run", "tiny", "--out", "o", "stray"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: megatron-sdpo run: unrecognized argument 'stray'")
+
+
+@pytest.mark.parametrize("override", ["teacher.ema_rate=0", "stages.2.teacher.ema_rate=0"])
+def test_a_bad_bound_stops_the_run_before_anything_is_built(monkeypatch, tmp_path, capsys, override):
+    # Validated with the config, not minutes later when the teacher schedule starts.
+    from megatron_sdpo import builders
+
+    built = []
+    for name in ("make_backend", "make_rollout", "resolve_model_path"):
+        monkeypatch.setattr(builders, name, lambda *a, _n=name, **k: built.append(_n))
+    assert main(["run", "tiny_sdpo", override, "--out", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and "teacher.ema_rate must be in (0, 1]" in err[0]
+    assert built == [] and not (tmp_path / "run").exists()

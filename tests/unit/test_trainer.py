@@ -6,6 +6,7 @@ import torch
 
 from megatron_sdpo.backends.base import SequenceBatch
 from megatron_sdpo.config import load_config
+from megatron_sdpo.rollout.base import RolloutEngine
 from megatron_sdpo.trainer import Trainer
 
 
@@ -51,13 +52,14 @@ def test_teacher_signal_splits_the_gain_by_reward():
     assert set(only) == {"teacher/gain_unrewarded"}
 
 
-class RecordingEngine:
+class RecordingEngine(RolloutEngine):
     """A rollout engine that records the order of calls (sleep/wake are no-ops on CPU vLLM, so
     the order is what can be checked here)."""
 
     def __init__(self, log):
         self.log = log
         self.awake = True
+        self.last_sync, self.sent_checksums, self.received_checksums = {}, {}, {}
 
     def generate(self, prompt_ids, sampling):
         from megatron_sdpo.rollout.base import Completion
@@ -214,7 +216,7 @@ def test_with_mini_batches_the_guard_reads_the_rollout_time_policy():
 
 
 
-class ScriptedEngine:
+class ScriptedEngine(RolloutEngine):
     """Answers sample j of prompt p with the text answer(p, j), j + 1 tokens of id 10 + j at
     sampling logprob -(j + 1) / 2 each (ragged: the batch must pad them), truncated for j == 0;
     records what the trainer hands it."""
@@ -222,6 +224,7 @@ class ScriptedEngine:
     def __init__(self, answer):
         self.answer = answer
         self.calls = {}
+        self.last_sync, self.sent_checksums, self.received_checksums = {}, {}, {}
 
     def generate(self, prompt_ids, sampling):
         from megatron_sdpo.rollout.base import Completion

@@ -36,10 +36,12 @@ from typing import Iterator
 import torch
 import torch.distributed as dist
 
-from megatron_sdpo.algorithms.distillation import DistillationSpec, TopkSource, distillation_of
-from megatron_sdpo.backends.base import REQUIRES, LossFn, SequenceBatch
+from megatron_sdpo.algorithms.blend import TeacherBlend, blend_
+from megatron_sdpo.algorithms.distillation import TopkSource
+from megatron_sdpo.backends.base import REQUIRES, Backend, LossFn, SequenceBatch
 from megatron_sdpo.backends.common import (
     MetricSums,
+    blend_sources,
     check_backend_args,
     checked_batch,
     dp_slice,
@@ -47,16 +49,24 @@ from megatron_sdpo.backends.common import (
     reduce_metrics,
     resolve_pad_id,
 )
-from megatron_sdpo.backends.megatron import batching, heads, vocab_parallel as vp
+from megatron_sdpo.backends.megatron import batching, heads
+from megatron_sdpo.backends.megatron import vocab_parallel as vp
 from megatron_sdpo.backends.megatron.model import ModelOptions, build_model, supports_packing, weight_layout
-from megatron_sdpo.backends.megatron.parallel import ParallelConfig, group_device, init_distributed, initialize, launch_device
+from megatron_sdpo.backends.megatron.parallel import (
+    ParallelConfig,
+    group_device,
+    init_distributed,
+    initialize,
+    launch_device,
+)
+from megatron_sdpo.backends.megatron.step_loss import StepLoss
 from megatron_sdpo.backends.schedule import LRSchedule
+from megatron_sdpo.config.backend_spec import BACKENDS
 from megatron_sdpo.errors import ConfigError, require
 from megatron_sdpo.stopwatch import Stopwatch
 from megatron_sdpo.weights.plan import ModelSpec
 from megatron_sdpo.weights.transport import export_hf, load_hf
 
-_POLICY_OUTPUTS = frozenset({"logprobs", "entropy", "logits"})
 _TEACHER_OUTPUTS = frozenset({"teacher_logits", "teacher_logprobs", "fused_kl", "topk_logprobs", "teacher_topk_logprobs"})
 
 
@@ -86,14 +96,14 @@ def _hf_tensors(model_path: str):
     return _Lazy()
 
 
-class MegatronBackend:
+class MegatronBackend(Backend):
     """Megatron-core backend. Launch one process per rank (torchrun) or call from a single
     process (a world of one is created). `micro_batch_size` counts samples per micro-batch;
     `packing`: packed rows (None: wherever the model's layers take them; module docstring)."""
 
     # Logits stay vocab-sharded over TP: the backend picks the top-k ids from the shards and
     # hands the loss their log-probabilities ("topk_logprobs").
-    topk_source: TopkSource = "shards"
+    topk_source: TopkSource = BACKENDS["megatron"].topk_source
 
     def __init__(
         self,
@@ -205,7 +215,11 @@ class MegatronBackend:
         return model
 
     def _wrap_policy(self) -> None:
-        from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
+        from megatron.core.distributed import (
+            DistributedDataParallel,
+            DistributedDataParallelConfig,
+            finalize_model_grads,
+        )
 
         ddp_config = DistributedDataParallelConfig(
             grad_reduce_in_fp32=True,
@@ -360,49 +374,14 @@ class MegatronBackend:
         if "ref_logprobs" in requires:
             riders.append(("reference", self.reference, batch.prompt_ids))
         micro, S = self._micro(batch, T, batch.prompt_ids, local, tuple(r[2] for r in riders))
-        scale = float(len(micro) * self.layout.dp)
-        sums = MetricSums()
-        policy = self.policy.module
-        first, last = self._ps.is_pipeline_first_stage(), self._ps.is_pipeline_last_stage()
         from_hidden = "fused_kl" in requires and self.fused_kl == "kernel"
-        distill = distillation_of(loss_fn, "fused_kl") if from_hidden else None
         if from_hidden:
             heads.check_requires(requires)
-
-        def finish(mb, outputs):
-            loss, metrics = loss_fn(outputs, mb["tensors"], normalizer)
-            sums.add_all(loss, metrics)
-            # The schedule divides by the micro-batch count and DDP averages over DP: undo both.
-            return loss * scale, {}
-
-        def hidden_adapter(mb, rider_hidden, hidden):
-            return finish(mb, self._hidden_outputs(mb, riders, rider_hidden, hidden, requires, distill))
-
-        def loss_adapter(mb, rider_logits, logits):
-            shard = self._response_shard(logits, mb["rows"])
-            outputs = self._stats(shard, mb["rows"], requires & _POLICY_OUTPUTS)
-            for (name, _, _), rows, lg in zip(riders, mb["rider_rows"], rider_logits):
-                rshard = self._response_shard(lg, rows)
-                if name == "reference":
-                    outputs["ref_logprobs"] = vp.logprobs(rshard, rows.targets, self.vocab_start, self.tp_group)[0]
-                    continue
-                if "teacher_logprobs" in requires:
-                    outputs["teacher_logprobs"] = vp.logprobs(rshard, rows.targets, self.vocab_start, self.tp_group)[0]
-                if "teacher_logits" in requires:
-                    if self.layout.tp > 1:
-                        raise ConfigError("'teacher_logits' needs tp == 1 (logits stay vocab-sharded); use 'fused_kl'")
-                    outputs["teacher_logits"] = rshard
-                if "fused_kl" in requires:
-                    d = distillation_of(loss_fn, "fused_kl")
-                    temp = d.temperature
-                    outputs["fused_kl"] = vp.generalized_jsd(shard / temp, rshard / temp, d.alpha, self.tp_group)
-                if requires & {"topk_logprobs", "teacher_topk_logprobs"}:
-                    d = distillation_of(loss_fn, "topk_logprobs")
-                    temp = d.temperature
-                    outputs["topk_logprobs"], outputs["teacher_topk_logprobs"], _ = vp.topk_logprobs(
-                        shard / temp, rshard / temp, d.topk, self.vocab_start, self.spec.vocab_size, self.tp_group
-                    )
-            return finish(mb, outputs)
+        # The schedule divides by the micro-batch count and DDP averages over DP: undo both.
+        losses = StepLoss(self, loss_fn, requires, riders, normalizer, scale=float(len(micro) * self.layout.dp))
+        adapter = losses.from_hidden if from_hidden else losses.from_logits
+        policy = self.policy.module
+        first, last = self._ps.is_pipeline_first_stage(), self._ps.is_pipeline_last_stage()
 
         def step(data_iter, m):
             mb = next(data_iter)
@@ -423,7 +402,7 @@ class MegatronBackend:
                 out = m(mb["rows"].tokens, mb["rows"].positions, None, packed_seq_params=mb["rows"].packed)
             if not last and riders:
                 out = torch.cat([out, *rider_out], dim=1)
-            return out, partial(hidden_adapter if from_hidden else loss_adapter, mb, rider_out)
+            return out, partial(adapter, mb, rider_out)
 
         self.policy.zero_grad_buffer()
         self.optimizer.zero_grad()
@@ -441,40 +420,10 @@ class MegatronBackend:
         if ok:
             self.step += 1
             self.scheduler.step(1)
-        out = self._reduce_metrics(sums, grad_norm, ok, len(batch))
+        out = self._reduce_metrics(losses.sums, grad_norm, ok, len(batch))
         out["lr"] = float(lr)
         # This rank's seconds in the teacher's forward (the trainer books them as teacher time).
         out["time/teacher_forward"] = self.teacher_clock.take()
-        return out
-
-    def _hidden_outputs(self, mb: dict, riders: list, rider_hidden: list, hidden: torch.Tensor, requires: frozenset, d: DistillationSpec) -> dict:
-        """The loss inputs of one micro-batch from final hidden states (`heads`): "fused_kl"
-        through the fused KL kernel as the distillation spec `d` says, logprobs / entropy
-        through the fused logprob kernel."""
-        rows, sp = mb["rows"], self.options.sequence_parallel
-        b, T = rows.targets.shape
-        lp_args = dict(
-            start=self.vocab_start, vocab=self.spec.vocab_size, tp_group=self.tp_group, impl=d.kernel_impl,
-            temperature=self.logit_temperature,
-        )
-        h_s = heads.response_hidden(hidden, rows, self.tp_group, sp)
-        w_s = heads.output_weight(self.policy, self.vocab_width)
-        out: dict[str, torch.Tensor] = {}
-        if requires & {"logprobs", "entropy"}:
-            lp, ent = heads.token_logprobs(h_s, w_s, rows.targets, want_entropy="entropy" in requires, **lp_args)
-            out["logprobs"] = lp
-            if ent is not None:
-                out["entropy"] = ent
-        for (name, model, _), rrows, rh in zip(riders, mb["rider_rows"], rider_hidden):
-            with torch.no_grad():
-                h_r = heads.response_hidden(rh, rrows, self.tp_group, sp)
-                w_r = heads.output_weight(model, self.vocab_width)
-                if name == "reference" or "teacher_logprobs" in requires:
-                    key = "ref_logprobs" if name == "reference" else "teacher_logprobs"
-                    out[key] = heads.token_logprobs(h_r, w_r, rrows.targets, **lp_args)[0]
-            if name == "teacher":
-                kl = heads.fused_kl(h_s, h_r, w_s, w_r, d, tp_group=self.tp_group, logit_temperature=self.logit_temperature)
-                out["fused_kl"] = kl.view(b, T)
         return out
 
     def _reduce_metrics(self, sums: MetricSums, grad_norm, ok: bool, n: int) -> dict[str, float]:
@@ -503,21 +452,20 @@ class MegatronBackend:
         m = self._model(name)
         return list(getattr(m, "module", m).parameters())
 
-    def teacher_update(self, action: str, *, rate: float = 0.0) -> None:
-        """"ema": θ_T ← (1-rate)·θ_T + rate·θ_S; "copy": θ_T ← θ_S; "none". Shard-local: the
-        teacher has the policy's layout, so no communication."""
-        from megatron_sdpo.algorithms.teacher import apply_action_
-
-        if action == "none":
+    def blend_teacher(self, blend: TeacherBlend) -> None:
+        """Apply a teacher update (algorithms/blend.py) shard-locally: the teacher has the
+        policy's layout. With bf16 params it is blended from the optimizer's fp32 main params
+        into the fp32 shadow and rounded once (teacher_state.py)."""
+        if blend.is_identity:
             return
-        if action == "base":
+        reference = None if self.reference is None else self._params("reference")
+        sources = blend_sources(blend, [p.detach() for p in self._params("policy")], reference)
+        if sources is None:
             self.teacher_from_base()
-            return
-        if self.teacher_fp32 is not None:
-            # Blend from the optimizer's fp32 main params into the fp32 shadow, round once.
-            self.teacher_fp32.apply(action, self._params("teacher"), self._params("policy"), self.optimizer, rate=rate)
-            return
-        apply_action_(action, self._params("teacher"), [p.detach() for p in self._params("policy")], rate=rate)
+        elif self.teacher_fp32 is not None:
+            self.teacher_fp32.blend(blend, self._params("teacher"), self._params("policy"), self.optimizer, reference=reference)
+        else:
+            blend_(self._params("teacher"), sources, blend)
 
     def fp32_weights(self, model: str = "policy") -> list[torch.Tensor]:
         """This rank's fp32 truth of `model`'s local shards, in `parameters()` order: the

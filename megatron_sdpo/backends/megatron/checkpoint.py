@@ -17,6 +17,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
+import threading
 from pathlib import Path
 
 import torch
@@ -24,11 +26,34 @@ import torch.distributed as dist
 
 from megatron_sdpo.backends.checkpoint import fsync_dir
 from megatron_sdpo.errors import CheckpointError
+from megatron_sdpo.stop_request import SIGNALS as STOP_SIGNALS
 
 COMPLETE = "COMPLETE"
 _OPT_META = {"distrib_optim_sharding_type": "fully_reshardable"}
 _TEACHER = "teacher."
 _SHADOW = "teacher_fp32"
+
+
+def _start_writer_queue() -> None:
+    """Start dist_checkpointing's writer results queue (a Manager process that lives as long as
+    the rank) with the stop signals ignored.
+
+    A stop signal reaches the whole process group of a rank (torchrun signals the group), which
+    would kill that process just before the save the signal asks for (BrokenPipeError). Ignored
+    dispositions survive the exec of a spawned child, so the queue process started here outlives
+    the signal; it still ends with the rank (multiprocessing shuts its managers down at exit,
+    and torchrun kills what is left of the group). A stop signal that arrives during this
+    sub-second start is lost (the first save of a run)."""
+    from megatron.core.dist_checkpointing.strategies import filesystem_async
+
+    if getattr(filesystem_async, "_results_queue", None) is not None or threading.current_thread() is not threading.main_thread():
+        return
+    previous = {s: signal.signal(s, signal.SIG_IGN) for s in STOP_SIGNALS}
+    try:
+        filesystem_async._get_write_results_queue()
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
 
 
 def _shadow_file(backend) -> str:
@@ -96,6 +121,7 @@ def save(backend, path: str, *, extra: dict | None = None, hf_policy: bool = Tru
     state["step"] = backend.step
     state["lr_schedule"] = {"total": backend._sched_total, "state": backend.scheduler.state_dict()}
     state["extra"] = extra
+    _start_writer_queue()
     dist_checkpointing.save(state, str(tmp))
     if rank == 0:
         (tmp / "rng").mkdir()
@@ -275,9 +301,8 @@ def convert_to_hf(checkpoint: str, hf_model_dir: str, out_dir: str, *, model: st
     (the model the run started from). Returns the HF tensor names written."""
     import os as _os
 
-    from transformers import AutoConfig
-
     from megatron.core import dist_checkpointing
+    from transformers import AutoConfig
 
     from megatron_sdpo.backends.megatron import cpu
     from megatron_sdpo.backends.megatron.launch import free_port

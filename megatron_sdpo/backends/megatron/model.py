@@ -13,7 +13,11 @@ from typing import Optional
 import torch
 
 from megatron_sdpo.backends.megatron.norm import RMSNorm
-from megatron_sdpo.backends.megatron.precision import PrecisionConfig, have_transformer_engine, transformer_config_fields
+from megatron_sdpo.backends.megatron.precision import (
+    PrecisionConfig,
+    have_transformer_engine,
+    transformer_config_fields,
+)
 from megatron_sdpo.errors import ConfigError
 from megatron_sdpo.weights.plan import Layout, ModelSpec
 

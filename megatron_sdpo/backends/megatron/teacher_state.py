@@ -21,7 +21,7 @@ from typing import Iterable
 import torch
 import torch.distributed as dist
 
-from megatron_sdpo.algorithms.teacher import apply_action_, copy_
+from megatron_sdpo.algorithms.blend import TeacherBlend, blend_, copy_
 from megatron_sdpo.errors import ConfigError
 
 
@@ -70,32 +70,43 @@ def main_params(optimizer, params: Iterable[torch.Tensor]) -> tuple[list[tuple[t
 
 
 class FP32TeacherShadow:
-    """fp32 copy of the teacher's local shards; `apply` performs a teacher action on it from
-    the optimizer's fp32 main params and rounds the result once into the teacher."""
+    """fp32 copy of the teacher's local shards; `blend` applies a teacher update to it from the
+    optimizer's fp32 main params and rounds the result once into the teacher."""
 
     def __init__(self, teacher_params: list[torch.Tensor]):
         self.shadow = [t.detach().to(torch.float32).clone() for t in teacher_params]
 
     @torch.no_grad()
-    def apply(self, action: str, teacher_params: list[torch.Tensor], policy_params: list[torch.Tensor], optimizer, *, rate: float) -> None:
-        """"ema" (rate) or "copy": shadow <- action(shadow, student main params); then
+    def blend(
+        self, blend: TeacherBlend, teacher_params: list[torch.Tensor], policy_params: list[torch.Tensor], optimizer,
+        *, reference: list[torch.Tensor] | None = None,
+    ) -> None:
+        """shadow <- blend(shadow, student main params, reference params); then
         teacher <- bf16(shadow). Collective over the DP group with the distributed optimizer."""
-        if action == "none":
+        if blend.is_identity:
             return
         mains, group = main_params(optimizer, policy_params)
         if len(mains) != len(self.shadow):
             raise ValueError(f"teacher has {len(self.shadow)} tensors but the policy {len(mains)}")
+        refs = reference if reference is not None else [None] * len(mains)
+
+        def sources(main: torch.Tensor, ref: torch.Tensor | None, a: int, b: int) -> dict:
+            out = {"policy": [main]}
+            if ref is not None:
+                out["reference"] = [ref.detach().view(-1)[a:b]]
+            return out
+
         if group is None:
-            for sh, (main, a, b) in zip(self.shadow, mains):
-                apply_action_(action, [sh.view(-1)[a:b]], [main], rate=rate)
+            for sh, (main, a, b), ref in zip(self.shadow, mains, refs):
+                blend_([sh.view(-1)[a:b]], sources(main, ref, a, b), blend)
         else:
             sizes = [sh.numel() for sh in self.shadow]
             flat = torch.zeros(sum(sizes), dtype=torch.float32, device=self.shadow[0].device)
             offset = 0
-            for sh, (main, a, b), n in zip(self.shadow, mains, sizes):
+            for sh, (main, a, b), ref, n in zip(self.shadow, mains, refs, sizes):
                 if b > a:
                     own = sh.view(-1)[a:b].clone()
-                    apply_action_(action, [own], [main], rate=rate)
+                    blend_([own], sources(main, ref, a, b), blend)
                     flat[offset + a : offset + b] = own
                 offset += n
             dist.all_reduce(flat, group=group)

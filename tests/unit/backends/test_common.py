@@ -4,8 +4,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from megatron_sdpo.backends.base import SequenceBatch
 from megatron_sdpo.backends import common
+from megatron_sdpo.backends.base import SequenceBatch
 from megatron_sdpo.backends.common import MetricSums, checked_batch, dp_sizes, dp_slice, named_model, reduce_metrics
 from megatron_sdpo.errors import ConfigError, DataError
 

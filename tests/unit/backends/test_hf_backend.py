@@ -7,13 +7,15 @@ import shutil
 
 import pytest
 import torch
-from backend_losses import WeightedNLL
 from transformers import AutoModelForCausalLM
 
+from megatron_sdpo.algorithms.blend import TeacherBlend
 from megatron_sdpo.backends.base import SequenceBatch
 from megatron_sdpo.backends.hf import HFBackend
-from megatron_sdpo.backends.tiny import save_tiny_qwen3
 from megatron_sdpo.errors import CheckpointError, ConfigError, DataError
+from megatron_sdpo.models.random_qwen3 import save_tiny_qwen3
+
+from backend_losses import WeightedNLL
 
 
 def make_batch(seed: int, B: int = 7, vocab: int = 300, with_teacher: bool = False) -> SequenceBatch:
@@ -69,7 +71,7 @@ def test_logprobs_match_unpadded_forward(model_dir):
 
 def test_teacher_reads_teacher_prompts_and_requires_are_honoured(model_dir):
     backend = HFBackend(model_dir, lr=1e-3, micro_batch_size=2, with_reference=True)
-    backend.teacher_update("ema", rate=1.0)  # still equal to the policy; now perturb it
+    backend.blend_teacher(TeacherBlend.ema(1.0))  # still equal to the policy; now perturb it
     with torch.no_grad():
         for p in backend.teacher.parameters():
             p.add_(0.01 * torch.randn_like(p))
@@ -148,7 +150,7 @@ def test_checkpoint_round_trip_restores_next_step_exactly(model_dir, tmp_path):
     a = HFBackend(model_dir, lr=1e-3, micro_batch_size=4, seed=1, lr_schedule=sched)
     a.set_lr_schedule(4)
     a.train_step(make_batch(10), WeightedNLL())
-    a.teacher_update("ema", rate=0.5)
+    a.blend_teacher(TeacherBlend.ema(0.5))
     ckpt = tmp_path / "ckpt"
     a.save(str(ckpt), extra={"stage": "math", "step": 1})
     assert (ckpt / "COMPLETE").is_file() and (ckpt / "policy" / "model.safetensors").is_file()
@@ -243,18 +245,23 @@ def test_teacher_update_actions(model_dir):
     backend = HFBackend(model_dir, lr=1e-2, micro_batch_size=4)
     backend.train_step(make_batch(5), WeightedNLL())
     pol, t0 = params_of(backend), params_of(backend, "teacher")
-    backend.teacher_update("none")
+    backend.blend_teacher(TeacherBlend())
     assert all(torch.equal(t0[k], v) for k, v in params_of(backend, "teacher").items())
-    backend.teacher_update("ema", rate=0.25)
+    backend.blend_teacher(TeacherBlend.ema(0.25))
     t1 = params_of(backend, "teacher")
     for k in t1:
         torch.testing.assert_close(t1[k], 0.75 * t0[k] + 0.25 * pol[k])
-    backend.teacher_update("copy")
+    backend.blend_teacher(TeacherBlend.copy())
     assert all(torch.equal(pol[k], v) for k, v in params_of(backend, "teacher").items())
-    with pytest.raises(ConfigError):
-        backend.teacher_update("restart")
-    with pytest.raises(ConfigError):
-        backend.teacher_update("ema", rate=1.5)
+    ref = HFBackend(model_dir, lr=1e-2, micro_batch_size=4, with_reference=True)
+    ref.train_step(make_batch(5), WeightedNLL())
+    base, pol = params_of(ref, "reference"), params_of(ref)
+    ref.blend_teacher(TeacherBlend(policy=0.5, reference=0.5, teacher=0.0))
+    for k, v in params_of(ref, "teacher").items():
+        torch.testing.assert_close(v, 0.5 * pol[k] + 0.5 * base[k])
+    # Without a resident reference the base can only replace the teacher (loaded from disk).
+    with pytest.raises(ConfigError, match="reference resident"):
+        backend.blend_teacher(TeacherBlend(policy=0.5, reference=0.5, teacher=0.0))
 
 
 def test_reset_optimizer_and_user_errors(model_dir, tmp_path):
@@ -298,7 +305,6 @@ def test_topk_outputs_give_the_logits_path_step(model_dir):
     got = []
     for source in ("logits", "shards"):
         be = HFBackend(model_dir, lr=1e-3, micro_batch_size=3, seed=0)
-        be.teacher_update("ema", rate=0.0)
         with torch.no_grad():
             for p in be.teacher.parameters():
                 p.add_(0.02 * torch.sin(torch.arange(p.numel(), dtype=torch.float32)).view_as(p))

@@ -6,11 +6,13 @@ does not move. The fp32 state must, and the bf16 teacher must be the one roundin
 """
 import pytest
 import torch
-from backend_losses import WeightedNLL
 
+from megatron_sdpo.algorithms.blend import TeacherBlend
 from megatron_sdpo.backends.base import SequenceBatch
 from megatron_sdpo.backends.hf import HFBackend
-from megatron_sdpo.backends.tiny import save_tiny_qwen3
+from megatron_sdpo.models.random_qwen3 import save_tiny_qwen3
+
+from backend_losses import WeightedNLL
 
 # One fp32 rounding per lerp on both sides (identical operations): the difference is at most a
 # few fp32 ULPs of the weight magnitude.
@@ -41,12 +43,12 @@ def _bf16_backend(model_dir, **kw) -> HFBackend:
 def test_bf16_ema_teacher_tracks_the_fp32_ema_of_the_student(model_dir):
     rate, steps = 0.05, 50
     backend = _bf16_backend(model_dir)
-    backend.teacher_update("copy")
+    backend.blend_teacher(TeacherBlend.copy())
     t0 = [t.detach().clone() for _, t in backend.export_weights(model="teacher")]
     ref = [w.detach().clone() for w in backend.fp32_weights("policy")]
     for k in range(steps):
         backend.train_step(make_batch(100 + k % 4), WeightedNLL())
-        backend.teacher_update("ema", rate=rate)
+        backend.blend_teacher(TeacherBlend.ema(rate))
         for r, s in zip(ref, backend.fp32_weights("policy")):
             r.lerp_(s.detach(), rate)
     shadow = backend.fp32_weights("teacher")
@@ -82,15 +84,15 @@ def test_bf16_master_weights_take_the_small_steps(model_dir):
 def test_bf16_checkpoint_keeps_masters_and_teacher_shadow(model_dir, tmp_path):
     a = _bf16_backend(model_dir)
     a.train_step(make_batch(1), WeightedNLL())
-    a.teacher_update("ema", rate=0.05)
+    a.blend_teacher(TeacherBlend.ema(0.05))
     a.save(str(tmp_path / "ck"))
     m_a = a.train_step(make_batch(2), WeightedNLL())
-    a.teacher_update("ema", rate=0.05)
+    a.blend_teacher(TeacherBlend.ema(0.05))
 
     b = _bf16_backend(model_dir)
     b.load(str(tmp_path / "ck"))
     m_b = b.train_step(make_batch(2), WeightedNLL())
-    b.teacher_update("ema", rate=0.05)
+    b.blend_teacher(TeacherBlend.ema(0.05))
     assert m_a == m_b
     for which in ("policy", "teacher"):
         for x, y in zip(a.fp32_weights(which), b.fp32_weights(which)):
@@ -103,8 +105,8 @@ def test_base_action_loads_the_base_model_into_the_teacher_and_its_shadow(model_
     backend.configure_optimizer(lr=1e-2, weight_decay=0.1, grad_clip=1.0, lr_schedule=backend.lr_schedule)
     assert backend.lr == 1e-2 and backend.optimizer.param_groups[0]["weight_decay"] == 0.1
     backend.train_step(make_batch(3), WeightedNLL())
-    backend.teacher_update("copy")
+    backend.blend_teacher(TeacherBlend.copy())
     assert any(not torch.equal(a, t) for a, (_, t) in zip(base, backend.export_weights(model="teacher")))
-    backend.teacher_update("base")
+    backend.blend_teacher(TeacherBlend.base())
     for a, (_, t), s in zip(base, backend.export_weights(model="teacher"), backend.fp32_weights("teacher")):
         assert torch.equal(a, t) and torch.equal(s, a.float())

@@ -78,10 +78,12 @@ def test_equals_megatron_optimizer_param_scheduler(style, warmup):
 
 
 def test_hf_backend_follows_the_schedule(tmp_path):
-    from megatron_sdpo.backends.hf import HFBackend
-    from megatron_sdpo.backends.tiny import save_tiny_qwen3
-    from backend_losses import WeightedNLL
     from test_hf_backend import make_batch
+
+    from megatron_sdpo.backends.hf import HFBackend
+    from megatron_sdpo.models.random_qwen3 import save_tiny_qwen3
+
+    from backend_losses import WeightedNLL
 
     s = LRSchedule("cosine", warmup_steps=1, min_lr_ratio=0.5)
     be = HFBackend(save_tiny_qwen3(tmp_path, seed=0), lr=1e-3, micro_batch_size=8, lr_schedule=s, with_teacher=False)

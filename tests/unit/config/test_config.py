@@ -4,7 +4,7 @@ import pytest
 import yaml
 
 from megatron_sdpo.config import RunConfig, list_presets, load_config, to_dict
-from megatron_sdpo.config.loader import load_raw
+from megatron_sdpo.config.presets import load_raw
 from megatron_sdpo.errors import ConfigError
 
 
@@ -142,9 +142,8 @@ def test_megatron_tp_sdpo_needs_the_fused_kernel():
         load_config("qwen3_4b", ["algorithm.sdpo.topk=null", "kernel.fused_kl=true"])
     # Top-k under TP: the backend computes the k ids' log-probabilities from shards.
     cfg = load_config("qwen3_4b", ["algorithm.sdpo.topk=100", "kernel.fused_kl=false"])
-    from megatron_sdpo.trainer import build_loss
-
     from megatron_sdpo.backends.megatron import MegatronBackend
+    from megatron_sdpo.trainer import build_loss
 
     loss = build_loss(cfg, topk_source=MegatronBackend.topk_source)
     assert loss.distillation.topk_source == "shards" and loss.distillation.topk == 100
@@ -207,7 +206,7 @@ def test_rollout_tensor_parallel_size_checks_the_launch(monkeypatch, tmp_path):
     with pytest.raises(ConfigError, match="tensor_parallel_size=3 must divide the number of ranks"):
         make_rollout(load_config("tiny", ["rollout.engine=vllm", "rollout.tensor_parallel_size=3"]), "unused", None, str(tmp_path))
 def test_stage_overrides_are_merged_into_the_stage_config_and_recorded(tmp_path):
-    from megatron_sdpo.config.loader import dump_yaml
+    from megatron_sdpo.config import dump_yaml
     from megatron_sdpo.config.stages import stage_config
 
     cfg = load_config(

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from megatron_sdpo.data.loaders import decode_lcb_tests, load_records, RowError
+from megatron_sdpo.data.loaders import RowError, decode_lcb_tests, load_records
 from megatron_sdpo.data.records import validate_record
 from megatron_sdpo.errors import DataError
 

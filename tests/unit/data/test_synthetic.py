@@ -63,12 +63,16 @@ def test_science_answer_is_extreme_value():
 def test_difficulty_knob_changes_items():
     easy = generate("code", "train", 40, 0, difficulty=0.0)
     hard = generate("code", "train", 40, 0, difficulty=1.0)
-    n_words = lambda recs: {sum(r["prompt"].count(f" {w} ") for w in ("plus", "minus", "times")) for r in recs}
+    def n_words(recs):
+        return {sum(r["prompt"].count(f" {w} ") for w in ("plus", "minus", "times")) for r in recs}
+
     assert n_words(easy) == {1} and n_words(hard) == {2}
     assert max(int(r["answer"]) for r in generate("math", "train", 200, 0, difficulty=0.0)) <= 18
     assert {len(r["choices"]) for r in generate("science", "train", 50, 0, difficulty=0.0)} == {3}
     assert {len(r["choices"]) for r in generate("science", "train", 50, 0, difficulty=1.0)} == {4}
-    derived = lambda r: "adult" in r["prompt"] or "hour" in r["prompt"]
+    def derived(r):
+        return "adult" in r["prompt"] or "hour" in r["prompt"]
+
     assert all(derived(r) for r in generate("tooluse", "train", 50, 0, difficulty=1.0))
     assert not any(derived(r) for r in generate("tooluse", "train", 50, 0, difficulty=0.0))
 
@@ -102,7 +106,9 @@ def test_tooluse_derived_arguments():
 
 
 def test_science_readings_by_split():
-    digits = lambda recs: {len(c.split()[0]) for r in recs for c in r["choices"]}
+    def digits(recs):
+        return {len(c.split()[0]) for r in recs for c in r["choices"]}
+
     assert digits(generate("science", "train", 50, 0)) == {1}
     assert digits(generate("science", "ood_near", 50, 0)) == {1}
     assert digits(generate("science", "ood_mid", 50, 0)) == {2}

@@ -7,7 +7,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from megatron_sdpo.diagnostics.drift import checkpoint_drift, main
+from megatron_sdpo.cli import main as cli_main
+from megatron_sdpo.diagnostics.drift import checkpoint_drift
+
+
+def main(argv):
+    """`megatron-sdpo drift ARGS`."""
+    return cli_main(["drift", *argv])
 
 TINY = dict(
     vocab_size=96,
@@ -78,10 +84,10 @@ def test_library_call_matches_cli_and_grows_with_noise(tmp_path):
     small = checkpoint_drift(*_tiny_pair(tmp_path / "s", scale=0.01), out_dir=tmp_path / "o1", plots=False)
     large = checkpoint_drift(*_tiny_pair(tmp_path / "l", scale=0.2), out_dir=tmp_path / "o2", plots=False)
     assert small["plots"] == [] and (tmp_path / "o1" / "drift.json").exists()
-    s, l = small["by_type"]["up_proj"], large["by_type"]["up_proj"]
-    assert l["rel_frob_pooled"] > 5 * s["rel_frob_pooled"] > 0
-    assert l["mean_spectral_shift"] > s["mean_spectral_shift"] > 0
-    assert l["mean_angle_mean_deg"] > s["mean_angle_mean_deg"] > 0
+    lo, hi = small["by_type"]["up_proj"], large["by_type"]["up_proj"]
+    assert hi["rel_frob_pooled"] > 5 * lo["rel_frob_pooled"] > 0
+    assert hi["mean_spectral_shift"] > lo["mean_spectral_shift"] > 0
+    assert hi["mean_angle_mean_deg"] > lo["mean_angle_mean_deg"] > 0
 
 
 def _one_line_error(capsys):
@@ -93,7 +99,7 @@ def _one_line_error(capsys):
 def test_missing_checkpoint_one_line_error(tmp_path, capsys):
     a, _ = _tiny_pair(tmp_path)
     capsys.readouterr()  # drop save_pretrained's progress bar
-    assert main([str(a), str(tmp_path / "nope"), "--out", str(tmp_path / "o")]) == 1
+    assert main([str(a), str(tmp_path / "nope"), "--out", str(tmp_path / "o")]) == 2
     assert "checkpoint not found" in _one_line_error(capsys)
     assert not (tmp_path / "o" / "drift.json").exists()
 
@@ -104,22 +110,19 @@ def test_truncated_safetensors_one_line_error(tmp_path, capsys):
     data = f.read_bytes()
     f.write_bytes(data[: len(data) - 1000])
     capsys.readouterr()
-    assert main([str(a), str(b), "--out", str(tmp_path / "o")]) == 1
+    assert main([str(a), str(b), "--out", str(tmp_path / "o")]) == 2
     assert "corrupt checkpoint shard" in _one_line_error(capsys)
 
 
-def test_tools_script_runs_as_subprocess(tmp_path):
+def test_drift_command_runs_as_subprocess(tmp_path):
     a, _ = _tiny_pair(tmp_path)
-    script = Path(__file__).resolve().parents[3] / "tools" / "drift_report.py"
-    env_path = str(Path(__file__).resolve().parents[3])
     proc = subprocess.run(
-        [sys.executable, str(script), str(a), str(tmp_path / "missing"), "--out", str(tmp_path / "o")],
+        [sys.executable, "-m", "megatron_sdpo", "drift", str(a), str(tmp_path / "missing"), "--out", str(tmp_path / "o")],
         capture_output=True,
         text=True,
         timeout=120,
-        env={"PYTHONPATH": env_path, "PATH": "/usr/bin:/bin"},
     )
-    assert proc.returncode == 1
+    assert proc.returncode == 2
     assert proc.stderr.startswith("error: checkpoint not found") and proc.stderr.count("\n") == 1
 
 
@@ -142,8 +145,9 @@ def _tokenizer():
 
 
 def test_probe_response_drift_identical_and_perturbed(tmp_path):
-    from megatron_sdpo.diagnostics.probes import probe_drift
     from test_response_drift import CharHistogramEmbedder
+
+    from megatron_sdpo.diagnostics.probes import probe_drift
 
     tok = _tokenizer()
     a, b = _tiny_pair(tmp_path, scale=3.0, vocab_size=len(tok), tokenizer=tok)

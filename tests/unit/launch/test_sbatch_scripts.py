@@ -211,6 +211,8 @@ def test_time_limit_signal_requeues_and_stops_srun(fake_slurm):
     assert time.monotonic() - t0 < 20, "the script did not stop promptly after USR1"
     text = log.read_text()
     assert f"scontrol requeue {JOB_ID}" in text and "srun got TERM" in text, (text, out, err)
+    # The ranks stop (and save) before the job is requeued.
+    assert text.index("srun got TERM") < text.index("scontrol requeue"), text
     assert proc.returncode == 143, (out, err)
 
 

@@ -19,13 +19,14 @@ ROOTS = {PKG: REPO / "megatron_sdpo", f"{PKG}.kernels": REPO / "kernels"}
 # Lowest first.
 LAYERS = [
     ["errors"],
-    # The definitions every engine shares: the generalized JSD and what a loss asks a backend to
-    # distill (torch and errors only; algorithms/__init__ imports nothing).
-    ["algorithms.divergence", "algorithms.distillation"],
+    # The definitions every engine shares: the generalized JSD, what a loss asks a backend to
+    # distill, the teacher update as a blend, the LR schedule (torch and errors only;
+    # algorithms/__init__ imports nothing).
+    ["algorithms.divergence", "algorithms.distillation", "algorithms.blend", "backends.schedule"],
     # Foundations: each imports errors only.
-    ["config", "data", "rewards", "weights", "kernels", "ranks", "run_dir", "chat", "engine_logs", "stopwatch"],
-    # The backend seam's plain types: the batch and loss protocol, token layouts, LR schedule.
-    ["backends.base", "backends.layout", "backends.varlen", "backends.schedule"],
+    ["config", "data", "rewards", "weights", "kernels", "ranks", "run_dir", "chat", "engine_logs", "stopwatch", "stop_request"],
+    # The backend seam's plain types: the batch and loss protocol, token layouts.
+    ["backends.base", "backends.layout", "backends.varlen"],
     # Pure maths on tensors and batches.
     ["algorithms"],
     # The shipped tiny base (built with the algorithms' teacher prompt).
@@ -123,3 +124,59 @@ def test_the_check_sees_function_local_imports(tmp_path):
     assert _imports("megatron_sdpo.config.loader", f) == {"megatron_sdpo.backends.schedule.LRSchedule"}
     f.write_text("from ..backends import schedule\n")
     assert _imports("megatron_sdpo.config.loader", f) == {"megatron_sdpo.backends.schedule"}
+
+
+def _module_graph() -> dict[str, set[str]]:
+    """module -> the package modules it imports (an imported name resolves to its module)."""
+    modules = _modules()
+    graph = {}
+    for module, path in modules.items():
+        deps = set()
+        for name in _imports(module, path):
+            target = name if name in modules else name.rpartition(".")[0]
+            if target in modules and target != module:
+                deps.add(target)
+        graph[module] = deps
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan), each sorted."""
+    index, low, stack, on, out = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_no_import_cycles():
+    # Within a layer entry too (config/loader.py and config/stages.py once imported each other
+    # through a function-local import).
+    assert not _cycles(_module_graph())
+
+
+def test_the_cycle_check_sees_a_function_local_cycle():
+    graph = {"p.a": {"p.b"}, "p.b": {"p.c"}, "p.c": {"p.a"}, "p.d": {"p.a"}}
+    assert _cycles(graph) == [["p.a", "p.b", "p.c"]]

@@ -4,8 +4,8 @@ import time
 import pytest
 
 from megatron_sdpo.errors import DataError
-from megatron_sdpo.rewards import score, score_batch
 from megatron_sdpo.rewards import sandbox as sb
+from megatron_sdpo.rewards import score, score_batch
 from megatron_sdpo.rewards.code import extract_code, score_code
 from megatron_sdpo.rewards.sandbox import Sandbox, SandboxLimits
 

@@ -89,5 +89,5 @@ def test_guard_names_the_step_and_the_first_changed_tensor():
     with pytest.raises(RefitError, match="all 3 refit tensors arrived intact"):
         guard.check("step 1", {"refit/logprob_diff_mean": float("nan")}, Engine(sent, dict(sent)))
     with pytest.raises(RefitError, match="no refit has happened yet"):
-        guard.check("step 1", {"refit/logprob_diff_mean": 1.0}, object())
-    RefitGuard(None).check("step 1", {"refit/logprob_diff_mean": 99.0}, object())  # metrics only
+        guard.check("step 1", {"refit/logprob_diff_mean": 1.0}, Engine({}, {}))
+    RefitGuard(None).check("step 1", {"refit/logprob_diff_mean": 99.0}, Engine({}, {}))  # metrics only

@@ -1,14 +1,15 @@
 """HF generate engine: sampling logprobs agree with the trainer, weight sync, grouping, stops."""
 import pytest
 import torch
-from backend_losses import ResponseNLL
 
 from megatron_sdpo.backends.base import SequenceBatch
 from megatron_sdpo.backends.hf import HFBackend
-from megatron_sdpo.backends.tiny import save_tiny_qwen3
 from megatron_sdpo.errors import ConfigError, DataError, MissingDependencyError
+from megatron_sdpo.models.random_qwen3 import save_tiny_qwen3
 from megatron_sdpo.rollout import SamplingConfig, make_engine
 from megatron_sdpo.rollout.hf import HFRolloutEngine, sample_from_logprobs, top_p_logprobs
+
+from backend_losses import ResponseNLL
 
 PROMPTS = [[5, 6, 7], [10, 11, 12, 13, 14], [9], [200, 201]]
 

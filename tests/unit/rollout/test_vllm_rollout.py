@@ -5,14 +5,15 @@ import os
 
 import pytest
 import torch
-from backend_losses import ResponseNLL
 
 from megatron_sdpo.backends.base import SequenceBatch
 from megatron_sdpo.backends.hf import HFBackend
-from megatron_sdpo.backends.tiny import save_tiny_qwen3
 from megatron_sdpo.errors import ConfigError, DataError
+from megatron_sdpo.models.random_qwen3 import save_tiny_qwen3
 from megatron_sdpo.rollout import SamplingConfig
 from megatron_sdpo.rollout.vllm import layer_buckets, tensor_checksum
+
+from backend_losses import ResponseNLL
 
 PROMPTS = [[5, 6, 7], [10, 11, 12, 13, 14], [9], [200, 201]]
 
@@ -165,7 +166,9 @@ def test_vllm_seeded_calls_repeat_exactly(setup):
     # Prompts of different lengths in one call exercise the chunked-prefill bookkeeping that
     # broke with per-request seeds on CPU.
     prompts = PROMPTS + [list(range(5, 45))]
-    sample = lambda seed: [c.token_ids for c in engine.generate(prompts, SamplingConfig(n=4, max_new_tokens=12, seed=seed))]
+    def sample(seed):
+        return [c.token_ids for c in engine.generate(prompts, SamplingConfig(n=4, max_new_tokens=12, seed=seed))]
+
     first, other, again = sample(3), sample(4), sample(3)
     assert first == again
     assert first != other

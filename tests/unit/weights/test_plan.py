@@ -1,11 +1,19 @@
 """The HF <-> megatron weight plan, checked against real HF models and hand-written layouts."""
 import pytest
 import torch
-
-transformers = pytest.importorskip("transformers")
+import transformers
 
 from megatron_sdpo.errors import CheckpointError, ConfigError
-from megatron_sdpo.weights import Layout, Mapping, ModelSpec, hf_names, hf_to_megatron, megatron_to_hf, owner_stage, plan
+from megatron_sdpo.weights import (
+    Layout,
+    Mapping,
+    ModelSpec,
+    hf_names,
+    hf_to_megatron,
+    megatron_to_hf,
+    owner_stage,
+    plan,
+)
 from megatron_sdpo.weights.plan import HEADS, REPLICATED
 
 
@@ -285,8 +293,8 @@ def test_olmo2_has_one_default_rope_and_no_windows():
 
 
 def test_qwen3_and_llama_specs_keep_pre_norms_and_megatron_rope():
-    q, l = ModelSpec.from_hf_config(_config("qwen3")), ModelSpec.from_hf_config(_config("llama"))
-    assert (q.qk_norm, l.qk_norm) == ("head", None)
-    for s in (q, l):
+    q, ll = ModelSpec.from_hf_config(_config("qwen3")), ModelSpec.from_hf_config(_config("llama"))
+    assert (q.qk_norm, ll.qk_norm) == ("head", None)
+    for s in (q, ll):
         assert s.norm_placement == "pre" and s.ropes == () and s.layer_types == () and s.rope(0) is None
-    assert hash(q) != hash(l)  # still a hashable frozen dataclass
+    assert hash(q) != hash(ll)  # still a hashable frozen dataclass
