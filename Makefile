@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 
 SMOLLM2_STAMP := $(VENV)/.smollm2
 
-.PHONY: setup smollm2 run run-smollm2 compare lint test test-fast clean
+.PHONY: setup smollm2 run run-smollm2 compare lint test test-fast gpu-wheels clean
 
 setup: $(STAMP)
 
@@ -42,9 +42,10 @@ run-smollm2: smollm2
 compare: setup
 	$(PY) -m megatron_sdpo compare tiny --algorithms grpo,sdpo,stable_sdpo $(ARGS)
 
-# Static checks: ruff (rules in ruff.toml) over the code and its tests.
+# Static checks: ruff (rules in ruff.toml) over the code and its tests, mypy (mypy.ini) on the package.
 lint: setup
 	$(PY) -m ruff check megatron_sdpo kernels launchers tools tests
+	$(PY) -m mypy
 
 # What CI runs (.ci/run): the static checks, then every test, the SmolLM2 ones included.
 test: smollm2 lint
@@ -52,6 +53,13 @@ test: smollm2 lint
 
 test-fast: setup
 	$(PY) -m pytest -m "not slow" $(ARGS)
+
+# Wheels for tests/gpu/run_gpu_checks.sh on an offline GPU machine with Python 3.12 and torch:
+# megatron-core (its other dependencies, numpy and packaging, come with torch) and Liger.
+GPU_WHEELS ?= gpu_wheels
+gpu-wheels: setup
+	$(PY) -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
+	  --platform manylinux_2_28_x86_64 -d $(GPU_WHEELS) "megatron-core==0.16.1" "liger-kernel==0.8.5"
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

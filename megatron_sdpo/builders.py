@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 from megatron_sdpo.config.algorithm_spec import algorithm_spec
 from megatron_sdpo.config.backend_spec import backend_spec
@@ -13,8 +14,9 @@ from megatron_sdpo.errors import ConfigError, UserError
 
 def resolve_model_path(cfg: RunConfig) -> str:
     """"tiny" -> the shipped tiny base (built on first use); a packaged model's name (e.g.
-    "smollm2-135m-instruct") -> its HF directory in the cache (converted on first use); else an
-    existing HF directory."""
+    "smollm2-135m-instruct") -> its HF directory in the cache (converted on first use); a hub id
+    (owner/name, not a directory here) -> its snapshot in the HF cache (fetched once per node);
+    else an existing HF directory."""
     from megatron_sdpo.models.hf_dir import check_hf_model_dir
     from megatron_sdpo.models.packaged import PACKAGED_MODELS, ensure_packaged_model
 
@@ -24,11 +26,14 @@ def resolve_model_path(cfg: RunConfig) -> str:
         return str(check_hf_model_dir(ensure_tiny_base(), what="tiny base"))
     if cfg.model.path in PACKAGED_MODELS:
         return str(check_hf_model_dir(ensure_packaged_model(cfg.model.path), what=f"model {cfg.model.path}"))
+    from megatron_sdpo.models import hub
+
+    if hub.is_hub_id(cfg.model.path):
+        return str(check_hf_model_dir(hub.fetch(cfg.model.path), what=f"model.path {cfg.model.path!r}"))
     path = Path(cfg.model.path)
     if not path.is_dir():
         raise UserError(
-            f"model.path {cfg.model.path!r} is not a local directory (this build loads models from disk; "
-            "download the HF checkpoint first)"
+            f"model.path {cfg.model.path!r} is neither a local directory nor a hub id (owner/name)"
         )
     # Config, shard index and safetensors headers, before vLLM or transformers open anything.
     return str(check_hf_model_dir(path, what="model.path"))
@@ -128,9 +133,7 @@ def make_rollout(cfg: RunConfig, model_path: str, tokenizer, work_dir: str):
         raise ConfigError(f"rollout.tensor_parallel_size={cfg.rollout.tensor_parallel_size} needs rollout.engine=vllm (the engine here is {kind})")
     from megatron_sdpo.rollout.replicas import ReplicaLayout, ReplicatedRollout
 
-    # Checked before anything loads: the tensor-parallel size must fit the launch.
-    layout = ReplicaLayout.of_launch(cfg.rollout.tensor_parallel_size) if kind == "vllm" else None
-    common = dict(
+    common: dict[str, Any] = dict(
         seed=cfg.seed,
         dtype=cfg.model.dtype,
         max_model_len=cfg.rollout.max_model_len,
@@ -141,6 +144,8 @@ def make_rollout(cfg: RunConfig, model_path: str, tokenizer, work_dir: str):
     if kind == "vllm":
         from megatron_sdpo.ranks import rank
 
+        # Checked before anything loads: the tensor-parallel size must fit the launch.
+        layout = ReplicaLayout.of_launch(cfg.rollout.tensor_parallel_size)
         engine = make_engine(
             "vllm",
             model_path=model_path,
@@ -148,6 +153,7 @@ def make_rollout(cfg: RunConfig, model_path: str, tokenizer, work_dir: str):
             run_dir=work_dir if layout.world == 1 else os.path.join(work_dir, f"rank_{rank()}"),
             bucket_bytes=cfg.rollout.bucket_bytes,
             gpu_memory_utilization=cfg.rollout.gpu_memory_utilization,
+            sleep_level=cfg.rollout.sleep_level,
             max_num_seqs=max(cfg.algorithm.prompts_per_step * cfg.algorithm.group_size, cfg.eval.batch_size),
             tensor_parallel_size=layout.tp,
             prefix_caching=cfg.rollout.prefix_caching,

@@ -41,8 +41,18 @@ def cmd_run(args) -> int:
         from megatron_sdpo.launch_plan import plan, world_size_from
 
         world, source = world_size_from(args.world_size)
-        print(plan(cfg, world, world_source=source, gpu_memory_gib=args.gpu_memory_gib).render())
-        return 0
+        launch = plan(cfg, world, world_source=source, gpu_memory_gib=args.gpu_memory_gib)
+        print(launch.render())
+        if not args.strict:
+            return 0
+        from megatron_sdpo.launch_plan import preflight_errors
+
+        errors = preflight_errors(cfg, launch)
+        for line in errors:
+            print(f"error: {line}", file=sys.stderr)
+        return 2 if errors else 0
+    if args.strict:
+        raise UserError("--strict is for --dry-run (the cluster preflight)")
     if args.world_size is not None:
         raise UserError("--world-size is for --dry-run; a run takes its world from the launcher (torchrun)")
     out = args.out or _default_out(cfg.name)
@@ -173,6 +183,11 @@ def build_parser(drift_arguments: bool = True) -> argparse.ArgumentParser:
         "--dry-run", action="store_true",
         help="check config, layout, data and rollout plan, print ranks, TP/PP/DP, vLLM replicas and a memory "
         "estimate per rank; loads no weights",
+    )
+    r.add_argument(
+        "--strict", action="store_true",
+        help="with --dry-run, as the cluster preflight on the allocation: missing data files, a model path the "
+        "ranks could not load and a memory plan over --gpu-memory-gib are errors (exit 2), not warnings",
     )
     r.add_argument("--world-size", type=int, help="ranks to plan for with --dry-run (default: WORLD_SIZE, else 1)")
     r.add_argument("--gpu-memory-gib", type=float, default=80.0, help="memory per GPU for the --dry-run estimate")

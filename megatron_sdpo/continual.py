@@ -20,6 +20,7 @@ from megatron_sdpo.algorithms.teacher import TeacherController
 from megatron_sdpo.config import dump_yaml, load_config
 from megatron_sdpo.config.schema import RunConfig
 from megatron_sdpo.data.sources import load_source
+from megatron_sdpo.drift_jobs import DriftJobs
 from megatron_sdpo.evaluation import evaluate_config, load_eval_sets
 from megatron_sdpo.monitor import RunMonitor
 from megatron_sdpo.run_dir import RunDir
@@ -77,6 +78,7 @@ class ContinualRun:
         self.cfg = cfg
         self.resume = resume
         self.monitor = RunMonitor(self.run_dir, cfg, quiet=quiet, write=self.main)
+        self.drift_jobs = DriftJobs(self.run_dir, threads=cfg.diagnostics.threads or None, log=self.monitor.log)
 
     # -- set-up -----------------------------------------------------------------------------
     def _setup(self) -> None:
@@ -182,6 +184,8 @@ class ContinualRun:
         cfg = self.cfg
         start_stage, start_step = self._restore() if self.resume else (0, 0)
         rows = self.run_dir.read_eval_matrix() if self.resume else []
+        if self.resume and self.main:
+            self.drift_jobs.resume_pending()
         rows = rows[: start_stage + 1]
         if not rows:
             rows.append(("base", self._evaluate("base")))
@@ -229,6 +233,7 @@ class ContinualRun:
             self._stopped(signum, checkpoint)
 
     def _stopped(self, signum: int, checkpoint: str) -> None:
+        self.drift_jobs.stop()
         self.monitor.log(f"stop requested ({signal.Signals(signum).name}): checkpoint {checkpoint}; resume with --resume")
         self.monitor.close()
         raise StopRequested(signum, checkpoint)
@@ -258,9 +263,9 @@ class ContinualRun:
                 records, seed=cfg.seed, stage=k, step=step, size=cfg.algorithm.prompts_per_step
             )
             out = self.trainer.step(
-                stage.domain, batch, seed=step_seed(cfg.seed, k, step), step=step, label=f"stage {k + 1} step {step + 1}"
+                stage.domain, batch, seed=step_seed(cfg.seed, k, step), step=step, label=f"stage {k + 1} step {step + 1}",
+                after_train=lambda: self._teacher_update(self.teacher.after_step(step + 1)),
             )
-            self._teacher_update(self.teacher.after_step(step + 1))
             stats = artifact_stats(
                 out.responses,
                 truncated=out.truncated,
@@ -300,14 +305,6 @@ class ContinualRun:
         """The stage-0 reference for drift: the base model's HF directory."""
         self.base_dir = self.model_path
 
-    def _embedder(self):
-        """The sentence embedder of the response drift (MiniLM), loaded once per run."""
-        from megatron_sdpo.diagnostics.response_drift import MiniLMEmbedder
-
-        if getattr(self, "_minilm", None) is None:
-            self._minilm = MiniLMEmbedder()
-        return self._minilm
-
     def _stage_label(self, k: int) -> str:
         return f"stage_{k + 1}_{self.cfg.stages[k].domain}"
 
@@ -325,36 +322,36 @@ class ContinualRun:
 
     def _stage_diagnostics(self, k: int) -> None:
         """Drift of stage k's policy against the previous stage and the base, written to
-        drift/stage_<k+1>.json. Every rank scores the probes (a collective forward); the rest
-        (two HF checkpoints loaded for the SVDs, the sentence embedder) runs on the main rank
-        only, which alone writes it: computed on every rank, it cost the stage end that memory
-        and time once per rank."""
+        drift/stage_<k+1>.json by a detached job (drift_jobs.py). Every rank scores the probes
+        (a collective forward); the main rank hands them with the stage's inputs to the job and
+        goes on: the SVDs over two checkpoints and the embedder run off the critical path."""
         cfg = self.cfg
         if not cfg.diagnostics.enabled:
             return
         from megatron_sdpo import report
-        from megatron_sdpo.diagnostics.stage import ProbeLogprobs, probe_batches, stage_diagnostics
+        from megatron_sdpo.diagnostics.stage import ProbeLogprobs, probe_batches
 
         d = cfg.diagnostics
-        cur = report.read_eval_samples(self.run_dir, self._stage_label(k))
+        label = self._stage_label(k)
+        cur = report.read_eval_samples(self.run_dir, label)
         # The policy's own eval answers, scored by the policy and by the frozen base.
         probes = {}
         for key, b in probe_batches(self.tokenizer, cur, self.eval_sets, d.probe_n).items():
             policy, base = (self.backend.logprobs(b, model=m) for m in ("policy", "reference"))
             probes[key] = ProbeLogprobs(policy, base, b.response_mask())
-        if not self.main:
-            return
-        record = stage_diagnostics(
-            k, cfg.stages[k].domain, cfg.algorithm.name, self._stage_policies(k),
-            report.read_eval_samples(self.run_dir, "base"), cur, probes,
-            svd_rank=d.svd_rank, seed=cfg.seed, probe_n=d.probe_n, embedder=self._embedder() if d.response_drift else None,
-        )
-        report.write_stage_drift(self.run_dir, record)
+        if self.main:
+            self.drift_jobs.submit(k + 1, {
+                "stage": k, "domain": cfg.stages[k].domain, "algorithm": cfg.algorithm.name,
+                "policies": self._stage_policies(k), "base_label": "base", "cur_label": label,
+                "probes": probes, "svd_rank": d.svd_rank, "seed": cfg.seed, "probe_n": d.probe_n,
+                "response_drift": d.response_drift,
+            })
 
     def _finish(self, seconds: float) -> None:
         from megatron_sdpo.report import write_report
 
         if self.main:
+            self.drift_jobs.wait()
             write_report(self.run_dir, self.cfg, wall_seconds=seconds)
         self.monitor.log(f"done in {seconds:.0f}s: {self.run_dir.root}")
         self.monitor.close()

@@ -1,6 +1,8 @@
 """Evaluating a policy on every domain's eval splits (one row of the eval matrix)."""
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import replace
 
 from megatron_sdpo.chat import record_prompts
@@ -37,23 +39,27 @@ def evaluate(
     """Accuracy per "domain/split" key (greedy, or avg@k when `greedy` is false) and the samples.
 
     Returns (accuracies, samples) where samples[key] lists {"id", "response", "score"} so a run
-    directory keeps what the model answered, not only how often it was right.
+    directory keeps what the model answered, not only how often it was right. Each answer is
+    scored by its record's own domain (an out-of-domain set keeps its scorer); a set listed by
+    several domains (the same records) is generated and scored once.
     """
-    from megatron_sdpo.rewards import score_batch
-
     accs: dict[str, float] = {}
     samples: dict[str, list[dict]] = {}
+    done: dict[str, str] = {}  # records' fingerprint -> the first key evaluated with them
+    k = 1 if greedy or avg_k <= 0 else avg_k
+    sampling = SamplingConfig(
+        n=k, temperature=temperature, max_new_tokens=max_new_tokens, greedy=k == 1 and greedy, seed=seed
+    )
     for key, records in eval_sets.items():
-        domain = key.split("/")[0]
         if not records:
             continue
-        k = 1 if greedy or avg_k <= 0 else avg_k
-        sampling = SamplingConfig(
-            n=k, temperature=temperature, max_new_tokens=max_new_tokens, greedy=k == 1 and greedy, seed=seed
-        )
+        same = done.setdefault(_fingerprint(records), key)
+        if same != key:
+            accs[key], samples[key] = accs[same], samples[same]
+            continue
         comps = generate_texts(engine, tokenizer, records, sampling, batch_size)
         recs = [records[c.prompt_index] for c in comps]
-        results = score_batch(domain, [c.text for c in comps], recs, batched_code=batched_code)
+        results = _score(recs, [c.text for c in comps], batched_code)
         scores = [float(r.score >= 1.0) for r in results]  # accuracy: fully correct answers
         accs[key] = sum(scores) / len(scores)
         samples[key] = [
@@ -61,6 +67,24 @@ def evaluate(
             for rec, c, r in zip(recs, comps, results)
         ]
     return accs, samples
+
+
+def _fingerprint(records: list[dict]) -> str:
+    return hashlib.sha256(json.dumps(records, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _score(records: list[dict], texts: list[str], batched_code: bool) -> list:
+    """Scores per record domain (one batch per domain, shared over the ranks), results in the
+    input order."""
+    from megatron_sdpo.rollout.scoring import score_shared
+
+    out: list = [None] * len(records)
+    for domain in dict.fromkeys(r["domain"] for r in records):
+        idx = [i for i, r in enumerate(records) if r["domain"] == domain]
+        results = score_shared(domain, [texts[i] for i in idx], [records[i] for i in idx], batched_code=batched_code)
+        for i, r in zip(idx, results):
+            out[i] = r
+    return out
 
 
 def load_eval_sets(cfg) -> dict[str, list[dict]]:

@@ -16,11 +16,15 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from megatron_sdpo.config.algorithm_spec import algorithm_spec
 from megatron_sdpo.config.backend_spec import backend_spec
 from megatron_sdpo.config.schema import RunConfig
 from megatron_sdpo.errors import ConfigError, DataError
+
+if TYPE_CHECKING:
+    from megatron_sdpo.weights.plan import ModelSpec
 
 GIB = 1024**3
 # First rows parsed per data file that exists: enough to catch a wrong schema, cheap on a login node.
@@ -87,11 +91,15 @@ def _model_dir(cfg: RunConfig) -> Path | None:
         # Planning never converts: a model not materialised yet uses the built-in table.
         d = materialised_dir(cfg.model.path)
         return d if is_complete(d) else None
+    from megatron_sdpo.models import hub
+
+    if hub.is_hub_id(cfg.model.path):
+        return hub.cached_snapshot(cfg.model.path)  # planning never downloads
     p = Path(cfg.model.path)
     return p if (p / "config.json").is_file() else None
 
 
-def resolve_arch(cfg: RunConfig) -> tuple[Arch | None, object, list[str]]:
+def resolve_arch(cfg: RunConfig) -> tuple[Arch | None, ModelSpec | None, list[str]]:
     """(Arch, the weight plan's ModelSpec, notes) from config.json or the built-in table;
     (None, None, [why]) for a model that is neither here nor in the table (a launch from a
     machine without the model: the checks that need the architecture are skipped)."""
@@ -227,17 +235,17 @@ class LaunchPlan:
         if self.arch is None:
             lines.append("model: architecture unknown on this machine; no memory estimate (see warnings)")
         else:
-            lines += self._model_lines(g)
+            lines += self._model_lines(self.arch, g)
         lines.append("data: " + self._data_summary())
         lines += [f"note: {n}" for n in self.notes]
         lines += [f"warning: {w}" for w in self.warnings]
         return "\n".join(lines)
 
-    def _model_lines(self, g) -> list[str]:
+    def _model_lines(self, arch: Arch, g) -> list[str]:
         m = self.memory
         return [
-            f"model: {self.arch.params / 1e6:,.1f}M parameters, {self.arch.layers} layers, hidden {self.arch.hidden}, "
-            f"vocab {self.arch.vocab} (from {self.arch.source})",
+            f"model: {arch.params / 1e6:,.1f}M parameters, {arch.layers} layers, hidden {arch.hidden}, "
+            f"vocab {arch.vocab} (from {arch.source})",
             f"memory per rank (GiB, rough): params {g(m['params'])}, grads {g(m['grads'])}, optimizer {g(m['optimizer'])}, "
             f"teacher {g(m['teacher'])}, reference {g(m['reference'])}, activations ~{g(m['activations'])} "
             f"(a micro-batch of max_model_len rows), "
@@ -368,3 +376,31 @@ def _memory(cfg: RunConfig, arch: Arch, tp: int, pp: int, dp: int, rollout_tp: i
         "vllm_weights": int(vllm_weights),
         "kv_budget": int(kv),
     }
+
+
+def preflight_errors(cfg: RunConfig, p: LaunchPlan) -> list[str]:
+    """What `--dry-run --strict` (the cluster preflight, on the allocation) fails on, one line
+    each: data files missing here, a model the ranks could not load, a memory plan over the GPU."""
+    from megatron_sdpo.errors import UserError
+    from megatron_sdpo.models import hub
+    from megatron_sdpo.models.packaged import PACKAGED_MODELS
+
+    errors = [
+        f"{d.where}.source: data file not found: {d.source}" for d in p.data if d.status == "missing"
+    ]
+    path = cfg.model.path
+    if path != "tiny" and path not in PACKAGED_MODELS:
+        if hub.is_hub_id(path):
+            try:
+                hub.check_reachable(path)
+            except UserError as exc:
+                errors.append(str(exc))
+        elif not (Path(path) / "config.json").is_file():
+            errors.append(f"model.path {path!r}: no HF model directory there (no config.json) and not a hub id")
+    peak = max(p.train_peak, p.rollout_peak) if p.memory else 0
+    if peak > p.gpu_memory_bytes:
+        errors.append(
+            f"memory plan: the peak per rank ({peak / GIB:.1f} GiB) exceeds the GPU's "
+            f"{p.gpu_memory_bytes / GIB:g} GiB (--gpu-memory-gib)"
+        )
+    return errors

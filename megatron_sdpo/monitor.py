@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import Any
 
 from megatron_sdpo.run_dir import RunDir
 
@@ -15,8 +16,8 @@ class RunMonitor:
         self.write = write  # only rank 0 of a launch writes and prints
         self.quiet = quiet or cfg.logging.quiet or not sys.stderr.isatty()
         self._wandb = None
-        self._progress = None
-        self._task = None
+        self._progress: Any = None  # rich.progress.Progress while a stage runs (imported then)
+        self._task: Any = None
         if cfg.logging.wandb and write:
             self._wandb = self._init_wandb(cfg, run_name or cfg.name)
 

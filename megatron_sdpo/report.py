@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 
 from megatron_sdpo.config.algorithm_spec import algorithm_spec
@@ -37,7 +38,9 @@ def read_eval_samples(rd: RunDir, label: str) -> dict[str, list[dict]]:
 def write_stage_drift(rd: RunDir, record: dict) -> Path:
     """drift/stage_<k+1>.json: one stage's diagnostics (diagnostics/stage.py)."""
     path = rd.drift / f"stage_{record['stage']}.json"
-    path.write_text(json.dumps(record, indent=1, default=float))
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(record, indent=1, default=float))
+    os.replace(tmp, path)  # written by a detached job (drift_jobs.py): never half a record
     return path
 
 

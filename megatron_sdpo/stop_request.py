@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import signal
 import threading
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -31,7 +32,7 @@ class StopRequest:
 
     def __init__(self) -> None:
         self.received = 0  # signal number, 0: none
-        self._previous: dict[int, object] = {}
+        self._previous: dict[int, Any] = {}  # what signal.signal returned: a handler, SIG_DFL, None
 
     def install(self) -> "StopRequest":
         if threading.current_thread() is threading.main_thread():

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -49,6 +50,8 @@ def build_loss(cfg: RunConfig, *, topk_source: TopkSource):
     if not spec.uses_teacher:
         return grpo
     s = a.sdpo
+    if spec.distill_mask_key is None:
+        raise ConfigError(f"algorithm {a.name!r} uses a teacher but names no distillation mask")
     sdpo = losses.SDPOLoss(
         alpha=s.alpha,
         topk=s.topk,
@@ -137,15 +140,19 @@ class Trainer:
         self.cfg = cfg
         self.loss_fn = self._loss(cfg)
 
-    def step(self, domain: str, records: list[dict], *, seed: int, step: int = 0, label: str | None = None) -> StepOutput:
+    def step(
+        self, domain: str, records: list[dict], *, seed: int, step: int = 0, label: str | None = None,
+        after_train: Callable[[], None] | None = None,
+    ) -> StepOutput:
         """One optimizer step on `records` (prompts_per_step records of one domain); `step`
         (0-based within the stage) schedules the periodic diagnostics; `label` names the step
-        in a refit-guard error.
+        in a refit-guard error; `after_train` runs after the optimizer step while the engine
+        still sleeps (the teacher update: its transients never share the device with vLLM).
 
-        Engine order: generate (awake) -> sleep (frees the KV cache while training) -> train ->
-        wake -> refit (the engine's weights are awake before they are written) -> next generate."""
+        Engine order: generate (awake) -> sleep (frees weights and KV cache while training) ->
+        train -> wake the weights -> refit -> wake the KV cache -> next generate."""
         from megatron_sdpo.algorithms.grpo import group_advantages
-        from megatron_sdpo.rewards import score_batch
+        from megatron_sdpo.rollout.scoring import score_shared
 
         cfg, a = self.cfg, self.cfg.algorithm
         n = a.group_size
@@ -165,7 +172,7 @@ class Trainer:
         sample_records = [records[c.prompt_index] for c in comps]
         texts = [c.text for c in comps]
         with times.phase("reward"):
-            results = score_batch(domain, texts, sample_records, batched_code=cfg.rewards.batched_code)
+            results = score_shared(domain, texts, sample_records, batched_code=cfg.rewards.batched_code)
         rewards = torch.tensor([r.score for r in results], dtype=torch.float32)
         batch = SequenceBatch(
             prompt_ids=[prompt_ids[c.prompt_index] for c in comps],
@@ -188,6 +195,8 @@ class Trainer:
                     signal = self._teacher_signal(batch, rewards)
         with times.phase("train"):
             train_metrics = self._update(batch)
+            if after_train is not None:
+                after_train()
         # The backends run the teacher's forward inside their train step and report its time;
         # a train step without a teacher reports none.
         times.move(train_metrics.pop("time/teacher_forward", 0.0), source="train", target="teacher")
@@ -195,8 +204,10 @@ class Trainer:
         # This step's samples came from the last refit's weights: check them before the next.
         self.guard.check(label or f"step {step + 1}", train_metrics, self.engine)
         with times.phase("sync"):
-            self.engine.wake()
+            # Weights first, then the KV cache: the refit's buckets never share the device with it.
+            self.engine.wake(("weights",))
             self.engine.update_weights(self.backend.export_weights(model="policy"))
+            self.engine.wake(("kv_cache",))
         sync_stats = dict(self.engine.last_sync)
         lengths = [len(c.token_ids) for c in comps]
         metrics = {

@@ -120,12 +120,13 @@ trap on_term TERM
 echo "$(date '+%F %T') job ${SLURM_JOB_ID} (restart ${SLURM_RESTART_COUNT:-0}): ${SLURM_JOB_NUM_NODES} node(s) x" \
      "${GPUS_PER_NODE} GPU(s), rendezvous ${MASTER_ADDR}:${MASTER_PORT}, run ${RUN_DIR} ${RESUME}"
 
-# Preflight: the same command with --dry-run for this allocation's world size, one task on one
-# node: a bad override, layout or data schema stops the job here, before any rank loads weights.
+# Preflight: the same command with --dry-run --strict for this allocation's world size, one task on
+# one node: a bad override, layout or data schema, a data file missing, a model the ranks could not
+# load or a memory plan over the GPU stops the job here, before any rank loads weights.
 WORLD=$((SLURM_JOB_NUM_NODES * GPUS_PER_NODE))
 preflight=0
 srun --nodes=1 --ntasks=1 ${CONTAINER_ARGS[@]+"${CONTAINER_ARGS[@]}"} \
-  python -m megatron_sdpo run "${PRESET}" "$@" --dry-run --world-size "${WORLD}" || preflight=$?
+  python -m megatron_sdpo run "${PRESET}" "$@" --dry-run --strict --world-size "${WORLD}" || preflight=$?
 if ((preflight != 0)); then
   echo "$(date '+%F %T') preflight (--dry-run) failed with status ${preflight}; nothing launched"
   exit "${preflight}"

@@ -150,7 +150,7 @@ def policy_loss(
         pg = torch.where(adv < 0, torch.minimum(pg, bound), pg)
 
     metrics: dict[str, torch.Tensor] = {}
-    if tis_cap is not None:
+    if tis_cap is not None and rollout_logprobs is not None:  # both or neither (checked above)
         check_same_shape("rollout_logprobs", rollout_logprobs, "logprobs", lp)
         tis_log = (old - rollout_logprobs.detach().to(torch.float32)).clamp(max=_LOG_RATIO_CLAMP)
         tis_w = torch.exp(tis_log).clamp(max=tis_cap)

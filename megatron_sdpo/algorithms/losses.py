@@ -7,9 +7,11 @@ ranks (metrics with `metric_reduce(name)`), which gives global token means.
 """
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 
-from megatron_sdpo.algorithms.distillation import DistillationSpec
+from megatron_sdpo.algorithms.distillation import DistillationSpec, TopkSource
 from megatron_sdpo.algorithms.grpo import policy_loss
 from megatron_sdpo.algorithms.reduction import as_normalizer
 from megatron_sdpo.algorithms.sdpo import (
@@ -179,7 +181,7 @@ class SDPOLoss:
             alpha=float(alpha),
             temperature=float(temperature),
             topk=k,
-            topk_source="full" if k is None else topk_source,
+            topk_source="full" if k is None else cast(TopkSource, topk_source),
             mask_key=mask_key,
             fused=fused,
             kernel_impl=kernel_impl,

@@ -17,7 +17,7 @@ import copy
 import random
 from contextlib import nullcontext
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator, cast
 
 import numpy as np
 import torch
@@ -98,7 +98,8 @@ class _ResponseLogits(nn.Module):
         the packed layout, its [B, T] `hidden_index` (`attention_mask` None: the positions
         delimit the samples; or, with shared prompts, the layout's [R, 1, L, L] mask in the
         form the model's attention implementation takes, see `_attention_mask`)."""
-        decoder = getattr(self.lm, self.lm.base_model_prefix)
+        lm = cast(Any, self.lm)  # a transformers PreTrainedModel
+        decoder = getattr(lm, lm.base_model_prefix)
         hidden = decoder(
             input_ids=input_ids,
             attention_mask=attention_mask,
@@ -112,7 +113,7 @@ class _ResponseLogits(nn.Module):
             h = hidden[:, L - select - 1 : L - 1]
         if hidden_only:
             return h
-        head = self.lm.get_output_embeddings()
+        head = lm.get_output_embeddings()
         bias = None if head.bias is None else head.bias.float()
         logits = F.linear(h.float(), head.weight.float(), bias)
         return logits if self.temperature == 1.0 else logits / self.temperature
@@ -124,6 +125,8 @@ def _topk_logprobs(logits: torch.Tensor, t_logits: torch.Tensor, spec: Distillat
     selection over a single shard, so both backends pick the ids the same way."""
     from megatron_sdpo.backends.megatron.vocab_parallel import topk_logprobs
 
+    if spec.topk is None:
+        raise ValueError("top-k log-probs need spec.topk")
     temp = spec.temperature
     top_s, top_t, _ = topk_logprobs(logits.float() / temp, t_logits.float() / temp, spec.topk, 0, logits.shape[-1], None)
     return top_s, top_t
@@ -168,11 +171,12 @@ class HFBackend(Backend):
         self.logit_temperature = float(logit_temperature)
         self.model_path = str(model_path)
         self.dtype = _resolve_dtype(dtype)
-        self.lr, self.weight_decay, self.betas = lr, weight_decay, tuple(betas)
+        self.lr, self.weight_decay = lr, weight_decay
+        self.betas = cast(tuple[float, float], tuple(betas))
         lr_schedule.check()
         self.lr_schedule = lr_schedule
         # (optimizer steps taken in the stage, stage length or None): see set_lr_schedule.
-        self._sched = (0, None)
+        self._sched: tuple[int, int | None] = (0, None)
         self.grad_clip = grad_clip
         self.micro_batch_size = micro_batch_size
         if pack_row_tokens < 0:
@@ -251,7 +255,8 @@ class HFBackend(Backend):
         return self._masters if self._masters is not None else list(self.policy.parameters())
 
     def _make_optimizer(self) -> torch.optim.Optimizer:
-        decay, no_decay = [], []
+        decay: list[torch.Tensor] = []
+        no_decay: list[torch.Tensor] = []
         for p in self._optimized_params():
             if p.requires_grad:
                 # Norm gains and biases are not decayed (the usual AdamW practice).
@@ -310,7 +315,7 @@ class HFBackend(Backend):
         [b, T, V] logits of neither model are ever built."""
         from megatron_sdpo.kernels import ChunkSizes, fused_linear_kl
 
-        heads = [m.get_output_embeddings() for m in (self.policy, self._model("teacher"))]
+        heads = [cast(Any, m).get_output_embeddings() for m in (self.policy, self._model("teacher"))]
         if any(h.bias is not None for h in heads):
             raise ConfigError("kernel.fused_kl needs an LM head without bias")
         h_s, _ = self._run(module, mb.prompt_ids, mb.response_ids, T, hidden_only=True)
@@ -417,14 +422,14 @@ class HFBackend(Backend):
         normalizer = loss_fn.global_normalizer(batch.tensors)
         local = dp_slice(len(batch), self.world, self.rank)
         micro = self._micro_batches(local)
-        ddp = self._train_module if self.world > 1 else None
+        ddp = cast(Any, self._train_module) if self.world > 1 else None  # DistributedDataParallel
 
         sums = MetricSums()
         self.teacher_clock.take()  # only this step's teacher forwards count
         self.optimizer.zero_grad(set_to_none=True)
         for k, mb_idx in enumerate(micro):
             sync = ddp is None or k == len(micro) - 1
-            with nullcontext() if sync else ddp.no_sync():
+            with nullcontext() if sync or ddp is None else ddp.no_sync():
                 mb = batch.select(mb_idx)
                 outputs = self._outputs(mb, T, requires, self._train_module, loss_fn)
                 loss, metrics = loss_fn(outputs, mb.tensors, normalizer)
@@ -479,6 +484,8 @@ class HFBackend(Backend):
 
     @torch.no_grad()
     def _masters_to_model(self) -> None:
+        if self._masters is None:
+            raise RuntimeError("no fp32 master weights: the policy's own parameters are fp32")
         for p, m in zip(self.policy.parameters(), self._masters):
             p.copy_(m)
 

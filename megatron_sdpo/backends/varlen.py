@@ -167,23 +167,22 @@ def pack_varlen(
             branch.extend([0] * tail)
             cu.append(len(ids))
     R = len(rows)
-    long = dict(dtype=torch.long, device=device)
     mask = torch.tensor([[1.0] * len(r) + [0.0] * (T - len(r)) for r in responses], dtype=torch.float32, device=device)
     attention = None
     if share_prompts:
-        seg_t = torch.tensor(seg_of, **long).view(R, W)
-        br = torch.tensor(branch, **long).view(R, W)
+        seg_t = torch.tensor(seg_of, dtype=torch.long, device=device).view(R, W)
+        br = torch.tensor(branch, dtype=torch.long, device=device).view(R, W)
         col = torch.arange(W, device=device)
         causal = col[:, None] >= col[None, :]
         same_seg = seg_t[:, :, None] == seg_t[:, None, :]
         visible = (br[:, None, :] == 0) | (br[:, :, None] == br[:, None, :])
         attention = (same_seg & visible & causal).unsqueeze(1)
     return VarlenBatch(
-        input_ids=torch.tensor(ids, **long).view(R, W),
-        position_ids=torch.tensor(pos, **long).view(R, W),
+        input_ids=torch.tensor(ids, dtype=torch.long, device=device).view(R, W),
+        position_ids=torch.tensor(pos, dtype=torch.long, device=device).view(R, W),
         cu_seqlens=None if share_prompts else torch.tensor(cu, dtype=torch.int32, device=device),
-        hidden_index=torch.tensor(index, **long).view(len(prompts), T),
-        response_ids=torch.tensor(targets, **long).view(len(prompts), T),
+        hidden_index=torch.tensor(index, dtype=torch.long, device=device).view(len(prompts), T),
+        response_ids=torch.tensor(targets, dtype=torch.long, device=device).view(len(prompts), T),
         response_mask=mask.view(len(prompts), T),
         real_tokens=sum(seg_len),
         attention_mask=attention,

@@ -46,7 +46,7 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
     if tp is Any:  # per-stage partial sections: validated by config/stages.py
         return value
     if dataclasses.is_dataclass(tp):
-        return build(tp, value, key)
+        return build(typing.cast(type, tp), value, key)
     if tp is bool:
         if not isinstance(value, bool):
             raise ConfigError(f"{key}: expected true/false, got {value!r}")

@@ -151,6 +151,9 @@ class RolloutConfig:
     max_model_len: int = 512
     bucket_bytes: int = 64 * 1024 * 1024  # weight-sync bucket size
     gpu_memory_utilization: float = 0.5
+    # vLLM on GPU: what sleep releases while the trainer runs. 2 drops the engine's weights (every
+    # refit re-sends all of them); 1 copies them to host memory and back at every step.
+    sleep_level: Literal[1, 2] = 2
     # vLLM tensor parallelism per engine replica (independent of the trainer's); under torchrun
     # world / tensor_parallel_size replicas each generate their share of a step's prompts.
     tensor_parallel_size: int = 1
@@ -277,6 +280,9 @@ class DiagnosticsConfig:
     # student did. One extra teacher forward pass on those steps.
     teacher_signal_every: int = 1
     stop_on_collapse: bool = False
+    # CPU threads of each stage's detached drift job (drift_jobs.py; 0: this node's CPUs divided
+    # by its trainer processes).
+    threads: int = 0
 
 
 @dataclass
@@ -290,7 +296,8 @@ class LaunchConfig:
     container_image: str = ""
     # How long a collective waits for a rank before the job fails (torch.distributed's process
     # group timeout; its own default is 10 minutes under NCCL). It must exceed the longest stretch
-    # one rank works while the others wait: today the main rank's stage-end drift diagnostics.
+    # one rank works while the others wait (the main rank's checkpoint writes and eval scoring;
+    # the stage-end drift diagnostics run detached, drift_jobs.py).
     distributed_timeout_minutes: float = 30.0
 
 

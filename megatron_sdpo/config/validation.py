@@ -84,6 +84,8 @@ def _check(cfg: RunConfig) -> None:
         raise ConfigError("teacher.freeze_fraction must be in (0, 1]")
     if cfg.diagnostics.teacher_signal_every < 0:
         raise ConfigError("diagnostics.teacher_signal_every must be >= 0 (0: off)")
+    if cfg.diagnostics.threads < 0:
+        raise ConfigError(f"diagnostics.threads must be >= 0 (0: automatic), got {cfg.diagnostics.threads}")
     r = cfg.diagnostics.collapse_min_length_ratio
     if r is not None and not 0.0 < r <= 1.0:
         raise ConfigError("diagnostics.collapse_min_length_ratio must be in (0, 1] or null")

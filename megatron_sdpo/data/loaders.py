@@ -417,7 +417,7 @@ def _livecodebench(row: dict, index: int, ctx: dict) -> dict:
     functional = any(t.get("testtype") == "functional" for t in tests)
     if functional and not isinstance(fn_name, str):
         raise RowError("functional tests need 'metadata.func_name'")
-    rec = {
+    rec: dict[str, Any] = {
         "id": _row_id(row, "livecodebench", index, "question_id", "id"),
         "domain": "code",
         "prompt": _code_prompt(str(_get(row, "question_content")), fn_name if functional else None,

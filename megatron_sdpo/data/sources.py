@@ -32,11 +32,15 @@ def _load(source, domain: str, split: str, seed: int) -> list[dict]:
         from megatron_sdpo.data import synthetic
 
         return synthetic.generate(domain, split, source.n, seed, source.difficulty, instruction=source.instruction)
-    from megatron_sdpo.data.loaders import load_records
+    from megatron_sdpo.data.loaders import SCHEMAS, load_records
 
-    records = load_records(source.source, source.schema, domain=domain, split=split)
+    schema_domain = SCHEMAS[source.schema][0] if source.schema in SCHEMAS else None
+    # An eval split may list another domain's set (out-of-domain evaluation, e.g. MMLU-Redux under
+    # math): its records keep their own domain, which scores them.
+    keep = domain if split == "train" or schema_domain is None else None
+    records = load_records(source.source, source.schema, domain=keep, split=split)
     if not records:
         raise DataError(f"{source.source}: no records for domain {domain!r}")
     if source.n and source.n < len(records):
-        records = random.Random(seed).sample(records, source.n)
+        return random.Random(seed).sample(records, source.n)
     return records

@@ -49,14 +49,14 @@ def read_eval_matrix(path: str | Path) -> EvalMatrix:
         raise DataError(f"eval matrix not found: {path}")
     try:
         with path.open(newline="") as fh:
-            lines = list(csv.reader(fh))
+            raw = list(csv.reader(fh))
     except (OSError, UnicodeDecodeError, csv.Error) as exc:
         raise DataError(f"{path}: cannot read eval matrix ({exc})") from None
-    lines = [(i + 1, row) for i, row in enumerate(lines) if any(cell.strip() for cell in row)]
+    lines = [(i + 1, row) for i, row in enumerate(raw) if any(cell.strip() for cell in row)]
     if not lines:
         raise DataError(f"{path}: empty eval matrix")
-    lineno, header = lines[0]
-    header = [h.strip() for h in header]
+    lineno, first = lines[0]
+    header = [h.strip() for h in first]
     if header[0] != "after_stage":
         raise DataError(f"{path}:{lineno}: header must start with 'after_stage', got {header[0]!r}")
     columns = header[1:]
@@ -121,7 +121,7 @@ def forgetting_metrics(matrix: EvalMatrix, *, id_split: str = "id") -> dict:
     rows = matrix.rows
     stages = rows[1:]
     final = rows[-1]
-    stage_row = {}
+    stage_row: dict[str, int] = {}
     for i, name in enumerate(rows[1:], start=1):
         stage_row.setdefault(name, i)  # a domain trained twice: its first stage anchors it
     columns: dict[str, dict] = {}

@@ -17,11 +17,11 @@ from __future__ import annotations
 import math
 import re
 from collections import defaultdict
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
-from megatron_sdpo.diagnostics.sources import AlignedTensors, SourceLike, open_source
+from megatron_sdpo.diagnostics.sources import AlignedTensors, SourceLike, StreamSource, TensorSource, open_source
 from megatron_sdpo.diagnostics.spectral import principal_angles, top_singular
 from megatron_sdpo.errors import CheckpointError
 
@@ -207,7 +207,7 @@ def parameter_drift(
             raise CheckpointError(
                 f"{name}: shape {tuple(ta.shape)} in {src_a.label} but {tuple(tb.shape)} in {src_b.label}"
             )
-        base = {"name": name, "type": layer_type(name), "layer": layer_index(name), "shape": list(ta.shape)}
+        base: dict[str, Any] = {"name": name, "type": layer_type(name), "layer": layer_index(name), "shape": list(ta.shape)}
         if ta.dim() == 2 and base["type"] != "norm":
             if progress is not None:
                 progress(name)
@@ -289,7 +289,7 @@ def update_mask_overlap(
     over matrices). Returns a JSON-serializable dict.
     """
     raw = [update1[0], update1[1], update2[0], update2[1]]
-    opened: dict[object, object] = {}
+    opened: dict[object, TensorSource | StreamSource] = {}
     slots = []
     for s in raw:
         key = str(s) if isinstance(s, (str, bytes)) or hasattr(s, "__fspath__") else id(s)
@@ -307,7 +307,7 @@ def update_mask_overlap(
             continue
         if len({tuple(x.shape) for x in t}) != 1:
             raise CheckpointError(f"{name}: shapes differ between checkpoints: {[tuple(x.shape) for x in t]}")
-        rec = {"name": name, "type": layer_type(name), "layer": layer_index(name)}
+        rec: dict[str, Any] = {"name": name, "type": layer_type(name), "layer": layer_index(name)}
         rec.update(mask_overlap_tensors(*t, top_percent=top_percent))
         records.append(rec)
         del tensors, t

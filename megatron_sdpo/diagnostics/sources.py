@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Iterable, Iterator, Mapping, Protocol, Sequence, Union, runtime_checkable
+from typing import Iterable, Iterator, Mapping, Protocol, Sequence, Union, cast, runtime_checkable
 
 import torch
 
@@ -202,27 +202,30 @@ class AlignedTensors:
         self.missing: dict[str, list[str]] = {lab: [] for lab in self.labels}
 
     def __iter__(self) -> Iterator[tuple[str, list[torch.Tensor]]]:
-        streams = [i for i, s in enumerate(self.sources) if isinstance(s, StreamSource)]
-        keyed = [i for i in range(len(self.sources)) if i not in streams]
-        keyed_names = {i: set(self.sources[i].names()) for i in keyed}
+        stream_src = {i: s for i, s in enumerate(self.sources) if isinstance(s, StreamSource)}
+        keyed_src = {i: s for i, s in enumerate(self.sources) if not isinstance(s, StreamSource)}
+        streams, keyed = list(stream_src), list(keyed_src)
+        keyed_names = {i: set(keyed_src[i].names()) for i in keyed}
         seen: set[str] = set()
 
         def driver() -> Iterator[tuple[str, dict[int, torch.Tensor]]]:
             if not streams:
-                union = list(dict.fromkeys(n for i in keyed for n in self.sources[i].names()))
+                union = list(dict.fromkeys(n for i in keyed for n in keyed_src[i].names()))
                 for name in union:
                     yield name, {}
                 return
             # Manual lock-step instead of zip(): zip caches its last result tuple, which would
             # keep the previous step's tensors alive while the next ones are produced.
-            iters = [iter(self.sources[i]) for i in streams]
+            iters = [iter(stream_src[i]) for i in streams]
             while True:
-                items = [next(it, None) for it in iters]
-                if all(item is None for item in items):
+                maybe = [next(it, None) for it in iters]
+                if all(item is None for item in maybe):
                     return
-                if any(item is None for item in items):
-                    ended = [self.labels[i] for i, item in zip(streams, items) if item is None]
+                if any(item is None for item in maybe):
+                    ended = [self.labels[i] for i, item in zip(streams, maybe) if item is None]
                     raise CheckpointError(f"tensor stream(s) {', '.join(ended)} ended before the others")
+                items = cast(list[tuple[str, torch.Tensor]], maybe)
+                del maybe
                 names = {n for n, _ in items}
                 if len(names) != 1:
                     raise CheckpointError(
@@ -240,11 +243,11 @@ class AlignedTensors:
                     self.missing[self.labels[i]].append(name)
                 del got
                 continue
-            tensors = [got[i] if i in got else self.sources[i].get(name) for i in range(len(self.sources))]
+            tensors = [got[i] if i in got else keyed_src[i].get(name) for i in range(len(self.sources))]
             yield name, tensors
             del tensors, got
         for i in keyed:
-            extra = [n for n in self.sources[i].names() if n not in seen]
+            extra = [n for n in keyed_src[i].names() if n not in seen]
             for j in range(len(self.sources)):
                 if j != i:
                     for n in extra:

@@ -154,7 +154,7 @@ def build_model(cfg: TinyConfig, vocab_size: int, pad_id: int, eos_id: int):
         pad_token_id=pad_id,
         eos_token_id=eos_id,
         bos_token_id=None,
-        torch_dtype="float32",
+        dtype="float32",
     )
     torch.manual_seed(cfg.seed)
     return Qwen3ForCausalLM(config)

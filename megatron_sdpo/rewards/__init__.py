@@ -7,7 +7,8 @@ or a broken sandbox (SandboxError), which are the caller's problems, not the mod
 from __future__ import annotations
 
 import logging
-from typing import Callable
+from functools import partial
+from typing import Callable, Sequence, TypeVar, cast
 
 from megatron_sdpo.errors import UserError
 from megatron_sdpo.rewards.result import RewardResult
@@ -18,6 +19,7 @@ __all__ = ["RewardResult", "score", "score_batch", "DOMAINS"]
 log = logging.getLogger(__name__)
 
 DOMAINS = ("math", "science", "tooluse", "code")
+_R = TypeVar("_R")
 
 
 def _scorer(domain: str) -> Callable[[str, dict], RewardResult]:
@@ -41,9 +43,9 @@ def _scorer(domain: str) -> Callable[[str, dict], RewardResult]:
     raise ValueError(f"unknown reward domain {domain!r}; known domains: {', '.join(DOMAINS)}")
 
 
-def _guarded(domain: str, fn: Callable[[], list[RewardResult]], n: int) -> list[RewardResult]:
+def _guarded(domain: str, fn: Callable[[], Sequence[_R]], n: int) -> list[_R | RewardResult]:
     try:
-        return fn()
+        return list(fn())
     except (UserError, SandboxError):
         raise
     except Exception as exc:  # a verifier bug triggered by a response: log it, score 0
@@ -77,14 +79,21 @@ def score_batch(domain: str, responses: list[str], records: list[dict], *,
     if domain == "code":
         from megatron_sdpo.rewards.code import score_code_batch
 
-        batch = _guarded(domain, lambda: score_code_batch(texts, records, batched=batched_code),
-                         len(texts))
-        return batch
+        return _results(_guarded(domain, lambda: score_code_batch(texts, records, batched=batched_code), len(texts)))
     if domain == "math":
         # Every boxed answer of the batch goes to the math-verify worker in one request.
         from megatron_sdpo.rewards.math import check_math_batch, prepare_math
 
-        prepared = [_guarded(domain, lambda t=t, r=r: [prepare_math(t, r)], 1)[0] for t, r in zip(texts, records)]
-        return _guarded(domain, lambda: check_math_batch(prepared), len(prepared))
+        prepared = [_guarded_one(domain, partial(prepare_math, t, r)) for t, r in zip(texts, records)]
+        return _results(_guarded(domain, lambda: check_math_batch(prepared), len(prepared)))
     fn = _scorer(domain)
-    return [_guarded(domain, lambda t=t, r=r: [fn(t, r)], 1)[0] for t, r in zip(texts, records)]
+    return _results([_guarded_one(domain, partial(fn, t, r)) for t, r in zip(texts, records)])
+
+
+def _guarded_one(domain: str, fn: Callable[[], _R]) -> _R | RewardResult:
+    return _guarded(domain, lambda: [fn()], 1)[0]
+
+
+def _results(items: Sequence[object]) -> list[RewardResult]:
+    """The scores of a batch: every item a RewardResult once the verifier has run."""
+    return cast(list[RewardResult], list(items))

@@ -10,7 +10,7 @@ import json
 import math
 import re
 import threading
-from typing import Any
+from typing import Any, cast
 
 from megatron_sdpo.errors import DataError
 from megatron_sdpo.rewards.result import RewardResult, clip_text
@@ -54,8 +54,9 @@ def _tests(record: dict) -> tuple[list[dict], str | None]:
     try:
         if isinstance(tests, str):
             tests = json.loads(tests)
+        # Not a list (None, a number): the iteration's TypeError names the record below.
         cases = [{"input": str(t["input"]), "output": str(t["output"]),
-                  "functional": t.get("testtype") == "functional"} for t in tests]
+                  "functional": t.get("testtype") == "functional"} for t in cast(list, tests)]
     except (ValueError, TypeError, KeyError, AttributeError) as exc:
         raise DataError(f"record {record.get('id')!r}: malformed code tests ({exc})") from None
     if not cases:

@@ -85,9 +85,9 @@ def _expose_interpreter() -> None:
                                             sys.base_exec_prefix, *sys.path) if p}
     wanted = {p for p in wanted if os.path.isdir(p)}
     # Binding a directory covers its subdirectories.
-    wanted = sorted(p for p in wanted if not any(p.startswith(q + "/") for q in wanted))
+    outermost = sorted(p for p in wanted if not any(p.startswith(q + "/") for q in wanted))
     masks: dict = {}
-    for path in wanted:
+    for path in outermost:
         closed = _closed_ancestor(path)
         if closed is not None and closed != path:
             masks.setdefault(closed, []).append(path)
@@ -187,14 +187,15 @@ def _run_program(source: str, fn_name, stdin_text: str) -> int:
             os.write(RESULT_FD, json.dumps(value, default=repr).encode())
         return 0
     except SystemExit as exc:
-        code = exc.code
-        if code is None or isinstance(code, int):
-            return int(code or 0) & 0xFF
-        print(code, file=sys.stderr)
+        status = exc.code
+        if status is None or isinstance(status, int):
+            return int(status or 0) & 0xFF
+        print(status, file=sys.stderr)
         return 1
     except BaseException as exc:  # the program's own error: report its traceback
         # Drop this harness's frame: the program should see only its own frames.
-        traceback.print_exception(type(exc), exc, exc.__traceback__.tb_next)
+        tb = exc.__traceback__
+        traceback.print_exception(type(exc), exc, tb.tb_next if tb is not None else None)
         return 1
 
 
@@ -350,7 +351,7 @@ def main() -> None:
                 _, wstatus = os.waitpid(init, 0)
                 os._exit(os.waitstatus_to_exitcode(wstatus) & 0xFF)
             _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV)
-        report = {"setup_error": None, "programs": run_jobs(job, mode)}
+        report: dict = {"setup_error": None, "programs": run_jobs(job, mode)}
     except SetupError as exc:
         report = {"setup_error": str(exc), "programs": []}
     out.write(json.dumps(report))

@@ -3,9 +3,12 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from typing import Iterable, Iterator, Protocol
+from typing import Iterable, Iterator, Protocol, Sequence
 
 import torch
+
+# What an engine's sleep releases, in the order the trainer brings them back around a refit.
+WAKE_TAGS = ("weights", "kv_cache")
 
 
 @dataclass
@@ -70,5 +73,6 @@ class RolloutEngine(Protocol):
     def sleep(self) -> None:
         """Release accelerator memory while the trainer runs (no-op where unsupported)."""
 
-    def wake(self) -> None:
-        """Re-acquire memory before the next generation."""
+    def wake(self, tags: Sequence[str] | None = None) -> None:
+        """Re-acquire what sleep() released: `tags` of WAKE_TAGS, None for all. A refit needs
+        "weights" awake, a generation both."""

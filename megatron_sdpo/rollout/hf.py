@@ -18,7 +18,7 @@ vocabulary and 128 rows that was 6.3M random numbers per decoding step.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Sequence
 
 import torch
 
@@ -134,7 +134,8 @@ class HFRolloutEngine(RolloutEngine):
         self.threads = threads  # torch threads while generating (None: the process's)
         self.model_path = str(model_path)
         self.device = torch.device(device)
-        self.model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=_DTYPES[dtype]).to(self.device)
+        # transformers types .to through a decorator whose signature loses `self`.
+        self.model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=_DTYPES[dtype]).to(self.device)  # type: ignore[arg-type]
         self.model.eval()
         self.model.requires_grad_(False)
         cfg = self.model.config
@@ -271,5 +272,5 @@ class HFRolloutEngine(RolloutEngine):
     def sleep(self) -> None:
         """No-op: the HF engine's memory is a plain model copy."""
 
-    def wake(self) -> None:
+    def wake(self, tags: Sequence[str] | None = None) -> None:
         """No-op (see sleep)."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import Sequence
 
 import torch.distributed as dist
 
@@ -114,18 +115,30 @@ class ReplicatedRollout(RolloutEngine):
     def sleep(self) -> None:
         self.engine.sleep()
 
-    def wake(self) -> None:
-        self.engine.wake()
+    def wake(self, tags: Sequence[str] | None = None) -> None:
+        self.engine.wake(tags)
 
     # Sync timings and checksums live on the wrapped engine.
     @property
     def last_sync(self) -> dict[str, float]:
         return self.engine.last_sync
 
+    @last_sync.setter
+    def last_sync(self, value: dict[str, float]) -> None:
+        self.engine.last_sync = value
+
     @property
     def sent_checksums(self) -> dict[str, tuple[float, float]]:
         return self.engine.sent_checksums
 
+    @sent_checksums.setter
+    def sent_checksums(self, value: dict[str, tuple[float, float]]) -> None:
+        self.engine.sent_checksums = value
+
     @property
     def received_checksums(self) -> dict[str, tuple[float, float]]:
         return self.engine.received_checksums
+
+    @received_checksums.setter
+    def received_checksums(self, value: dict[str, tuple[float, float]]) -> None:
+        self.engine.received_checksums = value

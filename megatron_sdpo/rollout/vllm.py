@@ -49,12 +49,12 @@ import os
 import re
 import time
 from pathlib import Path
-from typing import Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator, Sequence, cast
 
 import torch
 
 from megatron_sdpo.errors import ConfigError, DataError, require
-from megatron_sdpo.rollout.base import Completion, RolloutEngine, SamplingConfig, torch_threads
+from megatron_sdpo.rollout.base import WAKE_TAGS, Completion, RolloutEngine, SamplingConfig, torch_threads
 from megatron_sdpo.rollout.hf import check_sampling, eos_ids_of, load_tokenizer
 from megatron_sdpo.rollout.replicas import ReplicaLayout
 
@@ -99,6 +99,11 @@ def request_seed(seed: int, prompt_index: int) -> int:
 class WeightSyncExtension:
     """Mixed into vLLM's worker class (worker_extension_cls): methods callable via
     `LLM.collective_rpc`. `self` is the vLLM worker."""
+
+    # The worker's attributes this mixin reads (set by vLLM's worker, or here on first use).
+    vllm_config: Any
+    model_runner: Any
+    sdpo_received: dict[str, torch.Tensor]
 
     def sdpo_reload_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> int:
         """Reloads HF-named tensors in place; returns the number of tensors consumed."""
@@ -242,6 +247,7 @@ class VLLMRolloutEngine(RolloutEngine):
         kv_cache_memory_bytes: int | None = None,
         gpu_memory_utilization: float = 0.5,
         enable_sleep_mode: bool | None = None,
+        sleep_level: int = 2,
         bucket_bytes: int | None = None,
         eos_token_ids: list[int] | None = None,
         detokenize: bool = False,
@@ -256,6 +262,11 @@ class VLLMRolloutEngine(RolloutEngine):
             raise ConfigError(f"bucket_bytes must be > 0 or None, got {bucket_bytes}")
         if threads is not None and threads < 1:
             raise ConfigError(f"threads must be >= 1 or None, got {threads}")
+        if sleep_level not in (1, 2):
+            raise ConfigError(f"sleep_level must be 1 or 2, got {sleep_level}")
+        # Level 2 drops the weights instead of copying them to host and back: every refit
+        # re-sends all of them anyway (verl's hybrid engine does the same).
+        self.sleep_level = sleep_level
         self.threads = threads  # torch threads while generating and reloading (None: the trainer's)
         self.prefix_caching = bool(prefix_caching)
         # Eager by default here (tests and tools build many short-lived engines); runs take
@@ -304,6 +315,9 @@ class VLLMRolloutEngine(RolloutEngine):
                 distributed_executor_backend="external_launcher",
                 tensor_parallel_size=self.layout.tp,
                 data_parallel_size=self.layout.replicas,
+                # Its IPC buffers would sit next to the trainer's NCCL ones on every GPU (as verl
+                # and NeMo-RL set it under a colocated launcher).
+                disable_custom_all_reduce=True,
             )
         if not on_gpu:
             # No partial prefills, so vLLM never rewinds a per-request generator (CPU
@@ -340,7 +354,10 @@ class VLLMRolloutEngine(RolloutEngine):
         self.startup_seconds = time.perf_counter() - t0
         # Read from the config vLLM loaded, not the directory a second time.
         self.tied_head = bool(self.llm.llm_engine.vllm_config.model_config.hf_config.tie_word_embeddings)
-        self._sleeping = False
+        # What sleep() released and wake() has not brought back yet; weights a level-2 sleep
+        # dropped stay invalid until the next refit.
+        self._asleep: set[str] = set()
+        self._weights_dropped = False
 
     def generate(
         self, prompt_ids: list[list[int]], sampling: SamplingConfig, *, first_index: int = 0
@@ -364,8 +381,10 @@ class VLLMRolloutEngine(RolloutEngine):
                 raise DataError(f"prompt {i} is empty")
             if len(p) >= self.max_model_len:
                 raise DataError(f"prompt {i} has {len(p)} tokens; max_model_len is {self.max_model_len}")
-        if self._sleeping:
-            raise RuntimeError("the vLLM engine is asleep: call wake() before generate()")
+        if self._asleep:
+            raise RuntimeError(f"the vLLM engine is asleep ({', '.join(sorted(self._asleep))}): call wake() before generate()")
+        if self._weights_dropped:
+            raise RuntimeError("the vLLM engine's weights were dropped by a level-2 sleep: refit before generate()")
         # vLLM refuses n > 1 with greedy sampling: send n copies of the prompt instead.
         reps, n = (sampling.n, 1) if sampling.greedy else (1, sampling.n)
 
@@ -388,6 +407,7 @@ class VLLMRolloutEngine(RolloutEngine):
             )
 
         requests = [p for p in prompt_ids for _ in range(reps)]
+        params: list[SamplingParams] | SamplingParams
         if sampling.seed is None or sampling.greedy:
             by_len = {k: params_for(k, None) for k in {len(p) for p in prompt_ids}}
             params = [by_len[len(p)] for p in requests]
@@ -404,21 +424,24 @@ class VLLMRolloutEngine(RolloutEngine):
         for r, out in enumerate(outs):
             for c in sorted(out.outputs, key=lambda c: c.index):
                 toks = list(c.token_ids)
-                flat = c.logprobs  # FlatLogprobs: position i's entries start at start_indices[i]
+                # FlatLogprobs (flat_logprobs=True above): position i's entries start at start_indices[i].
+                flat = cast(Any, c.logprobs)
                 if [flat.token_ids[i] for i in flat.start_indices] != toks:
                     raise RuntimeError("vLLM returned logprobs that do not follow the sampled tokens")
                 lps = [flat.logprobs[i] for i in flat.start_indices]
                 result.append(Completion(r // reps, toks, lps, "", truncated=c.finish_reason == "length"))
         if self.tokenizer is not None:
             texts = self.tokenizer.batch_decode([c.token_ids for c in result], skip_special_tokens=True)
-            for c, text in zip(result, texts):
-                c.text = text
+            for comp, text in zip(result, texts):
+                comp.text = text
         return result
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Reloads HF-named tensors in place: one streamed call, or layer-aligned buckets of
         `bucket_bytes` when set. Records per-bucket timings in `last_sync` and the checksums of
         what was sent and of what the worker received (`sent_checksums`, `received_checksums`)."""
+        if "weights" in self._asleep:
+            raise RuntimeError("the vLLM engine's weights are asleep: wake(['weights']) before the refit")
         sent: dict[str, torch.Tensor] = {}
         nbytes = 0
 
@@ -452,6 +475,7 @@ class VLLMRolloutEngine(RolloutEngine):
             if self.prefix_caching and not self.llm.reset_prefix_cache():
                 raise RuntimeError("vLLM could not reset its prefix cache after a refit (requests still running)")
         self.sent_checksums = checksums_to_host(sent)
+        self._weights_dropped = False  # every weight was sent (export_weights streams them all)
         self.last_sync = {
             "sync_buckets": float(len(times)),
             "sync_bucket_time_mean": sum(times) / max(len(times), 1),
@@ -460,13 +484,18 @@ class VLLMRolloutEngine(RolloutEngine):
         }
 
     def sleep(self) -> None:
-        """Frees KV cache and weights on GPU (enable_sleep_mode); no-op on CPU."""
-        if self.sleep_enabled and not self._sleeping:
-            self.llm.sleep(level=1)
-            self._sleeping = True
+        """Frees KV cache and weights on GPU (enable_sleep_mode; level 1 keeps a host copy of the
+        weights, level 2 drops them); no-op on CPU."""
+        if self.sleep_enabled and not self._asleep:
+            self.llm.sleep(level=self.sleep_level)
+            self._asleep = set(WAKE_TAGS)
+            self._weights_dropped = self.sleep_level == 2
 
-    def wake(self) -> None:
-        """Re-acquires memory released by sleep(); no-op on CPU."""
-        if self.sleep_enabled and self._sleeping:
-            self.llm.wake_up()
-            self._sleeping = False
+    def wake(self, tags: Sequence[str] | None = None) -> None:
+        """Re-acquires what sleep() released: `tags` of WAKE_TAGS (None: all). The trainer wakes
+        the weights, refits, then the KV cache, so the two are never resident together with
+        the refit's buckets. No-op on CPU."""
+        want = [t for t in (tags or WAKE_TAGS) if t in self._asleep]
+        if self.sleep_enabled and want:
+            self.llm.wake_up(tags=want)
+            self._asleep.difference_update(want)

@@ -86,6 +86,8 @@ def export_hf(
             else:
                 full = torch.empty(mp.shape, dtype=dtype or next(iter(params.values())).dtype, device=device)
             if layout.pp > 1:
+                if pp_group is None:
+                    raise ValueError("pipeline parallelism needs pp_group")
                 full = full.contiguous()
                 dist.broadcast(full, src=dist.get_global_rank(pp_group, p), group=pp_group)
             for n, t in full_to_hf(spec, mp, full).items():

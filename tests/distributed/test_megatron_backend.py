@@ -289,3 +289,30 @@ def test_world1_grpo_four_minibatches_match_hf(model_dir):
     for key in ("loss", "grad_norm", "grpo/clip_frac", "grpo/ratio_mean", "grpo/ratio_max", "grpo/ratio_min", "grpo/pg_loss"):
         assert got[key] == pytest.approx(want[key], rel=1e-4, abs=1e-5), (key, got[key], want[key])
     torch.testing.assert_close(torch.tensor(got["after"]), after, rtol=1e-4, atol=1e-4)
+
+
+def _reads_worker(model_dir: str) -> dict:
+    import megatron_sdpo.backends.megatron.backend as backend_mod
+    from megatron_sdpo.backends.megatron.parallel import destroy
+
+    reads = []
+    real = backend_mod.load_hf
+
+    def counting(model, *args, **kwargs):
+        reads.append(type(model).__name__)
+        return real(model, *args, **kwargs)
+
+    backend_mod.load_hf = counting
+    be = backend_mod.MegatronBackend(model_dir, lr=MB_LR, micro_batch_size=2, with_teacher=True, with_reference=True)
+    same = {w: all(torch.equal(a, b) for a, b in zip(be._params("policy"), be._params(w))) for w in ("teacher", "reference")}
+    frozen = not any(p.requires_grad for w in ("teacher", "reference") for p in be._params(w))
+    destroy()
+    return {"reads": reads, "same": same, "frozen": frozen}
+
+
+def test_world1_reads_the_checkpoint_once_for_policy_teacher_and_reference(model_dir):
+    from megatron_sdpo.backends.megatron.launch import spawn
+
+    (r,) = spawn(_reads_worker, 1, model_dir, timeout_s=300)
+    assert len(r["reads"]) == 1, r  # the policy's; teacher and reference copy it
+    assert r["same"] == {"teacher": True, "reference": True} and r["frozen"], r

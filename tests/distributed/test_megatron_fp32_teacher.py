@@ -56,18 +56,22 @@ def _ema_worker(model_dir: str, dist_opt: bool, tp: int) -> dict:
     owned = sum(int(torch.isfinite(r).sum()) for r in ref)
     scale = max(float(r[torch.isfinite(r)].abs().max()) for r in ref if torch.isfinite(r).any())
     err = max(float((s - r)[torch.isfinite(r)].abs().max()) if torch.isfinite(r).any() else 0.0 for s, r in zip(shadow, ref))
-    cast_exact = all(torch.equal(t.detach(), s.to(torch.bfloat16)) for t, s in zip(teacher, shadow))
+    # Each rank checks the elements its shadow holds; the teachers agree across ranks (below).
+    cast_exact = all(torch.equal(t.detach()[s.isfinite()], s[s.isfinite()].to(torch.bfloat16)) for t, s in zip(teacher, shadow))
+    teacher_sum = sum(float(t.detach().double().sum()) for t in teacher)
+    shadow_elems = be.teacher_fp32.local.numel()
     moved = sum(int((t.detach() != t_init).sum()) for t, t_init in zip(teacher, t0))
     total = sum(t.numel() for t in teacher)
     be.blend_teacher(TeacherBlend.base())  # teacher.reset_at_stage=base: the base model again, in both copies
     base_ok = all(torch.equal(t.detach(), t_init) for t, t_init in zip(be._params("teacher"), t0))
-    base_ok &= all(torch.equal(s, t.float()) for s, t in zip(be.fp32_weights("teacher"), t0))
+    base_ok &= all(torch.equal(s[s.isfinite()], t.float()[s.isfinite()]) for s, t in zip(be.fp32_weights("teacher"), t0))
     masters = [w.clone() for w in be.fp32_weights("policy")]
     be.reset_optimizer()  # a stage boundary keeps the fp32 masters
     kept = all(torch.equal(torch.nan_to_num(x, nan=7.0), torch.nan_to_num(y, nan=7.0)) for x, y in zip(masters, be.fp32_weights("policy")))
     destroy()
     return {"err": err, "tol": FP32_RTOL * scale, "cast_exact": cast_exact, "moved": moved, "total": total,
-            "owned": owned, "kept": kept, "base_ok": base_ok, "dtype": str(teacher[0].dtype)}
+            "owned": owned, "kept": kept, "base_ok": base_ok, "dtype": str(teacher[0].dtype),
+            "teacher_sum": teacher_sum, "shadow_elems": shadow_elems}
 
 
 def _resume_worker(model_dir: str, path: str) -> dict:
@@ -126,6 +130,7 @@ def test_world1_bf16_teacher_tracks_fp32_ema(model_dir):
 
     (r,) = spawn(_ema_worker, 1, model_dir, False, 1, timeout_s=400)
     _check(r)
+    assert r["shadow_elems"] == r["total"]
 
 
 @pytest.mark.slow
@@ -135,7 +140,10 @@ def test_world2_dp2_distributed_optimizer_bf16_teacher_tracks_fp32_ema(model_dir
     ranks = spawn(_ema_worker, 2, model_dir, True, 1, timeout_s=500)
     for r in ranks:
         _check(r)
+        assert r["shadow_elems"] == r["owned"] < r["total"], r  # the shadow holds this rank's share only
     assert sum(r["owned"] for r in ranks) == ranks[0]["total"]  # the DP ranges cover every element once
+    assert sum(r["shadow_elems"] for r in ranks) == ranks[0]["total"]  # 1/DP of the bytes each, all covered
+    assert ranks[0]["teacher_sum"] == ranks[1]["teacher_sum"]  # the gathered bf16 teacher is one model
 
 
 @pytest.mark.slow

@@ -12,16 +12,14 @@ from megatron_sdpo.diagnostics import stage
 
 
 @pytest.mark.parametrize("main", [True, False])
-def test_stage_diagnostics_score_probes_on_every_rank_and_measure_drift_on_the_main_one(monkeypatch, main):
+def test_stage_diagnostics_score_probes_on_every_rank_and_hand_the_rest_to_a_job_on_the_main_one(monkeypatch, main):
     """The probe scoring is a collective forward: every rank runs it. Parameter and response
-    drift load two HF checkpoints and the sentence embedder: the main rank alone, which writes
-    the record."""
+    drift (two HF checkpoints, the sentence embedder) go to a detached job the main rank starts
+    (drift_jobs.py); the ranks go on at once."""
     batch = SequenceBatch([[5, 6]], [[7, 8, 9]])
-    scored, drifted, written = [], [], []
+    scored, submitted = [], []
     monkeypatch.setattr(report, "read_eval_samples", lambda run_dir, label: {"math/id": []})
-    monkeypatch.setattr(report, "write_stage_drift", lambda run_dir, record: written.append(record))
     monkeypatch.setattr(stage, "probe_batches", lambda tok, cur, sets, n: {"math/id": batch})
-    monkeypatch.setattr(stage, "stage_diagnostics", lambda *a, **k: drifted.append(a[0]) or {"stage": a[0] + 1})
 
     def logprobs(b, model):
         scored.append(model)
@@ -31,10 +29,16 @@ def test_stage_diagnostics_score_probes_on_every_rank_and_measure_drift_on_the_m
         cfg=load_config("tiny"), main=main, run_dir=None, tokenizer=None, eval_sets={},
         backend=SimpleNamespace(logprobs=logprobs), base_dir="base",
         _stage_label=lambda k: f"stage_{k + 1}_math",
-        _stage_policies=lambda k: None,
-        _embedder=lambda: "embedder" if main else pytest.fail("the sentence embedder loads on the main rank only"),
+        _stage_policies=lambda k: "policies",
+        drift_jobs=SimpleNamespace(submit=lambda k, inputs: submitted.append((k, inputs))),
     )
     assert run.cfg.diagnostics.enabled and run.cfg.diagnostics.response_drift
     ContinualRun._stage_diagnostics(run, 0)
     assert scored == ["policy", "reference"]
-    assert drifted == ([0] if main else []) and written == ([{"stage": 1}] if main else [])
+    if not main:
+        assert submitted == []
+        return
+    ((k, inputs),) = submitted
+    assert k == 1 and inputs["stage"] == 0 and inputs["cur_label"] == "stage_1_math" and inputs["policies"] == "policies"
+    assert inputs["response_drift"] is True and set(inputs["probes"]) == {"math/id"}
+    assert torch.equal(inputs["probes"]["math/id"].mask, batch.response_mask())

@@ -53,31 +53,33 @@ def test_teacher_signal_splits_the_gain_by_reward():
 
 
 class RecordingEngine(RolloutEngine):
-    """A rollout engine that records the order of calls (sleep/wake are no-ops on CPU vLLM, so
-    the order is what can be checked here)."""
+    """A rollout engine that records the order of calls and what is asleep (sleep/wake are
+    no-ops on CPU vLLM, so the order is what can be checked here)."""
 
     def __init__(self, log):
         self.log = log
-        self.awake = True
+        self.asleep = set()
         self.last_sync, self.sent_checksums, self.received_checksums = {}, {}, {}
 
     def generate(self, prompt_ids, sampling):
         from megatron_sdpo.rollout.base import Completion
 
-        assert self.awake, "generate on a sleeping engine"
+        assert not self.asleep, f"generate on a sleeping engine ({self.asleep})"
         self.log.append("generate")
         return [Completion(i // sampling.n, [7, 8], [-1.0, -2.0], "x", False) for i in range(len(prompt_ids) * sampling.n)]
 
     def sleep(self):
         self.log.append("sleep")
-        self.awake = False
+        self.asleep = {"weights", "kv_cache"}
 
-    def wake(self):
-        self.log.append("wake")
-        self.awake = True
+    def wake(self, tags=None):
+        tags = tuple(tags or ("weights", "kv_cache"))
+        self.log.append(f"wake({','.join(tags)})")
+        self.asleep -= set(tags)
 
     def update_weights(self, named_tensors):
-        assert self.awake, "weights written into a sleeping engine"
+        assert "weights" not in self.asleep, "weights written into a sleeping engine"
+        assert "kv_cache" in self.asleep, "the KV cache woke before the refit"
         self.log.append("refit")
         for _ in named_tensors:
             self.log.append("tensor")
@@ -100,7 +102,7 @@ class RecordingBackend:
         yield "w", torch.zeros(2)
 
 
-def test_step_order_generate_sleep_train_wake_refit():
+def test_step_order_sleep_wake_weights_refit_wake_kv_cache():
     from megatron_sdpo.builders import load_tokenizer
     from megatron_sdpo.data.synthetic import generate
     from megatron_sdpo.models.tiny import ensure_tiny_base
@@ -110,9 +112,15 @@ def test_step_order_generate_sleep_train_wake_refit():
     tok = load_tokenizer(ensure_tiny_base())
     trainer = Trainer(cfg, RecordingBackend(log), RecordingEngine(log), tok)
     records = generate("math", "id", 2, 0)
+    engine = trainer.engine
+
+    def teacher_update():
+        assert engine.asleep == {"weights", "kv_cache"}, "the teacher update ran next to an awake engine"
+        log.append("teacher_update")
+
     for step in range(2):
-        trainer.step("math", records, seed=step, step=step)
-    one = ["generate", "sleep", "train", "wake", "refit", "export", "tensor"]
+        trainer.step("math", records, seed=step, step=step, after_train=teacher_update)
+    one = ["generate", "sleep", "train", "teacher_update", "wake(weights)", "refit", "export", "tensor", "wake(kv_cache)"]
     assert log == one + one
 
 
@@ -239,7 +247,7 @@ class ScriptedEngine(RolloutEngine):
     def sleep(self):
         pass
 
-    def wake(self):
+    def wake(self, tags=None):
         pass
 
     def update_weights(self, named_tensors):

@@ -31,7 +31,7 @@ import contextlib
 import os
 from functools import partial
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 import torch
 import torch.distributed as dist
@@ -191,10 +191,10 @@ class MegatronBackend(Backend):
         if self.vocab_width == 0:
             raise ConfigError("model.vocab_divisor is so large that a TP rank holds only padded vocabulary rows")
 
-        hf = _hf_tensors(self.model_path)
-        self.policy = self._build(hf, trainable=True)
-        self.teacher = self._build(hf, trainable=False) if with_teacher else None
-        self.reference = self._build(hf, trainable=False) if with_reference else None
+        # The checkpoint is read once; teacher and reference start as copies of the policy.
+        self.policy = self._build(_hf_tensors(self.model_path), trainable=True)
+        self.teacher = self._frozen_copy(self.policy) if with_teacher else None
+        self.reference = self._frozen_copy(self.policy) if with_reference else None
         self._wrap_policy()
         self.optimizer = self._make_optimizer()
         self.scheduler = self._make_scheduler(None)
@@ -203,7 +203,7 @@ class MegatronBackend(Backend):
         if self.teacher is not None and self.options.precision.params == "bfloat16":
             from megatron_sdpo.backends.megatron.teacher_state import FP32TeacherShadow
 
-            self.teacher_fp32 = FP32TeacherShadow(self._params("teacher"))
+            self.teacher_fp32 = FP32TeacherShadow(self._params("teacher"), self._params("policy"), self.optimizer, self.policy)
 
     # ------------------------------------------------------------------ setup
     def _build(self, hf, trainable: bool):
@@ -212,6 +212,16 @@ class MegatronBackend(Backend):
         if not trainable:
             model.requires_grad_(False)
         model.eval()  # dropout is 0; eval keeps every forward deterministic
+        return model
+
+    @torch.no_grad()
+    def _frozen_copy(self, source):
+        """A model of `source`'s layout holding its weights, without gradients."""
+        model = build_model(self.spec, self.options)
+        for dst, src in zip(model.parameters(), source.parameters(), strict=True):
+            dst.copy_(src)
+        model.requires_grad_(False)
+        model.eval()
         return model
 
     def _wrap_policy(self) -> None:
@@ -368,7 +378,7 @@ class MegatronBackend(Backend):
             raise ConfigError("the loss needs 'ref_logprobs' but the backend has no reference model")
         normalizer = loss_fn.global_normalizer(batch.tensors).float().to(self.device)
         local = dp_slice(len(batch), self.layout.dp, self.dp_rank)
-        riders: list[tuple[str, object, list]] = []
+        riders: list[tuple[str, Any, list]] = []  # (name, megatron model, its prompts)
         if requires & _TEACHER_OUTPUTS:
             riders.append(("teacher", self._model("teacher"), batch.teacher_prompts()))
         if "ref_logprobs" in requires:
@@ -431,9 +441,9 @@ class MegatronBackend(Backend):
         `metric_reduce`); every rank gets the result."""
         last = self._ps.is_pipeline_last_stage() and self.tp_rank == 0
         # Only last stages ran the loss: share the metric names so every rank joins each reduce.
-        gathered = [None] * dist.get_world_size()
+        gathered: list[list[str] | None] = [None] * dist.get_world_size()
         dist.all_gather_object(gathered, sorted(sums.values) if last else None)
-        names = next((x for x in gathered if x is not None), ["loss"])
+        names: list[str] = next((x for x in gathered if x is not None), ["loss"])
         out = reduce_metrics(sums if last else None, names, self.comm_device)
         out["grad_norm"] = float(grad_norm) if grad_norm is not None else float("nan")
         out["skipped"] = 0.0 if ok else 1.0
@@ -469,11 +479,12 @@ class MegatronBackend(Backend):
 
     def fp32_weights(self, model: str = "policy") -> list[torch.Tensor]:
         """This rank's fp32 truth of `model`'s local shards, in `parameters()` order: the
-        teacher's EMA shadow with bf16 params (else its params); for the policy, the params
+        teacher's EMA shadow with bf16 params (else its params; NaN where another DP rank owns
+        the shadow's elements under the distributed optimizer); for the policy, the params
         with fp32 params, else the optimizer's fp32 main values scattered into full-shape
         tensors (elements this DP rank does not own under the distributed optimizer are NaN)."""
         if model == "teacher" and self.teacher_fp32 is not None:
-            return self.teacher_fp32.shadow
+            return self.teacher_fp32.full()
         if model != "policy" or self.options.precision.params != "bfloat16":
             return [p.detach() for p in self._params(model)]
         from megatron_sdpo.backends.megatron.teacher_state import main_params

@@ -16,7 +16,7 @@ once per step.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
 import torch
 
@@ -130,6 +130,7 @@ def micro_batch_dicts(
     # Dummy rows (-1) repeat the micro-batch's first real sample.
     filled = [[i if i >= 0 else [j for j in g if j >= 0][0] for i in g] for g in groups]
     lists = (prompts, *riders)
+    build: Callable[..., Rows]
     if packed:
         # [micro-batch][student, riders...]: each row's own width, rounded up to `multiple`.
         widths = [

@@ -27,6 +27,7 @@ import torch.distributed as dist
 from megatron_sdpo.backends.checkpoint import fsync_dir
 from megatron_sdpo.errors import CheckpointError
 from megatron_sdpo.stop_request import SIGNALS as STOP_SIGNALS
+from megatron_sdpo.weights.hf_writer import HFDirWriter, write_hf_dir
 
 COMPLETE = "COMPLETE"
 _OPT_META = {"distrib_optim_sharding_type": "fully_reshardable"}
@@ -57,29 +58,26 @@ def _start_writer_queue() -> None:
 
 
 def _shadow_file(backend) -> str:
-    return f"tp{backend.tp_rank}_pp{backend.pp_rank}.pt"
+    return f"tp{backend.tp_rank}_pp{backend.pp_rank}"
 
 
 def _load_teacher_shadow(backend, root: Path) -> None:
-    """Restore the teacher's fp32 EMA shadow (bf16 params). A checkpoint without one (written
-    with fp32 params) gives its teacher weights, which were the fp32 truth."""
+    """Restore the teacher's fp32 EMA shadow (bf16 params) from the pieces every DP rank saved.
+    A checkpoint without one (written with fp32 params) gives its teacher weights, which were
+    the fp32 truth."""
     shadow = backend.teacher_fp32
     if shadow is None:
         return
-    f = root / _SHADOW / _shadow_file(backend)
-    if f.is_file():
+    files = sorted((root / _SHADOW).glob(f"{_shadow_file(backend)}_dp*.pt"))
+    if files:
         layout = json.loads((root / "layout.json").read_text())
         if (layout["tp"], layout["pp"]) != (backend.layout.tp, backend.layout.pp):
             raise CheckpointError(
                 f"{root}: the fp32 teacher shadow was saved at tp={layout['tp']} pp={layout['pp']}; "
                 f"resume with the same tensor/pipeline parallel sizes"
             )
-        saved = torch.load(f, map_location="cpu", weights_only=False)
-        if len(saved) != len(shadow.shadow):
-            raise CheckpointError(f"{f}: {len(saved)} tensors, the teacher has {len(shadow.shadow)}")
-        with torch.no_grad():
-            for dst, src in zip(shadow.shadow, saved):
-                dst.copy_(src)
+        states = [torch.load(f, map_location="cpu", weights_only=False) for f in files]
+        shadow.load_states(states, str(root / _SHADOW))
     else:
         shadow.resync(list(backend.teacher.parameters()))
 
@@ -127,21 +125,24 @@ def save(backend, path: str, *, extra: dict | None = None, hf_policy: bool = Tru
         (tmp / "rng").mkdir()
         (tmp / _SHADOW).mkdir()
     dist.barrier()
-    if backend.teacher_fp32 is not None and backend.dp_rank == 0:
-        # The fp32 EMA shadow is the same on every DP rank: one file per (TP, PP) shard.
-        torch.save(backend.teacher_fp32.shadow, tmp / _SHADOW / _shadow_file(backend))
+    shadow = backend.teacher_fp32
+    if shadow is not None and (shadow.sharded or backend.dp_rank == 0):
+        # Each DP rank's pieces of the fp32 EMA shadow (one rank's full copy without the
+        # distributed optimizer), with their element ranges: any DP size can load them.
+        torch.save(shadow.state(), tmp / _SHADOW / f"{_shadow_file(backend)}_dp{backend.dp_rank}.pt")
     torch.save(
         {"torch": torch.get_rng_state(), "tracker": get_cuda_rng_tracker().get_states()},
         tmp / "rng" / f"rank{rank}.pt",
     )
     if hf_policy:
-        state = {}
+        # Every rank takes part in the export's gathers; rank 0 moves each tensor to host as it
+        # comes and writes it in the model dtype: no state dict on the device, no model built.
+        writer = HFDirWriter(tmp / "policy", backend.model_path, tied=backend.spec.tie_word_embeddings) if rank == 0 else None
         for name, t in backend.export_weights(model="policy"):
-            if rank == 0:
-                state[name] = t
-        if rank == 0:
-            write_hf_dir(state, backend.model_path, tmp / "policy", backend.spec.tie_word_embeddings)
-        del state
+            if writer is not None:
+                writer.add(name, t)
+        if writer is not None:
+            writer.close()
     dist.barrier()
     if rank == 0:
         lay = backend.layout
@@ -161,23 +162,6 @@ def save(backend, path: str, *, extra: dict | None = None, hf_policy: bool = Tru
         if old.exists():
             shutil.rmtree(old)
     dist.barrier()
-
-
-def write_hf_dir(state: dict, hf_model_dir: str, out_dir: str | Path, tied: bool) -> None:
-    """Save HF-named tensors as an HF model directory (config and tokenizer from hf_model_dir)."""
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    hf = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(hf_model_dir), dtype=torch.float32)
-    missing, unexpected = hf.load_state_dict(state, strict=False)
-    missing = [k for k in missing if not (tied and k == "lm_head.weight")]
-    if missing or unexpected:
-        raise CheckpointError(f"HF model and exported weights disagree: missing {missing[:4]}, unexpected {unexpected[:4]}")
-    if tied:
-        hf.tie_weights()
-    hf.save_pretrained(str(out_dir), safe_serialization=True)
-    for f in Path(hf_model_dir).iterdir():
-        if f.is_file() and ("token" in f.name or f.name in ("chat_template.jinja", "vocab.json", "merges.txt")):
-            shutil.copyfile(f, Path(out_dir) / f.name)
 
 
 def _strip(sd: dict, prefix: str) -> dict:
@@ -220,7 +204,7 @@ def _keep_restored_steps(optimizer) -> None:
                 tensors = {**tensors, "step": state["step"].clone()}
             return _orig(model_param, tensors)
 
-        patched._keeps_step = True
+        setattr(patched, "_keeps_step", True)  # marks the wrapper: a second call leaves it alone
         opt._set_main_param_and_optimizer_states = patched
 
 
@@ -332,6 +316,5 @@ def convert_to_hf(checkpoint: str, hf_model_dir: str, out_dir: str, *, model: st
     except Exception as exc:
         raise CheckpointError(f"cannot read {model} from {checkpoint}: {type(exc).__name__}: {exc}") from None
     _load_module(gpt, _strip(loaded[model], prefix), model)
-    state = dict(export_hf(gpt, spec, weight_layout(1, 1, options), tp_group=None, pp_group=None, pp_rank=0))
-    write_hf_dir(state, hf_model_dir, out_dir, spec.tie_word_embeddings)
-    return sorted(state)
+    stream = export_hf(gpt, spec, weight_layout(1, 1, options), tp_group=None, pp_group=None, pp_rank=0)
+    return sorted(write_hf_dir(stream, hf_model_dir, out_dir, tied=spec.tie_word_embeddings))

@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import threading
+from typing import Any
 
 import torch
 from torch.overrides import TorchFunctionMode
@@ -94,7 +95,8 @@ class _NullStream:
 
 
 def _patch_torch_cuda() -> None:
-    cuda = torch.cuda
+    # Typed as Any: replacing the module's functions with CPU stand-ins is the point here.
+    cuda: Any = torch.cuda
     cuda.current_device = lambda: 0
     cuda.device_count = lambda: 1
     cuda.set_device = lambda *a, **k: None
@@ -160,8 +162,8 @@ def _patch_megatron_backward() -> None:
             backward = vars(obj).get("backward")
             if isinstance(backward, staticmethod) and not getattr(backward.__func__, "_cpu_shim", False):
                 fn = _under_mode(backward.__func__)
-                fn._cpu_shim = True
-                obj.backward = staticmethod(fn)
+                setattr(fn, "_cpu_shim", True)
+                setattr(obj, "backward", staticmethod(fn))
 
 
 def install() -> None:

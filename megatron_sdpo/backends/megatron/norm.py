@@ -26,7 +26,7 @@ class RMSNorm(torch.nn.Module):
         self.eps = eps
         self.weight = torch.nn.Parameter(torch.ones(hidden_size, dtype=config.params_dtype, device=param_device(config)))
         # Read by megatron's finalize_model_grads: all-reduce this grad over TP under SP.
-        self.weight.sequence_parallel = bool(config.sequence_parallel)
+        setattr(self.weight, "sequence_parallel", bool(config.sequence_parallel))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.nn.functional.rms_norm(x, (x.shape[-1],), self.weight, self.eps)

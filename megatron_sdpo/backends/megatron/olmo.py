@@ -85,12 +85,13 @@ class PostNorm:
     def __init__(self, input_size: int, output_size: int, *, config: TransformerConfig, bias: bool, **kwargs):
         if bias:  # the norm would have to follow the bias add (ModelSpec rejects Olmo biases)
             raise ConfigError("Olmo's post-norm linears have no bias")
-        super().__init__(input_size, output_size, config=config, bias=False, **kwargs)
+        # A mixin ahead of megatron's row-parallel linear in the MRO: its __init__ is the one called.
+        super().__init__(input_size, output_size, config=config, bias=False, **kwargs)  # type: ignore[call-arg]
         self.post_layernorm = RMSNorm(output_size, config.layernorm_epsilon, config)
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, None]:
         """x [s, b, in / tp] -> (normalized output [s, b, hidden], no bias)."""
-        out, _ = super().forward(x)
+        out, _ = super().forward(x)  # type: ignore[misc]  # the linear's forward (see __init__)
         return self.post_layernorm(out), None
 
 
@@ -177,13 +178,13 @@ class QKNorm(torch.nn.Module):
             sumsq = _SumOverGroup.apply(sumsq, self.tp_group)
         y = x32 * torch.rsqrt(sumsq / self.width + self.eps)
         y = (self.weight.view(n, d) * y).to(x.dtype)
-        return self._rotate(y) if self.inv_freq is not None else y
+        return self._rotate(y, self.inv_freq) if self.inv_freq is not None else y
 
-    def _rotate(self, y: torch.Tensor) -> torch.Tensor:
+    def _rotate(self, y: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
         """HF's rotate-half RoPE at positions 0..sq-1, cos/sin in fp32 and scaled by the rope's
         attention scaling, the same elementwise ops as HF so the same values come out."""
         pos = torch.arange(y.shape[0], device=y.device, dtype=torch.float32)
-        freqs = pos[:, None] * self.inv_freq.to(y.device)[None, :]  # [sq, D/2]
+        freqs = pos[:, None] * inv_freq.to(y.device)[None, :]  # [sq, D/2]
         emb = torch.cat((freqs, freqs), dim=-1)[:, None, None, :]  # [sq, 1, 1, D]
         cos, sin = emb.cos() * self.attention_scaling, emb.sin() * self.attention_scaling
         half = y.shape[-1] // 2
@@ -230,6 +231,8 @@ def window_fields(spec: ModelSpec) -> dict:
     """
     if "sliding_attention" not in spec.layer_types:
         return {}
+    if spec.sliding_window is None:
+        raise ConfigError("sliding-attention layers need spec.sliding_window")
     return dict(
         window_size=(spec.sliding_window - 1, 0),
         window_attn_skip_freq=[int(t == "sliding_attention") for t in spec.layer_types],

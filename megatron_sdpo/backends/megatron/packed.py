@@ -59,7 +59,9 @@ def segment_lengths(sample_lengths: list[int], width: int) -> list[int]:
 def varlen_params(lengths: list[int], device: torch.device) -> VarlenParams:
     """THD params of a row whose segments have `lengths` (they sum to the row width)."""
     L = max(lengths)
-    cu, seg_index, token_index = [0], [], []
+    cu: list[int] = [0]
+    seg_index: list[list[int]] = []
+    token_index: list[int] = []
     for s, n in enumerate(lengths):
         start = cu[-1]
         seg_index.append([start + min(j, n - 1) for j in range(L)])

@@ -43,6 +43,12 @@ class StepLoss:
         self.distill = step_distillation(loss_fn, requires)
         self.sums = MetricSums()
 
+    def spec(self) -> DistillationSpec:
+        """The distillation spec, for outputs only a distilling loss asks for."""
+        if self.distill is None:
+            raise ConfigError("this step's outputs need the loss's distillation spec")
+        return self.distill
+
     def finish(self, mb: dict, outputs: dict) -> tuple[torch.Tensor, dict]:
         loss, metrics = self.loss_fn(outputs, mb["tensors"], self.normalizer)
         self.sums.add_all(loss, metrics)
@@ -50,7 +56,7 @@ class StepLoss:
 
     def from_logits(self, mb: dict, rider_logits: list, logits: torch.Tensor) -> tuple[torch.Tensor, dict]:
         """The loss of a micro-batch from vocab-sharded logits (policy and riders)."""
-        be, requires, d = self.be, self.requires, self.distill
+        be, requires = self.be, self.requires
         shard = be._response_shard(logits, mb["rows"])
         outputs = be._stats(shard, mb["rows"], requires & _POLICY_OUTPUTS)
         for (name, _, _), rows, lg in zip(self.riders, mb["rider_rows"], rider_logits):
@@ -65,9 +71,13 @@ class StepLoss:
                     raise ConfigError("'teacher_logits' needs tp == 1 (logits stay vocab-sharded); use 'fused_kl'")
                 outputs["teacher_logits"] = rshard
             if "fused_kl" in requires:
+                d = self.spec()
                 temp = d.temperature
                 outputs["fused_kl"] = vp.generalized_jsd(shard / temp, rshard / temp, d.alpha, be.tp_group)
             if requires & _TOPK:
+                d = self.spec()
+                if d.topk is None:
+                    raise ConfigError("'topk_logprobs' needs a distillation spec with a top-k")
                 temp = d.temperature
                 outputs["topk_logprobs"], outputs["teacher_topk_logprobs"], _ = vp.topk_logprobs(
                     shard / temp, rshard / temp, d.topk, be.vocab_start, be.spec.vocab_size, be.tp_group
@@ -78,7 +88,7 @@ class StepLoss:
         """The loss of a micro-batch from final hidden states (`heads`): "fused_kl" through the
         fused KL kernel as the distillation spec says, logprobs / entropy through the fused
         logprob kernel."""
-        be, requires, d, riders = self.be, self.requires, self.distill, self.riders
+        be, requires, d, riders = self.be, self.requires, self.spec(), self.riders
         rows, sp = mb["rows"], be.options.sequence_parallel
         b, T = rows.targets.shape
         lp_args = dict(

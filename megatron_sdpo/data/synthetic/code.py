@@ -13,7 +13,7 @@ Every record carries three stdin/stdout tests computed by evaluating the referen
 from __future__ import annotations
 
 import random
-from typing import Callable
+from typing import Callable, Iterable
 
 from megatron_sdpo.data.synthetic.base import NUMBER_WORDS, check_args, make_record, rng_for, sample_unique
 
@@ -31,6 +31,7 @@ def _draw(split: str, difficulty: float):
     def draw(rng: random.Random):
         if split == "ood_far":
             return ("list", rng.randrange(len(REDUCERS)))
+        steps: tuple[tuple[int, int], ...]
         if rng.random() < difficulty:  # two folded constants, + or - each
             steps = ((rng.randrange(2), rng.randint(1, 9)), (rng.randrange(2), rng.randint(1, 9)))
         else:
@@ -69,7 +70,9 @@ def _render(key: tuple, split: str) -> tuple[str, str, Callable[[str], str]]:
         word, fn = REDUCERS[key[1]]
         text = f"Read numbers on one line and print their {word}."
         src = f"xs=list(map(int,input().split()))\nprint({fn}(xs))"
-        return text, src, lambda s: str({"sum": sum, "max": max, "min": min}[fn](map(int, s.split())))
+        reducers: dict[str, Callable[[Iterable[int]], int]] = {"sum": sum, "max": max, "min": min}
+        reduce = reducers[fn]
+        return text, src, lambda s: str(reduce(map(int, s.split())))
     _, steps, var, phrase = key
     words, expr = _expression(var, steps)
     if kind == "ab":

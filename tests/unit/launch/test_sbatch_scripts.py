@@ -160,7 +160,7 @@ def test_first_launch_then_requeued_launch_resumes(fake_slurm):
     assert pre[:2] == ["--nodes=1", "--ntasks=1"]
     assert pre[pre.index("python"):] == [
         "python", "-m", "megatron_sdpo", "run", "olmo3_7b", "algorithm.sdpo.alpha=0.25",
-        "logging.wandb_mode=offline", "--dry-run", "--world-size", "16",
+        "logging.wandb_mode=offline", "--dry-run", "--strict", "--world-size", "16",
     ]
     # The requeued job (same id) finds the run the first attempt started and resumes it.
     run_dir.mkdir(parents=True)

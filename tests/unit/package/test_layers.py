@@ -36,6 +36,8 @@ LAYERS = [
     ["trainer", "evaluation", "monitor", "launch_plan", "plots"],
     # Everything built from the config; files the run wrote, read and written.
     ["builders", "report"],
+    # The stage-end diagnostics' detached jobs (report's writers).
+    ["drift_jobs"],
     ["continual", "evaluation_cli"],
     ["cli"],
     ["__main__"],

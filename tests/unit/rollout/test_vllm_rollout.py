@@ -333,3 +333,55 @@ def test_compiled_engines_share_the_projects_compile_cache(tmp_path, monkeypatch
     _configure_env(tmp_path / "run", compiled=True, on_gpu=False)
     monkeypatch.setenv("TMPDIR", str(tmp_path))
     assert os.environ["VLLM_CACHE_ROOT"] == str(tmp_path / "mine")
+
+
+class _SleepRecorder:
+    """Stands in for vllm.LLM's sleep API (CPU vLLM has no sleep mode)."""
+
+    def __init__(self):
+        self.calls = []
+
+    def sleep(self, level):
+        self.calls.append(("sleep", level))
+
+    def wake_up(self, tags=None):
+        self.calls.append(("wake_up", list(tags)))
+
+
+def _sleeping_engine(level):
+    from megatron_sdpo.rollout.vllm import VLLMRolloutEngine
+
+    engine = VLLMRolloutEngine.__new__(VLLMRolloutEngine)  # the sleep bookkeeping only, no vLLM
+    engine.llm, engine.sleep_enabled, engine.sleep_level, engine.max_model_len = _SleepRecorder(), True, level, 64
+    engine._asleep, engine._weights_dropped = set(), False
+    return engine
+
+
+def test_level_two_sleep_wakes_weights_then_kv_cache_and_refuses_stale_weights():
+    engine = _sleeping_engine(2)
+    engine.sleep()
+    engine.sleep()  # once asleep, a second call changes nothing
+    with pytest.raises(RuntimeError, match="weights are asleep"):
+        engine.update_weights([])
+    engine.wake(("weights",))
+    with pytest.raises(RuntimeError, match=r"asleep \(kv_cache\)"):
+        engine.generate([[1, 2]], SamplingConfig())
+    engine.wake(("kv_cache",))
+    engine.wake()  # nothing left asleep: no call
+    assert engine.llm.calls == [("sleep", 2), ("wake_up", ["weights"]), ("wake_up", ["kv_cache"])]
+    # Woken without a refit, the dropped weights would generate garbage.
+    with pytest.raises(RuntimeError, match="dropped by a level-2 sleep"):
+        engine.generate([[1, 2]], SamplingConfig())
+
+
+def test_level_one_sleep_keeps_the_weights_and_wakes_everything_at_once():
+    engine = _sleeping_engine(1)
+    engine.sleep()
+    engine.wake()
+    assert engine.llm.calls == [("sleep", 1), ("wake_up", ["weights", "kv_cache"])]
+    assert not engine._asleep and not engine._weights_dropped
+    with pytest.raises(ConfigError, match="sleep_level must be 1 or 2"):
+        from megatron_sdpo.models.tiny import ensure_tiny_base
+        from megatron_sdpo.rollout.vllm import VLLMRolloutEngine
+
+        VLLMRolloutEngine(ensure_tiny_base(), sleep_level=3)

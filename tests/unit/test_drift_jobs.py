@@ -1,0 +1,54 @@
+"""The detached stage-end drift jobs: started with their input, ended on a stop with the input
+kept, started again on resume, a failure named with its log."""
+import time
+
+import pytest
+
+from megatron_sdpo.drift_jobs import DELAY_ENV, DriftJobs, default_threads
+from megatron_sdpo.run_dir import RunDir
+
+
+@pytest.fixture
+def run_dir(tmp_path):
+    rd = RunDir(tmp_path / "run")
+    rd.prepare(resume=False)
+    return rd
+
+
+def test_stop_ends_a_running_job_and_keeps_its_input_for_resume(run_dir, monkeypatch):
+    monkeypatch.setenv(DELAY_ENV, "600")  # the job would sleep far past this test
+    jobs = DriftJobs(run_dir, threads=1, log=lambda msg: None)
+    jobs.submit(1, {"stage": 0})
+    proc = jobs.running[1]
+    assert proc.poll() is None
+    started = time.monotonic()
+    jobs.stop()
+    assert proc.poll() is not None and time.monotonic() - started < 30
+    assert jobs.input_path(1).is_file() and not jobs.running
+
+    logged = []
+    resumed = DriftJobs(run_dir, threads=1, log=logged.append)
+    resumed.resume_pending()
+    assert list(resumed.running) == [1] and "stage 1" in logged[0]
+    resumed.submit(1, {"stage": 0})  # the loop submits the same stage again: one job, not two
+    assert list(resumed.running) == [1] and resumed.running[1] is not proc
+    resumed.stop()
+
+
+def test_a_failed_job_is_named_with_its_log(run_dir, monkeypatch):
+    monkeypatch.delenv(DELAY_ENV, raising=False)
+    logged = []
+    jobs = DriftJobs(run_dir, threads=1, log=logged.append)
+    jobs.submit(2, {"stage": 1})  # no policies, no probes: the job fails
+    assert jobs.wait() == [2]
+    assert len(logged) == 1 and "stage 2 failed" in logged[0] and "stage_2.log" in logged[0]
+    assert (run_dir.drift / "stage_2.log").read_text().strip()
+    assert jobs.input_path(2).is_file()  # kept beside the log
+    assert not (run_dir.drift / "stage_2.json").exists()
+
+
+def test_default_threads_share_the_node(monkeypatch):
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
+    alone = default_threads()
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", str(alone * 4))
+    assert alone >= 1 and default_threads() == 1
