@@ -1,11 +1,16 @@
-"""Benchmark the fused linear KL: peak memory and time of forward + backward, one CSV row per case.
+"""Benchmark the fused linear KL: peak memory and time of forward + backward, per implementation.
 
-Every case runs in a fresh subprocess so that one case's allocator high-water mark cannot leak
-into the next. Peak memory is the extra memory of forward + backward over the inputs:
+Every case (implementation, N) runs in a fresh subprocess so that one case's allocator
+high-water mark cannot leak into the next; with --rounds R each case runs R times, the
+implementations of one N interleaved (bench_harness.Bench.run). Peak memory is the extra memory
+of forward + backward over the inputs (bench_harness.PeakMemory):
   CPU:  peak RSS (getrusage high-water mark) minus the RSS after the inputs were built;
         tracemalloc cannot see torch's allocations.
   CUDA: torch.cuda.max_memory_allocated() minus memory_allocated() after the inputs were built.
 Time is the wall time of forward + backward (CUDA: after one warm-up, median of --repeats, synced).
+Metrics: peak_mem_bytes, time_s, cpu_time_s (CPU); params N, H, V, dtype, device; the
+bench_harness CSV schema (`--out`, and its .summary.csv with ratios against `reference`, and
+megatron_fused against megatron_logits).
 
 Implementations: reference (materializes [N, V]), chunked, triton (CUDA), liger (Liger's Triton
 fused linear JSD, CUDA), liger_chunked (Liger's plain-torch chunked JSD loss; a CPU peer).
@@ -23,24 +28,14 @@ fused_linear_kl, what kernel.fused_kl=true runs).
 from __future__ import annotations
 
 import argparse
-import csv
-import json
 import os
-import resource
-import subprocess
 import sys
-import time
 
-FIELDS = ["impl", "N", "H", "V", "dtype", "device", "peak_mem_bytes", "time_s", "cpu_time_s", "note"]
+from bench_harness import Bench, NoResult, PeakMemory, median, print_summary, run_child, timed, write_result
 
-
-def _rss_bytes() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-
-def _peak_rss_bytes() -> int:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+UNITS = {"peak_mem_bytes": "B", "time_s": "s", "cpu_time_s": "s"}
+# The arm each implementation's ratios are taken against: the path it replaces.
+BASELINE = {"megatron_logits": "megatron_logits", "megatron_fused": "megatron_logits"}
 
 
 def _loss_fn(impl: str, alpha: float):
@@ -100,20 +95,9 @@ def run_case(impl: str, n: int, h: int, v: int, dtype: str, device: str, alpha: 
 
     if dev.type == "cuda":
         step()  # compile / autotune outside the measurement
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        base = torch.cuda.memory_allocated()
-        times = []
-        for _ in range(repeats):
-            start = torch.cuda.Event(enable_timing=True)
-            end = torch.cuda.Event(enable_timing=True)
-            start.record()
-            step()
-            end.record()
-            torch.cuda.synchronize()
-            times.append(start.elapsed_time(end) / 1e3)
-        peak = torch.cuda.max_memory_allocated() - base
-        return {"peak_mem_bytes": int(peak), "time_s": sorted(times)[len(times) // 2]}
+        with PeakMemory(dev) as peak:
+            times = [timed(step, cuda=True)[0] for _ in range(repeats)]
+        return {"peak_mem_bytes": peak.bytes, "time_s": median(times)}
 
     # Warm up on tiny inputs first: lazily loaded BLAS code and thread pools would otherwise be
     # counted as the kernel's memory.
@@ -121,14 +105,10 @@ def run_case(impl: str, n: int, h: int, v: int, dtype: str, device: str, alpha: 
     tiny_w = [t[:64].detach().clone().requires_grad_(t.requires_grad) for t in (ws, wt)]
     fn(tiny[0], tiny[1], tiny_w[0], tiny_w[1]).sum().backward()
     del tiny, tiny_w
-    base = _rss_bytes()
-    before_peak = _peak_rss_bytes()
-    t0, c0 = time.perf_counter(), time.process_time()
-    step()
-    elapsed, cpu = time.perf_counter() - t0, time.process_time() - c0
-    after_peak = _peak_rss_bytes()
-    note = "" if after_peak > before_peak else "peak below the import-time high-water mark (upper bound)"
-    return {"peak_mem_bytes": max(0, after_peak - base), "time_s": elapsed, "cpu_time_s": cpu, "note": note}
+    with PeakMemory(dev) as peak:
+        elapsed, cpu = timed(step)
+    note = "" if peak.exact else "peak below the import-time high-water mark (upper bound)"
+    return {"peak_mem_bytes": (peak.bytes, note), "time_s": elapsed, "cpu_time_s": cpu}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -140,23 +120,25 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--alpha", type=float, default=0.5)
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=3, help="CUDA: timed steps per case and round (median)")
+    ap.add_argument("--rounds", type=int, default=1, help="fresh-process runs of every case, interleaved")
     ap.add_argument("--timeout", type=float, default=1800.0, help="seconds per case")
     ap.add_argument("--max-ref-bytes", type=float, default=None,
                     help="skip 'reference' when its estimated peak exceeds this (default: 80%% of free memory)")
     ap.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     ap.add_argument("--out", default="bench_kl.csv")
     ap.add_argument("--case", help=argparse.SUPPRESS)
+    ap.add_argument("--result", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
 
-    if args.case:  # child mode: one measurement, printed as JSON
+    if args.case:  # child mode: one measurement, handed back to run_child
         if args.threads:
             import torch
 
             torch.set_num_threads(args.threads)
         impl, n = args.case.split(",")
         res = run_case(impl, int(n), args.hidden, args.vocab, args.dtype, args.device, args.alpha, args.repeats)
-        print("RESULT " + json.dumps(res))
+        write_result(args.result, res)
         return
 
     limit = args.max_ref_bytes
@@ -164,43 +146,32 @@ def main(argv: list[str] | None = None) -> None:
         import psutil
 
         limit = 0.8 * psutil.virtual_memory().available
-    rows = []
-    for n in [int(x) for x in args.tokens.split(",")]:
-        for impl in args.impls.split(","):
-            row = {"impl": impl, "N": n, "H": args.hidden, "V": args.vocab, "dtype": args.dtype,
-                   "device": args.device, "peak_mem_bytes": "", "time_s": "", "cpu_time_s": "", "note": ""}
+
+    def case(impl: str, n: int):
+        def measure() -> dict:
             # Measured on CPU: the reference peaks at about ten fp32 [N, V] tensors.
             est = 10 * 4 * n * args.vocab
             if impl in ("reference", "megatron_logits") and limit is not None and est > limit:
-                row["note"] = f"skipped: estimated {est / 2**30:.1f} GiB exceeds {limit / 2**30:.1f} GiB"
-            else:
-                cmd = [sys.executable, os.path.abspath(__file__), "--case", f"{impl},{n}",
-                       "--hidden", str(args.hidden), "--vocab", str(args.vocab), "--dtype", args.dtype,
-                       "--device", args.device, "--alpha", str(args.alpha), "--repeats", str(args.repeats)]
-                if args.threads:
-                    cmd += ["--threads", str(args.threads)]
-                try:
-                    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
-                    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-                    if proc.returncode == 0 and lines:
-                        row.update(json.loads(lines[-1][len("RESULT "):]))
-                    else:
-                        row["note"] = "failed: " + (proc.stderr.strip().splitlines() or ["?"])[-1][:200]
-                except subprocess.TimeoutExpired:
-                    row["note"] = f"timed out after {args.timeout:.0f} s"
-            rows.append(row)
-            print(",".join(str(row[k]) for k in FIELDS), flush=True)
-    with open(args.out, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=FIELDS)
-        w.writeheader()
-        w.writerows(rows)
-    by = {(r["impl"], r["N"]): r["peak_mem_bytes"] for r in rows}
-    for n in sorted({r["N"] for r in rows}):
-        for full, fused in (("reference", "chunked"), ("megatron_logits", "megatron_fused")):
-            ref, chk = by.get((full, n)), by.get((fused, n))
-            if ref and chk:
-                print(f"N={n}: {fused} / {full} peak memory = {chk / ref:.4f} (1/{ref / chk:.1f})")
+                raise NoResult("skipped", f"estimated {est / 2**30:.1f} GiB exceeds {limit / 2**30:.1f} GiB")
+            cmd = [sys.executable, os.path.abspath(__file__), "--case", f"{impl},{n}",
+                   "--hidden", str(args.hidden), "--vocab", str(args.vocab), "--dtype", args.dtype,
+                   "--device", args.device, "--alpha", str(args.alpha), "--repeats", str(args.repeats)]
+            if args.threads:
+                cmd += ["--threads", str(args.threads)]
+            return run_child(cmd, timeout=args.timeout)[0]
+        return measure
 
+    bench = Bench("kl", units=UNITS, out=args.out, baseline=lambda impl: BASELINE.get(impl, "reference"))
+    impls = args.impls.split(",")
+    for n in [int(x) for x in args.tokens.split(",")]:
+        bench.run({impl: case(impl, n) for impl in impls}, rounds=args.rounds,
+                  params={"N": n, "H": args.hidden, "V": args.vocab, "dtype": args.dtype, "device": args.device})
+    summary = bench.write()
+    print_summary(summary)
+    for s in summary:
+        if s["metric"] == "peak_mem_bytes" and s["ratio"] and s["arm"] != s["baseline"]:
+            n = s["params"].split(";")[0]
+            print(f"{n}: {s['arm']} / {s['baseline']} peak memory = {s['ratio']:.4f} (1/{1 / s['ratio']:.1f})")
 
 if __name__ == "__main__":
     main()

@@ -7,11 +7,13 @@ is the student prompt plus a 30-60 token re-prompt (a solution shown to the teac
 sample. Each arm (padded; for each --row-tokens value, 0 meaning one row per micro-batch,
 packed rows with every sample's prompt (`packed_K`) and with a group's prompt once
 (`shared_K`, backend.share_prompts)) owns a backend built from the same weights. Every round
-runs every arm once in a rotated order (so a busy machine slows all arms alike), after one warm-up step each; the CSV has one row per
-(loss, arm): median s/step over the rounds, its ratio to the padded arm's median, and the
-tokens each layout feeds the model per step (padded: B x longest, packed: rows x width). The
-process's CPU seconds per step (all threads) are reported next to the wall time: on a machine
-shared with other jobs they measure the work done, which the wall time blurs with waiting.
+runs every arm once in a rotated order (so a busy machine slows all arms alike), after one
+warm-up round (bench_harness.Bench.run). Metrics per (loss, arm, round), in the bench_harness
+CSV schema (params: loss, samples, group_size, micro_batch_size, threads, backend): step_s,
+step_cpu_s (the process's CPU seconds, all threads: on a machine shared with other jobs they
+measure the work done, which the wall time blurs with waiting), model_tokens (the tokens each
+layout feeds the model per step; padded: B x longest, packed: rows x width), real_tokens; the
+.summary.csv next to `--out` has the medians over rounds and their ratios to the padded arm.
 
 `--backend megatron`: the megatron backend (world of one), arms `padded` and `packed` (THD rows,
 one per micro-batch; backends/megatron/packed.py), one backend whose layout is switched between
@@ -24,13 +26,11 @@ steps (megatron's parallel state is per process).
 from __future__ import annotations
 
 import argparse
-import csv
-import statistics
 import sys
-import time
 
-FIELDS = ["loss", "arm", "row_tokens", "samples", "model_tokens", "real_tokens", "median_s", "min_s", "max_s",
-          "ratio_vs_padded", "median_cpu_s", "cpu_ratio_vs_padded", "rounds", "threads"]
+from bench_harness import Bench, print_summary, timed
+
+UNITS = {"step_s": "s", "step_cpu_s": "s", "model_tokens": "tokens", "real_tokens": "tokens"}
 
 
 def make_batch(n: int, vocab: int, seed: int, sdpo: bool, group: int = 1):
@@ -122,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
                                             for name, share in (("packed", False), ("shared", True))]
     if args.backend == "megatron":
         arms = [("padded", False, 0, False), ("packed", True, 0, False)]
-    rows = []
+    bench = Bench("pack", units=UNITS, out=args.out, baseline="padded")
     for name in args.losses.split(","):
         if name not in losses:
             ap.error(f"--losses: unknown {name!r} (grpo, sdpo)")
@@ -135,38 +135,27 @@ def main(argv: list[str] | None = None) -> int:
                                with_teacher=name == "sdpo", packing=packing, pack_row_tokens=k, share_prompts=share)
                 for arm, packing, k, share in arms
             }
-        times: dict[str, list[float]] = {arm: [] for arm, *_ in arms}
-        cpu: dict[str, list[float]] = {arm: [] for arm, *_ in arms}
-        for arm, *_ in arms:  # warm-up
-            backends[arm].train_step(batch, losses[name]())
-        for r in range(args.rounds):
-            order = arms[r % len(arms):] + arms[: r % len(arms)]
-            for arm, *_ in order:
-                t0, c0 = time.perf_counter(), time.process_time()
-                backends[arm].train_step(batch, losses[name]())
-                times[arm].append(time.perf_counter() - t0)
-                cpu[arm].append(time.process_time() - c0)
-        base, cpu_base = statistics.median(times["padded"]), statistics.median(cpu["padded"])
-        for arm, packing, k, share in arms:
-            med, cmed = statistics.median(times[arm]), statistics.median(cpu[arm])
+
+        def step(arm: str, packing: bool, k: int, share: bool, name=name, batch=batch, backends=backends):
             if args.backend == "megatron":
                 fed, real = megatron_tokens(batch, args.micro_batch_size, packing)
             else:
                 fed, real = model_tokens(batch, args.micro_batch_size, packing, k, share)
-            rows.append(dict(loss=name, arm=arm, row_tokens=k if packing else "", samples=args.samples,
-                             model_tokens=fed, real_tokens=real, median_s=round(med, 4), min_s=round(min(times[arm]), 4),
-                             max_s=round(max(times[arm]), 4), ratio_vs_padded=round(med / base, 3),
-                             median_cpu_s=round(cmed, 4), cpu_ratio_vs_padded=round(cmed / cpu_base, 3), rounds=args.rounds, threads=args.threads))
-            print(f"{name:5s} {arm:12s} tokens {fed:6d} (real {real})  median {med:.3f} s  ratio {med / base:.3f}  "
-                  f"cpu {cmed:.3f} s  ratio {cmed / cpu_base:.3f}", flush=True)
+
+            def measure() -> dict:
+                wall, cpu = timed(lambda: backends[arm].train_step(batch, losses[name]()))
+                return {"step_s": wall, "step_cpu_s": cpu, "model_tokens": fed, "real_tokens": real}
+            return measure
+
+        params = {"loss": name, "samples": args.samples, "group_size": args.group_size,
+                  "micro_batch_size": args.micro_batch_size, "threads": args.threads, "backend": args.backend}
+        bench.run({arm: step(arm, packing, k, share) for arm, packing, k, share in arms}, rounds=args.rounds,
+                  params=params, warmup=1)
     if args.backend == "megatron":
         from megatron_sdpo.backends.megatron.parallel import destroy
 
         destroy()
-    with open(args.out, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=FIELDS)
-        w.writeheader()
-        w.writerows(rows)
+    print_summary(bench.write(), metrics=("step_s", "step_cpu_s", "model_tokens"))
     return 0
 
 

@@ -1,44 +1,54 @@
 """Refit cost: HF-named policy tensors from a backend's export into the colocated vLLM engine,
 in layer-aligned buckets, in one process.
 
-    python tools/bench_refit.py [--buckets 65536,262144,1048576,67108864] [--repeats 5]
+    python tools/bench_refit.py [--buckets 65536,262144,1048576,67108864] [--rounds 5] [--out bench_refit.csv]
 
-Uses the shipped tiny base and the HF backend's export. Prints, per bucket size, the number of
-buckets, the best-of-repeats total refit time and the mean time per bucket (export + checksum
-+ the engine's in-place reload of that bucket).
+Uses the shipped tiny base and the HF backend's export. One arm per bucket size (bucket_<bytes>),
+interleaved over --rounds after one untimed round (--repeats is the same flag;
+bench_harness.Bench.run); metrics per round: refit_s (the total refit), buckets, per_bucket_s
+(the mean time per bucket: export + checksum + the engine's in-place reload of that bucket) and
+mbytes, in the bench_harness CSV schema. Prints, per bucket size, the median and the best (min)
+over rounds and the ratio to the largest bucket.
 """
 from __future__ import annotations
 
 import argparse
 import tempfile
-import time
+
+from bench_harness import Bench, print_summary, timed
+
+UNITS = {"refit_s": "s", "per_bucket_s": "s", "mbytes": "MB"}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--buckets", default="65536,262144,1048576,67108864")
-    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--rounds", "--repeats", dest="rounds", type=int, default=5)
+    ap.add_argument("--out", default="bench_refit.csv")
     args = ap.parse_args()
     from megatron_sdpo.backends.hf import HFBackend
     from megatron_sdpo.models.tiny import ensure_tiny_base
     from megatron_sdpo.rollout.vllm import VLLMRolloutEngine
 
+    sizes = [int(x) for x in args.buckets.split(",")]
     path = ensure_tiny_base()
     backend = HFBackend(path, lr=1e-4, micro_batch_size=8)
     with tempfile.TemporaryDirectory() as run_dir:
         engine = VLLMRolloutEngine(path, max_model_len=128, max_num_seqs=8, run_dir=run_dir)
-        print("bucket_bytes,buckets,refit_s,per_bucket_s,mbytes")
-        for size in (int(x) for x in args.buckets.split(",")):
-            engine.bucket_bytes = size
-            best = None
-            for _ in range(args.repeats):
-                t0 = time.perf_counter()
-                engine.update_weights(backend.export_weights())
-                total = time.perf_counter() - t0
-                if best is None or total < best[0]:
-                    best = (total, dict(engine.last_sync))
-            total, sync = best
-            print(f"{size},{sync['sync_buckets']:.0f},{total:.4f},{sync['sync_bucket_time_mean']:.4f},{sync['sync_bytes'] / 1e6:.2f}")
+
+        def arm(size: int):
+            def measure() -> dict:
+                engine.bucket_bytes = size
+                total, _ = timed(lambda: engine.update_weights(backend.export_weights()))
+                sync = engine.last_sync
+                return {"refit_s": total, "buckets": sync["sync_buckets"], "per_bucket_s": sync["sync_bucket_time_mean"],
+                        "mbytes": sync["sync_bytes"] / 1e6}
+            return measure
+
+        bench = Bench("refit", units=UNITS, out=args.out, baseline=f"bucket_{max(sizes)}")
+        bench.run({f"bucket_{size}": arm(size) for size in sizes}, rounds=args.rounds, warmup=1,
+                  params={"model": "tiny_base"})
+        print_summary(bench.write(), metrics=("refit_s", "per_bucket_s", "buckets"))
 
 
 if __name__ == "__main__":

@@ -13,14 +13,18 @@ prompts), P prompts x G samples per step, 32 new tokens, temperature 1, teacher 
     trl_grpo, trl_sdpo  TRL's GRPOTrainer / trl.experimental.sdpo.SDPOTrainer (HF generate)
 
 SDPO everywhere: EMA teacher (rate 0.05), alpha 0.5, full-vocabulary logit distillation.
-Each arm runs in its own subprocess (fresh interpreter, fresh allocator), arms interleaved within
-each round so load drifts on a shared machine hit every arm alike. A step's time is the wall
-time between two consecutive end-of-step callbacks (everything the loop does per step,
-including the EMA teacher update); steps after `--warmup` are timed and their median is the
-round's s/step; the summary is the median over rounds. Peak RSS is the largest resident set of
-any process of the arm (`wait4`'s ru_maxrss); `peak_tree_rss_mb` is the sampled peak of the
-arm's whole process tree (psutil, every 0.2 s). Phase times are the medians of whatever timing
-keys the trainers log (ours: `*_time` and `time/*` in metrics.jsonl; TRL: `profiling/*`).
+Each arm runs in its own subprocess (fresh interpreter, fresh allocator; bench_harness.run_child),
+arms interleaved within each round in an order rotated every round (bench_harness.Bench.run) so
+load drifts on a shared machine hit every arm alike. A step's time is the wall time between two
+consecutive end-of-step callbacks (everything the loop does per step, including the EMA teacher
+update); steps after `--warmup` are timed and their median is the round's s_per_step. Peak RSS
+is the largest resident set of any process of the arm (`wait4`'s ru_maxrss); `peak_tree_rss_mb`
+is the sampled peak of the arm's whole process tree (bench_harness.TreeRSS, every 0.2 s). Phase
+times are the medians of whatever timing keys the trainers log (ours: `*_time` and `time/*` in
+metrics.jsonl; TRL: `profiling/*`). The CSV is bench_harness's schema (one row per arm, round
+and metric; params: the workload; also wall_s, steps_timed, load_avg: the machine's 1-minute
+load when the arm started); its .summary.csv has the medians over rounds and each of our arms'
+ratio to the TRL arm of its algorithm, paired by round.
 
 TRL arms need `pip install trl` (not a dependency of this project); without it they are
 reported as skipped with that reason.
@@ -28,16 +32,14 @@ reported as skipped with that reason.
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import os
-import statistics
-import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
+
+from bench_harness import Bench, NoResult, TreeRSS, median, print_summary, run_child, write_result
 
 OURS = ("ours_grpo_hf", "ours_sdpo_hf", "ours_grpo_vllm", "ours_sdpo_vllm")
 EAGER = ("ours_grpo_vllmeager", "ours_sdpo_vllmeager")  # on request only (not in the default list)
@@ -45,8 +47,8 @@ TRL = ("trl_grpo", "trl_sdpo")
 DEFAULT_ARMS = OURS + TRL
 ARMS = OURS + EAGER + TRL
 LR, CLIP_LOW, CLIP_HIGH, EMA_RATE, ALPHA = 1e-4, 0.2, 0.28, 0.05, 0.5
-FIXED = ["arm", "framework", "algorithm", "engine", "round", "status", "reason", "steps_timed", "s_per_step",
-         "peak_rss_mb", "peak_tree_rss_mb", "wall_s", "load_avg"]
+UNITS = {"s_per_step": "s", "steps_timed": "steps", "peak_rss_mb": "MiB", "peak_tree_rss_mb": "MiB", "wall_s": "s"}
+WORKLOAD = ("steps", "warmup", "prompts", "samples", "new_tokens", "threads", "dataset", "micro_batch")
 
 
 def arm_parts(arm: str) -> tuple[str, str, str]:
@@ -65,36 +67,6 @@ def trl_missing() -> str | None:
 
 
 # -- workers (one arm, in its own process) ------------------------------------------------------
-class TreeRSS:
-    """Peak summed RSS of this process and its descendants, sampled in a daemon thread."""
-
-    def __init__(self, every: float = 0.2):
-        self.peak = 0
-        self._stop = threading.Event()
-        self._every = every
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        import psutil
-
-        me = psutil.Process()
-        while not self._stop.is_set():
-            total = 0
-            for p in [me, *me.children(recursive=True)]:
-                try:
-                    total += p.memory_info().rss
-                except psutil.Error:
-                    pass
-            self.peak = max(self.peak, total)
-            self._stop.wait(self._every)
-
-    def stop(self) -> int:
-        self._stop.set()
-        self._thread.join()
-        return self.peak
-
-
 def step_times(stamps: list[float]) -> list[float]:
     """Per-step seconds from [start, end of step 1, end of step 2, ...]."""
     return [b - a for a, b in zip(stamps, stamps[1:])]
@@ -103,13 +75,15 @@ def step_times(stamps: list[float]) -> list[float]:
 def phase_medians(records: list[dict], keep) -> dict[str, float]:
     """Median over `records` of every numeric key `keep(key)` accepts."""
     keys = sorted({k for r in records for k, v in r.items() if keep(k) and isinstance(v, (int, float))})
-    return {k: statistics.median(r[k] for r in records if isinstance(r.get(k), (int, float))) for k in keys}
+    return {k: median(r[k] for r in records if isinstance(r.get(k), (int, float))) for k in keys}
 
 
 def ours_config(args, algorithm: str, engine: str):
     """The tiny preset narrowed to the workload: one math stage, no eval beyond a token set."""
-    from megatron_sdpo.config.loader import build, deep_merge, load_raw, to_dict, validate
+    from megatron_sdpo.config.construction import build, to_dict
+    from megatron_sdpo.config.presets import deep_merge, load_raw
     from megatron_sdpo.config.schema import RunConfig
+    from megatron_sdpo.config.validation import validate
 
     data = deep_merge(to_dict(RunConfig()), load_raw("tiny"))
     math = data["domains"]["math"]
@@ -161,7 +135,7 @@ def run_ours(args, arm: str, work: Path) -> dict:
     # is skewed: the mean (the phase's share of the run's wall time) next to the median.
     rollouts = [r["time/rollout"] for r in timed if isinstance(r.get("time/rollout"), (int, float))]
     if rollouts:
-        phases["time/rollout_mean"] = statistics.mean(rollouts)
+        phases["time/rollout_mean"] = sum(rollouts) / len(rollouts)
     return {"times": step_times(stamps), "phases": phases}
 
 
@@ -204,9 +178,11 @@ def run_trl(args, arm: str, work: Path) -> dict:
         disable_tqdm=True,
     )
     if algorithm == "grpo":
-        from trl import GRPOConfig as Config, GRPOTrainer as Trainer
+        from trl import GRPOConfig as Config
+        from trl import GRPOTrainer as Trainer
     else:
-        from trl.experimental.sdpo import SDPOConfig as Config, SDPOTrainer as Trainer
+        from trl.experimental.sdpo import SDPOConfig as Config
+        from trl.experimental.sdpo import SDPOTrainer as Trainer
 
         common.update(
             distillation_mode="full_logits", distillation_alpha=ALPHA, distillation_weight=1.0,
@@ -255,96 +231,46 @@ def worker(args) -> None:
         out = (run_trl if args.worker.startswith("trl_") else run_ours)(args, args.worker, Path(work))
     out["wall_s"] = time.perf_counter() - t0
     out["peak_tree_rss_mb"] = tree.stop() / 2**20
-    Path(args.result).write_text(json.dumps(out))
+    write_result(args.result, out)
 
 
 # -- driver -------------------------------------------------------------------------------------
-def run_arm(args, arm: str, rnd: int) -> dict:
-    """One arm in a subprocess; its row (status ok / failed / skipped)."""
-    framework, algorithm, engine = arm_parts(arm)
-    row = {"arm": arm, "framework": framework, "algorithm": algorithm, "engine": engine, "round": rnd,
-           "load_avg": os.getloadavg()[0]}  # the machine's 1-minute load when the arm started
-    if framework == "trl" and (why := trl_missing()):
-        return {**row, "status": "skipped", "reason": why}
-    with tempfile.TemporaryDirectory(prefix="bench_step_") as tmp:
-        result = Path(tmp) / "result.json"
-        cmd = [sys.executable, os.path.abspath(__file__), "--worker", arm, "--result", str(result)]
-        for name in ("steps", "warmup", "prompts", "samples", "new_tokens", "threads", "dataset", "micro_batch"):
-            cmd += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
-        env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "MKL_NUM_THREADS": str(args.threads),
-               "TOKENIZERS_PARALLELISM": "false"}
-        log = Path(tmp) / "log.txt"
-        with log.open("w") as fh:
-            proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env)
-            _, status, usage = os.wait4(proc.pid, 0)
-            proc.returncode = os.waitstatus_to_exitcode(status)
-        if proc.returncode != 0 or not result.is_file():
-            lines = log.read_text().strip().splitlines()
-            tail = lines[-1:] or ["no output"]
-            print(f"  {arm}: failed (exit {proc.returncode}); log tail:\n" + "\n".join(lines[-20:]))
-            return {**row, "status": "failed", "reason": tail[0][:200]}
-        out = json.loads(result.read_text())
+def run_arm(args, arm: str) -> dict:
+    """One arm in a subprocess: its metrics; NoResult when it is skipped or fails."""
+    load = os.getloadavg()[0]  # the machine's 1-minute load when the arm started
+    if arm.startswith("trl_") and (why := trl_missing()):
+        raise NoResult("skipped", why)
+    cmd = [sys.executable, os.path.abspath(__file__), "--worker", arm]
+    for name in WORKLOAD:
+        cmd += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
+    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "MKL_NUM_THREADS": str(args.threads),
+           "TOKENIZERS_PARALLELISM": "false"}
+    out, peak_rss = run_child(cmd, env=env)
     timed = out["times"][args.warmup:]
-    return {
-        **row, "status": "ok", "reason": "", "steps_timed": len(timed), "s_per_step": statistics.median(timed),
-        "peak_rss_mb": usage.ru_maxrss / 1024, "peak_tree_rss_mb": out["peak_tree_rss_mb"], "wall_s": out["wall_s"],
-        **out["phases"],
-    }
+    return {"s_per_step": median(timed), "steps_timed": len(timed), "peak_rss_mb": peak_rss / 2**20,
+            "peak_tree_rss_mb": out["peak_tree_rss_mb"], "wall_s": out["wall_s"], "load_avg": load, **out["phases"]}
 
 
-def summarize(rows: list[dict], arms: list[str]) -> list[dict]:
-    """One row per arm: medians over its ok rounds (or its skip / failure reason)."""
-    out = []
-    for arm in arms:
-        mine = [r for r in rows if r["arm"] == arm]
-        ok = [r for r in mine if r["status"] == "ok"]
-        base = {k: mine[0][k] for k in ("arm", "framework", "algorithm", "engine")}
-        if not ok:
-            out.append({**base, "round": "median", "status": mine[0]["status"], "reason": mine[0]["reason"]})
-            continue
-        keys = [k for k in ok[0] if isinstance(ok[0][k], (int, float)) and k != "round"]
-        med = {k: statistics.median(r[k] for r in ok if k in r) for k in keys}
-        out.append({**base, "round": "median", "status": "ok", "reason": f"{len(ok)}/{len(mine)} rounds", **med})
-    return out
+def trl_peer(arm: str) -> str:
+    """The arm an arm's ratios are taken against: the TRL arm of its algorithm."""
+    return f"trl_{arm_parts(arm)[1]}"
 
 
-def print_table(summary: list[dict], rows: list[dict]) -> None:
-    trl = {r["algorithm"]: r for r in summary if r["framework"] == "trl" and r["status"] == "ok"}
-    phase_keys = sorted({k for r in summary for k in r if k not in FIXED})
-    print(f"\n{'arm':16s} {'s/step':>8s} {'vs TRL':>7s} {'rss MB':>8s} {'tree MB':>8s} {'load':>5s}"
-          "  per-round s/step; phases")
-    for r in summary:
-        if r["status"] != "ok":
-            print(f"{r['arm']:16s} {r['status']}: {r['reason']}")
-            continue
-        ref = trl.get(r["algorithm"])
-        ratio = f"{r['s_per_step'] / ref['s_per_step']:.2f}x" if ref and r["framework"] != "trl" else "-"
-        per_round = ", ".join(f"{x['s_per_step']:.3f}" for x in rows if x["arm"] == r["arm"] and x["status"] == "ok")
-        phases = ", ".join(f"{k} {r[k]:.3f}" for k in phase_keys if k in r)
-        print(f"{r['arm']:16s} {r['s_per_step']:8.3f} {ratio:>7s} {r['peak_rss_mb']:8.0f} "
-              f"{r['peak_tree_rss_mb']:8.0f} {r['load_avg']:5.1f}  [{per_round}]; {phases}")
-    for algo, ref in trl.items():  # ratios paired within rounds: load drift hits both arms of a round
-        for r in summary:
-            if r["framework"] == "ours" and r["algorithm"] == algo and r["status"] == "ok":
-                pairs = []
-                for x in rows:
-                    if x["arm"] == r["arm"] and x["status"] == "ok":
-                        y = next((t for t in rows if t["arm"] == ref["arm"] and t["round"] == x["round"]
-                                  and t["status"] == "ok"), None)
-                        if y:
-                            pairs.append(x["s_per_step"] / y["s_per_step"])
-                if pairs:
-                    print(f"{r['arm']} / {ref['arm']} paired by round: " + ", ".join(f"{p:.2f}" for p in pairs))
+def measure(args) -> Bench:
+    """Every arm of args.arm_list for args.rounds rounds, written to args.out as it goes."""
+    bench = Bench("step", units=UNITS, out=args.out, baseline=trl_peer)
 
+    def arm(name: str):
+        def run() -> dict:
+            metrics = run_arm(args, name)
+            # The phase keys are whatever the trainers log; all are seconds.
+            bench.units.update({k: "s" for k in metrics if k not in UNITS and k != "load_avg"})
+            return metrics
+        return run
 
-def write_csv(out: Path, rows: list[dict], summary: list[dict]) -> None:
-    """Per-round rows, then one median row per arm; phase columns are the union of those logged."""
-    extra = sorted({k for r in rows + summary for k in r} - set(FIXED))
-    with out.open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=FIXED + extra, restval="")
-        w.writeheader()
-        for r in rows + summary:
-            w.writerow({k: (round(v, 4) if isinstance(v, float) else v) for k, v in r.items()})
+    bench.run({name: arm(name) for name in args.arm_list}, rounds=args.rounds,
+              params={name: getattr(args, name) for name in WORKLOAD})
+    return bench
 
 
 def parse_args(argv=None):
@@ -392,21 +318,10 @@ def main(argv=None) -> None:
     print(f"bench_step: {len(arms)} arms x {args.rounds} rounds, {args.prompts} prompts x {args.samples} samples, "
           f"{args.new_tokens} new tokens, {args.threads} threads, steps {args.warmup + 1}-{args.steps} timed; "
           f"load average {load:.1f} on {os.cpu_count()} CPUs")
-    rows: list[dict] = []
-    out = Path(args.out)
-    for rnd in range(1, args.rounds + 1):
-        for arm in arms:
-            row = run_arm(args, arm, rnd)
-            rows.append(row)
-            if row["status"] == "ok":
-                print(f"round {rnd} {arm}: {row['s_per_step']:.3f} s/step, peak RSS {row['peak_rss_mb']:.0f} MB",
-                      flush=True)
-            # Rewritten after every arm: an interrupted run keeps the rounds it finished.
-            summary = summarize(rows, [a for a in arms if any(r["arm"] == a for r in rows)])
-            write_csv(out, rows, summary)
-    print_table(summary, rows)
-    print(f"wrote {out}")
-    if not any(r["status"] == "ok" for r in rows):
+    bench = measure(args)
+    print_summary(bench.write(), metrics=("s_per_step", "peak_rss_mb", "peak_tree_rss_mb", "load_avg"))
+    print(f"wrote {args.out}")
+    if not any(r["metric"] == "s_per_step" for r in bench.rows):
         sys.exit(1)
 
 

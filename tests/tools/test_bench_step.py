@@ -1,4 +1,5 @@
-"""tools/bench_step.py: the CSV it writes on a tiny workload, and TRL arms reported, not dropped."""
+"""tools/bench_step.py: the bench_harness CSV it writes on a tiny workload, and TRL arms reported,
+not dropped."""
 import csv
 import importlib.util
 import subprocess
@@ -6,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from bench_harness import FIELDS, parse_params, summary_path
 
 ROOT = Path(__file__).resolve().parents[2]
 TOOL = ROOT / "tools" / "bench_step.py"
@@ -20,7 +22,7 @@ def load_tool():
     return mod
 
 
-def test_hf_arm_writes_round_and_median_rows(tmp_path):
+def test_hf_arm_writes_round_rows_and_a_summary(tmp_path):
     out = tmp_path / "bench.csv"
     proc = subprocess.run(
         [sys.executable, str(TOOL), "--arms", "ours_grpo_hf", "--rounds", "1", "--out", str(out), *TINY],
@@ -28,33 +30,43 @@ def test_hf_arm_writes_round_and_median_rows(tmp_path):
     )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     rows = list(csv.DictReader(out.open()))
-    assert [(r["arm"], r["round"], r["status"]) for r in rows] == [
-        ("ours_grpo_hf", "1", "ok"), ("ours_grpo_hf", "median", "ok")
-    ]
-    for r in rows:
-        assert (r["framework"], r["algorithm"], r["engine"]) == ("ours", "grpo", "hf")
-        assert r["steps_timed"] == "1"  # 2 steps, the first untimed
-        assert float(r["s_per_step"]) > 0 and float(r["wall_s"]) >= float(r["s_per_step"])
-        # A process holding torch and a model is far above 50 MB; a unit slip (bytes vs KiB) is not.
-        assert 50 < float(r["peak_rss_mb"]) < 64 * 1024
-        assert float(r["peak_tree_rss_mb"]) > 50
-        # The trainer's own phase timers made it into the row (whatever their names).
-        phases = [k for k in r if k.endswith("_time") or k.startswith("time/")]
-        assert phases and all(float(r[k]) >= 0 for k in phases), r
-        # One timed step: the rollout phase's mean is that step's rollout time.
-        assert float(r["time/rollout_mean"]) == pytest.approx(float(r["time/rollout"]), rel=1e-6)
-    assert "ours_grpo_hf" in proc.stdout and "s/step" in proc.stdout
+    assert list(rows[0]) == FIELDS
+    assert {(r["bench"], r["arm"], r["round"]) for r in rows} == {("step", "ours_grpo_hf", "1")}
+    assert parse_params(rows[0]["params"])["prompts"] == "4"
+    r = {row["metric"]: row["value"] for row in rows}
+    assert r["steps_timed"] == "1"  # 2 steps, the first untimed
+    assert float(r["s_per_step"]) > 0 and float(r["wall_s"]) >= float(r["s_per_step"])
+    # A process holding torch and a model is far above 50 MB; a unit slip (bytes vs KiB) is not.
+    assert 50 < float(r["peak_rss_mb"]) < 64 * 1024
+    assert float(r["peak_tree_rss_mb"]) > 50
+    # The trainer's own phase timers made it into the rows (whatever their names), in seconds.
+    phases = [row for row in rows if row["metric"].endswith("_time") or row["metric"].startswith("time/")]
+    assert phases and all(float(p["value"]) >= 0 and p["unit"] == "s" for p in phases), rows
+    # One timed step: the rollout phase's mean is that step's rollout time.
+    assert float(r["time/rollout_mean"]) == pytest.approx(float(r["time/rollout"]), rel=1e-6)
+    summary = {s["metric"]: s for s in csv.DictReader(summary_path(out).open())}
+    assert summary["s_per_step"]["median"] == r["s_per_step"] and summary["s_per_step"]["rounds"] == "1"
+    assert summary["s_per_step"]["ratio"] == ""  # no TRL arm ran beside it
+    assert "ours_grpo_hf" in proc.stdout and "s_per_step" in proc.stdout
 
 
 def test_trl_arms_without_trl_are_reported_skipped(monkeypatch, tmp_path):
     tool = load_tool()
     monkeypatch.setattr(tool, "trl_missing", lambda: "TRL is not installed (pip install trl)")
-    args = tool.parse_args(["--arms", "trl_grpo,trl_sdpo", "--out", str(tmp_path / "x.csv"), *TINY])
-    rows = [tool.run_arm(args, arm, 1) for arm in args.arm_list]
-    assert [(r["arm"], r["status"]) for r in rows] == [("trl_grpo", "skipped"), ("trl_sdpo", "skipped")]
-    assert all("pip install trl" in r["reason"] for r in rows)
-    summary = tool.summarize(rows, args.arm_list)
-    assert [(r["round"], r["status"]) for r in summary] == [("median", "skipped")] * 2
+    args = tool.parse_args(["--arms", "trl_grpo,trl_sdpo", "--rounds", "2", "--out", str(tmp_path / "x.csv"), *TINY])
+    bench = tool.measure(args)
+    assert [(r["arm"], r["round"], r["metric"]) for r in bench.rows] == [
+        ("trl_grpo", 1, "skipped"), ("trl_sdpo", 1, "skipped"), ("trl_sdpo", 2, "skipped"), ("trl_grpo", 2, "skipped")]
+    assert all("pip install trl" in r["note"] for r in bench.rows)
+    summary = list(csv.DictReader(summary_path(tmp_path / "x.csv").open()))
+    assert [(s["arm"], s["metric"], s["rounds"]) for s in summary] == [("trl_grpo", "skipped", "0"),
+                                                                      ("trl_sdpo", "skipped", "0")]
+
+
+def test_our_arms_are_compared_with_the_trl_arm_of_their_algorithm():
+    tool = load_tool()
+    assert [tool.trl_peer(a) for a in ("ours_grpo_vllm", "ours_sdpo_hf", "trl_sdpo")] == ["trl_grpo", "trl_sdpo",
+                                                                                          "trl_sdpo"]
 
 
 @pytest.mark.parametrize("argv", [
