@@ -133,6 +133,8 @@ def make_rollout(cfg: RunConfig, model_path: str, tokenizer, work_dir: str):
         raise ConfigError(f"rollout.tensor_parallel_size={cfg.rollout.tensor_parallel_size} needs rollout.engine=vllm (the engine here is {kind})")
     from megatron_sdpo.rollout.replicas import ReplicaLayout, ReplicatedRollout
 
+    # Checked before anything loads: the tensor-parallel size must fit the launch.
+    layout = ReplicaLayout.of_launch(cfg.rollout.tensor_parallel_size) if kind == "vllm" else None
     common: dict[str, Any] = dict(
         seed=cfg.seed,
         dtype=cfg.model.dtype,
@@ -141,11 +143,9 @@ def make_rollout(cfg: RunConfig, model_path: str, tokenizer, work_dir: str):
         detokenize=True,
         threads=cfg.rollout.threads,
     )
-    if kind == "vllm":
+    if layout is not None:  # vLLM
         from megatron_sdpo.ranks import rank
 
-        # Checked before anything loads: the tensor-parallel size must fit the launch.
-        layout = ReplicaLayout.of_launch(cfg.rollout.tensor_parallel_size)
         engine = make_engine(
             "vllm",
             model_path=model_path,
