@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 from megatron_sdpo.config.algorithm_spec import algorithm_spec
 from megatron_sdpo.config.backend_spec import backend_spec
 from megatron_sdpo.config.schema import RunConfig
-from megatron_sdpo.errors import ConfigError, DataError
+from megatron_sdpo.errors import ConfigError, DataError, UserError
 
 if TYPE_CHECKING:
     from megatron_sdpo.weights.plan import ModelSpec
@@ -381,7 +381,6 @@ def _memory(cfg: RunConfig, arch: Arch, tp: int, pp: int, dp: int, rollout_tp: i
 def preflight_errors(cfg: RunConfig, p: LaunchPlan) -> list[str]:
     """What `--dry-run --strict` (the cluster preflight, on the allocation) fails on, one line
     each: data files missing here, a model the ranks could not load, a memory plan over the GPU."""
-    from megatron_sdpo.errors import UserError
     from megatron_sdpo.models import hub
     from megatron_sdpo.models.packaged import PACKAGED_MODELS
 

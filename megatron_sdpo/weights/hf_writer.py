@@ -46,12 +46,14 @@ class HFDirWriter:
         self._pending: dict[str, torch.Tensor] = {}
         self._pending_bytes = 0
         self._shards: list[list[str]] = []
+        self._names: set[str] = set()
         self._total = 0
         self._dtypes: set[torch.dtype] = set()
 
     def add(self, name: str, tensor: torch.Tensor) -> None:
-        if name in self._pending or any(name in s for s in self._shards):
+        if name in self._names:
             raise CheckpointError(f"HF export: tensor {name!r} sent twice")
+        self._names.add(name)
         # A copy on the host: the device tensor can go as soon as the exporter drops it.
         host = tensor.detach().to("cpu", copy=True).contiguous()
         nbytes = host.numel() * host.element_size()

@@ -220,9 +220,7 @@ class MegatronBackend(Backend):
         model = build_model(self.spec, self.options)
         for dst, src in zip(model.parameters(), source.parameters(), strict=True):
             dst.copy_(src)
-        model.requires_grad_(False)
-        model.eval()
-        return model
+        return model.requires_grad_(False).eval()
 
     def _wrap_policy(self) -> None:
         from megatron.core.distributed import (
