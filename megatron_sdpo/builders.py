@@ -121,6 +121,17 @@ def _megatron_backend(cfg: RunConfig, model_path: str, common: dict):
     )
 
 
+def vllm_seeding(setting: str) -> str:
+    """rollout.seeding resolved: "auto" is the batched engine seed on GPU and per-request seeds
+    on CPU, where the replica tests hold samples layout-invariant and the per-request loop costs
+    little next to the model."""
+    if setting != "auto":
+        return setting
+    import torch
+
+    return "engine" if torch.cuda.is_available() else "request"
+
+
 def make_rollout(cfg: RunConfig, model_path: str, tokenizer, work_dir: str):
     """The rollout engine named by `rollout.engine` ("auto": vLLM where installed, else HF)."""
     from megatron_sdpo.rollout import make_engine, vllm_available
@@ -158,6 +169,7 @@ def make_rollout(cfg: RunConfig, model_path: str, tokenizer, work_dir: str):
             tensor_parallel_size=layout.tp,
             prefix_caching=cfg.rollout.prefix_caching,
             enforce_eager=cfg.rollout.enforce_eager,
+            seeding=vllm_seeding(cfg.rollout.seeding),
             **common,
         )
         # Several ranks: each replica generates its share of a call's prompts, gathered to all.

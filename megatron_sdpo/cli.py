@@ -14,6 +14,7 @@ from pathlib import Path
 
 from megatron_sdpo.engine_logs import route_engine_logs
 from megatron_sdpo.errors import UserError
+from megatron_sdpo.memory_ledger import H100_USABLE_GIB
 
 
 def _algorithm_overrides(name: str) -> list[str]:
@@ -43,11 +44,10 @@ def cmd_run(args) -> int:
         world, source = world_size_from(args.world_size)
         launch = plan(cfg, world, world_source=source, gpu_memory_gib=args.gpu_memory_gib)
         print(launch.render())
-        if not args.strict:
-            return 0
         from megatron_sdpo.launch_plan import preflight_errors
 
-        errors = preflight_errors(cfg, launch)
+        # A phase over the device's memory fails any dry run; --strict adds what the allocation must hold.
+        errors = preflight_errors(cfg, launch) if args.strict else launch.memory_errors()
         for line in errors:
             print(f"error: {line}", file=sys.stderr)
         return 2 if errors else 0
@@ -181,8 +181,8 @@ def build_parser(drift_arguments: bool = True) -> argparse.ArgumentParser:
     r.add_argument("--quiet", action="store_true", help="plain log lines instead of progress bars")
     r.add_argument(
         "--dry-run", action="store_true",
-        help="check config, layout, data and rollout plan, print ranks, TP/PP/DP, vLLM replicas and a memory "
-        "estimate per rank; loads no weights",
+        help="check config, layout, data and rollout plan, print ranks, TP/PP/DP, vLLM replicas and each "
+        "phase's memory per rank (the memory ledger; a phase over --gpu-memory-gib fails); loads no weights",
     )
     r.add_argument(
         "--strict", action="store_true",
@@ -190,7 +190,10 @@ def build_parser(drift_arguments: bool = True) -> argparse.ArgumentParser:
         "ranks could not load and a memory plan over --gpu-memory-gib are errors (exit 2), not warnings",
     )
     r.add_argument("--world-size", type=int, help="ranks to plan for with --dry-run (default: WORLD_SIZE, else 1)")
-    r.add_argument("--gpu-memory-gib", type=float, default=80.0, help="memory per GPU for the --dry-run estimate")
+    r.add_argument(
+        "--gpu-memory-gib", type=float, default=H100_USABLE_GIB,
+        help="usable memory per GPU as torch reports it, for --dry-run's memory ledger (default: an H100-80GB's)",
+    )
     r.add_argument("--verbose", action="store_true", help="show the engines' (vLLM, transformers) logs in the terminal")
     r.set_defaults(fn=cmd_run)
 

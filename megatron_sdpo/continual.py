@@ -135,7 +135,8 @@ class ContinualRun:
     def _save(self, name: str, stage: int, step: int) -> Path:
         path = self.run_dir.checkpoints / name
         extra = {"stage": stage, "step": step, "teacher": self.teacher.state_dict(), "name": name}
-        self.backend.save(str(path), extra=extra)
+        with self.trainer.training_state_on_device():
+            self.backend.save(str(path), extra=extra)
         if self.main:
             (self.run_dir.checkpoints / "latest").write_text(name)
             self._prune()
@@ -182,7 +183,14 @@ class ContinualRun:
         # this point finds nothing to save yet and ends the process as usual.
         self.stop.install()
         cfg = self.cfg
-        start_stage, start_step = self._restore() if self.resume else (0, 0)
+        if self.resume:
+            start_stage, start_step = self._restore()
+        else:
+            # The engine loaded the checkpoint's own tensors; the trainer holds them in its
+            # params dtype (bf16 params from an fp32 checkpoint round them): the base eval and
+            # the first rollout sample from the weights the trainer will update.
+            self.engine.update_weights(self.backend.export_weights(model="policy"))
+            start_stage, start_step = 0, 0
         rows = self.run_dir.read_eval_matrix() if self.resume else []
         if self.resume and self.main:
             self.drift_jobs.resume_pending()
@@ -219,11 +227,12 @@ class ContinualRun:
 
     def _stage_start(self, k: int) -> None:
         stage, cfg = self.cfg.stages[k], self.stage_cfg
-        if k > 0 and cfg.backend.stage_start == "weights_only":
-            self.backend.reset_optimizer()
-        # The schedule counts optimizer steps: mini_batches per rollout step.
-        self.backend.set_lr_schedule(stage.steps * cfg.algorithm.grpo.mini_batches)
-        self._teacher_update(self.teacher.on_stage_start(max(stage.steps, 1)))
+        with self.trainer.training_state_on_device():
+            if k > 0 and cfg.backend.stage_start == "weights_only":
+                self.backend.reset_optimizer()
+            # The schedule counts optimizer steps: mini_batches per rollout step.
+            self.backend.set_lr_schedule(stage.steps * cfg.algorithm.grpo.mini_batches)
+            self._teacher_update(self.teacher.on_stage_start(max(stage.steps, 1)))
 
     def _stop_if_asked(self, checkpoint: str) -> None:
         """Stop when a rank received a stop signal (`checkpoint` holds the run so far); one

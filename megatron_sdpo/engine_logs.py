@@ -16,6 +16,7 @@ import json
 import logging
 import logging.config
 import os
+import re
 from pathlib import Path
 
 # Library loggers kept out of the terminal. Children ("vllm.engine", ...) inherit the handler.
@@ -25,12 +26,41 @@ VLLM_CONFIG_FILE = "vllm_logging.json"
 _set_by_us: str | None = None  # the VLLM_LOGGING_CONFIG_PATH this module set (a later run replaces it)
 
 
+# Loggers that repeat the same lines at every refit (and every bucket of one): the layer-wise
+# reload's note on modules without weights (rotary embeddings) and its timing, the prefix-cache
+# reset, the CPU worker's refusal of torch.set_num_threads. engine.log keeps the first of each.
+PER_REFIT_LOGGERS = (
+    "vllm.model_executor.model_loader.reload",
+    "vllm.v1.core.block_pool",
+    "vllm.v1.worker.cpu_worker",
+)
+
+
+class FirstOfEachRefitLine(logging.Filter):
+    """Passes a per-refit logger's line the first time its text (numbers aside) is seen."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: set[tuple[str, str]] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not record.name.startswith(PER_REFIT_LOGGERS):
+            return True
+        key = (record.name, re.sub(r"[\d.]+", "N", record.getMessage()))
+        if key in self.seen:
+            return False
+        self.seen.add(key)
+        return True
+
+
 def engine_logging_config(log_file: Path) -> dict:
-    """A dictConfig that sends every engine logger (INFO and above) to `log_file` only."""
+    """A dictConfig that sends every engine logger (INFO and above) to `log_file` only, each
+    per-refit line once."""
     return {
         "version": 1,
         "disable_existing_loggers": False,
         "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+        "filters": {"first_of_each_refit_line": {"()": f"{__name__}.FirstOfEachRefitLine"}},
         "handlers": {
             "engine_file": {
                 "class": "logging.FileHandler",
@@ -39,6 +69,7 @@ def engine_logging_config(log_file: Path) -> dict:
                 "encoding": "utf-8",
                 "formatter": "plain",
                 "level": "INFO",
+                "filters": ["first_of_each_refit_line"],
             }
         },
         "loggers": {

@@ -3,8 +3,8 @@
 `plan(cfg, world_size)` resolves the trainer layout (TP x PP x DP over the world), the rollout
 plan (vLLM tensor-parallel size, replicas, prompts per replica), the batch split, the data
 sources (schemas checked; files that exist are parsed for their first rows, missing ones are
-warnings: a login node often does not hold the data the job will read) and a rough memory
-estimate per rank. The architecture comes from the model directory's config.json when it is
+warnings: a login node often does not hold the data the job will read) and each phase's memory
+per rank from the memory ledger (memory_ledger.py; a phase over the device is an error). The architecture comes from the model directory's config.json when it is
 there, else from a small built-in table of the paper models (with a note saying so).
 
 Every error is one line (ConfigError / DataError); `LaunchPlan.render()` is what `--dry-run`
@@ -18,21 +18,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from megatron_sdpo import memory_ledger
 from megatron_sdpo.config.algorithm_spec import algorithm_spec
 from megatron_sdpo.config.backend_spec import backend_spec
 from megatron_sdpo.config.schema import RunConfig
 from megatron_sdpo.errors import ConfigError, DataError, UserError
+from megatron_sdpo.memory_ledger import GIB, H100_USABLE_GIB, Ledger, LedgerInputs
 
 if TYPE_CHECKING:
     from megatron_sdpo.weights.plan import ModelSpec
 
-GIB = 1024**3
 # First rows parsed per data file that exists: enough to catch a wrong schema, cheap on a login node.
 SCHEMA_CHECK_ROWS = 64
-# Megatron's activation memory per token per layer with selective recompute, in units of the
-# hidden size (Korthikanti et al., "Reducing Activation Recomputation in Large Transformer
-# Models": 34 * s * b * h bytes per layer in 16-bit; without recompute 34 + 5 * a * s / h).
-ACT_BYTES_PER_TOKEN_HIDDEN = 34
 # The public config.json fields of the paper models, for planning where the model directory is
 # not on this machine (weights are downloaded by the job).
 BUILTIN_ARCHS: dict[str, dict] = {
@@ -198,22 +195,15 @@ class LaunchPlan:
     samples_per_dp_rank: int
     micro_batches: int
     arch: Arch | None
-    memory: dict[str, int]  # empty when the architecture is unknown here
-    gpu_memory_bytes: int
+    ledger: Ledger | None  # None when the architecture is unknown here
+    gpu_memory_bytes: int  # usable device memory (what torch reports)
     data: list[DataCheck] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
 
-    @property
-    def train_peak(self) -> int:
-        m = self.memory
-        return sum(m[k] for k in ("params", "grads", "optimizer", "teacher", "reference", "activations", "logits"))
-
-    @property
-    def rollout_peak(self) -> int:
-        """Persistent trainer state + the engine's weights and KV budget (activations freed)."""
-        m = self.memory
-        return sum(m[k] for k in ("params", "grads", "optimizer", "teacher", "reference", "vllm_weights", "kv_budget"))
+    def memory_errors(self) -> list[str]:
+        """One line per phase of the ledger over the device's usable memory."""
+        return self.ledger.over_budget(self.gpu_memory_bytes) if self.ledger is not None else []
 
     def _data_summary(self) -> str:
         counts = {k: sum(d.status.split()[0] == k for d in self.data) for k in ("ok", "synthetic", "missing")}
@@ -242,17 +232,13 @@ class LaunchPlan:
         return "\n".join(lines)
 
     def _model_lines(self, arch: Arch, g) -> list[str]:
-        m = self.memory
-        return [
+        lines = [
             f"model: {arch.params / 1e6:,.1f}M parameters, {arch.layers} layers, hidden {arch.hidden}, "
             f"vocab {arch.vocab} (from {arch.source})",
-            f"memory per rank (GiB, rough): params {g(m['params'])}, grads {g(m['grads'])}, optimizer {g(m['optimizer'])}, "
-            f"teacher {g(m['teacher'])}, reference {g(m['reference'])}, activations ~{g(m['activations'])} "
-            f"(a micro-batch of max_model_len rows), "
-            f"logits {g(m['logits'])}, vLLM weights {g(m['vllm_weights'])}, KV budget {g(m['kv_budget'])}",
-            f"peak per rank (GiB, rough): training {g(self.train_peak)}, rollout {g(self.rollout_peak)} "
-            f"of {g(self.gpu_memory_bytes)} per GPU",
         ]
+        if self.ledger is not None:
+            lines += self.ledger.render(self.gpu_memory_bytes)
+        return lines
 
 
 def world_size_from(requested: int | None) -> tuple[int, str]:
@@ -273,7 +259,7 @@ def world_size_from(requested: int | None) -> tuple[int, str]:
     return n, "WORLD_SIZE"
 
 
-def plan(cfg: RunConfig, world_size: int | None = None, *, gpu_memory_gib: float = 80.0,
+def plan(cfg: RunConfig, world_size: int | None = None, *, gpu_memory_gib: float = H100_USABLE_GIB,
          world_source: str | None = None) -> LaunchPlan:
     """The launch plan of `cfg` on `world_size` ranks (None: --world-size/WORLD_SIZE rules)."""
     from megatron_sdpo.backends.megatron.parallel import ParallelConfig
@@ -321,61 +307,41 @@ def plan(cfg: RunConfig, world_size: int | None = None, *, gpu_memory_gib: float
     data, data_warn = check_data(cfg)
     warnings += data_warn
 
-    memory = _memory(cfg, arch, layout.tp, layout.pp, layout.dp, rtp, gpu_memory_gib) if arch is not None else {}
-    out = LaunchPlan(
+    device_bytes = int(gpu_memory_gib * GIB)
+    ledger = memory_ledger.build(ledger_inputs(cfg, spec, layout.tp, layout.pp, layout.dp, rtp, device_bytes)) if spec is not None else None
+    return LaunchPlan(
         preset=cfg.name, world_size=world_size, world_source=world_source, tp=layout.tp, pp=layout.pp,
         dp=layout.dp, sequence_parallel=sp, rollout_engine=cfg.rollout.engine, rollout_tp=rtp,
         rollout_tp_source=rtp_source, replicas=replicas, prompts_per_replica=per_replica, samples_per_step=samples,
-        samples_per_dp_rank=per_dp, micro_batches=micro, arch=arch, memory=memory,
-        gpu_memory_bytes=int(gpu_memory_gib * GIB), data=data, notes=notes, warnings=warnings,
+        samples_per_dp_rank=per_dp, micro_batches=micro, arch=arch, ledger=ledger,
+        gpu_memory_bytes=device_bytes, data=data, notes=notes, warnings=warnings,
     )
-    if memory and max(out.train_peak, out.rollout_peak) > out.gpu_memory_bytes:
-        out.warnings.append(
-            f"the rough peak ({max(out.train_peak, out.rollout_peak) / GIB:.1f} GiB) exceeds {gpu_memory_gib:g} GiB per GPU"
-        )
-    return out
 
 
-def _memory(cfg: RunConfig, arch: Arch, tp: int, pp: int, dp: int, rollout_tp: int, gpu_memory_gib: float) -> dict[str, int]:
-    """Rough bytes per rank of each component. Trainer states are split over TP x PP (the
-    distributed optimizer's fp32 states also over DP); gradients are reduced in fp32
-    (megatron DDP grad_reduce_in_fp32); vLLM holds 16-bit weights split over its TP and a KV
-    budget of gpu_memory_utilization of the GPU minus those weights."""
+def ledger_inputs(cfg: RunConfig, spec: ModelSpec, tp: int, pp: int, dp: int, rollout_tp: int, device_bytes: int) -> LedgerInputs:
+    """The memory ledger's view of `cfg` on one rank of a TP x PP x DP layout."""
     m = cfg.backend.megatron
     model_parallel = backend_spec(cfg.backend.name).model_parallel
-    bf16 = (m.params_dtype == "bfloat16") if model_parallel else cfg.model.dtype != "float32"
-    pbytes = 2 if bf16 else 4
-    shard = arch.params / (tp * pp)
-    # Adam moments (fp32) and, for 16-bit params, fp32 master weights.
-    opt_per_param = 12 if bf16 else 8
-    opt_split = dp if (model_parallel and m.distributed_optimizer) else 1
-    with_teacher = algorithm_spec(cfg.algorithm.name).uses_teacher
-    with_ref = cfg.algorithm.grpo.kl_coef > 0 or cfg.diagnostics.enabled
-    seq = cfg.rollout.max_model_len
-    mbs = cfg.backend.micro_batch_size
-    # Bytes per token per layer in units of the hidden size: full recompute keeps only each
-    # layer's input (2), selective the 34, none adds the attention scores (5 * heads * seq / hidden).
-    per_token = {"full": 2.0, "selective": float(ACT_BYTES_PER_TOKEN_HIDDEN)}.get(
-        m.recompute, ACT_BYTES_PER_TOKEN_HIDDEN + 5 * arch.heads * seq / arch.hidden
+    sixteen = (m.params_dtype == "bfloat16") if model_parallel else cfg.model.dtype != "float32"
+    a = cfg.algorithm
+    with_teacher = algorithm_spec(a.name).uses_teacher
+    riders = int(with_teacher) + int(a.grpo.kl_coef > 0)
+    engine = "vllm" if cfg.rollout.engine in ("vllm", "auto") else "hf"
+    return LedgerInputs(
+        spec=spec, megatron=model_parallel, tp=tp, pp=pp, dp=dp, vocab_divisor=m.vocab_divisor,
+        param_bytes=2 if sixteen else 4, distributed_optimizer=m.distributed_optimizer,
+        with_teacher=with_teacher, with_reference=a.grpo.kl_coef > 0 or cfg.diagnostics.enabled,
+        offload=cfg.backend.offload_training_state, engine=engine, rollout_tp=rollout_tp,
+        engine_bytes=int(cfg.rollout.gpu_memory_utilization * device_bytes) if engine == "vllm" else 0,
+        micro_batch_size=cfg.backend.micro_batch_size, seq=cfg.rollout.max_model_len,
+        recompute=m.recompute if model_parallel else "none",
+        sequence_parallel=m.sequence_parallel and model_parallel, activation_bytes=2 if sixteen else 4,
+        fused_kl=cfg.kernel.fused_kl, riders=riders, bucket_bytes=cfg.rollout.bucket_bytes, device_bytes=device_bytes,
+        logit_copies=memory_ledger.logit_copies(
+            distills=with_teacher, topk=a.sdpo.topk, is_clip=a.sdpo.is_clip is not None, riders=riders
+        ),
+        probe_rows=cfg.diagnostics.probe_n if cfg.diagnostics.enabled else 0, eval_rows=cfg.eval.batch_size,
     )
-    # Under SP everything is sequence-sharded; without it, (as an upper bound) nothing is.
-    # 1F1B keeps up to PP micro-batches of a stage's L / PP layers alive: ~one micro-batch of all layers.
-    activations = per_token * arch.hidden * seq * mbs * arch.layers / (tp if m.sequence_parallel else 1)
-    # Without the fused kernel: fp32 student and teacher logit shards and their softmax pieces.
-    logits = 0 if cfg.kernel.fused_kl else 4 * 4 * mbs * seq * arch.vocab / tp
-    vllm_weights = 2 * arch.params / rollout_tp if cfg.rollout.engine in ("vllm", "auto") else 0
-    kv = max(0.0, cfg.rollout.gpu_memory_utilization * gpu_memory_gib * GIB - vllm_weights) if vllm_weights else 0.0
-    return {
-        "params": int(pbytes * shard),
-        "grads": int(4 * shard),
-        "optimizer": int(opt_per_param * shard / opt_split),
-        "teacher": int(pbytes * shard) if with_teacher else 0,
-        "reference": int(pbytes * shard) if with_ref else 0,
-        "activations": int(activations),
-        "logits": int(logits),
-        "vllm_weights": int(vllm_weights),
-        "kv_budget": int(kv),
-    }
 
 
 def preflight_errors(cfg: RunConfig, p: LaunchPlan) -> list[str]:
@@ -396,10 +362,4 @@ def preflight_errors(cfg: RunConfig, p: LaunchPlan) -> list[str]:
                 errors.append(str(exc))
         elif not (Path(path) / "config.json").is_file():
             errors.append(f"model.path {path!r}: no HF model directory there (no config.json) and not a hub id")
-    peak = max(p.train_peak, p.rollout_peak) if p.memory else 0
-    if peak > p.gpu_memory_bytes:
-        errors.append(
-            f"memory plan: the peak per rank ({peak / GIB:.1f} GiB) exceeds the GPU's "
-            f"{p.gpu_memory_bytes / GIB:g} GiB (--gpu-memory-gib)"
-        )
-    return errors
+    return errors + p.memory_errors()

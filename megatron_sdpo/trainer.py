@@ -5,9 +5,10 @@ shared between GRPO, SDPO, StableSDPO and the hybrid.
 """
 from __future__ import annotations
 
+import contextlib
 import random
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Iterator
 
 import torch
 
@@ -197,6 +198,9 @@ class Trainer:
             train_metrics = self._update(batch)
             if after_train is not None:
                 after_train()
+            if cfg.backend.offload_training_state:
+                # Off the device before the engine wakes; the next train step brings it back.
+                self.backend.offload_training_state()
         # The backends run the teacher's forward inside their train step and report its time;
         # a train step without a teacher reports none.
         times.move(train_metrics.pop("time/teacher_forward", 0.0), source="train", target="teacher")
@@ -222,6 +226,24 @@ class Trainer:
             **train_metrics,
         }
         return StepOutput(metrics, texts, [c.truncated for c in comps], lengths, has_context)
+
+    @contextlib.contextmanager
+    def training_state_on_device(self) -> Iterator[None]:
+        """Work that reads the optimizer state between steps (a checkpoint, a stage start's
+        optimizer reset and teacher update) runs with the engine asleep when the training state
+        is offloaded, so that the two never share the device (memory_ledger.py, phase
+        "checkpoint"); afterwards the state goes off again and the engine is refitted."""
+        if not self.cfg.backend.offload_training_state:
+            yield
+            return
+        self.engine.sleep()
+        try:
+            yield
+        finally:
+            self.backend.offload_training_state()
+            self.engine.wake(("weights",))
+            self.engine.update_weights(self.backend.export_weights(model="policy"))
+            self.engine.wake(("kv_cache",))
 
     def _update(self, batch: SequenceBatch) -> dict[str, float]:
         """The optimizer step(s) on one rollout batch: `algorithm.grpo.mini_batches` of them."""

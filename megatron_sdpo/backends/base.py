@@ -176,6 +176,14 @@ class Backend(Protocol):
     def reset_optimizer(self) -> None:
         """Fresh optimizer state (used at stage boundaries)."""
 
+    def offload_training_state(self) -> int:
+        """Move what only the optimizer step reads (gradients, optimizer state) off the device
+        while the rollout engine is awake; returns the bytes freed. Every method that needs it
+        brings it back first (`reload_training_state`)."""
+
+    def reload_training_state(self) -> None:
+        """Undo `offload_training_state` (nothing to do when it is not offloaded)."""
+
     def set_lr_schedule(self, total_steps: int | None) -> None:
         """Restart the learning-rate schedule (backends/schedule.py) at step 0 of a stage of
         `total_steps` optimizer steps (None: hold the peak lr)."""

@@ -44,6 +44,7 @@ from megatron_sdpo.backends.common import (
     resolve_pad_id,
 )
 from megatron_sdpo.backends.layout import pack, token_entropy, token_logprobs
+from megatron_sdpo.backends.offload import StateOffload
 from megatron_sdpo.backends.schedule import LRSchedule
 from megatron_sdpo.backends.varlen import gather_hidden, pack_varlen
 from megatron_sdpo.config.backend_spec import BACKENDS
@@ -228,6 +229,7 @@ class HFBackend(Backend):
         else:
             self._train_module = self._head
         self.optimizer = self._make_optimizer()
+        self._offload = StateOffload(self.device)
 
     # ------------------------------------------------------------------ setup helpers
     def _frozen_copy(self) -> nn.Module:
@@ -244,6 +246,7 @@ class HFBackend(Backend):
         """The fp32 truth of `model`'s parameters, in `parameters()` order: the policy's master
         weights / the teacher's EMA shadow when the model runs in bf16 or fp16, else the
         parameters themselves. Live tensors: copy them to keep them."""
+        self.reload_training_state()
         if model == "policy" and self._masters is not None:
             return self._masters
         if model == "teacher" and self._teacher_fp32 is not None:
@@ -417,6 +420,7 @@ class HFBackend(Backend):
     def train_step(self, batch: SequenceBatch, loss_fn: LossFn) -> dict[str, float]:
         """One AdamW step on the global batch. Returns {"loss", "grad_norm", "skipped",
         "samples", <loss metrics summed over the global batch>}; identical on every rank."""
+        self.reload_training_state()
         batch, T = checked_batch(batch)
         requires = frozenset(loss_fn.requires)
         normalizer = loss_fn.global_normalizer(batch.tensors)
@@ -493,6 +497,7 @@ class HFBackend(Backend):
         """Apply a teacher update (algorithms/blend.py) to the teacher's fp32 truth: its fp32
         shadow with a bf16/fp16 model, then rounded once into the teacher; else its params. The
         policy enters as its fp32 truth (the master weights with a bf16 model)."""
+        self.reload_training_state()
         if blend.is_identity:
             return
         reference = None if self.reference is None else [p.detach() for p in self.reference.parameters()]
@@ -523,7 +528,21 @@ class HFBackend(Backend):
 
     def reset_optimizer(self) -> None:
         """Fresh AdamW state (moments and step count), e.g. at a stage boundary."""
+        self.reload_training_state()
         self.optimizer = self._make_optimizer()
+
+    def offload_training_state(self) -> int:
+        """AdamW's moments and the fp32 masters off the device (offload.py); gradients are
+        already freed after every step."""
+        state = [t for st in self.optimizer.state.values() for t in st.values() if isinstance(t, torch.Tensor)]
+        return self._offload.offload([*state, *(self._masters or [])], [], keep=list(self.policy.parameters()))
+
+    def reload_training_state(self) -> None:
+        self._offload.reload()
+
+    @property
+    def training_state_offloaded(self) -> bool:
+        return self._offload.active
 
     def set_lr_schedule(self, total_steps: int | None) -> None:
         """Restart the LR schedule at step 0 of a stage of `total_steps` optimizer steps."""
@@ -534,9 +553,11 @@ class HFBackend(Backend):
     def save(self, path: str, *, extra: dict | None = None) -> None:
         """Writes policy/ and teacher/ (HF safetensors dirs), reference/ when present,
         optimizer.pt, rng.pt, extra.json and a COMPLETE marker, atomically (rank 0 writes)."""
+        self.reload_training_state()
         hf_checkpoint.save(self, path, extra=extra)
 
     def load(self, path: str, *, weights_only: bool = False) -> dict:
         """Restores a checkpoint written by `save`; returns its extra dict. weights_only loads
         policy and teacher weights only (stage transitions keep the fresh optimizer/RNG)."""
+        self.reload_training_state()
         return hf_checkpoint.load(self, path, weights_only=weights_only)

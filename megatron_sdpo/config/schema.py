@@ -149,11 +149,18 @@ class RolloutConfig:
     top_p: float = 1.0
     max_new_tokens: int = 32
     max_model_len: int = 512
-    bucket_bytes: int = 64 * 1024 * 1024  # weight-sync bucket size
+    # Weight-sync bucket cap; on GPU also at most 30% of the memory free when the refit starts.
+    bucket_bytes: int = 64 * 1024 * 1024
     gpu_memory_utilization: float = 0.5
     # vLLM on GPU: what sleep releases while the trainer runs. 2 drops the engine's weights (every
     # refit re-sends all of them); 1 copies them to host memory and back at every step.
     sleep_level: Literal[1, 2] = 2
+    # vLLM sampling seeds. request: one per prompt from (seed, its index in the step): samples
+    # are the same under any replica layout (layout-invariant), but vLLM samples seeded
+    # requests one at a time (and leaves FlashInfer's top-p). engine: the engine is reseeded
+    # from (seed, stage, step, replica) at every generate and samples in one batch. auto:
+    # engine on GPU, request on CPU.
+    seeding: Literal["auto", "request", "engine"] = "auto"
     # vLLM tensor parallelism per engine replica (independent of the trainer's); under torchrun
     # world / tensor_parallel_size replicas each generate their share of a step's prompts.
     tensor_parallel_size: int = 1
@@ -224,6 +231,11 @@ class BackendConfig:
     # without packing or with megatron is a ConfigError.
     share_prompts: Optional[bool] = None
     stage_start: Literal["weights_only", "keep_optimizer"] = "weights_only"
+    # Gradients and optimizer state leave the device after each optimizer step and the teacher
+    # update, and come back at the next train step: the rollout engine's weights and KV cache
+    # never share the device with them (as verl's and NeMo-RL's offload around rollout; the
+    # phases in memory_ledger.py). Costs a host round trip of those bytes per step.
+    offload_training_state: bool = False
     megatron: MegatronConfig = field(default_factory=MegatronConfig)
 
 

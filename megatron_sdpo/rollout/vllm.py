@@ -54,6 +54,7 @@ from typing import Any, Callable, Iterable, Iterator, Sequence, cast
 import torch
 
 from megatron_sdpo.errors import ConfigError, DataError, require
+from megatron_sdpo.memory_ledger import REFIT_FREE_SHARE
 from megatron_sdpo.rollout.base import WAKE_TAGS, Completion, RolloutEngine, SamplingConfig, torch_threads
 from megatron_sdpo.rollout.hf import check_sampling, eos_ids_of, load_tokenizer
 from megatron_sdpo.rollout.replicas import ReplicaLayout
@@ -85,8 +86,28 @@ def checksums_to_host(sums: dict[str, torch.Tensor]) -> dict[str, tuple[float, f
     """One device-to-host copy for a whole dict of `tensor_checksum` results."""
     if not sums:
         return {}
-    values = torch.stack([v.to("cpu") for v in sums.values()]).tolist()
+    # Stacked where they were computed: one transfer (all on one device: the sender's or the worker's).
+    values = torch.stack(list(sums.values())).to("cpu").tolist()
     return {k: (float(a), float(b)) for k, (a, b) in zip(sums, values)}
+
+
+SEEDING = ("request", "engine")
+
+
+def engine_seed(seed: int, first_index: int) -> int:
+    """The engine-level seed of one generate: the call's seed (from seed, stage and step) and
+    the replica's share offset, so replicas draw different noise and a resume draws the same."""
+    digest = hashlib.blake2b(f"engine:{seed}:{first_index}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 33
+
+
+def refit_bucket_bytes(configured: int | None, free_bytes: int | None) -> int | None:
+    """The refit's bucket cap: the configured one, at most REFIT_FREE_SHARE of the device memory
+    free at the refit (when known: on GPU), so a bucket never pushes the device over."""
+    if free_bytes is None:
+        return configured
+    room = max(int(REFIT_FREE_SHARE * free_bytes), 1)
+    return room if configured is None else min(configured, room)
 
 
 def request_seed(seed: int, prompt_index: int) -> int:
@@ -124,6 +145,12 @@ class WeightSyncExtension:
         with set_current_vllm_config(self.vllm_config):
             self.model_runner.reload_weights(weights_iterator=counted())
         return count
+
+    def sdpo_reseed(self, seed: int) -> None:
+        """Seeds the worker's generators (the batched sampler's noise) before a generate."""
+        from vllm.utils.torch_utils import set_random_seed
+
+        set_random_seed(seed)
 
     def sdpo_take_received(self) -> dict[str, tuple[float, float]]:
         """Checksums of the tensors received since the last call (HF name -> (sum, sum |x|))."""
@@ -255,6 +282,7 @@ class VLLMRolloutEngine(RolloutEngine):
         threads: int | None = None,
         prefix_caching: bool = True,
         enforce_eager: bool = True,
+        seeding: str = "request",
     ):
         if not Path(model_path, "config.json").is_file():
             raise ConfigError(f"model_path {model_path!r} is not a HF model directory (no config.json)")
@@ -264,6 +292,13 @@ class VLLMRolloutEngine(RolloutEngine):
             raise ConfigError(f"threads must be >= 1 or None, got {threads}")
         if sleep_level not in (1, 2):
             raise ConfigError(f"sleep_level must be 1 or 2, got {sleep_level}")
+        if seeding not in SEEDING:
+            raise ConfigError(f"seeding must be one of {SEEDING}, got {seeding!r}")
+        # "request": a seed per request from (seed, the prompt's global index), so samples do not
+        # depend on the replica layout or the batch; vLLM then samples those requests one by one
+        # (and leaves FlashInfer's top-p). "engine": one reseed of the engine per generate and
+        # the batched sampler; samples depend on the layout (resume stays exact).
+        self.seeding = seeding
         # Level 2 drops the weights instead of copying them to host and back: every refit
         # re-sends all of them anyway (verl's hybrid engine does the same).
         self.sleep_level = sleep_level
@@ -408,7 +443,9 @@ class VLLMRolloutEngine(RolloutEngine):
 
         requests = [p for p in prompt_ids for _ in range(reps)]
         params: list[SamplingParams] | SamplingParams
-        if sampling.seed is None or sampling.greedy:
+        if sampling.seed is None or sampling.greedy or self.seeding == "engine":
+            if sampling.seed is not None and not sampling.greedy:
+                self.llm.collective_rpc("sdpo_reseed", args=(engine_seed(sampling.seed, first_index),))
             by_len = {k: params_for(k, None) for k in {len(p) for p in prompt_ids}}
             params = [by_len[len(p)] for p in requests]
         else:
@@ -457,10 +494,12 @@ class VLLMRolloutEngine(RolloutEngine):
             named_tensors = with_tied_head(named_tensors)
         with keep_torch_threads(), torch_threads(self.threads):
             self.llm.collective_rpc("sdpo_take_received")  # drop what an earlier call left
-            if self.bucket_bytes is None:
+            free = torch.cuda.mem_get_info()[0] if self.on_gpu else None
+            cap = refit_bucket_bytes(self.bucket_bytes, free)
+            if cap is None:
                 buckets: Iterable = [recorded(named_tensors)]
             else:
-                buckets = layer_buckets(recorded(named_tensors), self.bucket_bytes)
+                buckets = layer_buckets(recorded(named_tensors), cap)
             t_prev = time.perf_counter()
             for bucket in buckets:
                 if self.transit is not None:  # a test hook between the export and the engine
@@ -481,6 +520,7 @@ class VLLMRolloutEngine(RolloutEngine):
             "sync_bucket_time_mean": sum(times) / max(len(times), 1),
             "sync_bucket_time_max": max(times, default=0.0),
             "sync_bytes": float(nbytes),
+            "sync_bucket_cap": float(cap or nbytes),
         }
 
     def sleep(self) -> None:

@@ -4,7 +4,9 @@
 # Writes OUT_DIR/pytest.log, OUT_DIR/bench_kl_gpu.csv and OUT_DIR/checks.txt (default OUT_DIR:
 # gpu_checks/). Checks: megatron TP=1 GRPO and SDPO steps in BF16 (fused kernel vs vocab-sharded
 # logits), packed rows, an FP8 step when Transformer Engine and the GPU support it, a refit into
-# vLLM, the Triton KL kernel against the reference, and the KL benchmark at V=151,936.
+# vLLM, the memory ledger against the CUDA allocator (a ~1.2B Qwen3 shape), the Triton KL kernel
+# against the reference, and the KL benchmark at Qwen3-4B's (H 2560, V 151,936) and Olmo-3-7B's
+# (H 4096, V 100,278) shapes against eager and Liger's fused linear JSD.
 #
 # Offline machines: a folder of wheels (GPU_WHEELS, default gpu_wheels/; `make gpu-wheels`
 # fills it where the package index is reachable) is installed with --no-index first, and the
@@ -34,7 +36,8 @@ PYEOF
 : > "${OUT}/checks.txt"
 if [[ -z "${cuda}" ]]; then
   for check in "megatron BF16 GRPO/SDPO steps" "packed rows" "FP8 step" "vLLM refit" \
-               "Triton KL kernel vs reference" "KL benchmark (bench_kl.py --device cuda)"; do
+               "memory ledger vs CUDA allocator" "Triton KL kernel vs reference" \
+               "KL benchmark (bench_kl.py --device cuda)"; do
     echo "SKIPPED ${check}: no CUDA GPU visible" | tee -a "${OUT}/checks.txt"
   done
   exit 0
@@ -62,6 +65,9 @@ PYEOF
 timeout 900 "${PY}" tools/bench_kl.py --device cuda --dtype bfloat16 --hidden 2560 --vocab 151936 \
   --tokens 1024,4096,8192 --impls "${impls}" --repeats 3 \
   --out "${OUT}/bench_kl_gpu.csv" 2>&1 | tee "${OUT}/bench_kl.log" || status=$?
+timeout 600 "${PY}" tools/bench_kl.py --device cuda --dtype bfloat16 --hidden 4096 --vocab 100278 \
+  --tokens 8192 --impls "${impls}" --repeats 3 \
+  --out "${OUT}/bench_kl_gpu_olmo.csv" 2>&1 | tee "${OUT}/bench_kl_olmo.log" || status=$?
 
 echo "GPU checks finished with status ${status}; outputs in ${OUT}/" | tee -a "${OUT}/checks.txt"
 exit "${status}"

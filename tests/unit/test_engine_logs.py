@@ -70,3 +70,24 @@ def test_a_user_vllm_logging_config_wins(tmp_path):
     assert proc.stdout.strip() == str(user)
     proc = _python(code)
     assert proc.stdout.strip() == str(tmp_path / "run" / "logs" / "vllm_logging.json")
+
+
+def test_per_refit_lines_are_kept_once(tmp_path):
+    """A refit in several buckets repeats vLLM's reload lines per bucket: engine.log keeps the
+    first of each (numbers aside); other loggers' repeats stay."""
+    code = """
+import logging
+from megatron_sdpo.engine_logs import route_engine_logs
+route_engine_logs({run!r})
+for step in range(3):
+    for bucket in range(4):
+        logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").warning("RotaryEmbedding: Failed to load weights")
+        logging.getLogger("vllm.model_executor.model_loader.reload.inplace").info(f"Reloading and processing weights took {{0.1 * bucket:.2f}} seconds")
+    logging.getLogger("vllm.v1.core.block_pool").info("Successfully reset prefix cache")
+    logging.getLogger("vllm.v1.engine").info("other-line")
+""".format(run=str(tmp_path / "run"))
+    proc = _python(code)
+    assert proc.returncode == 0, proc.stderr
+    log = (tmp_path / "run" / "logs" / "engine.log").read_text()
+    assert log.count("Failed to load weights") == 1 and log.count("Reloading and processing weights took") == 1
+    assert log.count("reset prefix cache") == 1 and log.count("other-line") == 3

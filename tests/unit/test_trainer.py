@@ -124,6 +124,56 @@ def test_step_order_sleep_wake_weights_refit_wake_kv_cache():
     assert log == one + one
 
 
+class OffloadingBackend(RecordingBackend):
+    """Records offload / reload and checks the engine sleeps whenever the state is on device."""
+
+    def __init__(self, log, engine_state):
+        super().__init__(log)
+        self.engine_state = engine_state
+        self.offloaded = False
+
+    def train_step(self, batch, loss_fn):
+        self.reload_training_state()
+        return super().train_step(batch, loss_fn)
+
+    def offload_training_state(self):
+        self.log.append("offload")
+        self.offloaded = True
+        return 1
+
+    def reload_training_state(self):
+        if self.offloaded:
+            assert self.engine_state() == {"weights", "kv_cache"}, "training state back next to an awake engine"
+            self.log.append("reload")
+            self.offloaded = False
+
+    def save(self, path, *, extra=None):
+        self.reload_training_state()
+        self.log.append("save")
+
+
+def test_offloaded_training_state_never_shares_the_device_with_the_engine():
+    from megatron_sdpo.builders import load_tokenizer
+    from megatron_sdpo.data.synthetic import generate
+    from megatron_sdpo.models.tiny import ensure_tiny_base
+
+    cfg = load_config("tiny", ["backend.offload_training_state=true"])
+    log = []
+    engine = RecordingEngine(log)
+    backend = OffloadingBackend(log, lambda: engine.asleep)
+    trainer = Trainer(cfg, backend, engine, load_tokenizer(ensure_tiny_base()))
+    records = generate("math", "id", 2, 0)
+    for step in range(2):
+        trainer.step("math", records, seed=step, step=step)
+    with trainer.training_state_on_device():  # a checkpoint between steps
+        backend.save("x")
+    step = ["generate", "sleep", "train", "offload", "wake(weights)", "refit", "export", "tensor", "wake(kv_cache)"]
+    first = [x for x in step if x != "reload"]
+    later = ["generate", "sleep", "reload", "train", *step[3:]]
+    save = ["sleep", "reload", "save", "offload", "wake(weights)", "refit", "export", "tensor", "wake(kv_cache)"]
+    assert log == first + later + save
+
+
 class TimedBackend(RecordingBackend):
     """A train step that takes 30 ms, 10 of them (it says) in the teacher's forward."""
 

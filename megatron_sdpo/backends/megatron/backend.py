@@ -60,6 +60,7 @@ from megatron_sdpo.backends.megatron.parallel import (
     launch_device,
 )
 from megatron_sdpo.backends.megatron.step_loss import StepLoss
+from megatron_sdpo.backends.offload import StateOffload
 from megatron_sdpo.backends.schedule import LRSchedule
 from megatron_sdpo.config.backend_spec import BACKENDS
 from megatron_sdpo.errors import ConfigError, require
@@ -200,6 +201,7 @@ class MegatronBackend(Backend):
         self.scheduler = self._make_scheduler(None)
         # bf16 params: the EMA teacher lives in an fp32 shadow of its shards (teacher_state.py).
         self.teacher_fp32 = None
+        self._offload = StateOffload(self.device)
         if self.teacher is not None and self.options.precision.params == "bfloat16":
             from megatron_sdpo.backends.megatron.teacher_state import FP32TeacherShadow
 
@@ -367,6 +369,7 @@ class MegatronBackend(Backend):
         "samples", <loss metrics summed over the batch>}, identical on every rank."""
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
+        self.reload_training_state()
         batch, T = checked_batch(batch)
         requires = frozenset(loss_fn.requires)
         unknown = requires - REQUIRES
@@ -466,6 +469,7 @@ class MegatronBackend(Backend):
         into the fp32 shadow and rounded once (teacher_state.py)."""
         if blend.is_identity:
             return
+        self.reload_training_state()  # the fp32 main params are the student's source
         reference = None if self.reference is None else self._params("reference")
         sources = blend_sources(blend, [p.detach() for p in self._params("policy")], reference)
         if sources is None:
@@ -481,6 +485,7 @@ class MegatronBackend(Backend):
         the shadow's elements under the distributed optimizer); for the policy, the params
         with fp32 params, else the optimizer's fp32 main values scattered into full-shape
         tensors (elements this DP rank does not own under the distributed optimizer are NaN)."""
+        self.reload_training_state()
         if model == "teacher" and self.teacher_fp32 is not None:
             return self.teacher_fp32.full()
         if model != "policy" or self.options.precision.params != "bfloat16":
@@ -518,10 +523,34 @@ class MegatronBackend(Backend):
                     if g.get(key):
                         g[key] = weight_decay
 
+    # ------------------------------------------------------------------ offload
+    def _optimizer_tensors(self) -> list[torch.Tensor]:
+        """Adam's moments and the fp32 main params of every (chained) optimizer."""
+        out: list[torch.Tensor] = []
+        for opt in getattr(self.optimizer, "chained_optimizers", None) or [self.optimizer]:
+            inner = getattr(opt, "optimizer", opt)
+            out += [p for g in inner.param_groups for p in g["params"]]
+            out += [t for st in inner.state.values() for t in st.values() if isinstance(t, torch.Tensor)]
+        return out
+
+    def offload_training_state(self) -> int:
+        """Grad buffers and optimizer state off the device until the next train step (offload.py);
+        the weights (views of DDP's param buffer under the distributed optimizer) stay."""
+        grads = [buf.grad_data for buf in [*self.policy.buffers, *getattr(self.policy, "expert_parallel_buffers", [])]]
+        return self._offload.offload(self._optimizer_tensors(), grads, keep=self._params("policy"))
+
+    def reload_training_state(self) -> None:
+        self._offload.reload()
+
+    @property
+    def training_state_offloaded(self) -> bool:
+        return self._offload.active
+
     def reset_optimizer(self) -> None:
         """Fresh optimizer state (moments, step count) over the same DDP-wrapped policy; the
         LR schedule restarts at step 0 of the same stage length. With bf16 params the fp32 main
         params carry over (a fresh optimizer would re-create them from the bf16 weights)."""
+        self.reload_training_state()
         old = self.optimizer
         self.optimizer = self._make_optimizer()
         if self.options.precision.params == "bfloat16":
@@ -542,10 +571,12 @@ class MegatronBackend(Backend):
         """Atomic dist_checkpointing save of policy, teacher, optimizer, RNG, step and `extra`."""
         from megatron_sdpo.backends.megatron.checkpoint import save
 
+        self.reload_training_state()
         save(self, path, extra=extra)
 
     def load(self, path: str, *, weights_only: bool = False) -> dict:
         """Load a checkpoint written by `save` (any DP size); returns its `extra` dict."""
         from megatron_sdpo.backends.megatron.checkpoint import load
 
+        self.reload_training_state()
         return load(self, path, weights_only=weights_only)

@@ -17,6 +17,7 @@ def test_the_gpu_script_skips_every_check_with_its_reason_without_a_gpu(tmp_path
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     lines = (tmp_path / "out" / "checks.txt").read_text().splitlines()
-    assert len(lines) == 6 and all(line.startswith("SKIPPED ") and line.endswith(": no CUDA GPU visible") for line in lines)
+    assert len(lines) == 7 and all(line.startswith("SKIPPED ") and line.endswith(": no CUDA GPU visible") for line in lines)
     assert any("Triton KL kernel" in line for line in lines) and any("vLLM refit" in line for line in lines)
-    assert proc.stdout.count("SKIPPED") == 6
+    assert any("memory ledger" in line for line in lines)
+    assert proc.stdout.count("SKIPPED") == 7

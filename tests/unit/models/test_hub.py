@@ -61,8 +61,11 @@ def test_strict_preflight_names_each_problem_on_its_own_line(offline_cache, caps
     assert all(line.startswith("error: ") for line in err), err
     assert sum("data file not found: data/" in line for line in err) == 20
     assert sum("model.path 'Qwen/Qwen3-4B': not in the HF cache" in line for line in err) == 1
-    assert sum("memory plan: the peak per rank" in line and "exceeds the GPU's 40 GiB" in line for line in err) == 1
-    # Without --strict the same plan warns and passes (a login node often lacks the job's data).
+    assert sum(line.startswith("error: memory plan: phase ") and "40.0 GiB less" in line for line in err) >= 1
+    # Without --strict missing data warns and passes (a login node often lacks the job's data);
+    # a phase over the device's memory fails any dry run.
     assert main(["run", "qwen3_4b", "--dry-run", "--world-size", "8"]) == 0
+    assert main(["run", "qwen3_4b", "--dry-run", "--world-size", "8", "--gpu-memory-gib", "40"]) == 2
+    assert all(line.startswith("error: memory plan: phase ") for line in capsys.readouterr().err.splitlines())
     assert main(["run", "tiny", "--strict"]) == 2
     assert "--strict is for --dry-run" in capsys.readouterr().err

@@ -24,11 +24,12 @@ LAYERS = [
     # algorithms/__init__ imports nothing).
     ["algorithms.divergence", "algorithms.distillation", "algorithms.blend", "backends.schedule"],
     # Foundations: each imports errors only.
-    ["config", "data", "rewards", "weights", "kernels", "ranks", "run_dir", "chat", "engine_logs", "stopwatch", "stop_request"],
+    ["config", "data", "rewards", "weights", "kernels", "ranks", "run_dir", "chat", "engine_logs", "stopwatch", "stop_request",
+     "memory_census"],
     # The backend seam's plain types: the batch and loss protocol, token layouts.
     ["backends.base", "backends.layout", "backends.varlen"],
-    # Pure maths on tensors and batches.
-    ["algorithms"],
+    # Pure maths on tensors and batches; the memory ledger's arithmetic over the weight plan.
+    ["algorithms", "memory_ledger"],
     # The shipped tiny base (built with the algorithms' teacher prompt).
     ["models"],
     # Engines and measurements.

@@ -176,6 +176,43 @@ def test_vllm_seeded_calls_repeat_exactly(setup):
 
 @pytest.mark.vllm
 @pytest.mark.slow
+def test_vllm_engine_seeding_repeats_exactly_with_unseeded_requests(setup, monkeypatch):
+    """seeding="engine": one reseed per generate and no per-request seeds (vLLM's batched
+    sampler); the same call seed repeats, another seed or replica offset draws anew."""
+    from vllm import SamplingParams
+
+    engine, _ = setup
+    monkeypatch.setattr(engine, "seeding", "engine")
+    sent = []
+    real = engine.llm.generate
+
+    def spy(prompts, params, **kw):
+        sent.extend(params if isinstance(params, list) else [params])
+        return real(prompts, params, **kw)
+
+    monkeypatch.setattr(engine.llm, "generate", spy)
+    def sample(seed, first_index=0):
+        cfg = SamplingConfig(n=4, max_new_tokens=12, seed=seed)
+        return [c.token_ids for c in engine.generate(PROMPTS, cfg, first_index=first_index)]
+
+    first, other, again, shifted = sample(3), sample(4), sample(3), sample(3, first_index=4)
+    assert first == again and first != other and first != shifted
+    assert sent and all(isinstance(p, SamplingParams) and p.seed is None for p in sent)
+
+
+def test_engine_seeds_and_refit_buckets():
+    from megatron_sdpo.rollout.vllm import REFIT_FREE_SHARE, engine_seed, refit_bucket_bytes
+
+    assert engine_seed(3, 0) == engine_seed(3, 0) and len({engine_seed(3, 0), engine_seed(4, 0), engine_seed(3, 8)}) == 3
+    assert 0 <= engine_seed(2**62, 10**9) < 2**31  # what every seeding API takes
+    assert refit_bucket_bytes(64 << 20, None) == 64 << 20  # CPU: the configured cap
+    assert refit_bucket_bytes(2 << 30, 1 << 30) == int(REFIT_FREE_SHARE * (1 << 30))  # capped by free memory
+    assert refit_bucket_bytes(64 << 20, 80 << 30) == 64 << 20
+    assert refit_bucket_bytes(None, 10 << 30) == int(REFIT_FREE_SHARE * (10 << 30))
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
 def test_vllm_samples_do_not_depend_on_how_prompts_are_split(setup):
     """What a rollout replica sees: its share of the prompts and the share's global offset.
     Per-request seeds make the samples those of the whole batch in one call."""

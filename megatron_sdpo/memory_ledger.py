@@ -1,0 +1,251 @@
+"""One rank's device memory, phase by phase: the plan `run --dry-run` prints and fails on, and
+the numbers the code's allocations are tested against (tests/unit/test_memory_ledger.py with
+memory_census.py on CPU; tests/gpu against torch.cuda.max_memory_allocated).
+
+Categories are what stays allocated across a phase; transients are what one operation adds
+on top while it runs. Every size comes from the weight plan's real shapes (weights/plan.py)
+and the run's settings. The phases follow one trainer step (trainer.py) and the stage end:
+
+  rollout         engine awake (weights + KV cache); with offload, grads and optimizer on host
+  train           engine asleep; forward/backward activations and logits of one micro-batch
+  teacher_update  engine asleep; the EMA / copy's bucket buffers (teacher_state.py)
+  refit           engine weights awake, KV cache not yet; the weight-sync buckets
+  checkpoint      engine asleep, training state back on device; the HF export's gathered tensor
+  eval            engine awake; probe log-probs and gathered eval scores
+
+What the ledger does not see: the CUDA context and NCCL buffers (`context_bytes`, a stated
+allowance) and the caching allocator's fragmentation (usable memory is what torch reports).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+
+from megatron_sdpo.weights.plan import REPLICATED, Layout, ModelSpec, plan
+
+GIB = 1024**3
+CATEGORIES = (
+    "params", "grads", "optimizer", "teacher", "teacher_shadow", "reference",
+    "engine_weights", "kv_cache", "activations", "logits",
+)
+TRANSIENTS = ("teacher_update", "hf_export", "refit_buckets", "probe_logprobs", "eval_gathers")
+LABELS = {
+    "params": "params", "grads": "grads", "optimizer": "optim", "teacher": "teacher", "teacher_shadow": "shadow",
+    "reference": "ref", "engine_weights": "vllm_w", "kv_cache": "kv", "activations": "act", "logits": "logits",
+    "teacher_update": "+ema", "hf_export": "+export", "refit_buckets": "+refit", "probe_logprobs": "+probe",
+    "eval_gathers": "+eval",
+}
+PHASES = ("rollout", "train", "teacher_update", "refit", "checkpoint", "eval")
+# What torch reports as an H100-80GB's memory, and an allowance for what the ledger does not
+# see: the CUDA context (~0.5 GiB), NCCL's buffers and the caching allocator's fragmentation.
+H100_USABLE_GIB = 79.2
+CONTEXT_BYTES = 3 * GIB
+# What the refit may take of the device memory free when it starts (NeMo-RL sizes its refit
+# buffer at 30% of the memory free after offloading the trainer); rollout/vllm.py applies it.
+REFIT_FREE_SHARE = 0.3
+# Megatron's activation bytes per token per layer, in units of the hidden size, for 16-bit
+# activations (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer
+# Models", eq. 1-2): 34 with selective recompute (flash/fused attention saves no scores), plus
+# 5 * heads * seq / hidden for the attention scores without it; full recompute keeps only each
+# layer's input (2).
+ACT_UNITS = {"selective": 34.0, "full": 2.0}
+
+
+@dataclass(frozen=True)
+class LedgerInputs:
+    """What the ledger needs of a run (memory_ledger.inputs_from_config builds it)."""
+
+    spec: ModelSpec
+    megatron: bool
+    tp: int = 1
+    pp: int = 1
+    dp: int = 1
+    vocab_divisor: int = 128
+    param_bytes: int = 4  # 2: bf16 params (fp32 main params in the optimizer)
+    distributed_optimizer: bool = True
+    with_teacher: bool = False
+    with_reference: bool = False
+    offload: bool = False  # grads and optimizer state off the device while the engine is awake
+    engine: str = "hf"  # "vllm" holds its own weights and KV cache; "hf" generates with the policy
+    rollout_tp: int = 1
+    engine_bytes: int = 0  # vLLM: gpu_memory_utilization x device memory (weights + KV cache)
+    kv_cache_bytes: int | None = None  # vLLM's kv_cache_memory_bytes when set (its CPU backend)
+    micro_batch_size: int = 1
+    seq: int = 512  # tokens per micro-batch row (max_model_len)
+    recompute: str = "none"
+    sequence_parallel: bool = False
+    activation_bytes: int = 2  # bytes per activation element (the params dtype)
+    fused_kl: bool = False
+    riders: int = 0  # teacher / reference forwards riding the train step
+    logit_copies: int = 0  # vocabulary-wide fp32 tensors the loss keeps (LOGIT_COPIES[loss])
+    bucket_bytes: int = 64 << 20  # refit bucket cap
+    device_bytes: int = 0  # usable device memory (0: unknown, the refit takes bucket_bytes)
+    probe_rows: int = 8
+    eval_rows: int = 64
+
+
+@dataclass
+class Ledger:
+    """Bytes per category and transient, and which of them each phase holds."""
+
+    inputs: LedgerInputs
+    categories: dict[str, int]
+    transients: dict[str, int]
+    phases: dict[str, dict[str, int]] = field(default_factory=dict)
+
+    def phase_total(self, phase: str) -> int:
+        return sum(self.phases[phase].values())
+
+    @property
+    def peak(self) -> tuple[str, int]:
+        name = max(self.phases, key=self.phase_total)
+        return name, self.phase_total(name)
+
+    def over_budget(self, usable_bytes: int, context_bytes: int = CONTEXT_BYTES) -> list[str]:
+        """One line per phase that does not fit `usable_bytes - context_bytes`."""
+        room = usable_bytes - context_bytes
+        return [
+            f"memory plan: phase {p} needs {self.phase_total(p) / GIB:.1f} GiB per rank, more than the "
+            f"{room / GIB:.1f} GiB usable ({usable_bytes / GIB:.1f} GiB less {context_bytes / GIB:.1f} GiB of context)"
+            for p in PHASES if self.phase_total(p) > room
+        ]
+
+    def render(self, usable_bytes: int, context_bytes: int = CONTEXT_BYTES) -> list[str]:
+        """The per-phase table `--dry-run` prints (GiB per rank; transients marked +)."""
+        cols = [c for c in (*CATEGORIES, *TRANSIENTS) if any(self.phases[p].get(c, 0) for p in PHASES)]
+        width = 7
+        lines = [
+            "memory per rank by phase, GiB (" + ", ".join(f"{LABELS[c]}={c}" for c in cols if LABELS[c] != c) + ")",
+            " ".join(["phase".ljust(14), *(LABELS[c].rjust(width) for c in cols), "total".rjust(width)]),
+        ]
+        for p in PHASES:
+            row = self.phases[p]
+            cells = [f"{row[c] / GIB:.2f}" if row.get(c) else "-" for c in cols]
+            lines.append(" ".join([p.ljust(14), *(c.rjust(width) for c in cells), f"{self.phase_total(p) / GIB:.2f}".rjust(width)]))
+        name, peak = self.peak
+        lines.append(f"peak: {name} {peak / GIB:.2f} GiB of {(usable_bytes - context_bytes) / GIB:.2f} GiB usable "
+                     f"({usable_bytes / GIB:.2f} GiB less {context_bytes / GIB:.2f} GiB of context)")
+        return lines
+
+
+def _split(kind: str, tp: int) -> int:
+    return 1 if kind == REPLICATED else tp
+
+
+def local_numel(spec: ModelSpec, layout: Layout) -> tuple[int, list[int]]:
+    """(parameter elements of the largest pipeline stage on one TP rank, its tensors' sizes)."""
+    best: list[int] = []
+    for pp_rank in range(layout.pp):
+        sizes = [math.prod(m.shape) // _split(m.kind, layout.tp) for m in plan(spec, layout, pp_rank)]
+        if sum(sizes) > sum(best):
+            best = sizes
+    return sum(best), best
+
+
+def _activations(i: LedgerInputs, layers: int) -> int:
+    """Bytes saved for backward by one micro-batch of max-length rows through `layers` layers."""
+    s = i.spec
+    units = ACT_UNITS.get(i.recompute, ACT_UNITS["selective"] + 5.0 * s.num_heads * i.seq / s.hidden_size)
+    tokens = i.micro_batch_size * i.seq
+    per_layer = units * s.hidden_size * tokens * i.activation_bytes / 2  # the formula counts 16-bit bytes
+    shard = i.tp if i.sequence_parallel else 1
+    return int(per_layer * layers / shard)
+
+
+def logit_copies(*, distills: bool, topk: int | None, is_clip: bool, riders: int) -> int:
+    """fp32 [rows, vocab / TP] tensors alive for backward in the unfused losses: the policy's
+    log-softmax and the picked log-probs (2); the full-vocabulary JSD keeps both models' log-probs,
+    the mixture and its two KL terms (6); the importance weight another log-softmax pair (2);
+    each rider's logits are alive while the loss runs (1 each). Counted for each loss by
+    tests/unit/test_memory_ledger.py."""
+    kept = (6 if topk is None else 2) if distills else 2
+    return kept + (2 if distills and is_clip else 0) + riders
+
+
+def _logits(i: LedgerInputs, vocab_local: int) -> int:
+    """fp32 vocabulary-wide tensors the loss keeps for backward for one micro-batch: `logit_copies`
+    [rows, vocab / TP] tensors (logit_copies()); the fused kernel keeps none."""
+    if i.fused_kl:
+        return 0
+    return 4 * i.micro_batch_size * i.seq * vocab_local * i.logit_copies
+
+
+def _refit_cap(i: LedgerInputs, held: int) -> int:
+    """The refit's bucket cap as rollout/vllm.py sets it: at most 30% of what is free then."""
+    if not i.device_bytes:
+        return i.bucket_bytes
+    return min(i.bucket_bytes, int(REFIT_FREE_SHARE * max(i.device_bytes - CONTEXT_BYTES - held, 0)))
+
+
+def build(i: LedgerInputs) -> Ledger:
+    """The ledger of one rank (the largest pipeline stage)."""
+    layout = Layout(tp=i.tp, pp=i.pp, vocab_divisor=i.vocab_divisor if i.megatron else 1)
+    n, sizes = local_numel(i.spec, layout)
+    dp_shard = i.dp if (i.megatron and i.distributed_optimizer) else 1
+    p = i.param_bytes
+    sixteen = p == 2
+    # Adam's two moments in fp32, and fp32 main params for 16-bit params; the distributed
+    # optimizer holds 1/DP of each bucket.
+    optimizer = (8 + (4 if sixteen else 0)) * n // dp_shard
+    # megatron's DDP reduces gradients in an fp32 buffer that lives across steps; the HF backend
+    # frees its gradients after each step (only the train phase holds them).
+    grads = 4 * n
+    shadow = 4 * n // dp_shard if (i.with_teacher and sixteen) else 0
+    # The backends slice the vocabulary padding off the logits: the widest rank's real share.
+    vocab_local = min(layout.padded_vocab(i.spec) // i.tp, i.spec.vocab_size)
+    layers = i.spec.num_layers // i.pp
+    full_numel, _ = local_numel(i.spec, Layout(tp=1, pp=1, vocab_divisor=1))
+    _, padded_sizes = local_numel(i.spec, Layout(tp=1, pp=1, vocab_divisor=i.vocab_divisor if i.megatron else 1))
+    probe_rows = min(i.probe_rows, i.micro_batch_size)
+    engine_weights = 2 * full_numel // i.rollout_tp if i.engine == "vllm" else 0
+    categories = {
+        "params": p * n,
+        "grads": grads,
+        "optimizer": optimizer,
+        "teacher": p * n if i.with_teacher else 0,
+        "teacher_shadow": shadow,
+        "reference": p * n if i.with_reference else 0,
+        "engine_weights": engine_weights,
+        "kv_cache": (i.kv_cache_bytes if i.kv_cache_bytes is not None else max(0, i.engine_bytes - engine_weights))
+        if i.engine == "vllm" else 0,
+        "activations": _activations(i, layers),
+        "logits": _logits(i, vocab_local),
+    }
+    transients = {
+        # The sharded shadow rounds into the teacher one DDP bucket at a time: a bucket-sized
+        # 16-bit gather buffer and this rank's shard of it (one bucket holds the stage's params);
+        # unsharded (DP 1) it copies each piece in place.
+        "teacher_update": (p * n + p * n // dp_shard) if (shadow and dp_shard > 1) else 0,
+        # The HF export gathers one full tensor (all TP ranks' shards, vocabulary padded) and
+        # slices the padding off: two copies of the largest tensor before it goes to host.
+        "hf_export": 2 * p * max(padded_sizes),
+        "refit_buckets": 0,  # below: it depends on what the refit phase holds
+        # Stage-end probes (forward only): per logit the 16-bit output, its fp32 copy and its
+        # log-softmax (10 bytes), plus one layer's working set; fp32 log-probs of every probe row.
+        "probe_logprobs": 4 * i.probe_rows * i.seq + probe_rows * i.seq * 10 * vocab_local
+        + _activations(replace(i, micro_batch_size=probe_rows), 1),
+        # Eval scores gathered over the ranks: one fp32 per row per rank.
+        "eval_gathers": 4 * i.eval_rows * max(1, i.dp * i.tp * i.pp),
+    }
+    if i.engine == "vllm":
+        # One bucket of 16-bit weights in flight (at most 30% of the memory free at the refit:
+        # rollout/vllm.py refit_bucket_bytes), and at least the largest tensor.
+        held = sum(_phases(i, categories, transients)["refit"].values())
+        transients["refit_buckets"] = max(_refit_cap(i, held), 2 * max(padded_sizes))
+    return Ledger(i, categories, transients, _phases(i, categories, transients))
+
+
+def _phases(i: LedgerInputs, c: dict[str, int], t: dict[str, int]) -> dict[str, dict[str, int]]:
+    state = {k: c[k] for k in ("params", "teacher", "teacher_shadow", "reference")}
+    training = {"grads": c["grads"] if i.megatron else 0, "optimizer": c["optimizer"]}
+    awake = {} if i.offload else training
+    engine = {"engine_weights": c["engine_weights"], "kv_cache": c["kv_cache"]}
+    return {
+        "rollout": {**state, **awake, **engine},
+        "train": {**state, **training, "grads": c["grads"], "activations": c["activations"], "logits": c["logits"]},
+        "teacher_update": {**state, **training, "teacher_update": t["teacher_update"]},
+        "refit": {**state, **awake, "engine_weights": c["engine_weights"], "refit_buckets": t["refit_buckets"]},
+        # With offload the trainer puts the engine to sleep around a checkpoint (trainer.py).
+        "checkpoint": {**state, **training, **({} if i.offload else engine), "hf_export": t["hf_export"]},
+        "eval": {**state, **awake, **engine, "probe_logprobs": t["probe_logprobs"], "eval_gathers": t["eval_gathers"]},
+    }

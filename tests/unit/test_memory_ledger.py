@@ -1,0 +1,193 @@
+"""The memory ledger (memory_ledger.py) against what the code holds, category by category and
+phase by phase, on the megatron backend over gloo (bf16 params, EMA teacher with its fp32
+shadow, reference, distributed optimizer at DP 1 and 2).
+
+The measurement does not read the ledger: memory_census.py walks the backend's modules and
+optimizer and sums the distinct tensor storages they reach, counts what autograd saves during
+a train step and the peak of tensors created inside an operation.
+
+Tolerances, from how the code lays memory out rather than from a run:
+- persistent state: 1% (megatron pads each DDP bucket to a multiple of the DP size and 128
+  elements; module buffers such as RoPE's inverse frequencies and Adam's step counters are not
+  in the ledger: a few KiB here);
+- activations: the ledger counts megatron's GPU layers (Korthikanti et al.'s 34 bytes per token
+  and hidden unit plus the attention scores, 16-bit); the CPU local spec also keeps fp32 copies
+  of RMSNorm, RoPE and softmax inputs, so it saves more: at least the 16-bit count and at most
+  three times it (every 16-bit tensor kept again in fp32 is 3x);
+- logits: the ledger counts two fp32 [rows, vocab] tensors per model for every token of a
+  max-length row; the losses keep them for response tokens only (3/4 of the rows here);
+- transients: the measured peak is at most the ledger's and more than half of it.
+"""
+import pytest
+import torch
+
+pytestmark = [pytest.mark.megatron, pytest.mark.distributed]
+
+MBS = 2
+SEQ = 64
+PROMPT = 16
+
+
+def _batch():
+    from megatron_sdpo.backends.base import SequenceBatch
+
+    g = torch.Generator().manual_seed(0)
+    ids = lambda n: [int(x) for x in torch.randint(3, 700, (n,), generator=g)]  # noqa: E731
+    prompts = [ids(PROMPT) for _ in range(MBS)]
+    b = SequenceBatch(prompts, [ids(SEQ - PROMPT) for _ in range(MBS)], [list(p) for p in prompts], {})
+    mask = b.response_mask()
+    b.tensors.update(loss_mask=mask, distill_mask=mask.clone())
+    return b
+
+
+def _worker(model_dir: str) -> dict:
+    import torch.distributed as dist
+
+    from megatron_sdpo import memory_census as mc
+    from megatron_sdpo.algorithms.blend import TeacherBlend
+    from megatron_sdpo.algorithms.losses import SDPOLoss
+    from megatron_sdpo.backends.megatron.backend import MegatronBackend
+    from megatron_sdpo.backends.megatron.model import ModelOptions
+    from megatron_sdpo.backends.megatron.parallel import ParallelConfig
+    from megatron_sdpo.backends.megatron.precision import PrecisionConfig
+
+    be = MegatronBackend(
+        model_dir, lr=1e-4, micro_batch_size=MBS, parallel=ParallelConfig(tp=1, pp=1), with_teacher=True,
+        with_reference=True, options=ModelOptions(precision=PrecisionConfig(params="bfloat16")), packing=False,
+    )
+    loss = SDPOLoss(variant="logits", alpha=0.5, topk=None, is_clip=None, mask_key="distill_mask")
+    params = list(torch.nn.Module.parameters(be.policy.module))
+    weights = mc.storage_bytes(params)[1]
+    out: dict = {"dp": dist.get_world_size()}
+    with mc.SavedTensors(exclude=weights | mc.held_bytes(be.teacher)[1] | mc.held_bytes(be.reference)[1]) as saved:
+        be.train_step(_batch(), loss)
+    out["vocab"] = be.vocab_width
+    out["logits"] = saved.total(last_dim=be.vocab_width)
+    out["activations"] = saved.total() - out["logits"]
+
+    def census() -> dict:
+        got: dict = {}
+        got["params"], seen = mc.storage_bytes(params)
+        got["grads"], k = mc.storage_bytes([p.main_grad for p in params], exclude=seen)
+        seen |= k
+        for name, root in (("teacher", be.teacher), ("reference", be.reference), ("teacher_shadow", be.teacher_fp32),
+                           ("optimizer", be.optimizer)):
+            got[name], k = mc.held_bytes(root, exclude=seen)
+            seen |= k
+        # The offloaded state's host copies are not device memory (pinned host memory on a GPU).
+        got["everything"] = mc.held_bytes(be, exclude=mc.held_bytes(be._offload)[1])[0]
+        return got
+
+    out["state"] = census()
+    before = [t.clone() for t in be._optimizer_tensors()]
+    out["offload_freed"] = be.offload_training_state()
+    out["offloaded"] = census()
+    be.reload_training_state()
+    out["reload_exact"] = all(torch.equal(a, b) for a, b in zip(before, be._optimizer_tensors()))
+    with mc.TransientPeak() as peak:
+        be.blend_teacher(TeacherBlend.ema(0.05))
+    out["teacher_update"] = peak.peak
+    with mc.TransientPeak() as peak:
+        for _, t in be.export_weights(model="policy"):
+            del t
+    out["hf_export"] = peak.peak
+    with mc.TransientPeak() as peak:
+        lp = be.logprobs(_batch(), model="policy")
+    out["probe_logprobs"] = peak.peak - lp.untyped_storage().nbytes()
+    return out
+
+
+@pytest.fixture(scope="module", params=[1, 2], ids=["dp1", "dp2"])
+def measured(request):
+    from megatron_sdpo.backends.megatron.launch import spawn
+    from megatron_sdpo.models.tiny import SHIPPED_DIR
+
+    return spawn(_worker, request.param, str(SHIPPED_DIR), timeout_s=300)[0], str(SHIPPED_DIR)
+
+
+def _ledger(model_dir: str, dp: int, offload: bool, riders: int = 1):
+    from transformers import AutoConfig
+
+    from megatron_sdpo import memory_ledger as ml
+    from megatron_sdpo.weights.plan import ModelSpec
+
+    spec = ModelSpec.from_hf_config(AutoConfig.from_pretrained(model_dir))
+    return ml.build(ml.LedgerInputs(
+        spec=spec, megatron=True, dp=dp, param_bytes=2, activation_bytes=2, with_teacher=True, with_reference=True,
+        # DP splits the batch: each rank's micro-batch holds MBS / DP samples.
+        offload=offload, micro_batch_size=MBS // dp, seq=SEQ, recompute="none", riders=riders, probe_rows=MBS,
+        logit_copies=ml.logit_copies(distills=True, topk=None, is_clip=False, riders=riders),
+    ))
+
+
+def test_persistent_categories_match_the_census(measured):
+    got, model_dir = measured
+    led = _ledger(model_dir, got["dp"], offload=False)
+    for cat in ("params", "grads", "optimizer", "teacher", "teacher_shadow", "reference"):
+        assert got["state"][cat] == pytest.approx(led.categories[cat], rel=0.01), cat
+    # Everything the backend reaches is those categories (nothing unaccounted for).
+    phase = sum(led.phases["teacher_update"][c] for c in led.phases["teacher_update"] if c != "teacher_update")
+    assert got["state"]["everything"] == pytest.approx(phase, rel=0.01)
+
+
+def test_offload_leaves_the_rollout_phase_and_reloads_exactly(measured):
+    got, model_dir = measured
+    led = _ledger(model_dir, got["dp"], offload=True)
+    # What stays: the mixed-precision optimizer's scalars (found-inf flag, loss scale).
+    assert got["offloaded"]["grads"] == 0 and got["offloaded"]["optimizer"] < 1024
+    assert got["offload_freed"] == pytest.approx(led.categories["grads"] + led.categories["optimizer"], rel=0.01)
+    assert got["offloaded"]["everything"] == pytest.approx(led.phase_total("rollout"), rel=0.01)
+    assert got["reload_exact"]
+
+
+def test_train_phase_activations_and_logits_within_their_bounds(measured):
+    got, model_dir = measured
+    led = _ledger(model_dir, got["dp"], offload=False)
+    assert led.categories["activations"] <= got["activations"] <= 3 * led.categories["activations"]
+    # Saved for backward: exactly the loss's copies, over the response tokens (riders' logits are
+    # alive during the loss but not saved).
+    saved = _ledger(model_dir, got["dp"], offload=False, riders=0)
+    response_share = (SEQ - PROMPT) / SEQ
+    assert got["logits"] == saved.categories["logits"] * response_share
+    assert got["logits"] < led.categories["logits"]
+
+
+@pytest.mark.parametrize("transient", ["teacher_update", "hf_export", "probe_logprobs"])
+def test_transients_within_the_ledger(measured, transient):
+    got, model_dir = measured
+    want = _ledger(model_dir, got["dp"], offload=False).transients[transient]
+    # 1 KiB: the small tensors created alongside (shape bookkeeping, scalars).
+    if want == 0:  # the unsharded teacher shadow (DP 1) rounds in place
+        assert got[transient] <= 1024
+    else:
+        assert want / 2 < got[transient] <= want + 1024, (got[transient], want)
+
+
+def _engine_census(worker) -> dict:
+    """Runs in vLLM's worker: the KV cache tensors it holds."""
+    from megatron_sdpo import memory_census as mc
+
+    return {"kv_cache": mc.storage_bytes(list(worker.model_runner.kv_caches))[0]}
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_engine_kv_cache_is_the_ledgers(tmp_path):
+    """The engine's KV cache is the ledger's (on CPU the budget vLLM is given; on GPU what
+    gpu_memory_utilization leaves after the weights). The engine's weights are not measured
+    here: vLLM's CPU backend repacks its linear layers into oneDNN buffers that are not torch
+    tensors."""
+    from transformers import AutoConfig
+
+    from megatron_sdpo import memory_ledger as ml
+    from megatron_sdpo.models.tiny import SHIPPED_DIR
+    from megatron_sdpo.rollout.vllm import VLLMRolloutEngine
+    from megatron_sdpo.weights.plan import ModelSpec
+
+    kv = 64 << 20
+    engine = VLLMRolloutEngine(str(SHIPPED_DIR), run_dir=str(tmp_path), max_model_len=128, kv_cache_memory_bytes=kv)
+    (got,) = engine.llm.collective_rpc(_engine_census)
+    spec = ModelSpec.from_hf_config(AutoConfig.from_pretrained(str(SHIPPED_DIR)))
+    led = ml.build(ml.LedgerInputs(spec=spec, megatron=True, engine="vllm", kv_cache_bytes=kv))
+    assert got["kv_cache"] == led.categories["kv_cache"] == kv
+    assert led.phases["rollout"]["kv_cache"] == kv and "kv_cache" not in led.phases["refit"]
