@@ -340,7 +340,7 @@ def ledger_inputs(cfg: RunConfig, spec: ModelSpec, tp: int, pp: int, dp: int, ro
         logit_copies=memory_ledger.logit_copies(
             distills=with_teacher, topk=a.sdpo.topk, is_clip=a.sdpo.is_clip is not None, riders=riders
         ),
-        probe_rows=cfg.diagnostics.probe_n if cfg.diagnostics.enabled else 0, eval_rows=cfg.eval.batch_size,
+        probe_rows=cfg.diagnostics.probe_n if cfg.diagnostics.enabled else 0,
     )
 
 

@@ -81,7 +81,6 @@ class LedgerInputs:
     bucket_bytes: int = 64 << 20  # refit bucket cap
     device_bytes: int = 0  # usable device memory (0: unknown, the refit takes bucket_bytes)
     probe_rows: int = 8
-    eval_rows: int = 64
 
 
 @dataclass
@@ -100,6 +99,13 @@ class Ledger:
     def peak(self) -> tuple[str, int]:
         name = max(self.phases, key=self.phase_total)
         return name, self.phase_total(name)
+
+    @property
+    def checkpoint_bytes(self) -> int:
+        """What one rank writes at a save: its policy and teacher shards, the fp32 shadow and the
+        optimizer (main params and moments); the reference is the base model, not saved."""
+        c = self.categories
+        return sum(c[k] for k in ("params", "teacher", "teacher_shadow", "optimizer"))
 
     def over_budget(self, usable_bytes: int, context_bytes: int = CONTEXT_BYTES) -> list[str]:
         """One line per phase that does not fit `usable_bytes - context_bytes`."""
@@ -122,6 +128,11 @@ class Ledger:
             row = self.phases[p]
             cells = [f"{row[c] / GIB:.2f}" if row.get(c) else "-" for c in cols]
             lines.append(" ".join([p.ljust(14), *(c.rjust(width) for c in cells), f"{self.phase_total(p) / GIB:.2f}".rjust(width)]))
+        zero = [c for c in (*CATEGORIES, *TRANSIENTS) if c not in cols]
+        if zero:
+            lines.append("none on the device in this run: " + ", ".join(zero))
+        lines.append(f"a checkpoint writes {self.checkpoint_bytes / GIB:.2f} GiB per rank (the stop signal's grace "
+                     "must cover a step and this save)")
         name, peak = self.peak
         lines.append(f"peak: {name} {peak / GIB:.2f} GiB of {(usable_bytes - context_bytes) / GIB:.2f} GiB usable "
                      f"({usable_bytes / GIB:.2f} GiB less {context_bytes / GIB:.2f} GiB of context)")
@@ -224,14 +235,19 @@ def build(i: LedgerInputs) -> Ledger:
         # log-softmax (10 bytes), plus one layer's working set; fp32 log-probs of every probe row.
         "probe_logprobs": 4 * i.probe_rows * i.seq + probe_rows * i.seq * 10 * vocab_local
         + _activations(replace(i, micro_batch_size=probe_rows), 1),
-        # Eval scores gathered over the ranks: one fp32 per row per rank.
-        "eval_gathers": 4 * i.eval_rows * max(1, i.dp * i.tp * i.pp),
+        # Eval (and reward) scores are gathered as objects on a gloo group (rollout/scoring.py):
+        # through host memory, nothing on the device.
+        "eval_gathers": 0,
     }
     if i.engine == "vllm":
-        # One bucket of 16-bit weights in flight (at most 30% of the memory free at the refit:
-        # rollout/vllm.py refit_bucket_bytes), and at least the largest tensor.
+        # One bucket of 16-bit weights held (at most 30% of the memory free at the refit,
+        # rollout/vllm.py refit_bucket_bytes; a decoder layer is never split, so at least one
+        # layer), while the export already produces the next tensor: up to three copies of the
+        # largest (gathered, reordered, final).
         held = sum(_phases(i, categories, transients)["refit"].values())
-        transients["refit_buckets"] = max(_refit_cap(i, held), 2 * max(padded_sizes))
+        layer = 2 * sum(math.prod(m.shape) for m in plan(i.spec, Layout(vocab_divisor=layout.vocab_divisor), 0)
+                        if m.megatron.startswith("decoder.layers.0."))
+        transients["refit_buckets"] = max(_refit_cap(i, held), layer) + 3 * 2 * max(padded_sizes)
     return Ledger(i, categories, transients, _phases(i, categories, transients))
 
 

@@ -19,6 +19,9 @@
 #SBATCH --output=logs/%x-%j.out
 #SBATCH --open-mode=append
 #SBATCH --requeue
+# USR1 ten minutes before the time limit: the run finishes its step (one rollout of 256
+# samples and an optimizer step) and saves (15.0 GiB per rank, 120 GiB per save on 8 ranks: `run PRESET --dry-run`
+# prints it). Raise it where the filesystem writes slower than ~1 GiB/s per node.
 #SBATCH --signal=B:USR1@600
 
 set -euo pipefail

@@ -19,6 +19,9 @@
 #SBATCH --output=logs/%x-%j.out
 #SBATCH --open-mode=append
 #SBATCH --requeue
+# USR1 ten minutes before the time limit: the run finishes its step (one rollout of 256
+# samples and an optimizer step) and saves (13.6 GiB per rank, 218 GiB per save on 16 ranks: `run PRESET --dry-run`
+# prints it). Raise it where the filesystem writes slower than ~1 GiB/s per node.
 #SBATCH --signal=B:USR1@600
 
 set -euo pipefail
