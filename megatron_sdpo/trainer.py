@@ -258,8 +258,11 @@ class Trainer:
             out["teacher/gain_gap"] = out["teacher/gain_rewarded"] - out["teacher/gain_unrewarded"]
         return out
 
-    def _attach_teacher(self, batch, records, texts, rewards, results, seed, *, domain: str, truncated: list[bool]) -> list[bool]:
-        """Teacher prompts (successful sibling and/or feedback) and the distillation mask."""
+    def _attach_teacher(
+        self, batch, records, texts, rewards, results, seed, *, domain: str, truncated: list[bool] | None = None
+    ) -> list[bool]:
+        """Teacher prompts (successful sibling and/or feedback) and the distillation mask;
+        `truncated` marks responses cut at max_new_tokens (None: none was)."""
         from megatron_sdpo.algorithms.context import build_teacher_contexts, templates_for, truncate_context_ids
         from megatron_sdpo.algorithms.sdpo import distill_mask, random_token_keep
 
@@ -269,7 +272,8 @@ class Trainer:
         if domain == "math" and s.context.math_feedback == "format":
             from megatron_sdpo.rewards.math import format_feedback
 
-            feedbacks = [format_feedback(r, t) for r, t in zip(results, truncated)]
+            cut = truncated if truncated is not None else [False] * len(results)
+            feedbacks = [format_feedback(r, t) for r, t in zip(results, cut)]
         contexts = build_teacher_contexts(
             [r["prompt"] for r in records],
             texts,
