@@ -29,7 +29,7 @@ GPU = [
     "liger-kernel",
 ]
 DATA_DIRS = {
-    "megatron_sdpo.config.presets": ["*.yaml"],
+    "megatron_sdpo.config.presets": ["*.yaml", "README.md"],
     "megatron_sdpo.assets.tiny_base": ["*.json", "*.jinja", "*.safetensors"],
 }
 # A real pretrained model on CPU (model.path=smollm2-135m-instruct, preset smollm2_135m):

@@ -86,9 +86,13 @@ def make_backend(cfg: RunConfig, model_path: str, tokenizer):
         from megatron_sdpo.backends.hf import HFBackend
 
         spec = backend_spec(b.name)
+        t = cfg.teacher
         return HFBackend(
             model_path, dtype=cfg.model.dtype, packing=bool(spec.packing(b)), pack_row_tokens=b.pack_row_tokens,
-            share_prompts=spec.share_prompts(b), **common,
+            share_prompts=spec.share_prompts(b),
+            teacher_init=None if t.init_path is None else (t.init_path, t.init_alpha),
+            teacher_logit_mix=t.ema_rate if t.mode == "trust_region" else None,
+            **common,
         )
     if b.name == "megatron":
         return _megatron_backend(cfg, model_path, common)

@@ -6,6 +6,23 @@ from typing import Any, Mapping, Sequence
 
 Turns = Sequence[Mapping[str, str]]
 
+# The run's chat-template keyword arguments (`model.chat_template_kwargs`) travel with its
+# tokenizer: every prompt encoder (rollout, teacher re-prompt, evaluation, drift probes through
+# `encode_prompt`) receives the tokenizer, so none can render a prompt without them.
+_KWARGS_ATTR = "_megatron_sdpo_chat_template_kwargs"
+
+
+def set_template_kwargs(tokenizer: Any, kwargs: Mapping[str, Any]) -> Any:
+    """Attach `kwargs` (e.g. {"enable_thinking": False}) to `tokenizer`: `encode_prompt` passes
+    them to its chat template from now on. Returns the tokenizer."""
+    setattr(tokenizer, _KWARGS_ATTR, dict(kwargs))
+    return tokenizer
+
+
+def template_kwargs(tokenizer: Any) -> dict[str, Any]:
+    """The chat-template keyword arguments attached to `tokenizer` ({} when none)."""
+    return dict(getattr(tokenizer, _KWARGS_ATTR, None) or {})
+
 
 def encode_prompt(tokenizer: Any, message: str, history: Turns = ()) -> list[int]:
     """Token ids of `history` (earlier {"role", "content"} turns, e.g. worked examples) and then
@@ -16,7 +33,8 @@ def encode_prompt(tokenizer: Any, message: str, history: Turns = ()) -> list[int
     """
     if getattr(tokenizer, "chat_template", None):
         out = tokenizer.apply_chat_template(
-            [*history, {"role": "user", "content": message}], add_generation_prompt=True, tokenize=True
+            [*history, {"role": "user", "content": message}], add_generation_prompt=True, tokenize=True,
+            **template_kwargs(tokenizer),
         )
         # transformers 5 returns a BatchEncoding; 4.x returns a list of ids.
         ids = out["input_ids"] if hasattr(out, "keys") else out

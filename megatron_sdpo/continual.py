@@ -17,6 +17,7 @@ import torch
 from megatron_sdpo import builders, ranks
 from megatron_sdpo.algorithms.blend import TeacherBlend
 from megatron_sdpo.algorithms.teacher import TeacherController
+from megatron_sdpo.chat import set_template_kwargs
 from megatron_sdpo.config import dump_yaml, load_config
 from megatron_sdpo.config.schema import RunConfig
 from megatron_sdpo.data.sources import load_source
@@ -85,7 +86,7 @@ class ContinualRun:
         cfg = self.cfg
         torch.manual_seed(cfg.seed)
         random.seed(cfg.seed)
-        self.tokenizer = builders.load_tokenizer(self.model_path)
+        self.tokenizer = set_template_kwargs(builders.load_tokenizer(self.model_path), cfg.model.chat_template_kwargs)
         self.train_sets = {
             s.domain: load_source(
                 cfg.domains[s.domain].train, s.domain, "train", seed=cfg.seed, shots=cfg.domains[s.domain].shots
@@ -104,6 +105,7 @@ class ContinualRun:
             freeze_fraction=cfg.teacher.freeze_fraction,
             stage_steps=max(cfg.stages[0].steps, 1),
             reset_at_stage=cfg.teacher.reset_at_stage,
+            init_teacher=cfg.teacher.init_path is not None,
         )
         self.stage_cfg = cfg
 

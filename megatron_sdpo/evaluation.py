@@ -4,6 +4,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import replace
+from pathlib import Path
 
 from megatron_sdpo.chat import record_prompts
 from megatron_sdpo.rollout.base import SamplingConfig
@@ -35,8 +36,10 @@ def evaluate(
     batch_size: int,
     seed: int,
     batched_code: bool = True,
+    top_p: float = 1.0,
 ) -> tuple[dict[str, float], dict[str, list[dict]]]:
-    """Accuracy per "domain/split" key (greedy, or avg@k when `greedy` is false) and the samples.
+    """Accuracy per "domain/split" key (greedy, or avg@k when `greedy` is false: k samples per
+    item at `temperature` / `top_p`, the mean of their 0/1 accuracies) and the samples.
 
     Returns (accuracies, samples) where samples[key] lists {"id", "response", "score"} so a run
     directory keeps what the model answered, not only how often it was right. Each answer is
@@ -48,7 +51,7 @@ def evaluate(
     done: dict[str, str] = {}  # records' fingerprint -> the first key evaluated with them
     k = 1 if greedy or avg_k <= 0 else avg_k
     sampling = SamplingConfig(
-        n=k, temperature=temperature, max_new_tokens=max_new_tokens, greedy=k == 1 and greedy, seed=seed
+        n=k, temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens, greedy=k == 1 and greedy, seed=seed
     )
     for key, records in eval_sets.items():
         if not records:
@@ -88,11 +91,24 @@ def _score(records: list[dict], texts: list[str], batched_code: bool) -> list:
 
 
 def load_eval_sets(cfg) -> dict[str, list[dict]]:
-    """Every domain's eval splits of a RunConfig, keyed "domain/split" (the eval-matrix columns)."""
+    """Every domain's eval splits of a RunConfig, keyed "domain/split" (the eval-matrix columns).
+    A split with `extra_files` holds its `source`'s records and then each extra file's (AIME24 +
+    AIME25 as one in-domain math set)."""
     from megatron_sdpo.data.sources import load_source
 
+    def split_records(src, domain: str, split: str, shots) -> list[dict]:
+        records = load_source(src, domain, split, seed=cfg.seed + 1, shots=shots)
+        for path in src.extra_files:
+            more = load_source(replace(src, source=path, extra_files=[]), domain, split, seed=cfg.seed + 1, shots=shots)
+            # Ids key the eval samples and the drift probes: a file's row-index ids ("aime-0")
+            # would collide with the first file's, so a clashing id gets the file's name.
+            seen = {r.get("id") for r in records}
+            more = [{**r, "id": f"{Path(path).stem}:{r.get('id')}"} if r.get("id") in seen else r for r in more]
+            records = records + more
+        return records
+
     return {
-        f"{domain}/{split}": load_source(src, domain, split, seed=cfg.seed + 1, shots=dcfg.shots)
+        f"{domain}/{split}": split_records(src, domain, split, dcfg.shots)
         for domain, dcfg in cfg.domains.items()
         for split, src in dcfg.eval.items()
     }
@@ -108,7 +124,8 @@ def evaluate_config(engine, tokenizer, eval_sets: dict[str, list[dict]], cfg, *,
         greedy=e.greedy,
         avg_k=e.avg_k,
         max_new_tokens=e.max_new_tokens,
-        temperature=cfg.rollout.temperature,
+        temperature=cfg.rollout.temperature if e.temperature is None else e.temperature,
+        top_p=e.top_p,
         batch_size=e.batch_size,
         seed=seed,
         batched_code=cfg.rewards.batched_code,

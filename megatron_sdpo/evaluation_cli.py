@@ -4,6 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from megatron_sdpo import builders
+from megatron_sdpo.chat import set_template_kwargs
 from megatron_sdpo.config.schema import RunConfig
 from megatron_sdpo.engine_logs import route_engine_logs
 from megatron_sdpo.evaluation import evaluate_config, load_eval_sets
@@ -17,7 +18,7 @@ def run_eval(cfg: RunConfig, out: str | Path, *, verbose: bool = False) -> dict[
     run_dir = RunDir(out)
     run_dir.prepare(resume=False)
     route_engine_logs(run_dir.root, verbose=verbose)
-    tokenizer = builders.load_tokenizer(model_path)
+    tokenizer = set_template_kwargs(builders.load_tokenizer(model_path), cfg.model.chat_template_kwargs)
     eval_sets = load_eval_sets(cfg)
     engine = builders.make_rollout(cfg, model_path, tokenizer, str(run_dir.root / ".rollout"))
     accs, _ = evaluate_config(engine, tokenizer, eval_sets, cfg, seed=cfg.seed)

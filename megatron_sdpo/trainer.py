@@ -190,7 +190,10 @@ class Trainer:
         signal: dict[str, float] = {}
         if self.algorithm.uses_teacher:
             with times.phase("teacher"):
-                has_context = self._attach_teacher(batch, sample_records, texts, rewards, results, seed, domain=domain)
+                has_context = self._attach_teacher(
+                    batch, sample_records, texts, rewards, results, seed, domain=domain,
+                    truncated=[c.truncated for c in comps],
+                )
                 every = cfg.diagnostics.teacher_signal_every if cfg.diagnostics.enabled else 0
                 if every and step % every == 0:
                     signal = self._teacher_signal(batch, rewards)
@@ -277,24 +280,33 @@ class Trainer:
             out["teacher/gain_gap"] = out["teacher/gain_rewarded"] - out["teacher/gain_unrewarded"]
         return out
 
-    def _attach_teacher(self, batch, records, texts, rewards, results, seed, *, domain: str) -> list[bool]:
-        """Teacher prompts (successful sibling and/or feedback) and the distillation mask."""
+    def _attach_teacher(
+        self, batch, records, texts, rewards, results, seed, *, domain: str, truncated: list[bool] | None = None
+    ) -> list[bool]:
+        """Teacher prompts (successful sibling and/or feedback) and the distillation mask;
+        `truncated` marks responses cut at max_new_tokens (None: none was)."""
         from megatron_sdpo.algorithms.context import build_teacher_contexts, templates_for, truncate_context_ids
-        from megatron_sdpo.algorithms.sdpo import distill_mask
+        from megatron_sdpo.algorithms.sdpo import distill_mask, random_token_keep
 
         s = self.cfg.algorithm.sdpo
         templates = templates_for(s.context, domain)
+        feedbacks = [r.feedback for r in results]
+        if domain == "math" and s.context.math_feedback == "format":
+            from megatron_sdpo.rewards.math import format_feedback
+
+            cut = truncated if truncated is not None else [False] * len(results)
+            feedbacks = [format_feedback(r, t) for r, t in zip(results, cut)]
         contexts = build_teacher_contexts(
             [r["prompt"] for r in records],
             texts,
             rewards.tolist(),
-            [r.feedback for r in results],
+            feedbacks,
             group_size=self.cfg.algorithm.group_size,
             templates=templates,
             rng=random.Random(seed) if s.context.sibling == "random" else None,
         )
         encoded = [
-            truncate_context_ids(ids, s.context.max_context_tokens)
+            truncate_context_ids(ids, s.context.max_context_tokens, s.context.truncation)
             for ids in encode_prompts(
                 self.tokenizer,
                 [ctx for ctx in contexts if ctx is not None],
@@ -314,5 +326,8 @@ class Trainer:
             reasoning_end_ids=self._reasoning_end_ids,
             distill_cot=s.distill_cot,
         )
-        batch.tensors[self.algorithm.distill_mask_key] = mask * has[:, None]
+        # The paper code's random token masking of the distillation loss (an ablation of its
+        # density); mask_ratio 0 leaves the mask as it is.
+        keep = random_token_keep(tuple(mask.shape), s.mask_ratio, seed)
+        batch.tensors[self.algorithm.distill_mask_key] = mask * has[:, None] * keep
         return [bool(h) for h in has]

@@ -43,6 +43,12 @@ class TeacherBlend:
         return cls(policy=1.0, teacher=0.0)
 
     @classmethod
+    def init(cls, alpha: float) -> "TeacherBlend":
+        """theta_T <- alpha theta_T + (1 - alpha) theta_S: the teacher initialisation of the
+        paper's code (`teacher_init_alpha`), applied once the teacher holds the checkpoint."""
+        return cls(policy=1.0 - alpha, teacher=alpha)
+
+    @classmethod
     def base(cls) -> "TeacherBlend":
         """theta_T <- the base model."""
         return cls(teacher=0.0, reference=1.0)

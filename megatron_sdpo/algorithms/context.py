@@ -1,6 +1,8 @@
 """Teacher context: the re-prompt that gives the self-teacher privileged information.
 
-message = prompt + "\\n\\n" + [solution block] + [feedback block] + instruction
+message = prompt + "\\n\\n" + [solution block] + [feedback block] + instruction, or with a
+whole-message template (the reference's `reprompt_template`):
+message = reprompt_template.format(prompt=..., solution=[block or ""], feedback=[block or ""])
 
 The solution block carries a *successful sibling* (another sample of the same prompt that the
 verifier accepted; never the sample itself), the feedback block the environment's feedback on
@@ -19,14 +21,21 @@ from megatron_sdpo.errors import ConfigError
 
 _THINK_BLOCK = re.compile(r"<think>.*?</think>", re.DOTALL)
 _TRUNCATION_MARK = "..."
+# This project's field names, then the reference's (lasgroup/SDPO `solution_template` /
+# `feedback_template`), so its template strings work verbatim.
+_SOLUTION_FIELDS = ("{solution}", "{successful_previous_attempt}")
+_FEEDBACK_FIELDS = ("{feedback}", "{feedback_raw}")
 
 
 @dataclass(frozen=True)
 class ContextTemplates:
     """How the teacher re-prompt is written.
 
-    solution_template / feedback_template: blocks with a `{solution}` / `{feedback}` field.
-    instruction: the closing instruction.
+    solution_template / feedback_template: blocks with a `{solution}` / `{feedback}` field (or
+        the reference's names for them, `{successful_previous_attempt}` / `{feedback_raw}`).
+    instruction: the closing instruction (without `reprompt_template`).
+    reprompt_template: None, or the whole message with the fields {prompt}, {solution} and
+        {feedback} (the formatted blocks, "" when absent); `instruction` is then unused.
     max_solution_chars / max_feedback_chars: longer texts are cut to this many characters
         (None: no limit). The *end* is kept and the cut marked with "...": the final answer of a
         solution and the last lines of an error trace are the informative parts.
@@ -47,12 +56,17 @@ class ContextTemplates:
     success_threshold: float = 0.5
     strip_thinking: bool = True
     feedback_only_without_solution: bool = True
+    reprompt_template: str | None = None
 
     def __post_init__(self) -> None:
-        if "{solution}" not in self.solution_template:
-            raise ConfigError("context.solution_template must contain the field {solution}")
-        if "{feedback}" not in self.feedback_template:
-            raise ConfigError("context.feedback_template must contain the field {feedback}")
+        if not any(f in self.solution_template for f in _SOLUTION_FIELDS):
+            raise ConfigError("context.solution_template must contain the field {solution} (or {successful_previous_attempt})")
+        if not any(f in self.feedback_template for f in _FEEDBACK_FIELDS):
+            raise ConfigError("context.feedback_template must contain the field {feedback} (or {feedback_raw})")
+        if self.reprompt_template is not None:
+            for f in ("{prompt}", "{solution}", "{feedback}"):
+                if f not in self.reprompt_template:
+                    raise ConfigError(f"context.reprompt_template must contain the field {f}")
         for name in ("max_solution_chars", "max_feedback_chars"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= len(_TRUNCATION_MARK)):
@@ -93,16 +107,20 @@ def build_teacher_message(
         templates: formatting; solution and feedback are truncated to its limits.
 
     Returns:
-        prompt + "\\n\\n" + [solution block] + [feedback block] + instruction. A None or empty
-        solution/feedback leaves its block out.
+        prompt + "\\n\\n" + [solution block] + [feedback block] + instruction, or the
+        `reprompt_template` filled with them. A None or empty solution/feedback leaves its
+        block out.
     """
-    parts = [prompt, "\n\n"]
+    sol = fb = ""
     if solution:
-        parts.append(templates.solution_template.format(solution=_truncate(solution, templates.max_solution_chars)))
+        text = _truncate(solution, templates.max_solution_chars)
+        sol = templates.solution_template.format(solution=text, successful_previous_attempt=text)
     if feedback:
-        parts.append(templates.feedback_template.format(feedback=_truncate(feedback, templates.max_feedback_chars)))
-    parts.append(templates.instruction)
-    return "".join(parts)
+        text = _truncate(feedback, templates.max_feedback_chars)
+        fb = templates.feedback_template.format(feedback=text, feedback_raw=text)
+    if templates.reprompt_template is not None:
+        return templates.reprompt_template.format(prompt=prompt, solution=sol, feedback=fb)
+    return "".join([prompt, "\n\n", sol, fb, templates.instruction])
 
 
 def _as_rng(rng: random.Random | int | None) -> random.Random | None:
@@ -188,12 +206,17 @@ def templates_for(context, domain: str) -> ContextTemplates:
     return ContextTemplates(**kw)
 
 
-def truncate_context_ids(ids: list[int], max_tokens: int | None) -> list[int]:
-    """The tokenized teacher prompt cut to its last `max_tokens` tokens (None: no limit), as
-    the reference caps its re-prompt (left truncation: the instruction and the demonstration's
-    end are kept)."""
+def truncate_context_ids(ids: list[int], max_tokens: int | None, side: str = "left") -> list[int]:
+    """The tokenized teacher prompt cut to `max_tokens` tokens (None: no limit). side "left"
+    drops the start (the instruction and the demonstration's end are kept); "right" drops the
+    end and keeps the start, as the reference's `reprompt_truncation: right` (the tokenizer's
+    truncation side), which can cut the instruction and the generation prompt."""
     if max_tokens is None or len(ids) <= max_tokens:
         return ids
+    if side == "right":
+        return ids[:max_tokens]
+    if side != "left":
+        raise ConfigError(f"context truncation side must be 'left' or 'right', got {side!r}")
     return ids[len(ids) - max_tokens :]
 
 

@@ -266,3 +266,16 @@ def distill_mask(
     last_end = torch.where(found, pos, torch.full_like(pos, -1)).amax(dim=1, keepdim=True)  # [B, 1]
     keep = torch.arange(T, device=response_ids.device).unsqueeze(0) > last_end
     return out * keep.to(torch.float32)
+
+
+def random_token_keep(shape: tuple[int, ...], mask_ratio: float, seed: int) -> torch.Tensor:
+    """[B, T] fp32 0/1 mask keeping each token with probability 1 - `mask_ratio` (the paper
+    code's `mask_ratio`: keep where u >= mask_ratio, u ~ U[0, 1) i.i.d. per token), drawn from
+    its own generator seeded with `seed` so a step's mask is reproducible and no other random
+    stream moves. mask_ratio 0 keeps every token without drawing."""
+    if not 0.0 <= mask_ratio < 1.0:
+        raise ConfigError(f"mask_ratio must be in [0, 1), got {mask_ratio!r}")
+    if mask_ratio == 0.0:
+        return torch.ones(shape, dtype=torch.float32)
+    gen = torch.Generator().manual_seed(int(seed))
+    return (torch.rand(shape, generator=gen, dtype=torch.float32) >= mask_ratio).to(torch.float32)

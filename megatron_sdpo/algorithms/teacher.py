@@ -11,6 +11,10 @@ Schedules (`TeacherController`) decide which blend to apply when:
 - "frozen": the teacher is the student as it was at the start of the stage.
 - "restart_freeze" (StableSDPO): copy the student into the teacher at the stage start and then
   every ceil(gamma * stage_steps) steps; frozen in between (gamma = 0.4 was best).
+- "trust_region": the weights as "frozen"; the backend mixes the teacher's logits with the
+  live student's (lasgroup's trust-region teacher), which no weight blend expresses.
+With a teacher initialisation (`teacher.init_path`) the backend builds the teacher from the
+checkpoint and the run's first stage start keeps it instead of copying the student.
 
 A new teacher variant is a new schedule here (and its config keys): the backends only know how
 to apply a blend.
@@ -49,8 +53,10 @@ class TeacherController:
         stage_steps: int = 1,
         *,
         reset_at_stage: str = "none",
+        init_teacher: bool = False,
     ) -> None:
         self.mode = mode
+        self.init_teacher = bool(init_teacher)
         self.configure(ema_rate=ema_rate, freeze_fraction=freeze_fraction, reset_at_stage=reset_at_stage)
         self.stage_steps = self._check_steps(stage_steps)
         self.stage_index = -1  # no stage started yet
@@ -84,6 +90,8 @@ class TeacherController:
         self.step = 0
         if not first and self.reset_at_stage == "base":
             return TeacherBlend.base()
+        if first and self.init_teacher:
+            return TeacherBlend()  # the backend built the teacher from its initialisation
         if self.mode == "ema" and not (first or self.reset_at_stage == "stage_start"):
             return TeacherBlend()
         self.num_copies += 1
@@ -103,7 +111,7 @@ class TeacherController:
         self.step = step
         if self.mode == "ema":
             return TeacherBlend.ema(self.ema_rate)
-        if self.mode == "frozen":
+        if self.mode in ("frozen", "trust_region"):
             return TeacherBlend()
         if step % self.restart_period == 0 and step < self.stage_steps:
             self.num_copies += 1

@@ -164,6 +164,8 @@ class HFBackend(Backend):
         pack_row_tokens: int = 256,
         share_prompts: bool | None = None,
         logit_temperature: float = 1.0,
+        teacher_init: tuple[str, float] | None = None,
+        teacher_logit_mix: float | None = None,
     ):
         from transformers import AutoModelForCausalLM
 
@@ -190,6 +192,11 @@ class HFBackend(Backend):
         self.share_prompts = self.packing if share_prompts is None else bool(share_prompts)
         self.seed = seed
         self.step = 0
+        # Trust-region teacher (lasgroup/SDPO TrustRegionTeacher): the teacher's logits are
+        # lerp(teacher, student, mix) on the teacher's input, the student's under no_grad.
+        if teacher_logit_mix is not None and not 0.0 <= teacher_logit_mix <= 1.0:
+            raise ConfigError(f"teacher_logit_mix must be in [0, 1], got {teacher_logit_mix}")
+        self.teacher_logit_mix = teacher_logit_mix
 
         torch.manual_seed(seed)
         random.seed(seed)
@@ -216,6 +223,11 @@ class HFBackend(Backend):
             self._masters = [self._fp32_copy(p, p.requires_grad) for p in self.policy.parameters()]
             if self.teacher is not None:
                 self._teacher_fp32 = [self._fp32_copy(p, False) for p in self.teacher.parameters()]
+        if teacher_init is not None and self.teacher is not None:
+            # The paper code's teacher initialisation: checkpoint * alpha + student * (1 - alpha).
+            path, alpha = teacher_init
+            self.teacher_from_path(path)
+            self.blend_teacher(TeacherBlend.init(alpha))
 
         self.world = dist.get_world_size() if dist.is_initialized() else 1
         self.rank = dist.get_rank() if dist.is_initialized() else 0
@@ -313,11 +325,25 @@ class HFBackend(Backend):
         pk = pack(prompts, responses, response_len=T, pad_id=self.pad_token_id)
         return module(pk.input_ids, pk.attention_mask, pk.position_ids, T, hidden_only), pk.response_ids
 
+    def _teacher_logits(self, mb: SequenceBatch, T: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The teacher's [b, T, V] logits of `mb`'s responses after its teacher prompts (call
+        under no_grad) and the target ids; with the trust-region teacher, lerp(teacher, student,
+        mix) of both models' logits on that same input (linear, so the temperature division
+        commutes with it)."""
+        prompts = mb.teacher_prompts()
+        t_logits, targets = self._run(self._model("teacher"), prompts, mb.response_ids, T)
+        if self.teacher_logit_mix is not None:
+            s_logits, _ = self._run(self.policy, prompts, mb.response_ids, T)
+            t_logits = torch.lerp(t_logits, s_logits, self.teacher_logit_mix)
+        return t_logits, targets
+
     def _fused_kl(self, mb: SequenceBatch, T: int, module: nn.Module, spec: DistillationSpec) -> torch.Tensor:
         """[b, T] per-token distillation loss from hidden states through the fused kernel: the
         [b, T, V] logits of neither model are ever built."""
         from megatron_sdpo.kernels import ChunkSizes, fused_linear_kl
 
+        if self.teacher_logit_mix is not None:
+            raise ConfigError("the trust-region teacher mixes logits, which the fused kernel never builds: set kernel.fused_kl=false")
         heads = [cast(Any, m).get_output_embeddings() for m in (self.policy, self._model("teacher"))]
         if any(h.bias is not None for h in heads):
             raise ConfigError("kernel.fused_kl needs an LM head without bias")
@@ -355,9 +381,8 @@ class HFBackend(Backend):
             if "entropy" in requires:
                 out["entropy"] = token_entropy(logits)
         if requires & _TEACHER_NEEDS:
-            teacher = self._model("teacher")
             with torch.no_grad(), self.teacher_clock.measure():
-                t_logits, targets = self._run(teacher, mb.teacher_prompts(), mb.response_ids, T)
+                t_logits, targets = self._teacher_logits(mb, T)
             if "teacher_logits" in requires:
                 out["teacher_logits"] = t_logits
             if "teacher_logprobs" in requires:
@@ -395,14 +420,15 @@ class HFBackend(Backend):
         batch, T = checked_batch(batch)
         idx = dp_slice(len(batch), self.world, self.rank)
         sub = batch.select(idx)
-        if model == "teacher":
-            sub = SequenceBatch(sub.teacher_prompts(), sub.response_ids, None, sub.tensors)
         module = self._model(model)
         rows = []
         with torch.no_grad():
             for mb_idx in self._micro_batches(list(range(len(sub)))):
                 mb = sub.select(mb_idx)
-                logits, targets = self._run(module, mb.prompt_ids, mb.response_ids, T)
+                if model == "teacher":
+                    logits, targets = self._teacher_logits(mb, T)
+                else:
+                    logits, targets = self._run(module, mb.prompt_ids, mb.response_ids, T)
                 rows.append(token_logprobs(logits, targets))
         local = torch.cat(rows) * sub.tensors["response_mask"]
         if self.world == 1:
@@ -512,8 +538,12 @@ class HFBackend(Backend):
 
     def teacher_from_base(self) -> None:
         """Teacher <- the base model (the HF directory this backend was built from)."""
+        self.teacher_from_path(self.model_path)
+
+    def teacher_from_path(self, path: str) -> None:
+        """Teacher <- the weights of the HF model directory `path` (the student's layout)."""
         teacher = self._model("teacher")
-        load_hf_weights(teacher, Path(self.model_path))
+        load_hf_weights(teacher, Path(path))
         if self._teacher_fp32 is not None:
             copy_(self._teacher_fp32, [p.detach() for p in teacher.parameters()])
 

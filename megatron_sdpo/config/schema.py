@@ -13,6 +13,10 @@ EVAL_SPLITS = ("id", "ood_near", "ood_mid", "ood_far")
 class ModelConfig:
     path: str = "tiny"  # "tiny" = the shipped tiny base model; else an HF model directory
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    # Extra keyword arguments of the tokenizer's chat template at every prompt it renders
+    # (rollout, SDPO teacher re-prompt, evaluation), e.g. {enable_thinking: false} for Qwen3 as
+    # the reference passes (`data.apply_chat_template_kwargs`). Empty: the template's defaults.
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -27,6 +31,9 @@ class DataSource:
     # module docstring, e.g. tool use: the share of arguments to compute rather than copy);
     # null keeps the suite's calibrated default for its tiny base.
     difficulty: float | None = None
+    # Files only: further files of the same schema whose records follow `source`'s in the split
+    # (`n` applies to each file), e.g. AIME 2024 + AIME 2025 as one in-domain math eval.
+    extra_files: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -87,12 +94,23 @@ class ContextConfig:
     success_threshold: float = 0.5
     max_solution_chars: Optional[int] = None  # null: the whole sibling (the token cap applies)
     max_feedback_chars: Optional[int] = 1000
-    # The tokenized re-prompt keeps its last this many tokens (the reference: 10,240).
+    # The tokenized re-prompt is cut to this many tokens (the reference: 10,240), keeping its
+    # end ("left": the instruction and the demonstration's end survive) or its start ("right":
+    # the reference's `reprompt_truncation: right`).
     max_context_tokens: Optional[int] = 10240
+    truncation: Literal["left", "right"] = "left"
     strip_thinking: bool = True
     solution_template: str = "Here is a correct solution:\n{solution}\n\n"
     feedback_template: str = "Feedback on an earlier attempt:\n{feedback}\n\n"
     instruction: str = "Now answer the question correctly."
+    # The whole message as one template with the fields {prompt}, {solution} and {feedback}
+    # (each block already formatted, "" when absent): the reference's `reprompt_template`.
+    # null: prompt + "\n\n" + blocks + `instruction`.
+    reprompt_template: Optional[str] = None
+    # Math feedback: "all" (the verifier's, naming a wrong answer too) or "format" (only a
+    # missing / empty \boxed{} or a truncated response, in the reference's words: its math
+    # reward's default `format_feedback`). Used only where math is in feedback_domains.
+    math_feedback: Literal["all", "format"] = "all"
 
 
 @dataclass
@@ -104,6 +122,9 @@ class SDPOConfig:
     variant: Literal["logits", "sampled"] = "logits"  # sampled: reverse KL on sampled tokens
     distill_cot: bool = True  # distill all response tokens, or only those after `</think>`
     reasoning_end: str = "</think>"
+    # Share of response tokens dropped at random from the distillation loss (the paper code's
+    # `mask_ratio`, a density ablation), drawn per step from the step's seed. 0: none dropped.
+    mask_ratio: float = 0.0
     hybrid_lambda: float = 0.5  # hybrid: lambda * GRPO + (1 - lambda) * SDPO
     context: ContextConfig = field(default_factory=ContextConfig)
 
@@ -120,7 +141,11 @@ class AlgorithmConfig:
 
 @dataclass
 class TeacherConfig:
-    mode: Literal["ema", "frozen", "restart_freeze"] = "ema"
+    # trust_region: lasgroup's trust-region teacher. Its weights stay as at the stage start (as
+    # "frozen") and its logits are lerp(teacher, student, ema_rate) of the frozen teacher's and
+    # the live student's on the teacher's context (the reference's `teacher_regularization:
+    # trust-region`, whose `teacher_update_rate` is the mixing coefficient).
+    mode: Literal["ema", "frozen", "restart_freeze", "trust_region"] = "ema"
     ema_rate: float = 0.05
     freeze_fraction: float = 0.4  # restart_freeze: restart every gamma * stage steps
     # At every stage start after the first: "none" keeps the EMA teacher (frozen and
@@ -128,6 +153,11 @@ class TeacherConfig:
     # teacher (each of the reference's stage runs starts its teacher from the stage's model),
     # "base" loads the base model into the teacher. The first stage always starts from a copy.
     reset_at_stage: Literal["none", "base", "stage_start"] = "none"
+    # Teacher initialisation (the paper code's `teacher_path` / `teacher_init_alpha`): at the
+    # run's start the teacher is init_alpha * (this HF model directory) + (1 - init_alpha) *
+    # student instead of a copy of the student. null: a copy.
+    init_path: Optional[str] = None
+    init_alpha: float = 1.0
 
 
 @dataclass
@@ -257,7 +287,11 @@ class KernelConfig:
 @dataclass
 class EvalConfig:
     greedy: bool = True
-    avg_k: int = 0  # > 0: also report avg@k with sampling at rollout temperature
+    avg_k: int = 0  # > 0 and greedy false: avg@k, k samples per item, mean accuracy
+    # Sampling of avg@k (the reference validates at 0.6 / 0.95 with n = 4). null temperature:
+    # the rollout's.
+    temperature: Optional[float] = None
+    top_p: float = 1.0
     max_new_tokens: int = 32
     batch_size: int = 64
 

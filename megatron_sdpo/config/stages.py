@@ -1,5 +1,5 @@
 """Per-stage settings: a stage may override parts of the run's `algorithm`, `teacher` and
-`backend` sections (the paper's code stage uses EMA 0.01, alpha 1 and top-k 20).
+`backend` sections (e.g. the reference's rich-feedback code recipe: EMA 0.01, alpha 1, top-k 20).
 
     stages:
       - {domain: code, steps: 200, teacher: {ema_rate: 0.01}, algorithm: {sdpo: {alpha: 1.0, topk: 20}}}

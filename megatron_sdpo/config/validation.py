@@ -47,6 +47,8 @@ def _check(cfg: RunConfig) -> None:
                     raise ConfigError(f"domains.{name}.{where}.difficulty applies to synthetic sources only (source: {src.source})")
                 if isinstance(src.difficulty, bool) or not 0.0 <= float(src.difficulty) <= 1.0:
                     raise ConfigError(f"domains.{name}.{where}.difficulty must be in [0, 1] or null, got {src.difficulty!r}")
+            if src.extra_files and (src.source == "synthetic" or where == "train"):
+                raise ConfigError(f"domains.{name}.{where}.extra_files applies to file-backed eval splits only")
         for k, shot in enumerate(dcfg.shots):
             for part in ("user", "assistant"):
                 if not getattr(shot, part).strip():
@@ -63,6 +65,8 @@ def _check(cfg: RunConfig) -> None:
         raise ConfigError("algorithm.sdpo.topk must be >= 1 or null")
     if not 0.0 <= a.sdpo.hybrid_lambda <= 1.0:
         raise ConfigError("algorithm.sdpo.hybrid_lambda must be in [0, 1]")
+    if not 0.0 <= a.sdpo.mask_ratio < 1.0:
+        raise ConfigError(f"algorithm.sdpo.mask_ratio must be in [0, 1) (1 would distil no token), got {a.sdpo.mask_ratio:g}")
     _validate_context(a.sdpo.context, "algorithm.sdpo.context")
     if a.grpo.mini_batches < 1:
         raise ConfigError("algorithm.grpo.mini_batches must be >= 1")
@@ -82,6 +86,12 @@ def _check(cfg: RunConfig) -> None:
         raise ConfigError(f"teacher.ema_rate must be in (0, 1] (a frozen teacher is teacher.mode=frozen), got {cfg.teacher.ema_rate:g}")
     if not 0.0 < cfg.teacher.freeze_fraction <= 1.0:
         raise ConfigError("teacher.freeze_fraction must be in (0, 1]")
+    _validate_teacher(cfg)
+    e = cfg.eval
+    if e.temperature is not None and e.temperature <= 0:
+        raise ConfigError(f"eval.temperature must be > 0 or null (greedy is eval.greedy=true), got {e.temperature:g}")
+    if not 0.0 < e.top_p <= 1.0:
+        raise ConfigError(f"eval.top_p must be in (0, 1], got {e.top_p:g}")
     if cfg.diagnostics.teacher_signal_every < 0:
         raise ConfigError("diagnostics.teacher_signal_every must be >= 0 (0: off)")
     if cfg.diagnostics.threads < 0:
@@ -158,10 +168,37 @@ def _validate_lr_schedule(cfg: RunConfig) -> None:
             )
 
 
+def _validate_teacher(cfg: RunConfig) -> None:
+    """The ported reference teacher options: initialisation from a checkpoint and the
+    trust-region teacher (HF backend only: megatron's teacher has neither a checkpoint loader
+    nor a second policy forward on the teacher's context)."""
+    t = cfg.teacher
+    if not 0.0 <= t.init_alpha <= 1.0:
+        raise ConfigError(f"teacher.init_alpha must be in [0, 1], got {t.init_alpha:g}")
+    if t.init_path is not None and not t.init_path.strip():
+        raise ConfigError("teacher.init_path must be a model directory or null")
+    if cfg.backend.name != "hf":
+        if t.mode == "trust_region":
+            raise ConfigError(f"teacher.mode=trust_region needs backend.name=hf (the {cfg.backend.name} backend does not implement it)")
+        if t.init_path is not None:
+            raise ConfigError(f"teacher.init_path needs backend.name=hf (the {cfg.backend.name} backend does not implement it)")
+    if t.mode == "trust_region":
+        if cfg.kernel.fused_kl:
+            raise ConfigError("teacher.mode=trust_region mixes the teacher's and the student's logits: it needs kernel.fused_kl=false")
+        for i, stage in enumerate(cfg.stages):
+            if "ema_rate" in stage.teacher:
+                # The backend is built with one mixing coefficient.
+                raise ConfigError(f"stages.{i}.teacher.ema_rate: the trust-region teacher's mixing coefficient cannot change between stages")
+
+
 def _validate_context(ctx, where: str) -> None:
     for k, d in enumerate(ctx.feedback_domains):
         if d not in DOMAINS:
             raise ConfigError(f"{where}.feedback_domains.{k}: unknown domain {d!r}; known: {', '.join(DOMAINS)}")
+    if ctx.reprompt_template is not None:
+        for f in ("{prompt}", "{solution}", "{feedback}"):
+            if f not in ctx.reprompt_template:
+                raise ConfigError(f"{where}.reprompt_template must contain the field {f}")
     if ctx.max_context_tokens is not None and ctx.max_context_tokens < 1:
         raise ConfigError(f"{where}.max_context_tokens must be >= 1 or null")
     for name in ("max_solution_chars", "max_feedback_chars"):

@@ -229,3 +229,20 @@ def score_math_batch(responses: list[str], records: list[dict], *, reveal_gold: 
     return check_math_batch([prepare_math(r, rec, reveal_gold=reveal_gold)
                              for r, rec in zip(responses, records)], verifier)
 
+
+
+# The reference's math reward feedback with its default `format_feedback=True` and
+# `correctness_feedback=False` (SDPO-CL verl/utils/reward_score/feedback/math.py).
+FORMAT_FEEDBACK = "Your answer had the wrong format. The solution must be given in the format: \\boxed{your_answer}."
+TRUNCATED_FEEDBACK = "Your response was truncated because it exceeded the maximum length."
+
+
+def format_feedback(result: RewardResult, truncated: bool) -> str | None:
+    """Format-only feedback on a scored math response, as the reference writes it: a missing or
+    empty \\boxed{} answer of a complete response, or a truncated response; None otherwise (a
+    wrong answer in the right format gets no feedback)."""
+    if truncated:
+        return TRUNCATED_FEEDBACK
+    if result.details.get("error") in ("no_box", "empty_box"):
+        return FORMAT_FEEDBACK
+    return None

@@ -57,3 +57,66 @@ def test_an_ood_set_listed_by_two_domains_loads_with_its_own_domain_and_is_score
     expected = sum(r["answer"] == "B" for r in sets["math/ood_far"]) / n_mmlu
     assert 0 < expected < 1
     assert accs["math/ood_far"] == expected
+
+
+class SamplingEngine(CountingEngine):
+    """Records the sampling settings it was asked to generate with."""
+
+    def __init__(self):
+        super().__init__()
+        self.sampling = []
+
+    def generate(self, prompt_ids, sampling):
+        self.sampling.append(sampling)
+        return super().generate(prompt_ids, sampling)
+
+
+def test_paper_eval_samples_four_answers_per_item_at_the_reference_settings(monkeypatch):
+    monkeypatch.setattr("megatron_sdpo.evaluation.record_prompts", lambda tok, recs: [[1, 2]] * len(recs))
+    # The paper presets' eval section on the tiny preset's synthetic sets.
+    cfg = load_config("tiny", ["eval.greedy=false", "eval.avg_k=4", "eval.temperature=0.6", "eval.top_p=0.95"])
+    sets = load_eval_sets(cfg)
+    engine = SamplingEngine()
+    accs, samples = evaluate_config(engine, Tokenizer(), {"science/id": sets["science/id"]}, cfg, seed=0)
+    s = engine.sampling[0]
+    assert (s.n, s.temperature, s.top_p, s.greedy) == (4, 0.6, 0.95, False)
+    assert len(samples["science/id"]) == 4 * len(sets["science/id"])
+    # avg@4: the mean 0/1 accuracy over every sample (here all four answers of an item agree).
+    per_item = sum(r["answer"] == "B" for r in sets["science/id"]) / len(sets["science/id"])
+    assert accs["science/id"] == per_item
+    # null temperature: the rollout's; the tiny preset's top-p stays 1.
+    engine = SamplingEngine()
+    evaluate_config(engine, Tokenizer(), {"science/id": sets["science/id"]}, load_config("tiny", ["eval.greedy=false", "eval.avg_k=2"]), seed=0)
+    assert (engine.sampling[0].temperature, engine.sampling[0].top_p) == (cfg.rollout.temperature, 1.0)
+    paper = load_config("qwen3_4b_frozen").eval
+    assert (paper.greedy, paper.avg_k, paper.temperature, paper.top_p) == (False, 4, 0.6, 0.95)
+
+
+def test_an_eval_split_holds_its_extra_files_after_its_source(tmp_path):
+    import json
+
+    a, b = tmp_path / "aime24.jsonl", tmp_path / "aime25.jsonl"
+    a.write_text("\n".join(json.dumps({"ID": f"2024-I-{k}", "Problem": f"p{k}", "Answer": k}) for k in (1, 2)) + "\n")
+    # The second file has no ids (row-index ids, no clash); the third repeats an id of the first.
+    b.write_text("\n".join(json.dumps({"problem": f"q{k}", "answer": str(k)}) for k in (3, 4)) + "\n")
+    b2 = tmp_path / "more.jsonl"
+    b2.write_text(json.dumps({"ID": "2024-I-1", "Problem": "clash", "Answer": 9}) + "\n")
+    src = "{source: %s, schema: aime, n: 0, extra_files: [%s, %s]}" % (a, b, b2)
+    sets = load_eval_sets(load_config("tiny", [f"domains.math.eval.id={src}"]))
+    recs = sets["math/id"]
+    assert [r["answer"] for r in recs] == ["1", "2", "3", "4", "9"]
+    ids = [r["id"] for r in recs]
+    assert ids[:2] == ["2024-I-1", "2024-I-2"] and ids[4] == "more:2024-I-1" and len(set(ids)) == 5
+
+
+def test_extra_files_are_for_file_backed_eval_splits():
+    import pytest
+
+    from megatron_sdpo.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="extra_files applies to file-backed eval splits only"):
+        load_config("tiny", ["domains.math.eval.id.extra_files=[x.jsonl]"])
+    with pytest.raises(ConfigError, match="eval.top_p must be in"):
+        load_config("tiny", ["eval.top_p=0"])
+    with pytest.raises(ConfigError, match="eval.temperature must be > 0"):
+        load_config("tiny", ["eval.temperature=0"])

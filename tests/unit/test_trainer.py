@@ -234,6 +234,60 @@ def test_attach_teacher_follows_the_domain_feedback_policy_and_the_token_cap():
     assert attach("math", "algorithm.sdpo.context.feedback_domains=[math]")[0] == [True, True]
 
 
+def _attach(trainer, preset_overrides, domain, results, *, truncated=None, rewards=None, texts=("5", "6")):
+    trainer.cfg = load_config("tiny_sdpo", ["algorithm.group_size=2", *preset_overrides])
+    b = SequenceBatch([[1, 2]] * 2, [[5, 6, 7], [6, 7, 8]])
+    b.tensors["loss_mask"] = b.response_mask()
+    rewards = torch.zeros(2) if rewards is None else rewards
+    has = trainer._attach_teacher(b, [{"prompt": "Compute 2+2."}] * 2, list(texts), rewards, results, 7,
+                                  domain=domain, truncated=truncated)
+    return has, b
+
+
+@pytest.fixture(scope="module")
+def bare_trainer():
+    from megatron_sdpo.builders import load_tokenizer
+    from megatron_sdpo.models.tiny import ensure_tiny_base
+
+    trainer = Trainer.__new__(Trainer)
+    trainer.tokenizer, trainer._reasoning_end_ids = load_tokenizer(ensure_tiny_base()), None
+    return trainer
+
+
+def test_math_format_feedback_uses_the_reference_words_only_for_format_errors(bare_trainer):
+    from megatron_sdpo.rewards.math import FORMAT_FEEDBACK, TRUNCATED_FEEDBACK
+    from megatron_sdpo.rewards.result import RewardResult
+
+    on = ["algorithm.sdpo.context.feedback_domains=[math]", "algorithm.sdpo.context.math_feedback=format"]
+    no_box = RewardResult(0.0, "No \\boxed{} answer found.", {"error": "no_box"})
+    wrong = RewardResult(0.0, "Your final answer 6 is incorrect.", {"answer": "6", "error": None})
+    # A wrong answer in the right format gets no feedback; a missing box gets the reference's sentence.
+    has, b = _attach(bare_trainer, on, "math", [no_box, wrong])
+    assert has == [True, False]
+    assert FORMAT_FEEDBACK in bare_trainer.tokenizer.decode(b.teacher_prompt_ids[0])
+    # A truncated response gets the truncation sentence whatever its box.
+    has, b = _attach(bare_trainer, on, "math", [wrong, wrong], truncated=[False, True])
+    assert has == [False, True] and TRUNCATED_FEEDBACK in bare_trainer.tokenizer.decode(b.teacher_prompt_ids[1])
+    # "all" keeps the verifier's own feedback.
+    has, _ = _attach(bare_trainer, on[:1], "math", [no_box, wrong])
+    assert has == [True, True]
+
+
+def test_mask_ratio_and_right_truncation_in_the_teacher_batch(bare_trainer):
+    from megatron_sdpo.algorithms.sdpo import random_token_keep
+    from megatron_sdpo.rewards.result import RewardResult
+
+    fb = [RewardResult(0.0, "wrong answer " * 5, {})] * 2
+    _, full = _attach(bare_trainer, [], "code", fb)
+    assert torch.equal(full.tensors["loss_mask"], full.response_mask())  # mask_ratio 0: unchanged
+    _, cut = _attach(bare_trainer, ["algorithm.sdpo.context.max_context_tokens=7", "algorithm.sdpo.context.truncation=right"], "code", fb)
+    assert cut.teacher_prompt_ids[0] == full.teacher_prompt_ids[0][:7]  # the start is kept
+    _, masked = _attach(bare_trainer, ["algorithm.sdpo.mask_ratio=0.5"], "code", fb)
+    keep = random_token_keep(tuple(full.response_mask().shape), 0.5, 7)  # the step's seed
+    assert 0 < float(keep.sum()) < keep.numel()
+    assert torch.equal(masked.tensors["loss_mask"], full.response_mask() * keep)
+
+
 class MiniBatchBackend(RecordingBackend):
     """Trains in mini-batches; its policy (before any update) is off the engine by `shift` nats
     per token, and it moves by a further 1 nat per optimizer step (which must not count)."""

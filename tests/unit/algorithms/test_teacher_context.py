@@ -145,3 +145,85 @@ def test_errors_are_clear():
         ContextTemplates(max_feedback_chars=0)
     with pytest.raises(ConfigError, match="rng"):
         build_teacher_contexts([P] * 2, ["a"] * 2, [1.0] * 2, [""] * 2, group_size=2, rng="seed")
+
+
+# The reference's strings (lasgroup/SDPO and SDPO-CL verl/trainer/config/actor/actor.yaml,
+# `self_distillation`; YAML `|-` blocks, so no trailing newline), written out here.
+REF_REPROMPT = "{prompt}{solution}{feedback}\n\nCorrectly solve the original question."
+REF_SOLUTION = "\nCorrect solution:\n\n{successful_previous_attempt}"
+REF_FEEDBACK = "\nThe following is feedback from your unsuccessful earlier attempt:\n\n{feedback_raw}"
+
+
+@pytest.mark.parametrize("preset", ["qwen3_4b", "qwen3_4b_frozen", "qwen3_4b_stable", "olmo3_7b", "olmo3_7b_frozen_mathfb"])
+def test_paper_presets_carry_the_reference_reprompt_strings(preset):
+    from megatron_sdpo.config import load_config
+
+    ctx = load_config(preset).algorithm.sdpo.context
+    assert (ctx.reprompt_template, ctx.solution_template, ctx.feedback_template) == (REF_REPROMPT, REF_SOLUTION, REF_FEEDBACK)
+    assert (ctx.truncation, ctx.max_context_tokens, ctx.max_solution_chars, ctx.max_feedback_chars) == ("right", 10240, None, None)
+
+
+def _paper(**kw) -> ContextTemplates:
+    return ContextTemplates(
+        solution_template=REF_SOLUTION, feedback_template=REF_FEEDBACK, reprompt_template=REF_REPROMPT,
+        max_solution_chars=None, max_feedback_chars=None, **kw,
+    )
+
+
+def test_reference_templates_build_the_reference_message():
+    t = _paper()
+    # The reference's _build_teacher_message: reprompt_template.format(prompt, solution block, feedback block).
+    assert build_teacher_message("Q?", "A=5", None, t) == "Q?\nCorrect solution:\n\nA=5\n\nCorrectly solve the original question."
+    assert build_teacher_message("Q?", None, "bad box", t) == (
+        "Q?\nThe following is feedback from your unsuccessful earlier attempt:\n\nbad box"
+        "\n\nCorrectly solve the original question."
+    )
+    assert build_teacher_message("Q?", "A=5", "bad box", t) == (
+        "Q?\nCorrect solution:\n\nA=5\nThe following is feedback from your unsuccessful earlier attempt:\n\nbad box"
+        "\n\nCorrectly solve the original question."
+    )
+    # Braces in the texts are data, not fields.
+    assert build_teacher_message("f{x}?", "{y}", None, t).startswith("f{x}?\nCorrect solution:\n\n{y}")
+
+
+def test_reference_templates_through_the_batch_builder():
+    contexts = build_teacher_contexts(
+        ["P"] * 3, ["<think>w</think>right", "wrong", "wrong"], [1.0, 0.0, 0.0], [None, "fb1", "fb2"],
+        group_size=3, templates=_paper(),
+    )
+    sol = "P\nCorrect solution:\n\nright\n\nCorrectly solve the original question."
+    # Sample 0 has no sibling success and no feedback (it succeeded): no context; the others quote it.
+    assert contexts == [None, sol, sol]
+
+
+def test_the_tiny_presets_keep_their_reprompt():
+    from megatron_sdpo.algorithms.context import templates_for
+    from megatron_sdpo.config import load_config
+
+    ctx = load_config("tiny_sdpo").algorithm.sdpo.context
+    assert (ctx.reprompt_template, ctx.truncation) == (None, "left")
+    t = templates_for(ctx, "math")
+    assert build_teacher_message("Q?", "A=5", None, t) == "Q?\n\nHere is a correct solution:\nA=5\n\nNow answer the question correctly."
+
+
+def test_reprompt_template_needs_its_fields():
+    from megatron_sdpo.config import load_config
+
+    with pytest.raises(ConfigError, match=r"\{feedback\}"):
+        ContextTemplates(reprompt_template="{prompt}{solution}")
+    with pytest.raises(ConfigError, match="reprompt_template must contain the field"):
+        load_config("tiny_sdpo", ['algorithm.sdpo.context.reprompt_template="Q: {prompt}{solution}"'])
+    with pytest.raises(ConfigError, match="successful_previous_attempt"):
+        ContextTemplates(solution_template="no field")
+
+
+def test_truncation_keeps_the_start_or_the_end():
+    from megatron_sdpo.algorithms.context import truncate_context_ids
+
+    ids = list(range(10))
+    assert truncate_context_ids(ids, 4, "right") == [0, 1, 2, 3]  # the reference: the start kept
+    assert truncate_context_ids(ids, 4, "left") == [6, 7, 8, 9]
+    assert truncate_context_ids(ids, 4) == [6, 7, 8, 9]  # the default: as before
+    assert truncate_context_ids(ids, 10, "right") == ids and truncate_context_ids(ids, None, "right") == ids
+    with pytest.raises(ConfigError, match="left' or 'right"):
+        truncate_context_ids(ids, 4, "middle")

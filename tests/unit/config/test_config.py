@@ -137,9 +137,9 @@ def test_megatron_tp_sdpo_needs_the_fused_kernel():
         load_config("qwen3_4b", ["algorithm.sdpo.topk=null"])
     with pytest.raises(ConfigError, match="topk=null"):
         load_config("qwen3_4b", ["kernel.fused_kl=true"])  # the fused kernel is full-vocabulary
-    # The code stage's own top-20 is checked against the run's kernel settings too.
+    # A stage's own top-k is checked against the run's kernel settings too.
     with pytest.raises(ConfigError, match="stages.3"):
-        load_config("qwen3_4b", ["algorithm.sdpo.topk=null", "kernel.fused_kl=true"])
+        load_config("qwen3_4b", ["algorithm.sdpo.topk=null", "kernel.fused_kl=true", "stages.3.algorithm.sdpo.topk=20"])
     # Top-k under TP: the backend computes the k ids' log-probabilities from shards.
     cfg = load_config("qwen3_4b", ["algorithm.sdpo.topk=100", "kernel.fused_kl=false"])
     from megatron_sdpo.backends.megatron import MegatronBackend
@@ -251,12 +251,18 @@ def test_paper_presets_carry_the_paper_settings(name):
     assert (a.name, a.prompts_per_step, a.group_size) == ("sdpo", 32, 8)
     assert (a.sdpo.alpha, a.sdpo.topk, a.sdpo.add_tail, a.sdpo.is_clip) == (0.5, 100, True, 2.0)
     assert a.sdpo.context.feedback_domains == ["code"] and a.sdpo.context.feedback_only_without_solution
-    assert a.sdpo.context.max_context_tokens == 10240
+    assert (a.sdpo.context.max_context_tokens, a.sdpo.context.truncation) == (10240, "right")
     assert (cfg.teacher.mode, cfg.teacher.ema_rate, cfg.teacher.reset_at_stage) == ("ema", 0.05, "stage_start")
     assert (b.lr, b.weight_decay, b.lr_schedule.warmup_steps) == (1e-5, 0.01, 10)
     assert b.megatron.params_dtype == "bfloat16"
-    code = stage_config(cfg, 3)
-    assert cfg.stages[3].domain == "code" and (code.teacher.ema_rate, code.algorithm.sdpo.alpha, code.algorithm.sdpo.topk) == (0.01, 1.0, 20)
+    # Stage lengths of the paper's figures; the code stage takes none of the rich-feedback recipe.
+    assert [(s.domain, s.steps) for s in cfg.stages] == [("math", 50), ("science", 50), ("tooluse", 50), ("code", 20)]
+    assert stage_config(cfg, 3) is cfg
+    # Validation sampling of the reference: 4 samples per item at 0.6 / 0.95.
+    e = cfg.eval
+    assert (e.greedy, e.avg_k, e.temperature, e.top_p) == (False, 4, 0.6, 0.95)
+    aime = cfg.domains["math"].eval["id"]
+    assert (aime.source, aime.schema, aime.extra_files) == ("data/aime24.jsonl", "aime", ["data/aime25.jsonl"])
     grpo = load_config(name + "_grpo")
     g = grpo.algorithm.grpo
     assert grpo.algorithm.name == "grpo" and (g.mini_batches, g.dual_clip, g.norm_by_std, g.tis_cap, g.kl_coef) == (4, 3.0, False, 2.0, 0.0)

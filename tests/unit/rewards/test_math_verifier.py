@@ -128,3 +128,19 @@ def test_a_bad_record_fails_only_its_own_sample():
 
     out = score_batch("math", ["\\boxed{4}", "\\boxed{4}"], [{"answer": "4"}, {}])
     assert out[0].score == 1.0 and out[1].details["error"] == "verifier_exception"
+
+
+def test_format_feedback_is_the_reference_math_reward_default():
+    """SDPO-CL's math reward with format_feedback=True, correctness_feedback=False: a wrong
+    format or a truncated response gets its sentence, a wrong answer in the right format none."""
+    from megatron_sdpo.rewards.math import FORMAT_FEEDBACK, TRUNCATED_FEEDBACK, format_feedback
+    from megatron_sdpo.rewards.result import RewardResult
+
+    assert FORMAT_FEEDBACK == "Your answer had the wrong format. The solution must be given in the format: \\boxed{your_answer}."
+    assert TRUNCATED_FEEDBACK == "Your response was truncated because it exceeded the maximum length."
+    no_box = RewardResult(0.0, "x", {"error": "no_box"})
+    empty = RewardResult(0.0, "x", {"error": "empty_box"})
+    wrong = RewardResult(0.0, "x", {"answer": "6", "error": None})
+    assert format_feedback(no_box, False) == FORMAT_FEEDBACK and format_feedback(empty, False) == FORMAT_FEEDBACK
+    assert format_feedback(wrong, False) is None
+    assert format_feedback(no_box, True) == TRUNCATED_FEEDBACK and format_feedback(wrong, True) == TRUNCATED_FEEDBACK
