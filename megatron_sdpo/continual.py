@@ -298,6 +298,9 @@ class ContinualRun:
             saved = bool(every) and (step + 1) % every == 0 and step + 1 < stage.steps
             if saved:
                 self._save(f"step_{k}_{step + 1:06d}", k, step + 1)
+            every = cfg.diagnostics.drift_every
+            if cfg.diagnostics.enabled and every and ((step + 1) % every == 0 or step + 1 == stage.steps):
+                self._step_drift(k, step + 1)
             signum = self.stop.agreed() if step + 1 < stage.steps else 0
             if signum:
                 # Honoured at the step's end on every rank at once: this step is the checkpoint.
@@ -331,6 +334,33 @@ class ContinualRun:
             base=Path(self.base_dir), prev=policy(k - 1), cur=policy(k), before_prev=policy(k - 2) if k >= 1 else None
         )
 
+    def _step_drift(self, k: int, step: int) -> None:
+        """diagnostics.drift_every: the policy's relative parameter change against the stage's
+        start and the base (norms only, no SVD), one line of drift/steps.jsonl. The export is a
+        collective: every rank reads all of it; the main rank measures."""
+        stream = iter(self.backend.export_weights(model="policy"))
+        if not self.main:
+            for _ in stream:
+                pass
+            return
+        from megatron_sdpo import report
+        from megatron_sdpo.diagnostics.param_drift import norm_drift
+
+        p = self._stage_policies(k)
+        same = p.prev is p.base or (isinstance(p.prev, Path) and p.prev == p.base)  # the first stage
+        refs = {"base": p.base} if same else {"stage_start": p.prev, "base": p.base}
+        try:
+            drift = norm_drift(refs, stream)
+        except Exception as exc:  # a diagnostic: log it and train on
+            for _ in stream:  # the other ranks are still in the export's collectives
+                pass
+            self.monitor.log(f"parameter drift at stage {k + 1} step {step} not measured: {' '.join(str(exc).split())}")
+            return
+        report.write_step_drift(self.run_dir, {
+            "stage": k + 1, "domain": self.cfg.stages[k].domain, "step": step,
+            "vs_stage_start": drift.get("stage_start", drift["base"]), "vs_base": drift["base"],
+        })
+
     def _stage_diagnostics(self, k: int) -> None:
         """Drift of stage k's policy against the previous stage and the base, written to
         drift/stage_<k+1>.json by a detached job (drift_jobs.py). Every rank scores the probes
@@ -349,14 +379,24 @@ class ContinualRun:
         probes = {}
         for key, b in probe_batches(self.tokenizer, cur, self.eval_sets, d.probe_n).items():
             policy, base = (self.backend.logprobs(b, model=m) for m in ("policy", "reference"))
-            probes[key] = ProbeLogprobs(policy, base, b.response_mask())
+            ids = [list(r) for r in b.response_ids]
+            pieces = [[self.tokenizer.decode([t]) for t in r] for r in ids]  # token-level artifacts
+            probes[key] = ProbeLogprobs(policy, base, b.response_mask(), ids, pieces)
         if self.main:
-            self.drift_jobs.submit(k + 1, {
+            inputs = {
                 "stage": k, "domain": cfg.stages[k].domain, "algorithm": cfg.algorithm.name,
                 "policies": self._stage_policies(k), "base_label": "base", "cur_label": label,
                 "probes": probes, "svd_rank": d.svd_rank, "seed": cfg.seed, "probe_n": d.probe_n,
-                "response_drift": d.response_drift,
-            })
+                "response_drift": d.response_drift, "principal_overlap": d.principal_overlap,
+            }
+            if k == 0 and d.ood_distance_n and d.response_drift:
+                # Once per run: the prompts of every stage's training set and every eval set.
+                inputs["ood_prompts"] = {
+                    "train": {dom: [r["prompt"] for r in recs] for dom, recs in self.train_sets.items()},
+                    "eval": {key: [r["prompt"] for r in recs] for key, recs in self.eval_sets.items()},
+                    "n": d.ood_distance_n,
+                }
+            self.drift_jobs.submit(k + 1, inputs)
 
     def _finish(self, seconds: float) -> None:
         from megatron_sdpo.report import write_report

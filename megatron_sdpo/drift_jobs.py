@@ -136,6 +136,11 @@ def run_job(path: Path) -> Path:
         from megatron_sdpo.diagnostics.response_drift import MiniLMEmbedder
 
         embedder = MiniLMEmbedder()
+    ood = inputs.pop("ood_prompts", None)
+    if ood is not None and embedder is not None:
+        from megatron_sdpo.diagnostics.ood_distance import write_distance_table
+
+        write_distance_table(rd.root, ood["train"], ood["eval"], embedder, n=ood["n"], seed=inputs["seed"])
     base_samples = report.read_eval_samples(rd, inputs.pop("base_label"))
     cur_samples = report.read_eval_samples(rd, inputs.pop("cur_label"))
     record = stage_diagnostics(

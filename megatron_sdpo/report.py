@@ -44,6 +44,38 @@ def write_stage_drift(rd: RunDir, record: dict) -> Path:
     return path
 
 
+STEP_DRIFT_FILE = "steps.jsonl"
+
+
+def write_step_drift(rd: RunDir, record: dict) -> Path:
+    """drift/steps.jsonl: the in-stage parameter drift (diagnostics.drift_every), one line per
+    measurement; lines at or after this (stage, step) are dropped first, so a resumed run that
+    redoes steps leaves one line per step."""
+    path = rd.drift / STEP_DRIFT_FILE
+    key = (record["stage"], record["step"])
+    kept = [r for r in read_step_drift(rd) if (r["stage"], r["step"]) < key] + [record]
+    tmp = path.with_suffix(".jsonl.tmp")
+    tmp.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in kept))
+    os.replace(tmp, path)
+    return path
+
+
+def read_step_drift(rd: RunDir) -> list[dict]:
+    """The records of drift/steps.jsonl ([] when there is none; unreadable lines are skipped)."""
+    path = rd.drift / STEP_DRIFT_FILE
+    if not path.is_file():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # a line cut by a kill mid-write is not fatal
+        if isinstance(rec, dict) and "stage" in rec and "step" in rec:
+            out.append(rec)
+    return out
+
+
 # -- report.md ----------------------------------------------------------------------------------
 def _load_drift(rd: RunDir) -> list[dict]:
     files = sorted(rd.drift.glob("stage_*.json"), key=lambda p: int(p.stem.split("_")[1]))
@@ -55,6 +87,7 @@ def drift_rows(drift: list[dict]) -> list[list]:
     for d in drift:
         pb, pp = d.get("param_vs_base", {}).get("summary", {}), d.get("param_vs_prev", {}).get("summary", {})
         mo = d.get("mask_overlap_vs_prev_update", {}).get("summary", {})
+        po = d.get("principal_overlap", {}).get("summary", {})
         rows.append(
             [
                 f"{d['stage']} {d['domain']}",
@@ -64,6 +97,7 @@ def drift_rows(drift: list[dict]) -> list[list]:
                 pb.get("mean_angle_mean_deg"),
                 pb.get("mean_angle_max_deg"),
                 mo.get("jaccard_pooled"),
+                po.get("share_over_chance"),
                 d.get("response_cosine_mean"),
                 d.get("response_mmd_mean"),
                 d.get("excess_kl_mean_k3"),
@@ -80,6 +114,7 @@ DRIFT_HEADER = [
     "mean angle vs base (°)",
     "mean max angle vs base (°)",
     "update-mask Jaccard vs prev update",
+    "update on principal weights (÷ chance)",
     "response cosine vs base",
     "response MMD vs base",
     "excess KL to base (k3)",
@@ -155,7 +190,12 @@ def summary(rd: RunDir) -> dict:
         key = f"{name}/id"
         if key in accs:
             gains[name] = (rows[i - 1][1].get(key), accs[key])
-    return {"forgetting": fm, "id_gains": gains, "drift": _load_drift(rd), "metrics": rd.read_metrics()}
+    from megatron_sdpo.diagnostics.ood_distance import ood_change_by_distance, read_distance_table
+
+    table = read_distance_table(rd.root)
+    ood = ood_change_by_distance(read_eval_matrix(rd.eval_matrix), table) if table is not None else None
+    return {"forgetting": fm, "id_gains": gains, "drift": _load_drift(rd), "metrics": rd.read_metrics(),
+            "ood_by_distance": ood}
 
 
 def write_report(run_dir: RunDir, cfg, *, wall_seconds: float | None = None) -> Path:
@@ -196,6 +236,17 @@ def write_report(run_dir: RunDir, cfg, *, wall_seconds: float | None = None) -> 
             _table(["distance", *names, "final − base"], [[d, *(e["by_row"].get(n) for n in names), e["final_minus_base"]] for d, e in fm["ood"].items()])
         )
         lines.append("")
+    if s["ood_by_distance"] and s["ood_by_distance"]["pairs"]:
+        g = s["ood_by_distance"]["groups"]
+        lines += [
+            "## OOD change by measured distance (RBF-MMD of prompt embeddings, terciles of the pairs)",
+            "",
+            _table(
+                ["distance", "pairs", "mean MMD", "change in its stage", "change from base"],
+                [[n, e["n"], e["distance_mean"], e["in_stage_mean"], e["from_base_mean"]] for n, e in g.items()],
+            ),
+            "",
+        ]
     if s["drift"]:
         lines += ["## Drift after each stage", "", _table(DRIFT_HEADER, drift_rows(s["drift"])), ""]
     if s["metrics"]:

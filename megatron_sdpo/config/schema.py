@@ -329,6 +329,17 @@ class DiagnosticsConfig:
     # CPU threads of each stage's detached drift job (drift_jobs.py; 0: this node's CPUs divided
     # by its trainer processes).
     threads: int = 0
+    # Overlap of each stage's top-1% update with the top-1% principal weights (largest entries of
+    # the rank-svd_rank reconstruction) of the policy it started from: one more SVD per matrix.
+    principal_overlap: bool = True
+    # Prompts per dataset embedded once per run for the OOD distance table (RBF-MMD between each
+    # stage's training set and each eval set, run_dir/ood_distance.json; 0: off). Needs
+    # response_drift (the embedder).
+    ood_distance_n: int = 128
+    # Every N training steps and at each stage's last step (0: never): the policy's relative
+    # parameter change against the stage start and the base, norms only, to drift/steps.jsonl.
+    # One weight export (a collective, as for the rollout engine) and a read of both references.
+    drift_every: int = 0
 
 
 @dataclass

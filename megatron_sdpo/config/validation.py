@@ -96,6 +96,10 @@ def _check(cfg: RunConfig) -> None:
         raise ConfigError("diagnostics.teacher_signal_every must be >= 0 (0: off)")
     if cfg.diagnostics.threads < 0:
         raise ConfigError(f"diagnostics.threads must be >= 0 (0: automatic), got {cfg.diagnostics.threads}")
+    if cfg.diagnostics.ood_distance_n < 0:
+        raise ConfigError(f"diagnostics.ood_distance_n must be >= 0 (0: off), got {cfg.diagnostics.ood_distance_n}")
+    if cfg.diagnostics.drift_every < 0:
+        raise ConfigError(f"diagnostics.drift_every must be >= 0 (0: off), got {cfg.diagnostics.drift_every}")
     r = cfg.diagnostics.collapse_min_length_ratio
     if r is not None and not 0.0 < r <= 1.0:
         raise ConfigError("diagnostics.collapse_min_length_ratio must be in (0, 1] or null")

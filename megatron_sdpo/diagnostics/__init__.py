@@ -3,9 +3,13 @@
 Submodules (import what you need; plotting and embedding models load lazily):
   sources         tensor sources: HF safetensors dirs, state dicts, backend export streams
   spectral        randomized truncated SVD, principal angles
-  param_drift     per-matrix drift, per-type / per-layer aggregation, update-mask overlap
+  param_drift     per-matrix drift, per-type / per-layer aggregation, update-mask overlap,
+                  principal-weight overlap, norm-only drift for in-stage measurements
   response_drift  embedding cosine / MMD between response sets, excess KL from logprobs
   artifacts       artifact statistics of responses, CollapseMonitor
+  token_artifacts artifact rates per token and a scorer's endorsement of artifact tokens
+  ood_distance    RBF-MMD between datasets' prompt embeddings, OOD change by that distance
+  matched_gain    KL to the base at a matched in-domain gain
   forgetting      eval_matrix.csv -> BWT, forgetting, FWT, OOD by distance
   drift           checkpoint_drift (drift.json + PNGs) and the `drift` command line
   probes          generation on probe prompts for response drift (transformers)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 import re
 from collections import defaultdict
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
@@ -342,3 +342,170 @@ def update_mask_overlap(
         "by_layer": {str(k): summarize(v) for k, v in sorted(by_layer.items())},
         "missing": aligned.missing,
     }
+
+
+# -- principal weights -----------------------------------------------------------------------
+# "Principal weights" as the SDPO-CL paper (Wang et al. 2026, "Denser != Better", arXiv
+# 2607.01763) uses the term, after its reference "The Path Not Taken: RLVR Provably Learns Off
+# the Principals" (Zhu et al. 2025, arXiv 2511.08567), which takes the definition of LIFT (Liu et
+# al. 2025, arXiv 2506.00772): the entries of largest magnitude in the rank-r reconstruction
+# W_r = U_r diag(s_r) V_r^T of the weight matrix *before* the update. RLVR's update lands on them
+# less often than a random mask would ("off the principals"); SFT targets them. The rank and the
+# share are our choices (the papers tune them per model): r = diagnostics.svd_rank and the same
+# top-p% as the update mask, so both masks have the same density and chance is p.
+
+
+def principal_mask(
+    w: torch.Tensor, *, rank: int, top_percent: float, exact_max_dim: int = 512, seed: int = 0
+) -> torch.Tensor:
+    """Bool mask [numel] (row-major) of the top-`top_percent`% entries of |W_r|, W_r the rank-`rank`
+    reconstruction of w [m, n] (exact SVD up to min(m, n) = exact_max_dim, randomized above)."""
+    if w.dim() != 2:
+        raise ValueError(f"principal_mask needs a 2-D tensor, got shape {tuple(w.shape)}")
+    if not 0.0 < top_percent <= 100.0:
+        raise ValueError(f"top_percent must be in (0, 100], got {top_percent}")
+    u, s, v, _ = top_singular(w.to(torch.float32), max(1, min(rank, *w.shape)), exact_max_dim=exact_max_dim, seed=seed)
+    recon = (u * s) @ v.T
+    flat = recon.reshape(-1).abs()
+    k = max(1, min(flat.numel(), round(flat.numel() * top_percent / 100.0)))
+    mask = torch.zeros(flat.numel(), dtype=torch.bool)
+    mask[torch.topk(flat, k, sorted=False).indices] = True
+    return mask
+
+
+def principal_overlap_tensors(
+    w0: torch.Tensor,
+    w1: torch.Tensor,
+    *,
+    rank: int,
+    top_percent: float = 1.0,
+    exact_max_dim: int = 512,
+    seed: int = 0,
+) -> dict:
+    """Overlap of the update w0 -> w1's top-p% |dW| mask U with the principal-weight mask P of w0.
+
+    Returns {"share": |U & P| / |U| (the share of the update on principal weights; NaN when
+    nothing moved), "jaccard": |U & P| / |U | P|, "intersection", "update_k" (|U|: entries that
+    moved, at most k), "principal_k" (|P|), "chance": |P| / numel, the share a random mask of any
+    size would have}. share / chance > 1: the update targets principal weights; < 1: off them.
+    """
+    if w0.shape != w1.shape or w0.dim() != 2:
+        raise ValueError(f"principal overlap needs two equal 2-D shapes, got {tuple(w0.shape)}, {tuple(w1.shape)}")
+    if not 0.0 < top_percent <= 100.0:
+        raise ValueError(f"top_percent must be in (0, 100], got {top_percent}")
+    numel = w0.numel()
+    k = max(1, min(numel, round(numel * top_percent / 100.0)))
+    upd = _top_mask(w1.to(torch.float32) - w0.to(torch.float32), k)
+    prin = principal_mask(w0, rank=rank, top_percent=top_percent, exact_max_dim=exact_max_dim, seed=seed)
+    inter = int((upd & prin).sum())
+    n_upd, n_prin = int(upd.sum()), int(prin.sum())
+    union = n_upd + n_prin - inter
+    return {
+        "share": inter / n_upd if n_upd else math.nan,
+        "jaccard": inter / union if union else math.nan,
+        "intersection": inter,
+        "update_k": n_upd,
+        "principal_k": n_prin,
+        "chance": n_prin / numel,
+    }
+
+
+def principal_weight_overlap(
+    a: SourceLike,
+    b: SourceLike,
+    *,
+    rank: int = 16,
+    top_percent: float = 1.0,
+    exact_max_dim: int = 512,
+    include: Callable[[str], bool] | None = None,
+    seed: int = 0,
+) -> dict:
+    """principal_overlap_tensors for every 2-D weight matrix of the update a -> b (principal
+    weights of a), streamed; per layer type and overall: mean share and the pooled share (sum of
+    intersections / sum of update sizes), with chance and pooled share / chance."""
+    src_a, src_b = open_source(a), open_source(b)
+    aligned = AlignedTensors([src_a, src_b], labels=["a", "b"])
+    records = []
+    for name, (ta, tb) in aligned:
+        if include is not None and not include(name):
+            continue
+        if ta.dim() != 2 or layer_type(name) == "norm" or not ta.is_floating_point():
+            continue
+        if ta.shape != tb.shape:
+            raise CheckpointError(f"{name}: shape {tuple(ta.shape)} in {src_a.label} but {tuple(tb.shape)} in {src_b.label}")
+        rec: dict[str, Any] = {"name": name, "type": layer_type(name), "layer": layer_index(name)}
+        rec.update(principal_overlap_tensors(ta, tb, rank=rank, top_percent=top_percent, exact_max_dim=exact_max_dim, seed=seed))
+        records.append(rec)
+        del ta, tb
+    if not records:
+        raise CheckpointError(f"no weight matrices in common between {src_a.label} and {src_b.label}")
+
+    def summarize(recs: list[dict]) -> dict:
+        shares = [r["share"] for r in recs if math.isfinite(r["share"])]
+        inter = sum(r["intersection"] for r in recs)
+        moved = sum(r["update_k"] for r in recs)
+        chance = sum(r["principal_k"] for r in recs) / sum(r["principal_k"] / r["chance"] for r in recs)
+        pooled = inter / moved if moved else math.nan
+        return {
+            "n": len(recs),
+            "share_mean": sum(shares) / len(shares) if shares else math.nan,
+            "share_pooled": pooled,
+            "chance": chance,
+            "share_over_chance": pooled / chance if chance > 0 else math.nan,
+        }
+
+    by_type: dict[str, list[dict]] = defaultdict(list)
+    for r in records:
+        by_type[r["type"]].append(r)
+    return {
+        "a": src_a.label,
+        "b": src_b.label,
+        "rank": rank,
+        "top_percent": top_percent,
+        "matrices": records,
+        "summary": summarize(records),
+        "by_type": {k: summarize(v) for k, v in sorted(by_type.items())},
+    }
+
+
+def norm_drift(references: Mapping[str, SourceLike], b: SourceLike) -> dict:
+    """Relative change ||B - A||_F / ||A||_F of source b against each reference A, norms only (no
+    SVD: cheap enough to run every few training steps on a streamed export).
+
+    references: {label: source}; b: the current weights (a one-pass stream is read once).
+    Returns {label: {"n", "rel_frob_pooled", "by_type": {type: rel_frob_pooled}}} over the 2-D
+    weight matrices (norms excluded), pooled as in `aggregate_drift`; fp64 sums of squares."""
+    labels = list(references)
+    if not labels:
+        raise ValueError("norm_drift needs at least one reference")
+    aligned = AlignedTensors([*references.values(), b], labels=[*labels, "current"])
+    sq: dict[str, dict[str, list[float]]] = {lab: defaultdict(lambda: [0.0, 0.0]) for lab in labels}
+    matrices = 0
+    for name, tensors in aligned:
+        cur = tensors[-1]
+        if cur.dim() != 2 or layer_type(name) == "norm" or not cur.is_floating_point():
+            continue
+        matrices += 1
+        kind = layer_type(name)
+        c = cur.to(torch.float64)
+        for lab, ref in zip(labels, tensors[:-1]):
+            if ref.shape != cur.shape:
+                raise CheckpointError(f"{name}: shape {tuple(ref.shape)} in {lab} but {tuple(cur.shape)} now")
+            r = ref.to(torch.float64)
+            acc = sq[lab][kind]
+            acc[0] += float(r.square().sum())
+            acc[1] += float((c - r).square().sum())
+        del tensors, cur
+    out = {}
+    for lab in labels:
+        groups = sq[lab]
+        if not groups:
+            raise CheckpointError(f"no weight matrices in common between {lab} and the current weights")
+        total_a = sum(v[0] for v in groups.values())
+        total_d = sum(v[1] for v in groups.values())
+        out[lab] = {
+            "n": matrices,
+            "rel_frob_pooled": _ratio(math.sqrt(total_d), math.sqrt(total_a)),
+            "by_type": {k: _ratio(math.sqrt(v[1]), math.sqrt(v[0])) for k, v in sorted(groups.items())},
+        }
+    return out

@@ -69,17 +69,22 @@ def top_singular(
 def principal_angles(qa: torch.Tensor, qb: torch.Tensor) -> torch.Tensor:
     """Principal angles (degrees, ascending) between span(qa) and span(qb).
 
-    qa [m, r], qb [m, r]: orthonormal columns. Cosines come from svd(qa^T qb), sines from
-    svd(qb - qa qa^T qb); angle = atan2(sin, cos) pairing the largest cosine with the smallest
-    sine. Small angles are then accurate to round-off (arccos alone would report ~0.02 degrees
-    for identical fp32 subspaces). Computed in float64: r is small, m only enters matmuls.
+    qa [m, r], qb [m, r]: bases (orthonormal columns, e.g. fp32 singular vectors). Both are first
+    re-orthonormalized in float64 (QR): fp32 singular vectors are orthonormal only to ~1e-7,
+    and that alone read as ~3e-5 degrees between a subspace and itself. Cosines come from
+    svd(qa^T qb), sines from svd(qb - qa qa^T qb); angle = atan2(sin, cos) pairing the largest
+    cosine with the smallest sine, so small angles are accurate to round-off (arccos of a
+    cosine near 1 is not). A sine below the float64 round-off of these products, 8 m eps, is
+    indistinguishable from 0 and reads as exactly 0: identical subspaces give 0.0, not noise.
     """
     if qa.shape != qb.shape:
         raise ValueError(f"subspace shapes differ: {tuple(qa.shape)} vs {tuple(qb.shape)}")
-    a = qa.to(torch.float64)
-    b = qb.to(torch.float64)
+    a = torch.linalg.qr(qa.to(torch.float64)).Q
+    b = torch.linalg.qr(qb.to(torch.float64)).Q
     overlap = a.T @ b  # [r, r]
     cos = torch.linalg.svdvals(overlap).clamp(0.0, 1.0)  # descending
     sin = torch.linalg.svdvals(b - a @ overlap).clamp(0.0, 1.0)  # descending
+    floor = 8.0 * a.shape[0] * torch.finfo(torch.float64).eps
+    sin = torch.where(sin < floor, torch.zeros_like(sin), sin)
     angles = torch.atan2(sin.flip(0), cos)  # ascending
     return angles * (180.0 / math.pi)

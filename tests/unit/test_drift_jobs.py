@@ -52,3 +52,39 @@ def test_default_threads_share_the_node(monkeypatch):
     alone = default_threads()
     monkeypatch.setenv("LOCAL_WORLD_SIZE", str(alone * 4))
     assert alone >= 1 and default_threads() == 1
+
+
+def test_first_job_writes_the_run_ood_distance_table(run_dir, monkeypatch):
+    import importlib
+    import json
+
+    import torch
+
+    from megatron_sdpo import report
+    from megatron_sdpo.diagnostics import stage
+    from megatron_sdpo.drift_jobs import run_job
+
+    # the module, not the function of the same name the package exports
+    response_drift = importlib.import_module("megatron_sdpo.diagnostics.response_drift")
+
+    class LengthEmbedder:
+        def encode(self, texts):
+            return torch.tensor([[float(len(t))] for t in texts])
+
+    got = {}
+    monkeypatch.setattr(response_drift, "MiniLMEmbedder", LengthEmbedder)
+    monkeypatch.setattr(report, "read_eval_samples", lambda rd, label: {})
+    monkeypatch.setattr(stage, "stage_diagnostics", lambda *a, **kw: got.update(kw) or {"stage": 1, "domain": "math"})
+    jobs = DriftJobs(run_dir, threads=1, log=lambda msg: None)
+    jobs.pending_dir.mkdir(parents=True)
+    torch.save({
+        "stage": 0, "domain": "math", "algorithm": "sdpo", "policies": None, "base_label": "base",
+        "cur_label": "stage_1_math", "probes": {}, "svd_rank": 2, "seed": 0, "probe_n": 1,
+        "response_drift": True, "principal_overlap": False,
+        "ood_prompts": {"train": {"math": ["a", "bb"]}, "eval": {"code/ood_far": ["ccc"]}, "n": 8},
+    }, jobs.input_path(1))
+    run_job(jobs.input_path(1))
+    table = json.loads((run_dir.root / "ood_distance.json").read_text())
+    assert table["distances"]["math"]["code/ood_far"] > 0 and table["n"] == 8
+    assert got["principal_overlap"] is False and "ood_prompts" not in got
+    assert (run_dir.drift / "stage_1.json").is_file() and not jobs.input_path(1).exists()

@@ -13,6 +13,9 @@ from megatron_sdpo.diagnostics.param_drift import (
     mask_overlap_tensors,
     matrix_drift,
     parameter_drift,
+    principal_mask,
+    principal_overlap_tensors,
+    principal_weight_overlap,
     update_mask_overlap,
 )
 from megatron_sdpo.diagnostics.sources import AlignedTensors, SafetensorsCheckpoint, StreamSource, iter_tensors
@@ -220,3 +223,60 @@ def test_checkpoint_errors(tmp_path):
     (tmp_path / "trunc" / "model.safetensors").write_bytes(data[: len(data) // 2])
     with pytest.raises(CheckpointError, match="corrupt checkpoint shard"):
         SafetensorsCheckpoint(tmp_path / "trunc")
+
+
+# W = 5 e1 f^T + 4 e2 g^T with f = (.6, .8, 0), g = (0, 0, 1): orthogonal rows, singular values
+# 5 and 4, rank-1 reconstruction [[3, 4, 0], [0, 0, 0]]. By raw magnitude the top two entries are
+# the two 4s, (0,1) and (1,2); by the rank-1 reconstruction they are (0,1) and (0,0).
+_W = torch.tensor([[3.0, 4.0, 0.0], [0.0, 0.0, 4.0]])
+
+
+def test_principal_mask_of_hand_built_matrix():
+    top_third = 100.0 / 3.0  # k = round(6 / 3) = 2
+    assert principal_mask(_W, rank=1, top_percent=top_third).tolist() == [True, True, False, False, False, False]
+    # at full rank the reconstruction is W itself: the two 4s
+    assert principal_mask(_W, rank=2, top_percent=top_third).tolist() == [False, True, False, False, False, True]
+    with pytest.raises(ValueError):
+        principal_mask(_W, rank=1, top_percent=0.0)
+
+
+def test_principal_overlap_of_hand_built_update():
+    delta = torch.tensor([[0.5, 0.0, 0.0], [0.0, 0.1, 0.7]])  # top-2 |dW|: (1,2) and (0,0)
+    got = principal_overlap_tensors(_W, _W + delta, rank=1, top_percent=100.0 / 3.0)
+    # U = {(0,0), (1,2)}, P = {(0,0), (0,1)}: one in common
+    assert (got["intersection"], got["update_k"], got["principal_k"]) == (1, 2, 2)
+    assert got["share"] == 0.5 and got["jaccard"] == pytest.approx(1 / 3) and got["chance"] == pytest.approx(1 / 3)
+    still = principal_overlap_tensors(_W, _W.clone(), rank=1, top_percent=100.0 / 3.0)
+    assert still["update_k"] == 0 and math.isnan(still["share"])
+
+
+def test_principal_weight_overlap_pools_over_matrices():
+    delta = torch.tensor([[0.5, 0.0, 0.0], [0.0, 0.1, 0.7]])
+    a = {"model.layers.0.mlp.up_proj.weight": _W, "model.layers.0.self_attn.q_proj.weight": _W.clone(),
+         "model.layers.0.input_layernorm.weight": torch.ones(3)}
+    b = {"model.layers.0.mlp.up_proj.weight": _W + delta, "model.layers.0.self_attn.q_proj.weight": _W.clone(),
+         "model.layers.0.input_layernorm.weight": torch.ones(3) * 2}
+    got = principal_weight_overlap(a, b, rank=1, top_percent=100.0 / 3.0)
+    s = got["summary"]
+    # q_proj did not move: it adds nothing to the pooled share, and no NaN to the mean
+    assert s["n"] == 2 and s["share_pooled"] == 0.5 and s["share_mean"] == 0.5
+    assert s["chance"] == pytest.approx(4 / 12) and s["share_over_chance"] == pytest.approx(1.5)
+    assert math.isnan(got["by_type"]["q_proj"]["share_pooled"]) and got["by_type"]["up_proj"]["share_pooled"] == 0.5
+    with pytest.raises(CheckpointError):
+        principal_weight_overlap({"x.weight": torch.ones(2, 2)}, {"y.weight": torch.ones(2, 2)})
+
+
+def test_norm_drift_against_two_references_on_a_stream():
+    from megatron_sdpo.diagnostics.param_drift import norm_drift
+
+    up, q = "model.layers.0.mlp.up_proj.weight", "model.layers.0.self_attn.q_proj.weight"
+    base = {up: torch.full((2, 2), 1.0), q: torch.full((2, 2), 2.0), "model.norm.weight": torch.ones(2)}
+    start = {up: torch.full((2, 2), 1.0), q: torch.full((2, 2), 3.0), "model.norm.weight": torch.ones(2)}
+    now = [(up, torch.full((2, 2), 2.0)), (q, torch.full((2, 2), 3.0)), ("model.norm.weight", torch.ones(2) * 5)]
+    got = norm_drift({"stage_start": start, "base": base}, iter(now))
+    # vs base: ||dW||^2 = 4 (up) + 4 (q), ||W||^2 = 4 + 16 -> sqrt(8 / 20); norms left out
+    assert got["base"]["n"] == 2 and got["base"]["rel_frob_pooled"] == pytest.approx(math.sqrt(8 / 20))
+    assert got["base"]["by_type"] == {"q_proj": pytest.approx(0.5), "up_proj": pytest.approx(1.0)}
+    # vs stage start: only up moved: sqrt(4 / (4 + 36))
+    assert got["stage_start"]["rel_frob_pooled"] == pytest.approx(math.sqrt(4 / 40))
+    assert got["stage_start"]["by_type"]["q_proj"] == 0.0

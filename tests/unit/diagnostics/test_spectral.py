@@ -67,6 +67,31 @@ def test_principal_angles_of_constructed_rotation(theta_deg):
     torch.testing.assert_close(ang, expected, atol=2e-3, rtol=0)
 
 
-def test_principal_angles_identical_subspace_is_zero_not_arccos_noise():
+def test_principal_angles_identical_subspace_is_exactly_zero():
+    # fp32 singular vectors are orthonormal to ~1e-7 only, which read as ~3e-5 degrees before
+    # the float64 re-orthonormalization; now a subspace and itself are at exactly 0.
     q = torch.linalg.qr(torch.randn(200, 8)).Q
-    assert principal_angles(q, q).max() < 1e-3  # arccos(fp32 cos) alone gives ~0.02 deg
+    assert principal_angles(q, q).tolist() == [0.0] * 8
+    q64 = torch.linalg.qr(torch.randn(300, 5, dtype=torch.float64)).Q
+    assert principal_angles(q64, q64.clone()).tolist() == [0.0] * 5
+
+
+def test_identical_checkpoint_matrices_drift_exactly_zero():
+    from megatron_sdpo.diagnostics.param_drift import matrix_drift
+
+    for shape, exact_max_dim in (((60, 70), 512), ((600, 700), 512)):  # exact and randomized SVD
+        a = torch.randn(*shape)
+        d = matrix_drift(a, a.clone(), rank=8, exact_max_dim=exact_max_dim)
+        assert d["angle_max_deg"] == 0.0 and d["angle_mean_deg"] == 0.0 and d["rel_frob"] == 0.0
+
+
+def test_principal_angles_known_rotation_in_float64():
+    # a 2-D plane rotated by 1e-4 degrees about one axis: angles (0, 1e-4), the small one exact
+    t = math.radians(1e-4)
+    qa = torch.zeros(4, 2, dtype=torch.float64)
+    qa[0, 0] = qa[1, 1] = 1.0
+    qb = qa.clone()
+    qb[1, 1], qb[2, 1] = math.cos(t), math.sin(t)
+    ang = principal_angles(qa, qb)
+    assert ang[0].item() == 0.0
+    assert ang[1].item() == pytest.approx(1e-4, rel=1e-9)

@@ -7,7 +7,7 @@ from safetensors.torch import save_file
 from test_param_drift import _state
 from test_response_drift import CharHistogramEmbedder
 
-from megatron_sdpo.diagnostics.param_drift import parameter_drift
+from megatron_sdpo.diagnostics.param_drift import parameter_drift, principal_weight_overlap
 from megatron_sdpo.diagnostics.stage import ProbeLogprobs, StagePolicies, probe_batches, stage_diagnostics
 
 
@@ -74,3 +74,25 @@ def test_probe_batches_take_the_first_answers_with_a_record():
     assert len(b) == 1 and b.response_ids == [tok("12", add_special_tokens=False)["input_ids"]]
     everything = probe_batches(tok, cur, sets, probe_n=3)["math/id"]
     assert everything.response_ids[1] == [tok.eos_token_id]  # an empty answer is scored as one eos
+
+
+def test_stage_record_has_principal_overlap_and_token_artifacts(tmp_path):
+    base, s1 = (_policy(tmp_path, n, s) for n, s in (("base", 0.0), ("s1", 0.1)))
+    samples = _samples(["\\boxed{1}", "\\boxed{2}"])
+    # One probe answer "\boxed{1}\boxed{1}" in four tokens: the second "\boxed" covers tokens 2-3.
+    pieces = [["\\boxed", "{1}", "\\box", "ed{1}"]]
+    ids = [[10, 11, 12, 13]]
+    policy = torch.tensor([[-1.0, -1.0, -0.2, -0.4]])
+    base_lp = torch.tensor([[-1.5, -1.5, -3.0, -2.0]])
+    probes = {"math/id": ProbeLogprobs(policy, base_lp, torch.ones(1, 4), ids, pieces)}
+    kw = dict(svd_rank=2, seed=0, probe_n=1, embedder=None)
+    rec = stage_diagnostics(0, "math", "sdpo", StagePolicies(base, base, s1), samples, samples, probes, **kw)
+    want = principal_weight_overlap(base, s1, rank=2, top_percent=1.0, seed=0)
+    assert rec["principal_overlap"]["summary"] == want["summary"] and "matrices" not in rec["principal_overlap"]
+    tok = rec["responses"]["math/id"]["token_artifacts"]
+    assert tok["tokens"] == 4 and tok["fmt_boxed_token_rate"] == 0.5 and tok["any_token_rate"] == 0.5
+    # the policy endorses the artifact tokens (mean -0.3 vs -1.0), the base does not (-2.5 vs -1.5)
+    assert tok["endorsement_policy"]["logprob_gap"] == pytest.approx(0.7)
+    assert tok["endorsement_base"]["logprob_gap"] == pytest.approx(-1.0)
+    off = stage_diagnostics(0, "math", "sdpo", StagePolicies(base, base, s1), samples, samples, {}, principal_overlap=False, **kw)
+    assert "principal_overlap" not in off and "token_artifacts" not in off["responses"]["math/id"]
