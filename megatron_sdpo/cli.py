@@ -1,4 +1,4 @@
-"""Command line: `megatron-sdpo run | compare | eval | drift | report | presets` (also `python -m megatron_sdpo`).
+"""Command line: `megatron-sdpo run | compare | eval | drift | report | presets | data` (also `python -m megatron_sdpo`).
 
 User mistakes (bad preset, key, path, data) print one `error: ...` line and exit 2; only bugs
 show a traceback.
@@ -152,6 +152,25 @@ def cmd_presets(args) -> int:
     return 0
 
 
+def cmd_data(args) -> int:
+    from megatron_sdpo.data.dataset_files import summary_lines
+
+    out = Path(args.out)
+    if args.data_command == "local":
+        from megatron_sdpo.data.benchmarks import write_local
+
+        manifest = write_local(out, verify_code=not args.no_verify_code)
+    else:
+        from megatron_sdpo.data.hub_table import prepare
+
+        manifest = prepare(args.preset, out, local_root=Path(args.from_dir) if args.from_dir else None)
+    print("\n".join(summary_lines(manifest)))
+    for missing in manifest.get("missing_packages", []):
+        print(f"not installed, skipped: {missing} (make data)", file=sys.stderr)
+    print(f"manifest: {out / 'manifest.json'}")
+    return 0
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse whose own errors (missing or malformed option) are one `error:` line, exit 2."""
 
@@ -226,6 +245,19 @@ def build_parser(drift_arguments: bool = True) -> argparse.ArgumentParser:
 
     ps = sub.add_parser("presets", help="list the shipped presets")
     ps.set_defaults(fn=cmd_presets)
+
+    da = sub.add_parser("data", help="write real benchmark files (from installed packages or the hub)")
+    dsub = da.add_subparsers(dest="data_command", required=True, parser_class=_Parser)
+    dl = dsub.add_parser("local", help="convert the benchmarks shipped in the `make data` packages (offline)")
+    dl.add_argument("--out", required=True, help="output directory (e.g. data/real)")
+    dl.add_argument("--no-verify-code", action="store_true",
+                    help="keep code items without running their reference solutions in the sandbox")
+    dp = dsub.add_parser("prepare", help="fetch a preset's datasets from the Hugging Face hub and convert them")
+    dp.add_argument("preset", help="preset name or YAML file whose data files to write (e.g. qwen3_4b)")
+    dp.add_argument("--out", required=True, help="output directory (the presets read data/)")
+    dp.add_argument("--from", dest="from_dir", help="a local copy of the hub sets instead of the network "
+                    "(DIR/<hub id>/[<config>/]<split files>)")
+    da.set_defaults(fn=cmd_data)
     return p
 
 

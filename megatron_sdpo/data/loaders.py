@@ -81,7 +81,9 @@ def _iter_rows(path: Path) -> Iterator[tuple[str, Any]]:
         for i, row in enumerate(data):
             yield f"{name}:item {i}", row
         return
-    for lineno, line in enumerate(text.splitlines(), start=1):
+    # Only "\n" ends a JSONL line: str.splitlines() also breaks at U+2028, U+0085 and other
+    # separators that JSON allows unescaped inside strings (real MMLU rows hold them).
+    for lineno, line in enumerate(text.split("\n"), start=1):
         if not line.strip():
             continue
         try:
@@ -144,6 +146,13 @@ _DAPO_PREFIX = re.compile(r"^Solve the following math problem step by step\..*?\
 _DAPO_SUFFIX = re.compile(r"\n\nRemember to put your answer on its own line after \"Answer:\"\.?\s*$")
 
 
+def _source(row: dict, default: str) -> str:
+    """The row's own "source" (a set converted into this schema, e.g. MMLU in the MMLU-Redux
+    schema, keeps its name), else the schema's set."""
+    value = row.get("source")
+    return value if isinstance(value, str) and value else default
+
+
 def _row_id(row: dict, schema: str, index: int, *keys: str) -> str:
     for key in keys:
         if isinstance(row, dict) and row.get(key) not in (None, ""):
@@ -177,7 +186,7 @@ def _math500(row: dict, index: int, ctx: dict) -> dict:
         "domain": "math",
         "prompt": _math_prompt(str(_get(row, "problem"))),
         "answer": str(_get(row, "answer")),
-        "source": "math500",
+        "source": _source(row, "math500"),
     }
     if isinstance(row.get("solution"), str):
         rec["reference_solution"] = row["solution"]
@@ -190,7 +199,7 @@ def _aime(row: dict, index: int, ctx: dict) -> dict:
         "domain": "math",
         "prompt": _math_prompt(str(_get(row, "problem", "Problem", "question"))),
         "answer": str(_get(row, "answer", "Answer")),
-        "source": "aime",
+        "source": _source(row, "aime"),
     }
 
 
@@ -209,7 +218,7 @@ def _sciknoweval(row: dict, index: int, ctx: dict) -> dict:
         "prompt": _mcq_prompt(str(_get(row, "question")), texts),
         "choices": texts,
         "answer": LETTERS[labels.index(key)],  # our prompt always letters choices A, B, C, ...
-        "source": "sciknoweval",
+        "source": _source(row, "sciknoweval"),
     }
     if isinstance(row.get("domain"), str):
         rec["subject"] = row["domain"]
@@ -246,7 +255,7 @@ def _mmlu_redux(row: dict, index: int, ctx: dict) -> dict:
         "prompt": _mcq_prompt(str(_get(row, "question")), [str(c) for c in choices]),
         "choices": [str(c) for c in choices],
         "answer": LETTERS[ans],
-        "source": "mmlu_redux",
+        "source": _source(row, "mmlu_redux"),
     }
     for key in ("error_type", "subject"):
         if isinstance(row.get(key), str):
@@ -350,7 +359,7 @@ def _bfcl_multiple(row: dict, index: int, ctx: dict) -> dict:
         "tools": tools,
         "answer": answer,
         "allowed": allowed,
-        "source": "bfcl_v4_multiple",
+        "source": _source(row, "bfcl_v4_multiple"),
     }
 
 
@@ -455,6 +464,8 @@ def _dolci_code(row: dict, index: int, ctx: dict) -> dict:
     }
     if isinstance(fn_name, str):
         rec["fn_name"] = fn_name
+    if isinstance(row.get("reference_solution"), str):
+        rec["reference_solution"] = row["reference_solution"]
     return rec
 
 

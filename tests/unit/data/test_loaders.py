@@ -149,3 +149,16 @@ def test_records_schema_filters_domain_and_validates(tmp_path):
                                "choices": ["a", "b"], "answer": "C"}) + "\n")
     with pytest.raises(DataError, match=r"r.jsonl:1: field 'answer' must be a letter A..B"):
         load_records(bad, "records")
+
+
+def test_jsonl_lines_break_only_at_newline(tmp_path):
+    # JSON allows U+2028, U+2029 and U+0085 unescaped inside strings; str.splitlines() would
+    # cut such a row in two (two real MMLU rows hold them). \r\n line ends still work.
+    texts = ["line\u2028separator", "next\u0085line", "para\u2029graph"]
+    rows = [{"question": t, "choices": ["a", "b"], "answer": 0} for t in texts]
+    lines = [json.dumps(r, ensure_ascii=False) for r in rows]
+    path = tmp_path / "mmlu.jsonl"
+    path.write_bytes(("\n".join(lines[:2]) + "\r\n" + lines[2] + "\n").encode("utf-8"))
+    assert "\u2028" in path.read_text(encoding="utf-8")  # stored raw, not escaped
+    recs = load_records(path, "mmlu_redux")
+    assert [r["prompt"].split("\n\n")[0] for r in recs] == texts and recs.skipped == []

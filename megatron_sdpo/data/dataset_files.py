@@ -1,0 +1,163 @@
+"""Converted benchmark files and their manifest (what `megatron-sdpo data local | prepare` write).
+
+Each `DatasetFile` is written as JSONL (or parquet, by its name), then read back with the
+project's own loader in its schema: a row the loader refuses makes the command fail, so a
+written file is known to load. manifest.json records, per file: the schema, the row count, the
+sha256 of the bytes written, where the rows came from (package and version, or hub id and
+revision) with the licence, and the items that could not be converted, each named with its reason.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from megatron_sdpo.errors import DataError
+
+MANIFEST = "manifest.json"
+# Unconverted items listed by name in the manifest; the count is always complete.
+LISTED_UNCONVERTED = 200
+
+
+@dataclass
+class DatasetFile:
+    name: str  # path relative to the output directory, e.g. "math500.jsonl"
+    schema: str | None  # the loader schema (megatron_sdpo.data.loaders.SCHEMAS); None: no loader
+    rows: list[dict]
+    source: dict[str, Any]  # {"package", "version", "path"} or {"hub_id", "config", "split", "revision"}
+    license: str
+    unconverted: list[str] = field(default_factory=list)  # "item id: reason"
+    answers: list[dict] | None = None  # BFCL: the possible_answer rows, written beside the file
+    note: str = ""
+
+
+def _dump_jsonl(path: Path, rows: list[dict]) -> None:
+    # ensure_ascii keeps every line free of U+2028 / U+0085, which some JSONL readers split on.
+    with path.open("w", encoding="utf-8") as f:
+        for row in rows:
+            f.write(json.dumps(row, ensure_ascii=True) + "\n")
+
+
+def _dump(path: Path, rows: list[dict]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.suffix == ".parquet":
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        pq.write_table(pa.Table.from_pylist(rows), path)
+    else:
+        _dump_jsonl(path, rows)
+
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _check_loads(path: Path, item: DatasetFile) -> int:
+    """Rows of the written file that the loader reads in the item's schema (all, or DataError)."""
+    from megatron_sdpo.data.loaders import load_records
+
+    if item.schema is None:
+        return len(item.rows)
+    records = load_records(path, item.schema)
+    if len(records) != len(item.rows):
+        raise DataError(f"{path}: wrote {len(item.rows)} rows but the {item.schema} loader read {len(records)}")
+    return len(records)
+
+
+def write_files(out: Path, items: list[DatasetFile], *, command: str, extra: dict | None = None) -> dict:
+    """Write `items` under `out` and `out`/manifest.json; return the manifest."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise DataError(f"output directory {out} is not writable: {exc.strerror}") from None
+    names = [i.name for i in items]
+    if len(set(names)) != len(names):
+        raise DataError(f"two datasets write the same file: {sorted(n for n in names if names.count(n) > 1)}")
+    files: dict[str, Any] = {}
+    for item in items:
+        if not item.rows:
+            raise DataError(f"{item.name}: no rows converted ({len(item.unconverted)} unconvertible)")
+        path = out / item.name
+        if item.answers is not None:
+            answers_path = path.parent / "possible_answer" / path.name
+            _dump(answers_path, item.answers)
+        _dump(path, item.rows)
+        entry: dict[str, Any] = {
+            "schema": item.schema,
+            "rows": _check_loads(path, item),
+            "sha256": sha256_of(path),
+            "source": item.source,
+            "license": item.license,
+            "unconverted": {"count": len(item.unconverted), "items": item.unconverted[:LISTED_UNCONVERTED]},
+        }
+        if item.answers is not None:
+            rel = str(Path(item.name).parent / "possible_answer" / Path(item.name).name)
+            entry["possible_answer"] = {"file": rel, "sha256": sha256_of(out / rel)}
+        if item.note:
+            entry["note"] = item.note
+        files[item.name] = entry
+    manifest = {"command": command, "written": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                **(extra or {}), "files": files}
+    (out / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=False) + "\n", encoding="utf-8")
+    return manifest
+
+
+def summary_lines(manifest: dict) -> list[str]:
+    """One line per written file: name, rows, schema, unconverted count."""
+    lines = []
+    for name, f in manifest["files"].items():
+        skipped = f["unconverted"]["count"]
+        lines.append(f"{name}: {f['rows']} rows ({f['schema'] or 'no loader'})"
+                     + (f", {skipped} not convertible" if skipped else ""))
+    return lines
+
+
+def last_boxed(text: str) -> str | None:
+    """The content of the last ``\\boxed{...}`` (braces matched), or None."""
+    start = text.rfind("\\boxed")
+    while start != -1:
+        i = start + len("\\boxed")
+        while i < len(text) and text[i] == " ":
+            i += 1
+        if i < len(text) and text[i] == "{":
+            depth, j = 0, i
+            while j < len(text):
+                if text[j] == "{":
+                    depth += 1
+                elif text[j] == "}":
+                    depth -= 1
+                    if depth == 0:
+                        return text[i + 1:j].strip() or None
+                j += 1
+            return None  # unbalanced
+        start = text.rfind("\\boxed", 0, start)
+    return None
+
+
+def question_key(text: str) -> str:
+    """A question's identity across sets: whitespace collapsed, case folded."""
+    return " ".join(text.split()).casefold()
+
+
+def hold_out(item: DatasetFile, held: list[DatasetFile], field: str) -> None:
+    """Drop from `item` (a training pool) the rows whose question (`field`) also stands in one of
+    the `held` evaluation files, so that no source question is on both sides; each is named."""
+    keys: dict[str, str] = {}
+    for h in held:
+        keys.update({question_key(str(r[field])): h.name for r in h.rows})
+    kept = []
+    for row in item.rows:
+        where = keys.get(question_key(str(row[field])))
+        if where is None:
+            kept.append(row)
+        else:
+            item.unconverted.append(f"{row['id']}: held out, its question is also in {where}")
+    item.rows = kept

@@ -1,0 +1,373 @@
+"""The paper's datasets on the Hugging Face hub (`megatron-sdpo data prepare PRESET --out DIR`).
+
+One row per set: hub id, config, split, the columns its conversion reads, licence, and the files
+it writes (the names the paper presets read under data/). UNVERIFIED: the ids, configs and
+columns were assembled from the dataset cards and the reference code, not from a fetch (this
+project's machines cannot reach the hub); the first real fetch records each set's revision in
+manifest.json, and a set whose columns differ fails with a one-line error naming them.
+
+`prepare` reads the same table from a local copy instead (`--from DIR`: DIR/<hub id>/[<config>/]
+with the split's parquet / jsonl files, as `datasets` loads a folder; raw-file sets keep their
+file paths), which is how the tests drive every conversion without network.
+"""
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import pickle
+import random
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from megatron_sdpo.data.dataset_files import DatasetFile, question_key
+from megatron_sdpo.errors import DataError, UserError
+
+VERIFIED = False  # flip after a first real fetch has confirmed every row of TABLE
+DATA_EXTRA = "pip install -e .[data]"
+TOOLALPACA_REPO = "lasgroup/SDPO"  # the reference's processed ToolAlpaca split lives in its repository
+TOOLALPACA_RAW = "https://raw.githubusercontent.com/lasgroup/SDPO/{ref}/{path}"
+
+Rows = list[dict]
+Converted = dict[str, tuple[Rows, list[str]]]  # output file -> (rows, "id: reason" not converted)
+
+
+@dataclass(frozen=True)
+class HubSet:
+    name: str
+    repo: str  # hub dataset id (or the GitHub repository for ToolAlpaca)
+    split: str
+    columns: tuple[str, ...]  # what the conversion reads; checked before converting
+    license: str
+    outputs: tuple[str, ...]  # files written, as the paper presets name them
+    schema: str | None  # loader schema of the outputs (None: no loader reads them yet)
+    convert: Callable[[Rows], Converted]
+    config: str | None = None  # None: the default config; "*": every config (a "config" key is added)
+    files: tuple[str, ...] = ()  # raw files fetched instead of a `datasets` split
+    gated: bool = False
+    github: bool = False
+
+
+# ----------------------------------------------------------------------------- conversions
+
+
+def _split(rows: Rows, key: Callable[[dict], str], test_fraction: float = 0.1, seed: int = 42) -> tuple[Rows, Rows]:
+    """Deterministic train / test split by question (as the reference: 90/10, seed 42)."""
+    order = sorted(rows, key=key)
+    random.Random(seed).shuffle(order)
+    n_test = max(1, round(len(order) * test_fraction)) if len(order) > 1 else 0
+    return order[n_test:], order[:n_test]
+
+
+def _dedupe(rows: Rows, key: Callable[[dict], str]) -> Rows:
+    seen: set[str] = set()
+    out = []
+    for r in rows:
+        k = key(r)
+        if k not in seen:
+            seen.add(k)
+            out.append(r)
+    return out
+
+
+def _one(name: str) -> Callable[[Rows], Converted]:
+    return lambda rows: {name: (rows, [])}
+
+
+def _dapo(rows: Rows) -> Converted:
+    # The hub file repeats each of its ~17k problems many times: one copy each.
+    return {"dapo-math-17k.parquet": (_dedupe(rows, lambda r: json.dumps(r["prompt"], sort_keys=True)), [])}
+
+
+def _mmlu_redux(rows: Rows) -> Converted:
+    out = [{**r, "subject": r.get("config", ""), "source": "mmlu_redux"} for r in rows]
+    return {"mmlu_redux.jsonl": (out, [])}
+
+
+def _sciknoweval(rows: Rows) -> Converted:
+    def keep(r: dict) -> bool:
+        details = r.get("details") or {}
+        level = details.get("level") if isinstance(details, dict) else None
+        return (str(r.get("domain", "")).lower() == "chemistry" and (level or r.get("level")) == "L3"
+                and r.get("type") in ("mcq-4-choices", "mcq-2-choices"))
+
+    # The set derives several MCQ variants from one question stem: one per stem, so that a stem
+    # never sits on both sides of the split.
+    picked = _dedupe([r for r in rows if keep(r)], lambda r: question_key(r["question"]))
+    train, test = _split(picked, lambda r: question_key(r["question"]))
+    return {"sciknoweval_chem_l3.jsonl": (train, []), "sciknoweval_chem_l3_test.jsonl": (test, [])}
+
+
+class _NoGlobals(pickle.Unpickler):
+    """Unpickles plain data only: any class or function reference is refused."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        raise pickle.UnpicklingError(f"refused global {module}.{name}")
+
+
+def _lcb_private(value: Any) -> Any:
+    """LiveCodeBench's private cases are base64(zlib(pickle(JSON string))): unpickled here with
+    no globals allowed (a str needs none) and stored as the JSON string the loader reads."""
+    import base64
+    import zlib
+
+    if not isinstance(value, str) or value.strip().startswith("[") or not value.strip():
+        return value
+    raw = zlib.decompress(base64.b64decode(value))
+    if raw[:1] != b"\x80":
+        return value
+    data = _NoGlobals(io.BytesIO(raw)).load()
+    return data if isinstance(data, str) else json.dumps(data)
+
+
+def _livecodebench(rows: Rows) -> Converted:
+    out, bad = [], []
+    for r in rows:
+        try:
+            out.append({**r, "private_test_cases": _lcb_private(r.get("private_test_cases"))})
+        except Exception as exc:  # a malformed or non-data pickle: named, not fatal
+            bad.append(f"{r.get('question_id', '?')}: private tests unreadable ({type(exc).__name__})")
+    return {"livecodebench_v6.jsonl": (out, bad)}
+
+
+def _dolci_code(rows: Rows) -> Converted:
+    code = [r for r in rows if "code" in str(r.get("dataset") or r.get("source") or "").lower()]
+    train, test = _split(code, lambda r: question_key(json.dumps(r.get("prompt") or r.get("messages"), sort_keys=True)))
+    return {"dolci_think_rl_code.jsonl": (train, []), "dolci_think_rl_code_test.jsonl": (test, [])}
+
+
+def _aime(name: str) -> Callable[[Rows], Converted]:
+    return lambda rows: {f"{name}.jsonl": ([{**r, "source": name} for r in rows], [])}
+
+
+def _toolalpaca(rows: Rows) -> Converted:
+    by_file: dict[str, Rows] = {}
+    for r in rows:
+        by_file.setdefault(r.pop("_file"), []).append(r)
+    return {f"toolalpaca_{Path(f).stem}.jsonl": (rs, []) for f, rs in by_file.items()}
+
+
+TABLE: tuple[HubSet, ...] = (
+    HubSet("dapo_math", "BytedTsinghua-SIA/DAPO-Math-17k", "train", ("prompt", "reward_model", "data_source"),
+           "Apache-2.0", ("dapo-math-17k.parquet",), "dapo_math", _dapo),
+    HubSet("aime24", "HuggingFaceH4/aime_2024", "train", ("problem", "answer"), "MAA competition problems",
+           ("aime24.jsonl",), "aime", _aime("aime24")),
+    HubSet("aime25", "math-ai/aime25", "test", ("problem", "answer"), "MAA competition problems",
+           ("aime25.jsonl",), "aime", _aime("aime25")),
+    HubSet("math500", "HuggingFaceH4/MATH-500", "test", ("problem", "solution", "answer", "unique_id"), "MIT",
+           ("math500.jsonl",), "math500", _one("math500.jsonl")),
+    HubSet("gpqa_diamond", "Idavidrein/gpqa", "train",
+           ("Question", "Correct Answer", "Incorrect Answer 1", "Incorrect Answer 2", "Incorrect Answer 3", "Record ID"),
+           "CC-BY-4.0", ("gpqa_diamond.jsonl",), "gpqa", _one("gpqa_diamond.jsonl"), config="gpqa_diamond", gated=True),
+    HubSet("mmlu_redux", "edinburgh-dawg/mmlu-redux-2.0", "test", ("question", "choices", "answer", "error_type"),
+           "CC-BY-4.0", ("mmlu_redux.jsonl",), "mmlu_redux", _mmlu_redux, config="*"),
+    HubSet("sciknoweval_chem_l3", "hicai-zju/SciKnowEval", "test",
+           ("question", "choices", "answerKey", "domain", "details", "type"), "MIT",
+           ("sciknoweval_chem_l3.jsonl", "sciknoweval_chem_l3_test.jsonl"), "sciknoweval", _sciknoweval),
+    HubSet("toolalpaca", TOOLALPACA_REPO, "", (), "Apache-2.0 (ToolAlpaca)",
+           ("toolalpaca_train.jsonl", "toolalpaca_test.jsonl"), "toolalpaca", _toolalpaca,
+           files=("datasets/tooluse/train.json", "datasets/tooluse/test.json"), github=True),
+    HubSet("bfcl_v4_multiple", "gorilla-llm/Berkeley-Function-Calling-Leaderboard", "", (), "Apache-2.0",
+           ("bfcl_v4_multiple.jsonl",), "bfcl_multiple", _one("bfcl_v4_multiple.jsonl"),
+           files=("BFCL_v4_multiple.json", "possible_answer/BFCL_v4_multiple.json")),
+    HubSet("livecodebench_v6", "livecodebench/code_generation_lite", "", (
+        "question_id", "question_content", "public_test_cases", "private_test_cases", "metadata"),
+           "CC-BY-4.0", ("livecodebench_v6.jsonl",), "livecodebench", _livecodebench, files=("test6.jsonl",)),
+    HubSet("dolci_code", "allenai/Dolci-Think-RL-7B", "train", ("prompt", "ground_truth", "dataset"), "ODC-BY-1.0",
+           ("dolci_think_rl_code.jsonl", "dolci_think_rl_code_test.jsonl"), "dolci_code", _dolci_code),
+    HubSet("zebralogic", "WildEval/ZebraLogic", "test", ("id", "puzzle", "solution"), "CC-BY-4.0",
+           ("zebralogic.jsonl",), None, _one("zebralogic.jsonl"), config="grid_mode"),
+)
+BY_OUTPUT = {out: hs for hs in TABLE for out in hs.outputs}
+
+
+# ----------------------------------------------------------------------------- fetching
+
+
+def _datasets():
+    try:
+        import datasets
+    except ImportError:
+        raise UserError(f"`data prepare` needs the datasets library: {DATA_EXTRA}") from None
+    datasets.disable_progress_bars()
+    return datasets
+
+
+def _hub_error(hs: HubSet, exc: Exception) -> DataError:
+    text = f"{type(exc).__name__}: {exc}".splitlines()[0]
+    if hs.gated and ("gated" in text.lower() or "401" in text or "403" in text):
+        return DataError(f"{hs.repo} is gated: accept its terms on the Hugging Face hub with your account, "
+                         "then set HF_TOKEN to a token of that account (or run `hf auth login`)")
+    return DataError(f"{hs.name}: cannot fetch {hs.repo}: {text[:300]}")
+
+
+def _revision(hs: HubSet) -> str:
+    if hs.github:
+        import urllib.request
+
+        url = f"https://api.github.com/repos/{hs.repo}/commits/main"
+        with urllib.request.urlopen(url, timeout=60) as resp:  # noqa: S310 - a fixed https URL
+            return str(json.load(resp)["sha"])
+    from huggingface_hub import HfApi
+
+    return str(HfApi().dataset_info(hs.repo).sha)
+
+
+def _local_rows(hs: HubSet, root: Path) -> Rows:
+    base = root / hs.repo
+    if not base.is_dir():
+        raise DataError(f"{hs.name}: no local copy of {hs.repo} under {root}")
+    if hs.files:
+        return [r for f in hs.files for r in _file_rows(hs, f, base / f)]
+    datasets = _datasets()
+    configs = sorted(p.name for p in base.iterdir() if p.is_dir()) if hs.config == "*" else [hs.config]
+    rows: Rows = []
+    for config in configs:
+        folder = base / config if config else base
+        with tempfile.TemporaryDirectory() as cache:
+            try:
+                ds = datasets.load_dataset(str(folder), split=hs.split, cache_dir=cache)
+            except Exception as exc:
+                raise DataError(f"{hs.name}: cannot read the local copy {folder}: {str(exc).splitlines()[0][:300]}") from None
+            rows += [{**r, "config": config} if hs.config == "*" else dict(r) for r in ds]
+    return rows
+
+
+def _hub_rows(hs: HubSet, revision: str) -> Rows:
+    if hs.github:
+        import urllib.request
+
+        rows: Rows = []
+        for f in hs.files:
+            with tempfile.TemporaryDirectory() as tmp:
+                path = Path(tmp) / Path(f).name
+                urllib.request.urlretrieve(TOOLALPACA_RAW.format(ref=revision, path=f), path)  # noqa: S310
+                rows += _file_rows(hs, f, path)
+        return rows
+    if hs.files:
+        from huggingface_hub import hf_hub_download
+
+        return [r for f in hs.files for r in _file_rows(
+            hs, f, Path(hf_hub_download(hs.repo, f, repo_type="dataset", revision=revision)))]
+    datasets = _datasets()
+    configs = datasets.get_dataset_config_names(hs.repo, revision=revision) if hs.config == "*" else [hs.config]
+    rows = []
+    for config in configs:
+        ds = datasets.load_dataset(hs.repo, config, split=hs.split, revision=revision)
+        rows += [{**r, "config": config} if hs.config == "*" else dict(r) for r in ds]
+    return rows
+
+
+def _file_rows(hs: HubSet, name: str, path: Path) -> Rows:
+    """A raw file's rows (JSON array or JSON lines); each tagged with the file it came from."""
+    if not path.is_file():
+        raise DataError(f"{hs.name}: {path} not found")
+    text = path.read_text(encoding="utf-8")
+    try:
+        if text.lstrip().startswith("["):
+            rows = json.loads(text)
+        else:
+            rows = [json.loads(line) for line in text.split("\n") if line.strip()]
+    except json.JSONDecodeError as exc:
+        raise DataError(f"{hs.name}: {path}:{exc.lineno}: invalid JSON: {exc.msg}") from None
+    return [{**r, "_file": name} for r in rows]
+
+
+def fetch(hs: HubSet, local_root: Path | None) -> tuple[Rows, dict[str, Any]]:
+    """(raw rows, manifest source) from the hub at its current revision, or from a local copy."""
+    if local_root is not None:
+        rows = _local_rows(hs, local_root)
+        digest = hashlib.sha256(json.dumps(rows, sort_keys=True, default=str).encode()).hexdigest()
+        return rows, {"hub_id": hs.repo, "config": hs.config, "split": hs.split,
+                      "revision": f"local copy (rows sha256 {digest[:16]})"}
+    try:
+        revision = _revision(hs)
+        rows = _hub_rows(hs, revision)
+    except (DataError, UserError):
+        raise
+    except Exception as exc:
+        raise _hub_error(hs, exc) from None
+    return rows, {"hub_id": hs.repo, "config": hs.config, "split": hs.split, "revision": revision}
+
+
+# ----------------------------------------------------------------------------- prepare
+
+
+def _check_columns(hs: HubSet, rows: Rows) -> None:
+    if not rows:
+        raise DataError(f"{hs.name}: {hs.repo} split {hs.split!r} is empty")
+    missing = [c for c in hs.columns if c not in rows[0]]
+    if missing:
+        raise DataError(f"{hs.name}: {hs.repo} has no column(s) {', '.join(missing)} "
+                        f"(has {', '.join(sorted(rows[0]))}); the hub table needs updating")
+
+
+def _loadable(rows: Rows, schema: str | None) -> tuple[Rows, list[str]]:
+    """Rows the schema's converter accepts, and the others named with the reason."""
+    from megatron_sdpo.data.loaders import SCHEMAS, RowError
+    from megatron_sdpo.data.records import validate_record
+
+    if schema is None or schema == "bfcl_multiple":  # BFCL rows need their answers: checked on write
+        return rows, []
+    convert = SCHEMAS[schema][1]
+    kept, bad = [], []
+    for i, row in enumerate(rows):
+        try:
+            validate_record({**convert(row, i, {"seed": 0}), "split": "check"}, f"row {i}")
+        except (RowError, DataError) as exc:
+            rid = row.get("id") or row.get("question_id") or row.get("Record ID") or f"row {i}"
+            bad.append(f"{rid}: {str(exc).splitlines()[0][:200]}")
+            continue
+        kept.append(row)
+    return kept, bad
+
+
+def needed_sets(preset: str) -> tuple[list[HubSet], list[str]]:
+    """(sets to fetch, the preset's file names) for every file source of the preset's stages."""
+    from megatron_sdpo.config import load_config
+
+    cfg = load_config(preset, [])
+    names: list[str] = []
+    for domain in dict.fromkeys(s.domain for s in cfg.stages):
+        dcfg = cfg.domains[domain]
+        for src in [dcfg.train, *dcfg.eval.values()]:
+            if src.source != "synthetic" and Path(src.source).name not in names:
+                names.append(Path(src.source).name)
+    unknown = [n for n in names if n not in BY_OUTPUT]
+    if unknown:
+        raise DataError(f"preset {preset}: no hub dataset in the table writes {', '.join(unknown)}; "
+                        f"the table writes {', '.join(sorted(BY_OUTPUT))}")
+    if not names:
+        raise DataError(f"preset {preset}: every data source is synthetic; nothing to prepare")
+    return list(dict.fromkeys(BY_OUTPUT[n] for n in names)), names
+
+
+def convert_set(hs: HubSet, rows: Rows, source: dict[str, Any]) -> list[DatasetFile]:
+    _check_columns(hs, rows)
+    if hs.name == "bfcl_v4_multiple":
+        questions = [r for r in rows if not r["_file"].startswith("possible_answer/")]
+        answers = [{k: v for k, v in r.items() if k != "_file"} for r in rows if r["_file"].startswith("possible_answer/")]
+        questions = [{k: v for k, v in r.items() if k != "_file"} for r in questions]
+        return [DatasetFile(hs.outputs[0], hs.schema, questions, source, hs.license, answers=answers)]
+    if hs.files and not hs.github:
+        rows = [{k: v for k, v in r.items() if k != "_file"} for r in rows]
+    out = []
+    for name, (converted, bad) in hs.convert(rows).items():
+        kept, refused = _loadable(converted, hs.schema)
+        out.append(DatasetFile(name, hs.schema, kept, source, hs.license, bad + refused))
+    return out
+
+
+def prepare(preset: str, out: Path, *, local_root: Path | None = None) -> dict[str, Any]:
+    """`megatron-sdpo data prepare PRESET --out DIR`: fetch, convert, write; returns the manifest."""
+    from megatron_sdpo.data.dataset_files import write_files
+
+    sets, _ = needed_sets(preset)
+    files: list[DatasetFile] = []
+    for hs in sets:
+        rows, source = fetch(hs, local_root)
+        files += convert_set(hs, rows, source)
+    extra = {"preset": preset, "table_verified": VERIFIED}
+    return write_files(out, files, command=f"megatron-sdpo data prepare {preset}", extra=extra)
