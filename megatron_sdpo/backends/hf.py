@@ -211,6 +211,7 @@ class HFBackend(Backend):
         self.teacher = self._frozen_copy() if with_teacher else None
         # Time in the teacher's forward inside train_step, reported as "time/teacher_forward".
         self.device = next(self.policy.parameters()).device
+        self._offload = StateOffload(self.device)
         self.teacher_clock = Stopwatch(self.device)
         self.reference = self._frozen_copy() if with_reference else None
         # State updated by small steps lives in fp32 whatever the model dtype: with a bf16/fp16
@@ -241,7 +242,6 @@ class HFBackend(Backend):
         else:
             self._train_module = self._head
         self.optimizer = self._make_optimizer()
-        self._offload = StateOffload(self.device)
 
     # ------------------------------------------------------------------ setup helpers
     def _frozen_copy(self) -> nn.Module:

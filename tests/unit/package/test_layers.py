@@ -29,7 +29,7 @@ LAYERS = [
     # The backend seam's plain types: the batch and loss protocol, token layouts.
     ["backends.base", "backends.layout", "backends.varlen"],
     # Pure maths on tensors and batches; the memory ledger's arithmetic over the weight plan.
-    ["algorithms", "memory_ledger"],
+    ["algorithms", "memory_ledger", "data.benchmarks", "data.hub_table"],
     # The shipped tiny base (built with the algorithms' teacher prompt).
     ["models"],
     # Engines and measurements.
