@@ -144,6 +144,15 @@ class DataCheck:
     status: str  # "synthetic" | "ok (N rows checked)" | "missing"
 
 
+def prepare_hint(cfg: RunConfig, source: str) -> str:
+    """The command that writes a preset's missing data file (the paper sets' hub table)."""
+    from megatron_sdpo.data.hub_table import BY_OUTPUT
+
+    if Path(source).name not in BY_OUTPUT:
+        return ""
+    return f" (write it with `megatron-sdpo data prepare {cfg.name} --out {Path(source).parent}`)"
+
+
 def check_data(cfg: RunConfig) -> tuple[list[DataCheck], list[str]]:
     """Schema of every data source the stages use; files that exist are parsed (first rows),
     missing files are warnings. A schema that cannot serve its domain is a DataError."""
@@ -166,7 +175,7 @@ def check_data(cfg: RunConfig) -> tuple[list[DataCheck], list[str]]:
                 raise DataError(f"{where}: schema {src.schema!r} yields {schema_domain!r} records, not {domain!r}")
             if not os.path.isfile(src.source):
                 checks.append(DataCheck(where, src.source, src.schema, "missing"))
-                warnings.append(f"{where}.source: data file not found here: {src.source}")
+                warnings.append(f"{where}.source: data file not found here: {src.source}{prepare_hint(cfg, src.source)}")
                 continue
             recs = load_records(src.source, src.schema, limit=SCHEMA_CHECK_ROWS, seed=cfg.seed)
             if not recs:
@@ -351,7 +360,8 @@ def preflight_errors(cfg: RunConfig, p: LaunchPlan) -> list[str]:
     from megatron_sdpo.models.packaged import PACKAGED_MODELS
 
     errors = [
-        f"{d.where}.source: data file not found: {d.source}" for d in p.data if d.status == "missing"
+        f"{d.where}.source: data file not found: {d.source}{prepare_hint(cfg, d.source)}"
+        for d in p.data if d.status == "missing"
     ]
     path = cfg.model.path
     if path != "tiny" and path not in PACKAGED_MODELS:

@@ -317,7 +317,7 @@ def _loadable(rows: Rows, schema: str | None) -> tuple[Rows, list[str]]:
         try:
             validate_record({**convert(row, i, {"seed": 0}), "split": "check"}, f"row {i}")
         except (RowError, DataError) as exc:
-            rid = row.get("id") or row.get("question_id") or row.get("Record ID") or f"row {i}"
+            rid = row.get("id") or row.get("unique_id") or row.get("question_id") or row.get("Record ID") or f"row {i}"
             bad.append(f"{rid}: {str(exc).splitlines()[0][:200]}")
             continue
         kept.append(row)

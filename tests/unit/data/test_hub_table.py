@@ -1,0 +1,163 @@
+"""`data prepare` against a local copy of the hub sets (no network): the same fetch, conversion
+and writing as on a cluster, the hub id replaced by a folder holding the split's files."""
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from megatron_sdpo.data import hub_table
+from megatron_sdpo.data.hub_table import BY_OUTPUT, TABLE, needed_sets, prepare
+from megatron_sdpo.data.loaders import load_records
+from megatron_sdpo.errors import DataError, UserError
+
+datasets = pytest.importorskip("datasets", reason="`data prepare` needs the data extra: make data")
+FIX = Path(__file__).resolve().parents[2] / "fixtures" / "data"
+
+
+def _jsonl(path: Path, rows: list[dict]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+
+
+def _fixture(name: str) -> list[dict]:
+    text = (FIX / name).read_text(encoding="utf-8")
+    return json.loads(text) if text.lstrip().startswith("[") else [json.loads(x) for x in text.splitlines() if x.strip()]
+
+
+def _sci(i: int, question: str, domain="Chemistry", level="L3", kind="mcq-4-choices") -> dict:
+    return {"question": question, "choices": {"text": ["a", "b", "c", "d"], "label": ["A", "B", "C", "D"]},
+            "answerKey": "ABCD"[i % 4], "domain": domain, "details": {"level": level, "task": "t"}, "type": kind}
+
+
+@pytest.fixture(scope="module")
+def hub(tmp_path_factory) -> Path:
+    """A local copy of every set qwen3_4b reads, in the hub sets' own column layouts."""
+    root = tmp_path_factory.mktemp("hub")
+    dapo = _fixture("dapo_math.jsonl")
+    _jsonl(root / "BytedTsinghua-SIA/DAPO-Math-17k/train.jsonl", dapo + dapo)  # the hub file repeats problems
+    aime = [{"id": f"2024-{i}", "problem": f"Problem {i}: compute {i} + {i}.", "answer": str(2 * i)} for i in range(3)]
+    _jsonl(root / "HuggingFaceH4/aime_2024/train.jsonl", aime)
+    _jsonl(root / "HuggingFaceH4/MATH-500/test.jsonl", _fixture("math500.jsonl"))
+    _jsonl(root / "Idavidrein/gpqa/gpqa_diamond/train.jsonl", _fixture("gpqa.json"))
+    mm = _fixture("mmlu_redux.jsonl")
+    _jsonl(root / "edinburgh-dawg/mmlu-redux-2.0/anatomy/test.jsonl", mm[:1])
+    _jsonl(root / "edinburgh-dawg/mmlu-redux-2.0/virology/test.jsonl", mm[1:])
+    sci = [_sci(i, f"Chemistry question {i}?") for i in range(20)]
+    sci += [_sci(0, "Chemistry question 0?", kind="mcq-2-choices"),  # a variant of a stem already in
+            _sci(1, "A biology question?", domain="Biology"), _sci(2, "An L2 question?", level="L2"),
+            _sci(3, "A true/false question?", kind="true_or_false")]
+    _jsonl(root / "hicai-zju/SciKnowEval/test.jsonl", sci)
+    ta = _fixture("toolalpaca.jsonl")
+    for name, rows in (("train", ta[:1]), ("test", ta[1:])):
+        p = root / "lasgroup/SDPO/datasets/tooluse" / f"{name}.json"
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(json.dumps(rows), encoding="utf-8")
+    bfcl = root / "gorilla-llm/Berkeley-Function-Calling-Leaderboard"
+    (bfcl / "possible_answer").mkdir(parents=True)
+    for rel in ("BFCL_v4_multiple.json", "possible_answer/BFCL_v4_multiple.json"):
+        (bfcl / rel).write_text((FIX / "bfcl" / rel).read_text())
+    _jsonl(root / "livecodebench/code_generation_lite/test6.jsonl",
+           _fixture("livecodebench.jsonl") + _fixture("livecodebench_pickled.jsonl"))
+    dolci = _fixture("dolci_code.jsonl")
+    dolci += [{**dolci[0], "id": f"extra{i}", "prompt": [{"role": "user", "content": f"Task {i}: print {i}."}]} for i in range(8)]
+    dolci.append({"id": "m1", "prompt": "What is 1+1?", "ground_truth": "2", "dataset": "dolci_math"})
+    _jsonl(root / "allenai/Dolci-Think-RL-7B/train.jsonl", dolci)
+    return root
+
+
+@pytest.fixture(scope="module")
+def prepared(hub, tmp_path_factory):
+    out = tmp_path_factory.mktemp("prepared") / "data"
+    return out, prepare("qwen3_4b", out, local_root=hub)
+
+
+def test_prepare_writes_every_file_the_preset_reads(prepared):
+    from megatron_sdpo.config import load_config
+
+    out, manifest = prepared
+    cfg = load_config("qwen3_4b", [])
+    for domain in ("math", "science", "tooluse", "code"):
+        d = cfg.domains[domain]
+        for src in [d.train, *d.eval.values()]:
+            path = out / Path(src.source).name
+            recs = load_records(path, src.schema)
+            assert recs and recs.skipped == [], src.source
+            assert manifest["files"][path.name]["rows"] == len(recs)
+    assert manifest["table_verified"] is False and manifest["preset"] == "qwen3_4b"
+    assert all(f["source"]["revision"].startswith("local copy") for f in manifest["files"].values())
+    assert (out / "possible_answer" / "bfcl_v4_multiple.jsonl").is_file()
+
+
+def test_prepare_conversions(prepared):
+    out, manifest = prepared
+    assert manifest["files"]["dapo-math-17k.parquet"]["rows"] == 2  # the repeats removed
+    redux = load_records(out / "mmlu_redux.jsonl", "mmlu_redux")
+    assert sorted(r["subject"] for r in redux) == ["anatomy", "virology"]
+    train = load_records(out / "sciknoweval_chem_l3.jsonl", "sciknoweval")
+    test = load_records(out / "sciknoweval_chem_l3_test.jsonl", "sciknoweval")
+    assert (len(train), len(test)) == (18, 2)  # 20 chemistry L3 stems, 90/10; others filtered out
+    assert not {r["prompt"] for r in train} & {r["prompt"] for r in test}
+    lcb = load_records(out / "livecodebench_v6.jsonl", "livecodebench")
+    assert len(lcb) == 3  # the pickled private tests were read (no globals allowed) into JSON
+    dolci_train = load_records(out / "dolci_think_rl_code.jsonl", "dolci_code")
+    dolci_test = load_records(out / "dolci_think_rl_code_test.jsonl", "dolci_code")
+    # 9 code rows; the math row and the row naming no dataset are left out
+    assert len(dolci_train) + len(dolci_test) == 9 and len(dolci_test) == 1
+    assert not {r["id"] for r in dolci_train} & {r["id"] for r in dolci_test}
+
+
+def test_refused_rows_are_counted_and_named(hub, tmp_path):
+    bad = tmp_path / "hub"
+    bad_rows = _fixture("math500.jsonl") + [{"problem": "No answer here", "solution": "", "answer": None, "unique_id": "x/1"}]
+    _jsonl(bad / "HuggingFaceH4/MATH-500/test.jsonl", bad_rows)
+    files = hub_table.convert_set(BY_OUTPUT["math500.jsonl"], hub_table.fetch(BY_OUTPUT["math500.jsonl"], bad)[0], {})
+    assert len(files[0].rows) == 2 and files[0].unconverted == ["x/1: missing field 'answer'"]
+
+
+def test_missing_columns_name_the_table(tmp_path):
+    _jsonl(tmp_path / "HuggingFaceH4/MATH-500/test.jsonl", [{"question": "q", "final": "1"}])
+    with pytest.raises(DataError, match="no column.*problem.*the hub table needs updating"):
+        hub_table.convert_set(BY_OUTPUT["math500.jsonl"], hub_table.fetch(BY_OUTPUT["math500.jsonl"], tmp_path)[0], {})
+
+
+def test_gated_and_missing_library_errors(monkeypatch):
+    gpqa = BY_OUTPUT["gpqa_diamond.jsonl"]
+    err = hub_table._hub_error(gpqa, RuntimeError("401 Client Error: Cannot access gated repo"))
+    assert "HF_TOKEN" in str(err) and "\n" not in str(err)
+    monkeypatch.setitem(__import__("sys").modules, "datasets", None)
+    with pytest.raises(UserError, match=r"pip install -e \.\[data\]"):
+        hub_table._datasets()
+
+
+def test_unsafe_pickle_is_refused():
+    import base64
+    import pickle
+    import zlib
+
+    blob = base64.b64encode(zlib.compress(pickle.dumps(os.path.join))).decode()  # a global reference
+    out = hub_table._livecodebench([{"question_id": "q9", "private_test_cases": blob}])
+    rows, bad = out["livecodebench_v6.jsonl"]
+    assert rows == [] and bad == ["q9: private tests unreadable (UnpicklingError)"]
+
+
+def test_needed_sets_and_table():
+    sets, names = needed_sets("qwen3_4b")
+    assert "gpqa_diamond.jsonl" in names and {s.name for s in sets} >= {"gpqa_diamond", "toolalpaca", "dapo_math"}
+    with pytest.raises(DataError, match="every data source is synthetic"):
+        needed_sets("tiny")
+    assert len({s.name for s in TABLE}) == len(TABLE) and len(BY_OUTPUT) == sum(len(s.outputs) for s in TABLE)
+
+
+def test_cli_and_dry_run_name_the_command(hub, tmp_path, monkeypatch, capsys):
+    from megatron_sdpo.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr("megatron_sdpo.models.hub.check_reachable", lambda repo: "hub")  # no network here
+    assert main(["run", "qwen3_4b", "--dry-run", "--strict", "--world-size", "2"]) == 2
+    err = capsys.readouterr().err
+    assert "megatron-sdpo data prepare qwen3_4b --out data" in err
+    assert main(["data", "prepare", "qwen3_4b", "--out", "data", "--from", str(hub)]) == 0
+    assert "manifest: data/manifest.json" in capsys.readouterr().out
+    main(["run", "qwen3_4b", "--dry-run", "--strict", "--world-size", "2"])
+    assert "data file not found" not in capsys.readouterr().err
