@@ -1,4 +1,4 @@
-"""Command line: `megatron-sdpo run | compare | eval | drift | report | presets | data` (also `python -m megatron_sdpo`).
+"""Command line: `megatron-sdpo run | compare | study | eval | drift | report | presets | data` (also `python -m megatron_sdpo`).
 
 User mistakes (bad preset, key, path, data) print one `error: ...` line and exit 2; only bugs
 show a traceback.
@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -86,39 +85,75 @@ def algorithm_config(preset: str, algorithm: str) -> tuple[str, list[str]]:
 
 
 def cmd_compare(args) -> int:
-    from megatron_sdpo.config import load_config
+    """The one-seed case of `study`: one run per algorithm in OUT/<algorithm>, then compare.md
+    (and study.csv / study.md)."""
     from megatron_sdpo.report import write_compare
+    from megatron_sdpo.study.arms import Arm
+    from megatron_sdpo.study.driver import Study
 
     algorithms = [a.strip() for a in args.algorithms.split(",") if a.strip()]
     if not algorithms:
         from megatron_sdpo.config.algorithm_spec import ALGORITHMS
 
         raise UserError("--algorithms needs at least one of " + ", ".join(ALGORITHMS))
-    arms = {a: algorithm_config(args.config, a) for a in algorithms}
-    for ref, ovs in arms.values():  # fail fast on a bad key before hours of training
-        load_config(ref, ovs + args.overrides)
+    arms = []
+    for algo in algorithms:
+        ref, ovs = algorithm_config(args.config, algo)
+        arms.append(Arm(algo, tuple(ovs), preset=ref, description=f"`{ref}` {' '.join(ovs)}".strip()))
     out = Path(args.out or _default_out(f"compare-{Path(args.config).stem}"))
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise UserError(f"output directory {out} is not writable: {exc.strerror}") from None
-    for algo, (ref, ovs) in arms.items():
-        run_out = out / algo
-        if (run_out / "report.md").exists():
-            print(f"[compare] {algo}: already finished in {run_out}", flush=True)
-            continue
-        resume = (run_out / "resolved_config.yaml").exists()
-        cmd = [sys.executable, "-m", "megatron_sdpo", "run", ref, *ovs, *args.overrides, "--out", str(run_out)]
-        cmd += ["--resume"] if resume else []
-        cmd += ["--quiet"] if args.quiet else []
-        cmd += ["--verbose"] if args.verbose else []
-        print(f"[compare] {algo}: {' '.join(cmd[2:])}", flush=True)
-        # One process per arm: engines (vLLM) and memory start clean for each algorithm.
-        rc = subprocess.call(cmd, env=os.environ.copy())
-        if rc != 0:
-            raise UserError(f"compare: the {algo} run failed (exit {rc}); see {run_out}")
+    study = Study(
+        preset=args.config, arms=arms, seeds=[None], out=out, overrides=args.overrides,
+        layout=lambda arm, seed: out / arm, quiet=args.quiet, verbose=args.verbose,
+        title=f"Compare: {args.config}, one seed", n_boot=args.bootstrap,
+    )
+    study.run()
     write_compare(out, {a: out / a for a in algorithms})
     print(f"compare directory: {out}")
+    return 0
+
+
+def _parse_detect(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise UserError(f"--detect {text!r}: expected a positive number (a difference in the metric's unit)") from None
+    if not value > 0:
+        raise UserError(f"--detect {text!r}: expected a positive number")
+    return value
+
+
+def cmd_study(args) -> int:
+    from megatron_sdpo.study.arms import BUILTIN_ARMS, load_arms_file, parse_arm_option, select_arms
+    from megatron_sdpo.study.driver import Study
+    from megatron_sdpo.study.runner import parse_seeds
+
+    user = load_arms_file(args.arms_file, BUILTIN_ARMS) if args.arms_file else {}
+    for text in args.arm or []:
+        arm = parse_arm_option(text, {**BUILTIN_ARMS, **user})
+        user[arm.name] = arm
+    arms = select_arms(args.arms, user)
+    if args.pilot is not None:
+        if args.seeds is not None:
+            raise UserError("--pilot K runs seeds 0..K-1; drop --seeds")
+        if args.pilot < 2:
+            raise UserError("--pilot needs at least 2 seeds to estimate a seed-to-seed spread")
+        seeds: list[int | None] = list(range(args.pilot))
+    else:
+        seeds = list(parse_seeds(args.seeds or "0-5"))
+    if args.jobs < 1:
+        raise UserError(f"--jobs must be at least 1, got {args.jobs}")
+    if args.bootstrap < 0:
+        raise UserError(f"--bootstrap must be >= 0, got {args.bootstrap}")
+    out = Path(args.out or _default_out(f"study-{Path(args.config).stem}"))
+    study = Study(
+        preset=args.config, arms=arms, seeds=seeds, out=out, overrides=args.overrides, baseline=args.baseline,
+        jobs=args.jobs, threads=args.threads, n_boot=args.bootstrap, quiet=args.quiet, verbose=args.verbose,
+        pilot_detect=_parse_detect(args.detect) if args.pilot is not None else None,
+    )
+    md = study.run()
+    if args.pilot is not None:
+        print(study.pilot_report())
+    print(f"study: {md} and {out / 'study.csv'}")
     return 0
 
 
@@ -179,7 +214,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 # Commands that take `key.path=value` overrides: they may stand anywhere among the options.
-_TAKES_OVERRIDES = ("run", "compare", "eval")
+_TAKES_OVERRIDES = ("run", "compare", "study", "eval")
 
 
 def build_parser(drift_arguments: bool = True) -> argparse.ArgumentParser:
@@ -222,7 +257,31 @@ def build_parser(drift_arguments: bool = True) -> argparse.ArgumentParser:
     c.add_argument("--out")
     c.add_argument("--quiet", action="store_true")
     c.add_argument("--verbose", action="store_true", help="show the engines' (vLLM, transformers) logs in the terminal")
+    c.add_argument("--bootstrap", type=int, default=1000, help="bootstrap replicates of study.md's item intervals")
     c.set_defaults(fn=cmd_compare)
+
+    st = sub.add_parser(
+        "study", help="run arms over seeds and judge the paper's findings (study.csv, study.md)", epilog=over
+    )
+    st.add_argument("config", nargs="?", help="preset name or YAML file")
+    st.add_argument(
+        "--arms", default="grpo,sdpo_frozen",
+        help="arms to run, comma-separated: built in grpo, grpo_mb4, sdpo_frozen, sdpo_ema5, stable_sdpo, "
+        "sdpo_feedback_off, or defined with --arm / --arms-file",
+    )
+    st.add_argument("--seeds", help="seeds: 0-5, 0,2,4 or a mix (default 0-5)")
+    st.add_argument("--jobs", type=int, default=1, help="runs at a time (threads are split between them)")
+    st.add_argument("--threads", type=int, help="CPU threads to split between the jobs (default: this machine's)")
+    st.add_argument("--out", help="study directory (default: runs/study-<preset>-<time>); rerun with it to resume")
+    st.add_argument("--arms-file", help="YAML file of user arms (extends, overrides, restart_every, description)")
+    st.add_argument("--arm", action="append", help="a user arm NAME:key=value,key=value (repeatable)")
+    st.add_argument("--baseline", help="the arm the others are compared with (default: grpo)")
+    st.add_argument("--bootstrap", type=int, default=1000, help="hierarchical bootstrap replicates (0: none)")
+    st.add_argument("--pilot", type=int, help="run seeds 0..K-1 and print the seeds needed to detect --detect")
+    st.add_argument("--detect", default="0.05", help="the difference the pilot sizes the study for (default 0.05)")
+    st.add_argument("--quiet", action="store_true")
+    st.add_argument("--verbose", action="store_true", help="show the engines' (vLLM, transformers) logs in the terminal")
+    st.set_defaults(fn=cmd_study)
 
     e = sub.add_parser("eval", help="evaluate an HF model directory on every domain of a preset", epilog=over)
     e.add_argument("model", help="HF model directory (e.g. RUN/checkpoints/stage_1_math/policy)")
@@ -282,8 +341,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             args.config = None
         if args.config is None and rest and not rest[0].startswith("-"):
             args.config = rest.pop(0)
-        if args.config is None and args.command == "compare":
-            raise UserError("megatron-sdpo compare: name a preset or YAML file (e.g. `compare tiny`)")
+        if args.config is None and args.command in ("compare", "study"):
+            raise UserError(f"megatron-sdpo {args.command}: name a preset or YAML file (e.g. `{args.command} tiny`)")
         if args.config is None:
             args.config = "tiny"
     if rest:

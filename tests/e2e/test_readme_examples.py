@@ -31,11 +31,12 @@ EVERY_RUN = [
     "checkpoint.save_every=0",
 ]
 # The run the later lines read keeps the preset's four stages (the README names stage_2_science
-# and stage_4_code); compare's three arms only need to finish, so they get two.
+# and stage_4_code); compare's and study's arms only need to finish, so they get two.
 SHRINK = {
     "run": [*(f"stages.{i}.steps=1" for i in range(4)), *EVERY_RUN],
     "eval": EVERY_RUN,
     "compare": ["stages=[{domain: math, steps: 1}, {domain: code, steps: 1}]", *EVERY_RUN],
+    "study": ["stages=[{domain: math, steps: 1}, {domain: code, steps: 1}]", *EVERY_RUN, "--bootstrap", "50"],
 }
 
 
@@ -101,6 +102,8 @@ def test_readme_fenced_commands_run(tmp_path):
             assert (tmp_path / out / "logs" / "engine.log").is_file(), shown
         elif args[0] == "compare":
             assert all((tmp_path / out / a / "report.md").is_file() for a in parsed.algorithms.split(",")), shown
+        elif args[0] == "study":
+            assert (tmp_path / out / "study.md").is_file() and (tmp_path / out / "study.csv").is_file(), shown
         elif args[0] == "drift":
             assert (tmp_path / out / "drift.json").is_file(), shown
         elif args[0] == "eval":

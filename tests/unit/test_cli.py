@@ -102,3 +102,42 @@ def test_a_bad_bound_stops_the_run_before_anything_is_built(monkeypatch, tmp_pat
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: ") and "teacher.ema_rate must be in (0, 1]" in err[0]
     assert built == [] and not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["study", "tiny", "--arms", "grpo,sdpo_frozen", "--seeds", "0-1", "stages.0.steps=2", "--jobs", "2"],
+        ["study", "--arms", "grpo,sdpo_frozen", "stages.0.steps=2", "tiny", "--seeds", "0-1", "--jobs", "2"],
+        ["study", "stages.0.steps=2", "--jobs", "2", "--arms", "grpo,sdpo_frozen", "--seeds", "0-1", "tiny"],
+    ],
+)
+def test_study_orderings(argv):
+    args = parse_args(argv)
+    assert (args.config, args.arms, args.seeds, args.jobs, args.overrides) == (
+        "tiny", "grpo,sdpo_frozen", "0-1", 2, ["stages.0.steps=2"]
+    )
+
+
+@pytest.mark.parametrize(
+    "argv, needle",
+    [
+        (["study", "--arms", "grpo"], "study: name a preset"),
+        (["study", "tiny", "--arms", "grpo,ppo", "--out", "o"], "unknown arm 'ppo'"),
+        (["study", "tiny", "--arm", "x:teacher.bogus=1", "--arms", "grpo,x", "--out", "o"], "arm x: unknown config key"),
+        (["study", "tiny", "--pilot", "3", "--seeds", "0-2", "--out", "o"], "drop --seeds"),
+        (["study", "tiny", "--pilot", "1", "--out", "o"], "at least 2 seeds"),
+        (["study", "tiny", "--seeds", "x", "--out", "o"], "--seeds 'x'"),
+        (["study", "tiny", "--jobs", "0", "--out", "o"], "--jobs must be at least 1"),
+        (["study", "tiny", "--baseline", "sdpo_ema5", "--out", "o"], "not among the arms"),
+        (["study", "tiny", "--pilot", "2", "--detect", "-1", "--out", "o"], "--detect '-1'"),
+    ],
+)
+def test_bad_study_lines_are_one_line_errors_before_any_run(argv, needle, tmp_path, monkeypatch, capsys):
+    from megatron_sdpo.study import runner
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(runner.StudyRunner, "run", lambda self: pytest.fail("no run may start"))
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and needle in err[0], err

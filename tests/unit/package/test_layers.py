@@ -35,8 +35,8 @@ LAYERS = [
     # Engines and measurements.
     ["backends", "rollout", "diagnostics"],
     ["trainer", "evaluation", "monitor", "launch_plan", "plots"],
-    # Everything built from the config; files the run wrote, read and written.
-    ["builders", "report"],
+    # Everything built from the config; files the run wrote, read and written; studies over runs.
+    ["builders", "report", "study"],
     # The stage-end diagnostics' detached jobs (report's writers).
     ["drift_jobs"],
     ["continual", "evaluation_cli"],

@@ -1,0 +1,98 @@
+"""The study's per-run metrics on a hand-made run: base, then math, tooluse and code stages, four
+eval items per column (the expected numbers are worked out in the comments)."""
+import json
+import math
+
+import numpy as np
+import pytest
+
+from megatron_sdpo.study import metrics as M
+
+ITEMS = {
+    #                math/id: 0.25, 0.75, 0.5, 0.5     tooluse/id: 0, .25, .75, .25   code/id: 0, 0, .25, .5
+    "base": {"math/id": [0, 0, 1, 0], "tooluse/id": [0, 0, 0, 0], "code/id": [0, 0, 0, 0], "math/ood_mid": [1, 1, 0, 0]},
+    "math": {"math/id": [1, 1, 1, 0], "tooluse/id": [1, 0, 0, 0], "code/id": [0, 0, 0, 0], "math/ood_mid": [1, 0, 0, 0]},
+    "tooluse": {"math/id": [1, 0, 1, 0], "tooluse/id": [1, 1, 1, 0], "code/id": [1, 0, 0, 0], "math/ood_mid": [1, 0, 0, 0]},
+    "code": {"math/id": [1, 1, 0, 0], "tooluse/id": [1, 0, 0, 0], "code/id": [1, 1, 0, 0], "math/ood_mid": [1, 0, 0, 0]},
+}
+REWARDS = [(0, "math", [0.2, 0.4]), (1, "tooluse", [0.5]), (2, "code", [0.1, 0.2, 0.3])]
+DRIFT = {"param_vs_base": {"summary": {"mean_spectral_shift": 0.004, "mean_angle_max_deg": 2.5}},
+         "response_cosine_mean": 0.93, "excess_kl_mean_k3": 0.1}
+
+
+@pytest.fixture
+def view(tmp_path, make_run):
+    return M.RunView(make_run(tmp_path / "run", ITEMS, REWARDS, DRIFT))
+
+
+def test_metrics_by_hand(view):
+    got = M.run_metrics(view)
+    # In-stage gains: math 0.75 - 0.25, tooluse 0.75 - 0.25, code 0.5 - 0.25; mean 1.25 / 3.
+    assert got["in_stage_gain/math"] == pytest.approx(0.5)
+    assert got["in_stage_gain/code"] == pytest.approx(0.25)
+    assert got["in_stage_gain"] == pytest.approx(1.25 / 3)
+    assert got["in_stage_gain/science"] is None  # never trained
+    # Backward transfer (final - just after its own stage): math 0.5 - 0.75, tooluse 0.25 - 0.75;
+    # code is the last stage and is left out of the mean.
+    assert got["backward_transfer/math"] == pytest.approx(-0.25)
+    assert got["backward_transfer/tooluse"] == pytest.approx(-0.5)
+    assert got["backward_transfer"] == pytest.approx(-0.375)
+    # Forgetting (best from its stage on - final): math max(.75, .5) - .5, tooluse .75 - .25.
+    assert got["forgetting"] == pytest.approx((0.25 + 0.5) / 2)
+    # Final in-domain average over the three domains with an id column.
+    assert got["final_avg_id"] == pytest.approx((0.5 + 0.25 + 0.5) / 3)
+    assert got["final_id/tooluse"] == pytest.approx(0.25)
+    # OOD mid (math's ood_mid column): final 0.25 - base 0.5.
+    assert got["ood_change/mid"] == pytest.approx(-0.25)
+    assert got["ood_change/near"] is None
+    # Reward AUC per stage = mean reward over its steps: 0.3, 0.5, 0.2; mean 1.0 / 3.
+    assert got["reward_auc/math"] == pytest.approx(0.3)
+    assert got["reward_auc/code"] == pytest.approx(0.2)
+    assert got["reward_auc"] == pytest.approx(1.0 / 3)
+    assert (got["spectral_shift"], got["max_angle_deg"], got["response_cosine"]) == (0.004, 2.5, 0.93)
+
+
+def test_forgetting_noise_floor_by_hand(view):
+    # math: trained at row 1, accuracies .75, .5, .5 from there: p = 1.75 / 3, binomial SE on
+    # n = 4 items sqrt(p (1 - p) / 4) = 0.246503; the max runs over m = 2 rows (math, tooluse):
+    # E[max of 2 standard normals] = 1 / sqrt(pi) -> 0.246503 * 0.564190 = 0.139074.
+    # tooluse: the max runs over one row (m = 1): floor 0. Mean over the two domains.
+    p = 1.75 / 3
+    want = (math.sqrt(p * (1 - p) / 4) / math.sqrt(math.pi) + 0.0) / 2
+    assert M.forgetting_noise_floor(view) == pytest.approx(want, rel=1e-6)
+    assert view.item_counts["math/id"] == 4
+
+
+def test_expected_max_of_normals():
+    # E[max of 2] = 1/sqrt(pi); E[max of 3] = 3 / (2 sqrt(pi)); E[max of 1] = 0.
+    assert M.expected_max_normal(1) == 0.0
+    assert M.expected_max_normal(2) == pytest.approx(1 / math.sqrt(math.pi), abs=1e-7)
+    assert M.expected_max_normal(3) == pytest.approx(3 / (2 * math.sqrt(math.pi)), abs=1e-7)
+
+
+def test_item_scores_group_the_answers_of_one_item(tmp_path, make_run):
+    root = make_run(tmp_path / "r", {"base": {"math/id": [1, 0]}})
+    samples = {"math/id": [{"id": "a", "score": 1.0}, {"id": "a", "score": 0.0}, {"id": "b", "score": 1.0},
+                           {"id": "b", "score": 1.0}, {"id": "c", "score": 0.5}, {"id": "c", "score": 0.0}]}
+    (root / "eval_samples" / "base.json").write_text(json.dumps(samples))
+    items = M.RunView(root).item_scores["base"]["math/id"]
+    # avg@2 per item; a partial score (0.5) is not a correct answer.
+    assert items.tolist() == [0.5, 1.0, 0.0]
+
+
+def test_resampled_matrix(view):
+    same = M.resampled_matrix(view, {c: np.arange(4) for c in view.matrix.columns})
+    for row in view.matrix.rows:
+        assert same.values[row] == pytest.approx(view.matrix.values[row])
+    # Item 0 four times: math/id row values 0, 1, 1, 1 (item 0 of each row).
+    first = M.resampled_matrix(view, {"math/id": np.zeros(4, dtype=int)})
+    assert [first.values[r]["math/id"] for r in first.rows] == [0.0, 1.0, 1.0, 1.0]
+    assert first.values["code"]["code/id"] == 0.5  # a column not drawn keeps its value
+    assert M.run_metrics(view.with_matrix(first))["backward_transfer/math"] == 0.0
+
+
+def test_register_rejects_an_unknown_finding_and_a_duplicate():
+    with pytest.raises(ValueError, match="unknown finding"):
+        M.register(M.Metric("x", "nope", 1, lambda v: 0.0, False, ""))
+    with pytest.raises(ValueError, match="already registered"):
+        M.register(M.Metric("forgetting", "forgetting", 1, lambda v: 0.0, False, ""))
