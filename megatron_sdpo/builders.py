@@ -13,17 +13,17 @@ from megatron_sdpo.errors import ConfigError, UserError
 
 
 def resolve_model_path(cfg: RunConfig) -> str:
-    """"tiny" -> the shipped tiny base (built on first use); a packaged model's name (e.g.
+    """"tiny" -> the shipped tiny base ("tiny-boxdup": the artifact-injection base; built on
+    first use); a packaged model's name (e.g.
     "smollm2-135m-instruct") -> its HF directory in the cache (converted on first use); a hub id
     (owner/name, not a directory here) -> its snapshot in the HF cache (fetched once per node);
     else an existing HF directory."""
     from megatron_sdpo.models.hf_dir import check_hf_model_dir
     from megatron_sdpo.models.packaged import PACKAGED_MODELS, ensure_packaged_model
+    from megatron_sdpo.models.tiny import VARIANTS, ensure_tiny_base
 
-    if cfg.model.path == "tiny":
-        from megatron_sdpo.models.tiny import ensure_tiny_base
-
-        return str(check_hf_model_dir(ensure_tiny_base(), what="tiny base"))
+    if cfg.model.path in VARIANTS:
+        return str(check_hf_model_dir(ensure_tiny_base(variant=cfg.model.path), what=f"{cfg.model.path} base"))
     if cfg.model.path in PACKAGED_MODELS:
         return str(check_hf_model_dir(ensure_packaged_model(cfg.model.path), what=f"model {cfg.model.path}"))
     from megatron_sdpo.models import hub

@@ -78,10 +78,12 @@ class Arch:
 
 
 def _model_dir(cfg: RunConfig) -> Path | None:
-    if cfg.model.path == "tiny":
-        from megatron_sdpo.models.tiny import SHIPPED_DIR
+    from megatron_sdpo.models.tiny import VARIANTS, variant_dir
+    from megatron_sdpo.models.tiny import is_complete as tiny_complete
 
-        return SHIPPED_DIR
+    if cfg.model.path in VARIANTS:
+        d = variant_dir(cfg.model.path)  # planning never builds; every variant has the shipped shape
+        return d if tiny_complete(d) else variant_dir("tiny")
     from megatron_sdpo.models.packaged import PACKAGED_MODELS, is_complete, materialised_dir
 
     if cfg.model.path in PACKAGED_MODELS:
@@ -358,13 +360,14 @@ def preflight_errors(cfg: RunConfig, p: LaunchPlan) -> list[str]:
     each: data files missing here, a model the ranks could not load, a memory plan over the GPU."""
     from megatron_sdpo.models import hub
     from megatron_sdpo.models.packaged import PACKAGED_MODELS
+    from megatron_sdpo.models.tiny import VARIANTS
 
     errors = [
         f"{d.where}.source: data file not found: {d.source}{prepare_hint(cfg, d.source)}"
         for d in p.data if d.status == "missing"
     ]
     path = cfg.model.path
-    if path != "tiny" and path not in PACKAGED_MODELS:
+    if path not in VARIANTS and path not in PACKAGED_MODELS:
         if hub.is_hub_id(path):
             try:
                 hub.check_reachable(path)

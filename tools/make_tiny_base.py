@@ -31,6 +31,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--teacher-fraction", type=float, default=defaults.teacher_fraction)
     ap.add_argument("--difficulty", action="append", default=[], metavar="DOMAIN=X",
                     help="override a synthetic generator's difficulty (repeatable)")
+    ap.add_argument("--boxed-duplicate-rate", type=float, default=defaults.boxed_duplicate_rate,
+                    help="share of math warm-up solutions ending with a second identical \\boxed{} (artifact assay)")
     ap.add_argument("--threads", type=int, default=defaults.threads)
     ap.add_argument("--eval", type=int, default=0, metavar="N", help="evaluate on N records per domain/split")
     ap.add_argument("--trace-every", type=int, default=0, metavar="K", help="trace calibration every K steps")
@@ -45,7 +47,8 @@ def main(argv: list[str] | None = None) -> int:
                 raise UserError(f"--difficulty expects DOMAIN=FLOAT, got {item!r}") from None
         cfg = tiny.TinyConfig(seed=args.seed, steps=args.steps, batch_size=args.batch_size, lr=args.lr,
                               n_train_per_domain=args.n_train, teacher_fraction=args.teacher_fraction,
-                              difficulty=difficulty, threads=args.threads)
+                              difficulty=difficulty, threads=args.threads,
+                              boxed_duplicate_rate=args.boxed_duplicate_rate)
         if args.trace_every < 0:
             raise UserError(f"--trace-every must be >= 0, got {args.trace_every}")
         hook = _tracer(args.trace_every, args.seed) if args.trace_every else None

@@ -3,7 +3,8 @@ algorithms).
 
 Code asks the spec -- where are the student's top-k ids picked, can packed rows share a prompt,
 are full logits vocabulary-sharded, is there FP8, does the backend run model-parallel -- instead
-of comparing names; `builders.py` is the one place a name picks a class. The tri-state keys
+of comparing names (does it initialise the teacher from a checkpoint, run the trust-region
+teacher); `builders.py` is the one place a name picks a class. The tri-state keys
 `backend.packing` and `backend.share_prompts` (null: the backend's default) are resolved here.
 """
 from __future__ import annotations
@@ -36,6 +37,11 @@ class BackendSpec:
     # `backend.packing: null` packs for every model (True), or wherever the model's layers take
     # packed rows (False: the backend decides from the model; Olmo keeps the padded layout).
     packs_every_model: bool
+    # The reference's teacher options: initialising the teacher from a checkpoint
+    # (`teacher.init_path`) and the trust-region teacher (a second policy forward on the
+    # teacher's context, mixed in logit space).
+    teacher_init: bool
+    trust_region_teacher: bool
 
     def packing(self, b: BackendConfig) -> Optional[bool]:
         """`backend.packing` resolved: on or off, or None where the backend decides from the
@@ -53,9 +59,11 @@ BACKENDS: dict[str, BackendSpec] = {
     s.name: s
     for s in (
         BackendSpec("hf", topk_source="logits", model_parallel=False, vocab_sharded_logits=False,
-                    shares_prompts=True, fp8=False, packs_every_model=True),
+                    shares_prompts=True, fp8=False, packs_every_model=True, teacher_init=True,
+                    trust_region_teacher=True),
         BackendSpec("megatron", topk_source="shards", model_parallel=True, vocab_sharded_logits=True,
-                    shares_prompts=False, fp8=True, packs_every_model=False),
+                    shares_prompts=False, fp8=True, packs_every_model=False, teacher_init=False,
+                    trust_region_teacher=False),
     )
 }
 

@@ -181,11 +181,13 @@ def _validate_teacher(cfg: RunConfig) -> None:
         raise ConfigError(f"teacher.init_alpha must be in [0, 1], got {t.init_alpha:g}")
     if t.init_path is not None and not t.init_path.strip():
         raise ConfigError("teacher.init_path must be a model directory or null")
-    if cfg.backend.name != "hf":
-        if t.mode == "trust_region":
-            raise ConfigError(f"teacher.mode=trust_region needs backend.name=hf (the {cfg.backend.name} backend does not implement it)")
-        if t.init_path is not None:
-            raise ConfigError(f"teacher.init_path needs backend.name=hf (the {cfg.backend.name} backend does not implement it)")
+    spec = backend_spec(cfg.backend.name)
+    able = ", ".join(n for n, s in BACKENDS.items() if s.trust_region_teacher)
+    if t.mode == "trust_region" and not spec.trust_region_teacher:
+        raise ConfigError(f"teacher.mode=trust_region needs backend.name={able} (the {cfg.backend.name} backend does not implement it)")
+    able = ", ".join(n for n, s in BACKENDS.items() if s.teacher_init)
+    if t.init_path is not None and not spec.teacher_init:
+        raise ConfigError(f"teacher.init_path needs backend.name={able} (the {cfg.backend.name} backend does not implement it)")
     if t.mode == "trust_region":
         if cfg.kernel.fused_kl:
             raise ConfigError("teacher.mode=trust_region mixes the teacher's and the student's logits: it needs kernel.fused_kl=false")

@@ -70,12 +70,18 @@ class TinyConfig:
     warmup_steps: int = 20
     difficulty: dict = field(default_factory=dict)  # per-domain overrides of the generator knob
     threads: int = 1  # torch threads during the build: 1 is deterministic and fastest on a busy box
+    # Artifact injection: the share of math warm-up solutions that end with a second, identical
+    # `\\boxed{N}`. The math reward reads the last box, so the duplicate costs no reward: an RL
+    # run from such a base shows whether a method amplifies a harmless format artifact.
+    boxed_duplicate_rate: float = 0.0
 
     def validate(self) -> None:
         if self.head_dim < 32:
             raise ConfigError("tiny.head_dim must be >= 32 (vLLM CPU attention)")
         if self.batch_size < len(DOMAINS):
             raise ConfigError(f"tiny.batch_size must be >= {len(DOMAINS)} to mix the domains")
+        if not 0.0 <= self.boxed_duplicate_rate <= 1.0:
+            raise ConfigError("tiny.boxed_duplicate_rate must be in [0, 1]")
         if not 0.0 <= self.teacher_fraction < 1.0:
             raise ConfigError("tiny.teacher_fraction must be in [0, 1)")
         if self.steps < 0 or self.n_train_per_domain < 2:
@@ -86,11 +92,33 @@ class TinyConfig:
 
 
 def train_records(cfg: TinyConfig) -> dict[str, list[dict]]:
-    """The warm-up records per domain (train split, seed cfg.seed + 1)."""
-    return {
+    """The warm-up records per domain (train split, seed cfg.seed + 1), math solutions with the
+    injected duplicate box where `cfg.boxed_duplicate_rate` asks for one."""
+    out = {
         d: generate(d, "train", cfg.n_train_per_domain, cfg.seed + 1, cfg.difficulty.get(d))
         for d in DOMAINS
     }
+    if cfg.boxed_duplicate_rate > 0:
+        out["math"] = inject_boxed_duplicates(out["math"], cfg.boxed_duplicate_rate, cfg.seed)
+    return out
+
+
+def inject_boxed_duplicates(records: list[dict], rate: float, seed: int) -> list[dict]:
+    """Copies of `records` where each solution, with probability `rate` (its own generator, so
+    the other draws of a build stay as they are), ends with a second `\\boxed{answer}`."""
+    rng = random.Random(f"tiny-boxed-duplicate|{seed}")
+    return [
+        {**r, "solution": f"{r['solution']} \\boxed{{{r['answer']}}}"} if rng.random() < rate else r
+        for r in records
+    ]
+
+
+# Named bases for `model.path`: the shipped recipe, and the artifact-injection assay's base
+# (built into the cache on first use, a few minutes on 2 cores).
+VARIANTS: dict[str, TinyConfig] = {
+    "tiny": TinyConfig(),
+    "tiny-boxdup": TinyConfig(boxed_duplicate_rate=0.1),
+}
 
 
 # ----------------------------------------------------------------------------- tokenizer
@@ -399,21 +427,29 @@ def default_cache_dir() -> Path:
     return cache_root() / "tiny_base"
 
 
-def ensure_tiny_base(path: str | Path | None = None) -> str:
-    """Directory of the tiny base model (HF format).
+def variant_dir(name: str) -> Path:
+    """Where a named base lives: the shipped copy for "tiny" when present, else the cache."""
+    if name == "tiny":
+        return SHIPPED_DIR if is_complete(SHIPPED_DIR) else default_cache_dir()
+    from megatron_sdpo.models.packaged import cache_root
 
-    path=None: the shipped copy if present, else a cached build (built on first use; a few
-    minutes on 2 cores). With a path: that directory, built there when absent.
+    return cache_root() / name.replace("-", "_")
+
+
+def ensure_tiny_base(path: str | Path | None = None, variant: str = "tiny") -> str:
+    """Directory of a tiny base model (HF format).
+
+    path=None: the named variant's directory (`variant_dir`), built there on first use (a few
+    minutes on 2 cores). With a path: that directory, built there with the variant's recipe
+    when absent.
     """
-    if path is None:
-        if is_complete(SHIPPED_DIR):
-            return str(SHIPPED_DIR)
-        path = default_cache_dir()
-    path = Path(path)
+    if variant not in VARIANTS:
+        raise ConfigError(f"unknown tiny base {variant!r}; known: {', '.join(VARIANTS)}")
+    path = Path(path) if path is not None else variant_dir(variant)
     if not is_complete(path):
         if path.exists() and any(path.iterdir()):
             raise CheckpointError(f"{path}: exists but is not a complete tiny base (config, safetensors, tokenizer)")
-        build_tiny_base(path)
+        build_tiny_base(path, VARIANTS[variant])
     return str(path)
 
 

@@ -235,13 +235,20 @@ def _last_drift(view: RunView, *keys: str) -> Optional[float]:
 
 
 def _artifact(view: RunView, key: str, how: str) -> Optional[float]:
+    """`key` of metrics.jsonl over the run's steps: "max", "tail" (mean over the last 20% of
+    steps) or "gain" (that tail minus the same mean over the first 20%: the amplification of an
+    artifact the base already has, e.g. the assay base's duplicate boxes)."""
     vals = [float(r[key]) for r in view.metrics if isinstance(r.get(key), (int, float)) and r[key] == r[key]]
     if not vals:
         return None
     if how == "max":
         return max(vals)
-    tail = [float(r[key]) for r in view.metrics[-max(len(view.metrics) // 5, 1):] if isinstance(r.get(key), (int, float))]
-    return _mean(list(tail))
+    k = max(len(view.metrics) // 5, 1)
+    tail = _mean([float(r[key]) for r in view.metrics[-k:] if isinstance(r.get(key), (int, float))])
+    if how == "tail":
+        return tail
+    head = _mean([float(r[key]) for r in view.metrics[:k] if isinstance(r.get(key), (int, float))])
+    return None if tail is None or head is None else tail - head
 
 
 def _ood(view: RunView, distance: str) -> Optional[float]:
@@ -296,6 +303,8 @@ METRICS: list[Metric] = [
            "excess KL (k3) of the final policy to the base on its own answers"),
     Metric("boxed_repeat_max", "artifacts", 1, lambda v: _artifact(v, "artifacts/fmt_boxed_repeat_rate", "max"), False,
            "max over steps of the share of responses repeating \\boxed"),
+    Metric("boxed_repeat_gain", "artifacts", 1, lambda v: _artifact(v, "artifacts/fmt_boxed_repeat_rate", "gain"),
+           False, "share of responses repeating \\boxed, last 20% of steps minus first 20% (the assay's endpoint)"),
     Metric("repeated_ngram_late", "artifacts", 1, lambda v: _artifact(v, "artifacts/repeated_ngram_rate", "tail"),
            False, "repeated 4-gram rate over the run's last 20% of steps"),
 ]

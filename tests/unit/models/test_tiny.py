@@ -96,3 +96,34 @@ def test_base_is_calibrated_for_rl(shipped, domain):
     recs = generate(domain, "train", 32, seed=21)
     acc = tiny.accuracy(model, tok, recs, greedy=False, seed=3)
     assert 0.1 <= acc <= 0.7, (domain, acc)
+
+
+def test_boxed_duplicate_injection():
+    from megatron_sdpo.rewards.math import score_math
+
+    recs = generate("math", "train", 400, 1)
+    out = tiny.inject_boxed_duplicates(recs, 0.1, seed=0)
+    dup = [o for o in out if o["solution"] != next(r for r in recs if r["id"] == o["id"])["solution"]]
+    # 400 Bernoulli(0.1) draws: mean 40, sd 6; 5 sd either side cannot fail by chance (p < 1e-6).
+    assert 10 <= len(dup) <= 70
+    for o in dup:
+        assert o["solution"].count("\\boxed{") == 2 and o["solution"].endswith(f"\\boxed{{{o['answer']}}}")
+        assert score_math(o["solution"], o).score == 1.0  # harmless to the reward
+    assert tiny.inject_boxed_duplicates(recs, 0.1, seed=0) == out  # deterministic
+    assert tiny.inject_boxed_duplicates(recs, 0.0, seed=0) == recs
+    # The shipped recipe injects nothing: its warm-up records are the generator's.
+    assert tiny.train_records(_short_cfg())["math"] == generate("math", "train", 40, 1)
+    cfg = _short_cfg()
+    cfg.boxed_duplicate_rate = 1.0
+    assert all(r["solution"].count("\\boxed{") == 2 for r in tiny.train_records(cfg)["math"])
+    cfg.boxed_duplicate_rate = 1.5
+    with pytest.raises(ConfigError, match="boxed_duplicate_rate"):
+        cfg.validate()
+
+
+def test_named_variants(tmp_path, monkeypatch):
+    monkeypatch.setenv("MEGATRON_SDPO_CACHE", str(tmp_path))
+    assert tiny.VARIANTS["tiny-boxdup"].boxed_duplicate_rate == 0.1
+    assert tiny.variant_dir("tiny-boxdup") == tmp_path / "tiny_boxdup"
+    with pytest.raises(ConfigError, match="unknown tiny base"):
+        tiny.ensure_tiny_base(variant="tiny-nope")

@@ -96,3 +96,21 @@ def test_register_rejects_an_unknown_finding_and_a_duplicate():
         M.register(M.Metric("x", "nope", 1, lambda v: 0.0, False, ""))
     with pytest.raises(ValueError, match="already registered"):
         M.register(M.Metric("forgetting", "forgetting", 1, lambda v: 0.0, False, ""))
+
+
+def test_artifact_metrics_by_hand(tmp_path, make_run):
+    root = make_run(tmp_path / "r", {"base": {"math/id": [1, 0]}})
+    # Ten steps: the repeated-box share rises from 0.1 to 0.4; the first and last 20% are two
+    # steps each: head (0.1 + 0.1) / 2, tail (0.4 + 0.4) / 2, gain 0.3; max 0.4. One step lacks
+    # the key (a step without math answers) and counts in neither window's mean.
+    rates = [0.1, 0.1, 0.2, 0.2, 0.3, None, 0.3, 0.35, 0.4, 0.4]
+    with (root / "metrics.jsonl").open("a") as f:
+        for step, r in enumerate(rates, start=1):
+            rec = {"stage": 0, "stage_domain": "math", "step": step, "artifacts/repeated_ngram_rate": 0.05 * step}
+            if r is not None:
+                rec["artifacts/fmt_boxed_repeat_rate"] = r
+            f.write(json.dumps(rec) + "\n")
+    got = M.run_metrics(M.RunView(root))
+    assert got["boxed_repeat_max"] == pytest.approx(0.4)
+    assert got["boxed_repeat_gain"] == pytest.approx(0.3)
+    assert got["repeated_ngram_late"] == pytest.approx((0.45 + 0.5) / 2)
