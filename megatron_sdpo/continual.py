@@ -133,6 +133,17 @@ class ContinualRun:
         ranks.barrier()  # the stage diagnostics of every rank read these samples back
         return accs
 
+    def _mid_stage_eval(self, domain: str) -> dict[str, float]:
+        """eval.at_steps: the stage domain's in-domain accuracy now (every rank, as `_evaluate`;
+        the engine holds this step's weights)."""
+        column = f"{domain}/id"
+        if column not in self.eval_sets:
+            return {}
+        accs, _ = evaluate_config(
+            self.engine, self.tokenizer, {column: self.eval_sets[column]}, self.cfg, seed=step_seed(self.cfg.seed, 99, 0)
+        )
+        return {f"eval/{column}": accs[column]}
+
     # -- checkpoints --------------------------------------------------------------------------
     def _save(self, name: str, stage: int, step: int) -> Path:
         path = self.run_dir.checkpoints / name
@@ -293,6 +304,8 @@ class ContinualRun:
                 **{f"artifacts/{key}": v for key, v in stats.items()},
                 "collapse_alarm": bool(alarm),
             }
+            if step + 1 in cfg.eval.at_steps and step + 1 < stage.steps:
+                record.update(self._mid_stage_eval(stage.domain))
             self.monitor.step(record)
             every = cfg.checkpoint.save_every
             saved = bool(every) and (step + 1) % every == 0 and step + 1 < stage.steps

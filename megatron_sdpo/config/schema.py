@@ -294,6 +294,10 @@ class EvalConfig:
     top_p: float = 1.0
     max_new_tokens: int = 32
     batch_size: int = 64
+    # Steps within every stage (1-based) after which the stage's own domain is evaluated on its
+    # in-domain split, into that step's metrics record (`eval/<domain>/id`): how fast a method
+    # specializes, beside the stage-end eval matrix. The stage's last step is the matrix's row.
+    at_steps: list[int] = field(default_factory=list)
 
 
 @dataclass

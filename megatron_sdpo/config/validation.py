@@ -92,6 +92,8 @@ def _check(cfg: RunConfig) -> None:
         raise ConfigError(f"eval.temperature must be > 0 or null (greedy is eval.greedy=true), got {e.temperature:g}")
     if not 0.0 < e.top_p <= 1.0:
         raise ConfigError(f"eval.top_p must be in (0, 1], got {e.top_p:g}")
+    if any(isinstance(k, bool) or not isinstance(k, int) or k < 1 for k in e.at_steps):
+        raise ConfigError(f"eval.at_steps must be a list of steps >= 1 within a stage, got {e.at_steps!r}")
     if cfg.diagnostics.teacher_signal_every < 0:
         raise ConfigError("diagnostics.teacher_signal_every must be >= 0 (0: off)")
     if cfg.diagnostics.threads < 0:

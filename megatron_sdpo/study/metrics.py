@@ -31,7 +31,8 @@ FINDINGS: dict[str, str] = {
     "final_average": "SDPO ends with a lower in-domain average than GRPO; the 5% EMA teacher collapses "
     "(AIME: frozen 56.42, StableSDPO 55.00, EMA 5% 34.38, base 32.71)",
     "ood_distance": "Forgetting concentrates on intermediate-distance tasks; near and far tasks are kept "
-    "(distance here: the eval splits' ood_near / ood_mid / ood_far labels)",
+    "(`ood_change/*`: the eval splits' ood_near / ood_mid / ood_far labels; `ood_mmd/*`: terciles of the RBF-MMD "
+    "between each stage's training prompts and each OOD set, ood_distance.json)",
     "drift": "SDPO drifts more than GRPO, even with a frozen teacher (spectral shift ≈ 4×, max principal angle "
     "≈ 2.5° vs 0–0.5°, response cosine to the base ≈ 91–94% vs 96–97%)",
     "artifacts": "The collapse mode is repeated format tokens (`\\boxed`) amplified by the teacher-student loop",
@@ -51,7 +52,7 @@ class RunView:
     def with_matrix(self, matrix: EvalMatrix) -> "RunView":
         """This run with another eval matrix (a bootstrap replicate); the rest is shared."""
         view = RunView(self.root, matrix)
-        for key in ("item_counts", "metrics", "drift"):
+        for key in ("item_counts", "metrics", "drift", "ood_distances"):
             if key in self.__dict__:
                 view.__dict__[key] = self.__dict__[key]
         return view
@@ -67,6 +68,13 @@ class RunView:
     @cached_property
     def metrics(self) -> list[dict]:
         return self.run_dir.read_metrics()
+
+    @cached_property
+    def ood_distances(self) -> Optional[dict]:
+        """ood_distance.json (None when the run measured none)."""
+        from megatron_sdpo.diagnostics.ood_distance import read_distance_table
+
+        return read_distance_table(self.root)
 
     @cached_property
     def drift(self) -> list[dict]:
@@ -175,6 +183,21 @@ def in_stage_gain(view: RunView, domain: Optional[str] = None) -> Optional[float
     return _mean(gains)
 
 
+def mid_stage_gain(view: RunView, domain: Optional[str] = None) -> Optional[float]:
+    """ID accuracy of a stage's domain at its first mid-stage eval (`eval.at_steps`, in the
+    step's metrics record) minus before the stage (mean over stages that have one)."""
+    m = view.matrix
+    gains = []
+    for i, name in _stage_rows(view):
+        if domain not in (None, name):
+            continue
+        key, before = f"eval/{name}/id", m.values[m.rows[i - 1]].get(f"{name}/id")
+        mids = sorted((int(r["step"]), float(r[key])) for r in view.metrics
+                      if r.get("stage") == i - 1 and isinstance(r.get(key), (int, float)))
+        gains.append(mids[0][1] - before if mids and before is not None else None)
+    return _mean(gains)
+
+
 def reward_auc(view: RunView, domain: Optional[str] = None) -> Optional[float]:
     """Area under a stage's training-reward curve per step: the mean `reward_mean` over the
     stage's steps (mean over stages when no domain is named)."""
@@ -236,24 +259,45 @@ def _last_drift(view: RunView, *keys: str) -> Optional[float]:
 
 def _artifact(view: RunView, key: str, how: str) -> Optional[float]:
     """`key` of metrics.jsonl over the run's steps: "max", "tail" (mean over the last 20% of
-    steps) or "gain" (that tail minus the same mean over the first 20%: the amplification of an
-    artifact the base already has, e.g. the assay base's duplicate boxes)."""
+    steps) or "gain": per stage, the mean over its last 20% of steps minus its first 20% (the
+    amplification of an artifact, e.g. the assay base's duplicate boxes), averaged over the
+    stages where the artifact occurs at all (a tool-use stage has no box to repeat)."""
     vals = [float(r[key]) for r in view.metrics if isinstance(r.get(key), (int, float)) and r[key] == r[key]]
     if not vals:
         return None
     if how == "max":
         return max(vals)
-    k = max(len(view.metrics) // 5, 1)
-    tail = _mean([float(r[key]) for r in view.metrics[-k:] if isinstance(r.get(key), (int, float))])
     if how == "tail":
-        return tail
-    head = _mean([float(r[key]) for r in view.metrics[:k] if isinstance(r.get(key), (int, float))])
-    return None if tail is None or head is None else tail - head
+        return _window_mean(view.metrics, key, last=True)
+    gains = []
+    for stage in sorted({r.get("stage") for r in view.metrics}, key=str):
+        rows = [r for r in view.metrics if r.get("stage") == stage]
+        if not any(isinstance(r.get(key), (int, float)) and r[key] > 0 for r in rows):
+            continue
+        head, tail = _window_mean(rows, key, last=False), _window_mean(rows, key, last=True)
+        if head is not None and tail is not None:
+            gains.append(tail - head)
+    return _mean(gains)
+
+
+def _window_mean(rows: list[dict], key: str, *, last: bool) -> Optional[float]:
+    """Mean of `key` over the first or last 20% of `rows` (at least one row)."""
+    k = max(len(rows) // 5, 1)
+    window = rows[-k:] if last else rows[:k]
+    return _mean([float(r[key]) for r in window if isinstance(r.get(key), (int, float))])
 
 
 def _ood(view: RunView, distance: str) -> Optional[float]:
     entry = view.forgetting["ood"].get(distance)
     return entry["final_minus_base"] if entry else None
+
+
+def _ood_mmd(view: RunView, group: str) -> Optional[float]:
+    from megatron_sdpo.diagnostics.ood_distance import ood_change_by_distance
+
+    if view.ood_distances is None:
+        return None
+    return ood_change_by_distance(view.matrix, view.ood_distances)["groups"].get(group, {}).get("in_stage_mean")
 
 
 def _final_id(view: RunView, domain: str) -> Optional[float]:
@@ -271,6 +315,10 @@ METRICS: list[Metric] = [
            "mean over stages of the stage domain's ID accuracy after its stage minus before"),
     *(Metric(f"in_stage_gain/{d}", "specialization", 1, partial(in_stage_gain, domain=d), True,
              f"{d} ID accuracy after its stage minus before") for d in DOMAINS),
+    Metric("mid_stage_gain", "specialization", 1, mid_stage_gain, False,
+           "mean over stages of the stage domain's ID accuracy at its first eval.at_steps eval minus before the stage"),
+    *(Metric(f"mid_stage_gain/{d}", "specialization", 1, partial(mid_stage_gain, domain=d), False,
+             f"{d} ID accuracy at the stage's first eval.at_steps eval minus before") for d in DOMAINS),
     Metric("reward_auc", "specialization", 1, reward_auc, False,
            "mean over stages of the mean training reward over the stage's steps"),
     *(Metric(f"reward_auc/{d}", "specialization", 1, partial(reward_auc, domain=d), False,
@@ -293,6 +341,12 @@ METRICS: list[Metric] = [
            "mean ood_mid accuracy, final minus base"),
     Metric("ood_change/far", "ood_distance", None, lambda v: _ood(v, "far"), True,
            "mean ood_far accuracy, final minus base"),
+    Metric("ood_mmd/near", "ood_distance", None, lambda v: _ood_mmd(v, "near"), True,
+           "mean in-stage OOD change of the nearest third of (stage, OOD set) pairs by RBF-MMD"),
+    Metric("ood_mmd/mid", "ood_distance", -1, lambda v: _ood_mmd(v, "mid"), True,
+           "mean in-stage OOD change of the middle third of (stage, OOD set) pairs by RBF-MMD"),
+    Metric("ood_mmd/far", "ood_distance", None, lambda v: _ood_mmd(v, "far"), True,
+           "mean in-stage OOD change of the farthest third of (stage, OOD set) pairs by RBF-MMD"),
     Metric("spectral_shift", "drift", 1, lambda v: _last_drift(v, "param_vs_base", "summary", "mean_spectral_shift"),
            False, "mean spectral shift of the final policy vs the base"),
     Metric("max_angle_deg", "drift", 1, lambda v: _last_drift(v, "param_vs_base", "summary", "mean_angle_max_deg"),
@@ -304,7 +358,7 @@ METRICS: list[Metric] = [
     Metric("boxed_repeat_max", "artifacts", 1, lambda v: _artifact(v, "artifacts/fmt_boxed_repeat_rate", "max"), False,
            "max over steps of the share of responses repeating \\boxed"),
     Metric("boxed_repeat_gain", "artifacts", 1, lambda v: _artifact(v, "artifacts/fmt_boxed_repeat_rate", "gain"),
-           False, "share of responses repeating \\boxed, last 20% of steps minus first 20% (the assay's endpoint)"),
+           False, "share of responses repeating \\boxed, last 20% of a stage's steps minus its first 20%, mean over the stages where it occurs (the assay's endpoint)"),
     Metric("repeated_ngram_late", "artifacts", 1, lambda v: _artifact(v, "artifacts/repeated_ngram_rate", "tail"),
            False, "repeated 4-gram rate over the run's last 20% of steps"),
 ]

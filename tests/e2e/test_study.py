@@ -22,7 +22,7 @@ domains:
   code: {eval: {id: {n: 4}, ood_near: {n: 4}, ood_mid: {n: 4}, ood_far: {n: 4}}}
 algorithm: {prompts_per_step: 4, group_size: 4}
 rollout: {engine: hf, max_new_tokens: 16}
-eval: {max_new_tokens: 16}
+eval: {max_new_tokens: 16, at_steps: [1]}
 checkpoint: {save_every: 1}
 diagnostics: {probe_n: 2, response_drift: false}
 """
@@ -74,6 +74,7 @@ def test_study_is_resumable_after_a_kill_and_judges_the_findings(tmp_path):
     ]
     for r in rows:
         assert 0.0 <= float(r["final_avg_id"]) <= 1.0 and r["backward_transfer"] != "" and r["reward_auc"] != ""
+        assert r["mid_stage_gain"] != ""  # eval.at_steps: the math and tooluse stages' step-1 evals
     md = (tmp_path / "st" / "study.md").read_text()
     assert "4 of 4 runs finished" in md
     line = next(x for x in md.splitlines() if x.startswith("| `final_avg_id` | sdpo_frozen |"))

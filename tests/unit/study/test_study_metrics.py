@@ -100,17 +100,54 @@ def test_register_rejects_an_unknown_finding_and_a_duplicate():
 
 def test_artifact_metrics_by_hand(tmp_path, make_run):
     root = make_run(tmp_path / "r", {"base": {"math/id": [1, 0]}})
-    # Ten steps: the repeated-box share rises from 0.1 to 0.4; the first and last 20% are two
-    # steps each: head (0.1 + 0.1) / 2, tail (0.4 + 0.4) / 2, gain 0.3; max 0.4. One step lacks
-    # the key (a step without math answers) and counts in neither window's mean.
+    # A math stage of ten steps where the repeated-box share rises from 0.1 to 0.4 (its first and
+    # last 20% are two steps each: head (0.1 + 0.1) / 2, tail (0.4 + 0.4) / 2, gain 0.3; one step
+    # lacks the key and counts in neither mean), then a tool-use stage of five steps with no box
+    # at all, which has no artifact to amplify and stays out of the gain; max 0.4.
     rates = [0.1, 0.1, 0.2, 0.2, 0.3, None, 0.3, 0.35, 0.4, 0.4]
     with (root / "metrics.jsonl").open("a") as f:
-        for step, r in enumerate(rates, start=1):
-            rec = {"stage": 0, "stage_domain": "math", "step": step, "artifacts/repeated_ngram_rate": 0.05 * step}
-            if r is not None:
-                rec["artifacts/fmt_boxed_repeat_rate"] = r
-            f.write(json.dumps(rec) + "\n")
+        for stage, values in ((0, rates), (1, [0.0] * 5)):
+            for step, r in enumerate(values, start=1):
+                rec = {"stage": stage, "stage_domain": "math", "step": step,
+                       "artifacts/repeated_ngram_rate": 0.05 * step}
+                if r is not None:
+                    rec["artifacts/fmt_boxed_repeat_rate"] = r
+                f.write(json.dumps(rec) + "\n")
     got = M.run_metrics(M.RunView(root))
     assert got["boxed_repeat_max"] == pytest.approx(0.4)
     assert got["boxed_repeat_gain"] == pytest.approx(0.3)
-    assert got["repeated_ngram_late"] == pytest.approx((0.45 + 0.5) / 2)
+    # Over the whole run's last 20% (3 of 15 steps: tool-use steps 3, 4, 5).
+    assert got["repeated_ngram_late"] == pytest.approx((0.15 + 0.2 + 0.25) / 3)
+
+
+def test_mid_stage_gain_by_hand(tmp_path, make_run):
+    items = {"base": {"math/id": [0, 0, 1, 0], "tooluse/id": [0, 0, 0, 0]},
+             "math": {"math/id": [1, 1, 1, 0], "tooluse/id": [0, 0, 0, 0]},
+             "tooluse": {"math/id": [1, 1, 0, 0], "tooluse/id": [1, 0, 0, 0]}}
+    root = make_run(tmp_path / "r", items)
+    # math (stage 0): evals at steps 2 and 4 -> the first, 0.5, minus the base's 0.25; tooluse
+    # (stage 1) has none and stays out of the mean.
+    with (root / "metrics.jsonl").open("a") as f:
+        for stage, step, acc in ((0, 4, 0.75), (0, 2, 0.5), (1, 2, None)):
+            rec = {"stage": stage, "step": step, "stage_domain": "math" if stage == 0 else "tooluse"}
+            if acc is not None:
+                rec["eval/math/id"] = acc
+            f.write(json.dumps(rec) + "\n")
+    got = M.run_metrics(M.RunView(root))
+    assert got["mid_stage_gain/math"] == pytest.approx(0.25)
+    assert got["mid_stage_gain/tooluse"] is None
+    assert got["mid_stage_gain"] == pytest.approx(0.25)
+
+
+def test_ood_change_by_mmd_terciles_by_hand(tmp_path, make_run):
+    items = {"base": {"math/id": [0, 1], "math/ood_near": [0, 0], "math/ood_far": [1, 1], "code/ood_mid": [1, 0]},
+             "math": {"math/id": [1, 1], "math/ood_near": [1, 0], "math/ood_far": [0, 1], "code/ood_mid": [0, 0]}}
+    root = make_run(tmp_path / "r", items)
+    got = M.run_metrics(M.RunView(root))
+    assert got["ood_mmd/mid"] is None  # no ood_distance.json: not measured
+    # Distances from the math stage's training set: near set 0.1, code's mid set 0.5, far 0.9;
+    # one pair per tercile, in-stage changes +0.5, -0.5, -0.5.
+    (root / "ood_distance.json").write_text(json.dumps(
+        {"distances": {"math": {"math/ood_near": 0.1, "code/ood_mid": 0.5, "math/ood_far": 0.9}}}))
+    got = M.run_metrics(M.RunView(root))
+    assert (got["ood_mmd/near"], got["ood_mmd/mid"], got["ood_mmd/far"]) == pytest.approx((0.5, -0.5, -0.5))
