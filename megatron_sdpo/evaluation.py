@@ -93,22 +93,28 @@ def _score(records: list[dict], texts: list[str], batched_code: bool) -> list:
 def load_eval_sets(cfg) -> dict[str, list[dict]]:
     """Every domain's eval splits of a RunConfig, keyed "domain/split" (the eval-matrix columns).
     A split with `extra_files` holds its `source`'s records and then each extra file's (AIME24 +
-    AIME25 as one in-domain math set)."""
-    from megatron_sdpo.data.sources import load_source
+    AIME25 as one in-domain math set). Each record is shown its own domain's shots: an MMLU set
+    under math is prompted with the science examples' answer format, not the math ones."""
+    from megatron_sdpo.data.sources import load_source, with_shots
 
-    def split_records(src, domain: str, split: str, shots) -> list[dict]:
-        records = load_source(src, domain, split, seed=cfg.seed + 1, shots=shots)
+    shots = {d: dcfg.shots for d, dcfg in cfg.domains.items()}
+
+    def shown(records: list[dict]) -> list[dict]:
+        return [with_shots([r], shots.get(r["domain"], ()))[0] for r in records]
+
+    def split_records(src, domain: str, split: str) -> list[dict]:
+        records = load_source(src, domain, split, seed=cfg.seed + 1)
         for path in src.extra_files:
-            more = load_source(replace(src, source=path, extra_files=[]), domain, split, seed=cfg.seed + 1, shots=shots)
+            more = load_source(replace(src, source=path, extra_files=[]), domain, split, seed=cfg.seed + 1)
             # Ids key the eval samples and the drift probes: a file's row-index ids ("aime-0")
             # would collide with the first file's, so a clashing id gets the file's name.
             seen = {r.get("id") for r in records}
             more = [{**r, "id": f"{Path(path).stem}:{r.get('id')}"} if r.get("id") in seen else r for r in more]
             records = records + more
-        return records
+        return shown(records)
 
     return {
-        f"{domain}/{split}": split_records(src, domain, split, dcfg.shots)
+        f"{domain}/{split}": split_records(src, domain, split)
         for domain, dcfg in cfg.domains.items()
         for split, src in dcfg.eval.items()
     }

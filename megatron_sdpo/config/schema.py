@@ -34,6 +34,12 @@ class DataSource:
     # Files only: further files of the same schema whose records follow `source`'s in the split
     # (`n` applies to each file), e.g. AIME 2024 + AIME 2025 as one in-domain math eval.
     extra_files: list[str] = field(default_factory=list)
+    # Files only: keep the rows whose column holds one of the listed values (compared as text),
+    # e.g. `where: {level: [1, 2]}` for MATH's two easiest levels.
+    where: dict[str, list[str]] = field(default_factory=dict)
+    # Files only: the share [lo, hi) of the file's questions, placed by a hash of the question
+    # text: two splits of one file (train [0, 0.8], id [0.8, 1]) share no item and no question.
+    part: list[float] | None = None
 
 
 @dataclass

@@ -38,17 +38,7 @@ def _check(cfg: RunConfig) -> None:
         if name not in DOMAINS:
             raise ConfigError(f"domains.{name}: unknown domain; known: {', '.join(DOMAINS)}")
         for where, src in [("train", dcfg.train), *((f"eval.{k}", v) for k, v in dcfg.eval.items())]:
-            if src.instruction is not None and src.source != "synthetic":
-                raise ConfigError(f"domains.{name}.{where}.instruction applies to synthetic sources only (source: {src.source})")
-            if src.instruction is not None and not src.instruction.strip():
-                raise ConfigError(f"domains.{name}.{where}.instruction must be non-empty or null")
-            if src.difficulty is not None:
-                if src.source != "synthetic":
-                    raise ConfigError(f"domains.{name}.{where}.difficulty applies to synthetic sources only (source: {src.source})")
-                if isinstance(src.difficulty, bool) or not 0.0 <= float(src.difficulty) <= 1.0:
-                    raise ConfigError(f"domains.{name}.{where}.difficulty must be in [0, 1] or null, got {src.difficulty!r}")
-            if src.extra_files and (src.source == "synthetic" or where == "train"):
-                raise ConfigError(f"domains.{name}.{where}.extra_files applies to file-backed eval splits only")
+            _validate_source(src, f"domains.{name}.{where}", train=where == "train")
         for k, shot in enumerate(dcfg.shots):
             for part in ("user", "assistant"):
                 if not getattr(shot, part).strip():
@@ -155,6 +145,30 @@ def _check(cfg: RunConfig) -> None:
             )
     if m.fp8.recipe != "none" and not bspec.fp8:
         raise ConfigError(f"backend.megatron.fp8.recipe needs backend.name={' or '.join(n for n, s in BACKENDS.items() if s.fp8)}")
+
+
+def _validate_source(src, key: str, *, train: bool) -> None:
+    """One `DataSource`: the synthetic-only and file-only keys, and their bounds."""
+    synthetic = src.source == "synthetic"
+    if src.instruction is not None and not synthetic:
+        raise ConfigError(f"{key}.instruction applies to synthetic sources only (source: {src.source})")
+    if src.instruction is not None and not src.instruction.strip():
+        raise ConfigError(f"{key}.instruction must be non-empty or null")
+    if src.difficulty is not None:
+        if not synthetic:
+            raise ConfigError(f"{key}.difficulty applies to synthetic sources only (source: {src.source})")
+        if isinstance(src.difficulty, bool) or not 0.0 <= float(src.difficulty) <= 1.0:
+            raise ConfigError(f"{key}.difficulty must be in [0, 1] or null, got {src.difficulty!r}")
+    if src.extra_files and (synthetic or train):
+        raise ConfigError(f"{key}.extra_files applies to file-backed eval splits only")
+    if (src.where or src.part is not None) and synthetic:
+        raise ConfigError(f"{key}.where and .part apply to file sources only")
+    for column, values in src.where.items():
+        if not values:
+            raise ConfigError(f"{key}.where.{column} must list at least one value")
+    if src.part is not None:
+        if len(src.part) != 2 or not 0.0 <= src.part[0] < src.part[1] <= 1.0:
+            raise ConfigError(f"{key}.part must be [lo, hi] with 0 <= lo < hi <= 1, got {src.part}")
 
 
 def _validate_lr_schedule(cfg: RunConfig) -> None:

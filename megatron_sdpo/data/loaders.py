@@ -500,6 +500,7 @@ def load_records(
     split: str | None = None,
     answers_path: str | Path | None = None,
     on_error: str = "raise",
+    where: dict[str, list[str]] | None = None,
 ) -> RecordList:
     """Read `path` (.jsonl / .json / .parquet) in `schema` and return validated record dicts.
 
@@ -510,6 +511,8 @@ def load_records(
     answers_path: BFCL's possible_answer file (default: possible_answer/<name> next to `path`).
     on_error: "raise" (default) raises DataError "file:line: reason" at the first bad row;
         "skip" skips bad rows and lists their messages in the result's `.skipped`.
+    where: keep only the rows whose column holds one of the listed values, compared as text
+        (e.g. {"level": ["1", "2"]}); a row without the column is not kept.
     """
     if schema not in SCHEMAS:
         raise DataError(f"unknown data schema {schema!r}; expected one of {', '.join(sorted(SCHEMAS))}")
@@ -531,18 +534,23 @@ def load_records(
 
     records: list[dict] = []
     skipped: list[str] = []
-    for index, (where, row) in enumerate(_iter_rows(path)):
+    wanted = {column: {str(v) for v in values} for column, values in (where or {}).items()}
+    for index, (at, row) in enumerate(_iter_rows(path)):
         if limit is not None and len(records) >= limit:
             break
+        if wanted and isinstance(row, dict) and not all(
+            column in row and str(row[column]) in values for column, values in wanted.items()
+        ):
+            continue
         try:
             if isinstance(row, RowError):
                 raise row
             rec = convert(row, index, ctx)
             if schema != "records" or "split" not in rec:
                 rec["split"] = split if split is not None else rec.get("split", path.stem)
-            validate_record(rec, where)
+            validate_record(rec, at)
         except RowError as exc:
-            msg = f"{where}: {exc}"
+            msg = f"{at}: {exc}"
             if on_error == "raise":
                 raise DataError(msg) from None
             skipped.append(msg)

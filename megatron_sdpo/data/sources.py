@@ -1,6 +1,7 @@
 """Resolving a config `DataSource` (synthetic suite or a file in a public schema) to records."""
 from __future__ import annotations
 
+import hashlib
 import random
 
 from megatron_sdpo.errors import DataError
@@ -13,6 +14,8 @@ def load_source(source, domain: str, split: str, *, seed: int, shots=()) -> list
     with the named schema and keep `source.n` of them (0 = all), sampled with the seed.
     `source.instruction` (synthetic only) replaces the suite's instruction ending each prompt;
     `source.difficulty` (synthetic only; None: the domain's default) sets the generator's difficulty.
+    `source.where` and `source.part` (files only) keep rows by column value and a share of the
+    file's questions (`question_share`), before `n` is drawn.
     `shots` (the domain's worked examples, `Shot`s) become every record's earliest "history" turns.
     """
     return with_shots(_load(source, domain, split, seed), shots)
@@ -38,9 +41,23 @@ def _load(source, domain: str, split: str, seed: int) -> list[dict]:
     # An eval split may list another domain's set (out-of-domain evaluation, e.g. MMLU-Redux under
     # math): its records keep their own domain, which scores them.
     keep = domain if split == "train" or schema_domain is None else None
-    records = load_records(source.source, source.schema, domain=keep, split=split)
+    records: list[dict] = load_records(source.source, source.schema, domain=keep, split=split, where=source.where or None)
+    if source.part is not None:
+        lo, hi = source.part
+        records = [r for r in records if lo <= question_share(r["prompt"]) < hi]
     if not records:
-        raise DataError(f"{source.source}: no records for domain {domain!r}")
+        chosen = "".join(f" with {k} in {v}" for k, v in source.where.items())
+        chosen += f" in part {source.part}" if source.part is not None else ""
+        raise DataError(f"{source.source}: no records for domain {domain!r}{chosen}")
     if source.n and source.n < len(records):
         return random.Random(seed).sample(records, source.n)
     return records
+
+
+def question_share(prompt: str) -> float:
+    """Where a question falls in [0, 1): a hash of its text (whitespace collapsed, case folded),
+    the same on every machine and run, so a `part` of a file holds whole questions."""
+    from megatron_sdpo.data.dataset_files import question_key
+
+    digest = hashlib.sha256(question_key(prompt).encode()).digest()
+    return int.from_bytes(digest[:8], "big") / 2.0**64

@@ -2,7 +2,9 @@
 
 Score 1 iff the multiset of called actions equals the gold one and the merged arguments (all
 calls' inputs folded into one dict, later calls overriding) equal the gold's merged arguments.
-BFCL-style records may instead carry ``allowed``: {fn: {arg: [accepted values]}} where "" in a
+BFCL-style records may instead carry ``allowed``: a list of {"Action": fn, "Action_Input": {arg:
+[accepted values]}}, one per expected call, as the BFCL loader writes it (or {fn: {arg: [accepted
+values]}}), where "" in a
 list marks the argument optional; then every call is checked against its function's table.
 """
 from __future__ import annotations
@@ -106,22 +108,41 @@ def _merge(calls: list[ToolCall]) -> dict:
     return merged
 
 
-def _check_allowed(calls: list[ToolCall], allowed: dict) -> str | None:
+def _allowed_tables(allowed: Any) -> list[tuple[str, dict]]:
+    """(function, {arg: accepted values}) per expected call, from either form of `allowed`: the
+    loaders' list of {"Action", "Action_Input"} (one entry per call, so repeated calls of one
+    function keep their own values) or {fn: {arg: values}}."""
+    if isinstance(allowed, dict):
+        return [(str(name), dict(table)) for name, table in allowed.items()]
+    return [(str(a["Action"]), dict(a["Action_Input"])) for a in allowed]
+
+
+def _check_call(name: str, args: dict, table: dict) -> str | None:
+    for arg, values in table.items():
+        optional = "" in values
+        if arg not in args:
+            if not optional:
+                return f"Missing required argument {arg!r} for {name!r}."
+            continue
+        if _loose(args[arg]) not in [_loose(v) for v in values if v != ""]:
+            return f"Wrong value for argument {arg!r} of {name!r}."
+    extra = sorted(set(args) - set(table))
+    if extra:
+        return f"Unexpected argument {extra[0]!r} for {name!r}."
+    return None
+
+
+def _check_allowed(calls: list[ToolCall], tables: list[tuple[str, dict]]) -> str | None:
+    """Each call must satisfy an expected call of its function not already used by another."""
+    unused = list(tables)
     for name, args in calls:
-        table = allowed.get(name)
-        if table is None:
+        candidates = [t for t in unused if t[0] == name]
+        if not candidates:
             return f"{name!r} is not a function that solves this task."
-        for arg, values in table.items():
-            optional = "" in values
-            if arg not in args:
-                if not optional:
-                    return f"Missing required argument {arg!r} for {name!r}."
-                continue
-            if _loose(args[arg]) not in [_loose(v) for v in values if v != ""]:
-                return f"Wrong value for argument {arg!r} of {name!r}."
-        extra = sorted(set(args) - set(table))
-        if extra:
-            return f"Unexpected argument {extra[0]!r} for {name!r}."
+        problems = [_check_call(name, args, table) for _, table in candidates]
+        if None not in problems:
+            return problems[0]
+        unused.remove(candidates[problems.index(None)])
     return None
 
 
@@ -133,9 +154,8 @@ def score_tooluse(response: str, record: dict) -> RewardResult:
     tool names), missing / unexpected argument, wrong value (argument names only, never gold
     values)."""
     tool_names = [str(t["name"]) for t in record.get("tools", []) if isinstance(t, dict)]
-    allowed = record.get("allowed")
-    gold = _gold_calls(record) if (record.get("answer") or not allowed) else [
-        (fn, {}) for fn in allowed]
+    allowed = _allowed_tables(record["allowed"]) if record.get("allowed") else []
+    gold = _gold_calls(record) if (record.get("answer") or not allowed) else [(fn, {}) for fn, _ in allowed]
     calls, errors = parse_actions(response)
     details: dict = {"calls": [name for name, _ in calls]}
     if errors:

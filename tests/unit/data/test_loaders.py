@@ -78,6 +78,17 @@ def test_tooluse_answers_and_bfcl_allowed_values():
     assert bf[0]["answer"] == [{"Action": "geometry.area_triangle", "Action_Input": {"base": 10, "height": 5, "unit": "units"}}]
     assert bf[0]["allowed"][0]["Action_Input"]["unit"] == ["units", ""]
     assert bf[1]["prompt"].count("geometry.area_circle") == 1
+    # the verifier reads the loader's `allowed` as written: a right call scores 1, an optional
+    # argument may be left out, a wrong value scores 0 (before this, every BFCL response raised)
+    from megatron_sdpo.rewards import score
+
+    def reply(args):
+        return "Action: geometry.area_triangle\nAction Input: " + json.dumps(args)
+
+    assert score("tooluse", reply({"base": 10, "height": 5}), bf[0]).score == 1.0
+    assert score("tooluse", reply({"base": 10, "height": 5, "unit": "units"}), bf[0]).score == 1.0
+    wrong = score("tooluse", reply({"base": 10, "height": 6}), bf[0])
+    assert wrong.score == 0.0 and "Wrong value for argument 'height'" in wrong.feedback
 
 
 def test_bfcl_missing_answer_file(tmp_path):

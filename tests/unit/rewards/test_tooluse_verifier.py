@@ -89,6 +89,18 @@ def test_bfcl_allowed_values_with_optional_arguments():
     assert wrong_fn.score == 0.0
 
 
+def test_bfcl_allowed_list_keeps_each_repeated_call_its_own_values():
+    # the loaders' form: one entry per expected call; two calls of one function (BFCL parallel)
+    rec = {"id": "p", "tools": TOOLS, "allowed": [
+        {"Action": "get_weather", "Action_Input": {"city": ["Paris"]}},
+        {"Action": "get_weather", "Action_Input": {"city": ["Rome"]}}]}
+    both = call("get_weather", {"city": "Rome"}) + "\n" + call("get_weather", {"city": "Paris"})
+    assert score("tooluse", both, rec).score == 1.0
+    twice = call("get_weather", {"city": "Paris"}) + "\n" + call("get_weather", {"city": "Paris"})
+    bad = score("tooluse", twice, rec)
+    assert bad.score == 0.0 and "Wrong value for argument 'city'" in bad.feedback
+
+
 def test_malformed_gold_is_a_data_error():
     with pytest.raises(DataError, match="tool-use answer"):
         score("tooluse", call("get_time", {}), {**REC, "answer": "{not json"})
