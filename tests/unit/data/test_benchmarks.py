@@ -120,3 +120,27 @@ def test_code_reference_solutions_pass_the_verifier(real):
         wrong = score_code_batch([f"```python\ndef {r['fn_name']}(*a):\n    return None\n```" for r in sample[:5]],
                                  sample[:5], batched=True)
         assert all(x.score == 0.0 for x in wrong)
+
+
+def test_smollm2_real_preset_reads_real_files_with_disjoint_train_and_eval(real, tmp_path, monkeypatch):
+    from megatron_sdpo.config import load_config
+    from megatron_sdpo.data.sources import load_source
+    from megatron_sdpo.evaluation import load_eval_sets
+
+    out, _ = real
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "real").symlink_to(out)
+    monkeypatch.chdir(tmp_path)
+    cfg = load_config("smollm2_real")
+    assert [s.domain for s in cfg.stages] == ["science", "tooluse", "code"] and "math" in cfg.domains
+    evals = load_eval_sets(cfg)
+    for domain, dcfg in cfg.domains.items():
+        train = load_source(dcfg.train, domain, "train", seed=cfg.seed)
+        assert len(train) >= 300, domain
+        keys = {question_key(r["prompt"]) for r in train}
+        for split in dcfg.eval:
+            held = evals[f"{domain}/{split}"]
+            assert held and not keys & {question_key(r["prompt"]) for r in held}, (domain, split)
+            assert not {r["id"] for r in train} & {r["id"] for r in held if r["source"] == train[0]["source"]}
+        # in-domain items are scored by the stage's own domain, with its shots
+        assert all(r["domain"] == domain and r["history"] for r in evals[f"{domain}/id"])
