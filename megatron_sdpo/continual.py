@@ -123,10 +123,13 @@ class ContinualRun:
             lr=b.lr, weight_decay=b.weight_decay, grad_clip=b.grad_clip, lr_schedule=builders.lr_schedule(eff)
         )
 
-    def _evaluate(self, label: str) -> dict[str, float]:
+    def _evaluate(self, label: str, checkpoint: str | None) -> dict[str, float]:
+        """One eval-matrix row; a stop signal is honoured between its sets (`checkpoint` is what
+        a resumed run starts from, None before the first save: it redoes this row)."""
         self.engine.wake()
         accs, samples = evaluate_config(
-            self.engine, self.tokenizer, self.eval_sets, self.cfg, seed=step_seed(self.cfg.seed, 99, 0)
+            self.engine, self.tokenizer, self.eval_sets, self.cfg, seed=step_seed(self.cfg.seed, 99, 0),
+            between=lambda: self._stop_if_asked(checkpoint),
         )
         if self.main:
             (self.run_dir.eval_samples / f"{label}.json").write_text(json.dumps(samples, indent=1))
@@ -209,7 +212,7 @@ class ContinualRun:
             self.drift_jobs.resume_pending()
         rows = rows[: start_stage + 1]
         if not rows:
-            rows.append(("base", self._evaluate("base")))
+            rows.append(("base", self._evaluate("base", None)))
             self._write_matrix(rows)
         self._base_checkpoint()
         for k in range(start_stage, len(cfg.stages)):
@@ -227,7 +230,7 @@ class ContinualRun:
             # The stage's checkpoint holds everything up to here; a resumed run redoes the rest.
             self._stop_if_asked(self._stage_label(k))
             if len(rows) <= k + 1:
-                rows.append((stage.domain, self._evaluate(self._stage_label(k))))
+                rows.append((stage.domain, self._evaluate(self._stage_label(k), self._stage_label(k))))
                 self._write_matrix(rows)
             self._stage_diagnostics(k)
             self._stop_if_asked(self._stage_label(k))
@@ -247,16 +250,17 @@ class ContinualRun:
             self.backend.set_lr_schedule(stage.steps * cfg.algorithm.grpo.mini_batches)
             self._teacher_update(self.teacher.on_stage_start(max(stage.steps, 1)))
 
-    def _stop_if_asked(self, checkpoint: str) -> None:
+    def _stop_if_asked(self, checkpoint: str | None) -> None:
         """Stop when a rank received a stop signal (`checkpoint` holds the run so far); one
         small collective."""
         signum = self.stop.agreed()
         if signum:
             self._stopped(signum, checkpoint)
 
-    def _stopped(self, signum: int, checkpoint: str) -> None:
+    def _stopped(self, signum: int, checkpoint: str | None) -> None:
         self.drift_jobs.stop()
-        self.monitor.log(f"stop requested ({signal.Signals(signum).name}): checkpoint {checkpoint}; resume with --resume")
+        where = f"checkpoint {checkpoint}" if checkpoint else "no checkpoint yet"
+        self.monitor.log(f"stop requested ({signal.Signals(signum).name}): {where}; resume with --resume")
         self.monitor.close()
         raise StopRequested(signum, checkpoint)
 

@@ -5,6 +5,7 @@ import hashlib
 import json
 from dataclasses import replace
 from pathlib import Path
+from typing import Callable
 
 from megatron_sdpo.chat import record_prompts
 from megatron_sdpo.rollout.base import SamplingConfig
@@ -37,6 +38,7 @@ def evaluate(
     seed: int,
     batched_code: bool = True,
     top_p: float = 1.0,
+    between: Callable[[], None] | None = None,
 ) -> tuple[dict[str, float], dict[str, list[dict]]]:
     """Accuracy per "domain/split" key (greedy, or avg@k when `greedy` is false: k samples per
     item at `temperature` / `top_p`, the mean of their 0/1 accuracies) and the samples.
@@ -44,7 +46,9 @@ def evaluate(
     Returns (accuracies, samples) where samples[key] lists {"id", "response", "score"} so a run
     directory keeps what the model answered, not only how often it was right. Each answer is
     scored by its record's own domain (an out-of-domain set keeps its scorer); a set listed by
-    several domains (the same records) is generated and scored once.
+    several domains (the same records) is generated and scored once. `between` runs before
+    every set after the first (the run's stop check: a row of a 2-core SmolLM2 run takes minutes,
+    a scheduler's signal must not wait for all of it); it may raise to abandon the row.
     """
     accs: dict[str, float] = {}
     samples: dict[str, list[dict]] = {}
@@ -53,7 +57,9 @@ def evaluate(
     sampling = SamplingConfig(
         n=k, temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens, greedy=k == 1 and greedy, seed=seed
     )
-    for key, records in eval_sets.items():
+    for n, (key, records) in enumerate(eval_sets.items()):
+        if n and between is not None:
+            between()
         if not records:
             continue
         same = done.setdefault(_fingerprint(records), key)
@@ -120,7 +126,8 @@ def load_eval_sets(cfg) -> dict[str, list[dict]]:
     }
 
 
-def evaluate_config(engine, tokenizer, eval_sets: dict[str, list[dict]], cfg, *, seed: int):
+def evaluate_config(engine, tokenizer, eval_sets: dict[str, list[dict]], cfg, *, seed: int,
+                    between: Callable[[], None] | None = None):
     """`evaluate` with the settings of a RunConfig's `eval`, `rollout` and `rewards` sections."""
     e = cfg.eval
     return evaluate(
@@ -135,4 +142,5 @@ def evaluate_config(engine, tokenizer, eval_sets: dict[str, list[dict]], cfg, *,
         batch_size=e.batch_size,
         seed=seed,
         batched_code=cfg.rewards.batched_code,
+        between=between,
     )

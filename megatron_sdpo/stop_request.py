@@ -1,5 +1,6 @@
 """A request from the scheduler to stop: SIGTERM (preemption, scancel, torchrun's shutdown) or
-SIGUSR1 (the time limit is near), honoured at the next step boundary.
+SIGUSR1 (the time limit is near), honoured at the next step boundary or between two sets of an
+evaluation row.
 
 The handler only records the signal; the loop asks `StopRequest.agreed()` once per step, which
 all-reduces the flag so that every rank stops after the same step (one rank seeing the signal
@@ -22,9 +23,10 @@ SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 class StopRequested(Exception):
     """Raised by the loop after the checkpoint of the step a stop was agreed on is written."""
 
-    def __init__(self, signum: int, checkpoint: str):
+    def __init__(self, signum: int, checkpoint: str | None):
         self.signum, self.checkpoint = signum, checkpoint
-        super().__init__(f"stopped by {signal.Signals(signum).name}; checkpoint {checkpoint} written, --resume continues")
+        done = f"checkpoint {checkpoint} written" if checkpoint else "nothing to save yet (stopped in the base evaluation)"
+        super().__init__(f"stopped by {signal.Signals(signum).name}; {done}, --resume continues")
 
 
 class StopRequest:

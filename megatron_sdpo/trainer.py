@@ -278,7 +278,34 @@ class Trainer:
                 out[f"teacher/gain_{name}"] = float(gain[sel].mean())
         if len(out) == 2:
             out["teacher/gain_gap"] = out["teacher/gain_rewarded"] - out["teacher/gain_unrewarded"]
+        out.update(self._artifact_endorsement(batch, teacher - batch.tensors["rollout_logprobs"], mask > 0))
         return out
+
+    def _artifact_endorsement(self, batch: SequenceBatch, gain: torch.Tensor, distilled: torch.Tensor) -> dict[str, float]:
+        """The teacher's endorsement of artifact tokens (a format marker repeated within a response,
+        `repeat_token_mask`): its mean log-prob gain over the student on those tokens
+        (`teacher/artifact_gain`) minus its mean gain on the other distilled tokens
+        (`teacher/artifact_endorsement`; > 0: distillation raises the artifact more than the rest,
+        the amplification loop the paper reports). Nothing when a batch has no artifact token."""
+        from megatron_sdpo.diagnostics.artifacts import repeat_spans, repeat_token_mask
+
+        artifact = torch.zeros_like(distilled)
+        for i, ids in enumerate(batch.response_ids):
+            if not repeat_spans(self.tokenizer.decode(ids)):
+                continue  # token by token only where the whole response repeats a marker
+            flags = repeat_token_mask([self.tokenizer.decode([t]) for t in ids])
+            if any(flags):
+                artifact[i, : len(flags)] = torch.tensor(flags, device=artifact.device)
+        artifact &= distilled
+        rest = distilled & ~artifact
+        if not (bool(artifact.any()) and bool(rest.any())):
+            return {}
+        on_artifact = gain.float()[artifact].mean()
+        return {
+            "teacher/artifact_tokens": float(artifact.sum()),
+            "teacher/artifact_gain": float(on_artifact),
+            "teacher/artifact_endorsement": float(on_artifact - gain.float()[rest].mean()),
+        }
 
     def _attach_teacher(
         self, batch, records, texts, rewards, results, seed, *, domain: str, truncated: list[bool] | None = None

@@ -23,7 +23,7 @@ class ModelConfig:
 class DataSource:
     source: str = "synthetic"  # "synthetic" or a path to a JSONL / JSON / parquet file
     schema: str = "records"  # loader schema for files (see megatron_sdpo.data.loaders)
-    n: int = 512  # records drawn (synthetic) or kept (files; 0 = all)
+    n: int = 512  # records drawn (synthetic) or kept (files); 0 = all (synthetic: every item of the split's space)
     # Synthetic only: replaces the instruction ending every generated prompt (a format hint a
     # pretrained chat model follows, e.g. smollm2_135m); null keeps the suite's own.
     instruction: str | None = None

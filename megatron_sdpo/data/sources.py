@@ -10,8 +10,9 @@ from megatron_sdpo.errors import DataError
 def load_source(source, domain: str, split: str, *, seed: int, shots=()) -> list[dict]:
     """Records for `domain`/`split` from `source` (a `DataSource` config).
 
-    Synthetic sources draw `source.n` records deterministically from the seed; file sources load
-    with the named schema and keep `source.n` of them (0 = all), sampled with the seed.
+    Synthetic sources draw `source.n` records deterministically from the seed (0: every item of
+    the split, the same for every seed: exhaustive evaluation); file sources load with the named
+    schema and keep `source.n` of them (0 = all), sampled with the seed.
     `source.instruction` (synthetic only) replaces the suite's instruction ending each prompt;
     `source.difficulty` (synthetic only; None: the domain's default) sets the generator's difficulty.
     `source.where` and `source.part` (files only) keep rows by column value and a share of the

@@ -258,8 +258,8 @@ def _last_drift(view: RunView, *keys: str) -> Optional[float]:
 
 
 def _artifact(view: RunView, key: str, how: str) -> Optional[float]:
-    """`key` of metrics.jsonl over the run's steps: "max", "tail" (mean over the last 20% of
-    steps) or "gain": per stage, the mean over its last 20% of steps minus its first 20% (the
+    """`key` of metrics.jsonl over the run's steps: "max", "mean" (over the steps that log it),
+    "tail" (mean over the last 20% of steps) or "gain": per stage, the mean over its last 20% of steps minus its first 20% (the
     amplification of an artifact, e.g. the assay base's duplicate boxes), averaged over the
     stages where the artifact occurs at all (a tool-use stage has no box to repeat)."""
     vals = [float(r[key]) for r in view.metrics if isinstance(r.get(key), (int, float)) and r[key] == r[key]]
@@ -269,6 +269,8 @@ def _artifact(view: RunView, key: str, how: str) -> Optional[float]:
         return max(vals)
     if how == "tail":
         return _window_mean(view.metrics, key, last=True)
+    if how == "mean":
+        return _mean(vals)
     gains = []
     for stage in sorted({r.get("stage") for r in view.metrics}, key=str):
         rows = [r for r in view.metrics if r.get("stage") == stage]
@@ -361,6 +363,9 @@ METRICS: list[Metric] = [
            False, "share of responses repeating \\boxed, last 20% of a stage's steps minus its first 20%, mean over the stages where it occurs (the assay's endpoint)"),
     Metric("repeated_ngram_late", "artifacts", 1, lambda v: _artifact(v, "artifacts/repeated_ngram_rate", "tail"),
            False, "repeated 4-gram rate over the run's last 20% of steps"),
+    Metric("teacher_artifact_endorsement", "artifacts", 1,
+           lambda v: _artifact(v, "teacher/artifact_endorsement", "mean"), False,
+           "the teacher's log-prob gain over the student on repeated-format-marker tokens minus on the other distilled tokens, mean over the teacher-signal steps that had such tokens (SDPO only)"),
 ]
 
 

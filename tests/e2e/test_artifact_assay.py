@@ -43,3 +43,9 @@ def test_artifact_assay_runs(tmp_path):
     assert max(rates) > 0, "a base warmed up on duplicated boxes never repeated one"
     got = run_metrics(RunView(tmp_path / "run"))
     assert got["boxed_repeat_max"] == max(rates) and got["boxed_repeat_gain"] is not None
+    # The teacher's endorsement of the repeated box: logged on a step whose distilled answers
+    # repeat it (most do when most answers carry the duplicate).
+    distilled = [r for r in rows if r.get("teacher_context_frac", 0) > 0]
+    if distilled and min(rates) > 0.5:
+        assert any("teacher/artifact_endorsement" in r for r in distilled)
+        assert got["teacher_artifact_endorsement"] is not None

@@ -1,5 +1,7 @@
 """One eval row: an out-of-domain set keeps its own scorer, and a set listed by several domains
-is generated and scored once."""
+is generated and scored once; a stop signal is honoured between the sets of a row."""
+import pytest
+
 from megatron_sdpo.config import load_config
 from megatron_sdpo.evaluation import evaluate_config, load_eval_sets
 from megatron_sdpo.rollout.base import Completion
@@ -120,3 +122,53 @@ def test_extra_files_are_for_file_backed_eval_splits():
         load_config("tiny", ["eval.top_p=0"])
     with pytest.raises(ConfigError, match="eval.temperature must be > 0"):
         load_config("tiny", ["eval.temperature=0"])
+
+
+def test_between_runs_before_every_set_after_the_first_and_can_abandon_the_row(monkeypatch):
+    monkeypatch.setattr("megatron_sdpo.evaluation.record_prompts", lambda tok, recs: [[1, 2]] * len(recs))
+    cfg = load_config("tiny")
+    sets = load_eval_sets(cfg)
+    keys = ["math/id", "science/id", "tooluse/id"]
+    seen = []
+    engine = CountingEngine()
+    evaluate_config(engine, Tokenizer(), {k: sets[k] for k in keys}, cfg, seed=0,
+                    between=lambda: seen.append(engine.prompts))
+    assert seen == [len(sets["math/id"]), len(sets["math/id"]) + len(sets["science/id"])]
+
+    class Stop(Exception):
+        pass
+
+    def stop():
+        raise Stop
+
+    engine = CountingEngine()
+    with pytest.raises(Stop):
+        evaluate_config(engine, Tokenizer(), {k: sets[k] for k in keys}, cfg, seed=0, between=stop)
+    assert engine.prompts == len(sets["math/id"])  # nothing generated after the stop
+
+
+def test_a_signal_during_an_eval_row_stops_the_run_between_sets(monkeypatch, tmp_path):
+    import signal
+
+    from megatron_sdpo.continual import ContinualRun
+    from megatron_sdpo.stop_request import StopRequest, StopRequested
+
+    monkeypatch.setattr("megatron_sdpo.evaluation.record_prompts", lambda tok, recs: [[1, 2]] * len(recs))
+    cfg = load_config("tiny")
+    sets = load_eval_sets(cfg)
+    run = ContinualRun.__new__(ContinualRun)
+    engine = CountingEngine()
+    engine.wake = lambda: None
+    logged = []
+    run.engine, run.tokenizer, run.cfg, run.main = engine, Tokenizer(), cfg, False
+    run.eval_sets = {k: sets[k] for k in ("math/id", "science/id")}
+    run.stop = StopRequest()
+    run.stop.received = signal.SIGTERM  # arrived while the first set was generated
+    run.drift_jobs = type("Jobs", (), {"stop": lambda self: None})()
+    run.monitor = type("Monitor", (), {"log": lambda self, m: logged.append(m), "close": lambda self: None})()
+    with pytest.raises(StopRequested, match="nothing to save yet") as info:
+        run._evaluate("base", None)
+    assert info.value.checkpoint is None and engine.prompts == len(sets["math/id"])
+    assert logged == ["stop requested (SIGTERM): no checkpoint yet; resume with --resume"]
+    with pytest.raises(StopRequested, match="checkpoint stage_1_math written"):
+        run._evaluate("stage_1_math", "stage_1_math")

@@ -1,4 +1,5 @@
-"""Trainer pieces that need no model: the teacher-signal diagnostic."""
+"""Trainer pieces that need no model: the teacher-signal diagnostic and its endorsement of
+artifact tokens."""
 import time
 
 import pytest
@@ -22,6 +23,15 @@ class FixedTeacher:
         return self.teacher_lp
 
 
+class PieceTokenizer:
+    """Decodes token ids through a table (5: an answer, 6 and 7: a box each)."""
+
+    PIECES = {1: "Q", 5: "1+2=3", 6: " \\boxed{3}", 7: " \\boxed{3}"}
+
+    def decode(self, ids):
+        return "".join(self.PIECES[i] for i in ids)
+
+
 def _batch(mask_key="loss_mask"):
     b = SequenceBatch([[1]] * 4, [[5, 6, 7], [5, 6], [5, 6, 7], [5]], [[1, 2]] * 3 + [None], {})
     mask = b.response_mask()
@@ -38,9 +48,12 @@ def test_teacher_signal_splits_the_gain_by_reward():
     t = torch.tensor([[-1.0, -1.0, -1.0], [-1.75, -1.75, 0.0], [-2.5, -2.5, -2.5], [9.0, 0.0, 0.0]])
     backend = FixedTeacher(t)
     trainer = Trainer.__new__(Trainer)
-    trainer.cfg, trainer.backend = cfg, backend
+    trainer.cfg, trainer.backend, trainer.tokenizer = cfg, backend, PieceTokenizer()
+    PieceTokenizer.PIECES[7] = " done"  # no repeated box: no endorsement keys
     out = trainer._teacher_signal(_batch(), torch.tensor([1.0, 0.0, 0.5, 1.0]))
+    PieceTokenizer.PIECES[7] = " \\boxed{3}"
     assert backend.calls == ["teacher"]
+    assert set(out) == {"teacher/gain_rewarded", "teacher/gain_unrewarded", "teacher/gain_gap"}
     assert out["teacher/gain_rewarded"] == pytest.approx(1.0)
     assert out["teacher/gain_unrewarded"] == pytest.approx((0.25 - 0.5) / 2)
     assert out["teacher/gain_gap"] == pytest.approx(1.125)
@@ -49,7 +62,20 @@ def test_teacher_signal_splits_the_gain_by_reward():
     b = _batch("sdpo_mask")
     b.tensors["loss_mask"] = b.response_mask()
     only = trainer._teacher_signal(b, torch.tensor([0.0, 0.0, 0.0, 1.0]))
-    assert set(only) == {"teacher/gain_unrewarded"}
+    assert {k for k in only if k.startswith("teacher/gain")} == {"teacher/gain_unrewarded"}
+
+
+def test_teacher_endorsement_of_repeated_box_tokens():
+    # Responses 0 and 2 end with a second box (token 7); response 1 has one box, response 3 no
+    # context. Gains over the student (-2 per token): 0.5 everywhere except on the repeated
+    # boxes: +2.0 (response 0) and +1.0 (response 2).
+    t = torch.tensor([[-1.5, -1.5, 0.0], [-1.5, -1.5, 0.0], [-1.5, -1.5, -1.0], [9.0, 0.0, 0.0]])
+    trainer = Trainer.__new__(Trainer)
+    trainer.cfg, trainer.backend, trainer.tokenizer = load_config("tiny_sdpo"), FixedTeacher(t), PieceTokenizer()
+    out = trainer._teacher_signal(_batch(), torch.tensor([1.0, 0.0, 0.5, 1.0]))
+    assert out["teacher/artifact_tokens"] == 2.0
+    assert out["teacher/artifact_gain"] == pytest.approx(1.5)
+    assert out["teacher/artifact_endorsement"] == pytest.approx(1.5 - 0.5)
 
 
 class RecordingEngine(RolloutEngine):

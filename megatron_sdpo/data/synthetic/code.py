@@ -90,7 +90,7 @@ def generate(split: str, n: int, seed: int, difficulty: float = DEFAULT_DIFFICUL
     check_args(split, n, difficulty)
     rng = rng_for("code", split, seed, difficulty)
     # ood_far has only a few distinct programs: records differ by their test inputs instead.
-    if split == "ood_far":
+    if split == "ood_far" and n:
         keys = [_draw(split, difficulty)(rng) for _ in range(n)]
     else:
         keys = sample_unique(rng, n, _draw(split, difficulty), split, what="code")

@@ -112,12 +112,15 @@ def test_artifact_metrics_by_hand(tmp_path, make_run):
                        "artifacts/repeated_ngram_rate": 0.05 * step}
                 if r is not None:
                     rec["artifacts/fmt_boxed_repeat_rate"] = r
+                if stage == 0 and step in (2, 5):  # teacher-signal steps with repeated-box tokens
+                    rec["teacher/artifact_endorsement"] = {2: 0.3, 5: -0.1}[step]
                 f.write(json.dumps(rec) + "\n")
     got = M.run_metrics(M.RunView(root))
     assert got["boxed_repeat_max"] == pytest.approx(0.4)
     assert got["boxed_repeat_gain"] == pytest.approx(0.3)
     # Over the whole run's last 20% (3 of 15 steps: tool-use steps 3, 4, 5).
     assert got["repeated_ngram_late"] == pytest.approx((0.15 + 0.2 + 0.25) / 3)
+    assert got["teacher_artifact_endorsement"] == pytest.approx((0.3 - 0.1) / 2)
 
 
 def test_mid_stage_gain_by_hand(tmp_path, make_run):

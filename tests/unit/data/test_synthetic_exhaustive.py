@@ -1,0 +1,54 @@
+"""`n = 0` on a synthetic split: every item of its space, counted by hand for small spaces."""
+import math
+
+import pytest
+
+from megatron_sdpo.data.synthetic import generate
+from megatron_sdpo.data.synthetic.base import all_keys
+from megatron_sdpo.errors import DataError
+
+
+def test_the_walk_takes_every_path_of_each_choice_kind():
+    def draw(rng):
+        xs = [1, 2, 3]
+        rng.shuffle(xs)
+        return (tuple(xs), tuple(rng.sample("abcd", 2)), rng.random() < 0.5, rng.randint(4, 6), rng.choice("xy"))
+
+    keys = all_keys(draw, "ood_near", what="test")
+    assert len(keys) == math.factorial(3) * (4 * 3) * 2 * 3 * 2
+    assert len(set(keys)) == len(keys)
+    # random() is only compared with a difficulty: at 0 and 1 one branch is walked
+    assert {k for (k,) in all_keys(lambda rng: (rng.random() < 0.0,), "ood_near", what="t")} == {False}
+    assert {k for (k,) in all_keys(lambda rng: (rng.random() < 1.0,), "ood_near", what="t")} == {True}
+
+
+def test_science_train_and_id_partition_the_three_choice_space():
+    # difficulty 0: always three of the readings 1..9, in order, under one of 4 phrasings
+    train = generate("science", "train", 0, seed=0, difficulty=0.0)
+    held = generate("science", "id", 0, seed=0, difficulty=0.0)
+    assert len(train) + len(held) == 4 * 9 * 8 * 7
+    assert not {r["prompt"] for r in train} & {r["prompt"] for r in held}
+    assert 0.15 < len(held) / (len(train) + len(held)) < 0.25  # the id share is 0.2 by hash
+
+
+def test_hand_counted_spaces():
+    # math ood_far: 8 names x 6 objects x a, b in 2..9
+    assert len(generate("math", "ood_far", 0, seed=0)) == 8 * 6 * 8 * 8
+    # code ood_mid: two folded constants ((+ or -) x 1..9, twice) or one op of 3 with 2..20
+    assert len(generate("code", "ood_mid", 0, seed=0)) == (2 * 9) ** 2 + 3 * 19
+    # code ood_far: the three list reducers
+    assert len(generate("code", "ood_far", 0, seed=0)) == 3
+
+
+@pytest.mark.parametrize("domain,split", [("math", "id"), ("code", "id"), ("science", "ood_near")])
+def test_every_sampled_item_is_in_the_exhaustive_set_which_is_the_same_for_every_seed(domain, split):
+    every = generate(domain, split, 0, seed=0)
+    prompts = [r["prompt"] for r in every]
+    assert len(set(prompts)) == len(prompts)
+    assert prompts == [r["prompt"] for r in generate(domain, split, 0, seed=5)]
+    assert {r["prompt"] for r in generate(domain, split, 200, seed=3)} <= set(prompts)
+
+
+def test_a_space_too_large_to_walk_is_one_error():
+    with pytest.raises(DataError, match="too large to evaluate exhaustively.*give n > 0"):
+        generate("science", "ood_far", 0, seed=0)
