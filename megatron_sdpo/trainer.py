@@ -282,29 +282,33 @@ class Trainer:
         return out
 
     def _artifact_endorsement(self, batch: SequenceBatch, gain: torch.Tensor, distilled: torch.Tensor) -> dict[str, float]:
-        """The teacher's endorsement of artifact tokens (a format marker repeated within a response,
-        `repeat_token_mask`): its mean log-prob gain over the student on those tokens
-        (`teacher/artifact_gain`) minus its mean gain on the other distilled tokens
+        """The teacher's endorsement of artifact tokens (a format marker that a well-formed answer
+        holds once, repeated: `format_repeat_mask`): its mean log-prob gain over the student on
+        those tokens (`teacher/artifact_gain`) minus its mean gain on the other distilled tokens
         (`teacher/artifact_endorsement`; > 0: distillation raises the artifact more than the rest,
         the amplification loop the paper reports). Nothing when a batch has no artifact token."""
-        from megatron_sdpo.diagnostics.artifacts import repeat_spans, repeat_token_mask
+        from megatron_sdpo.diagnostics.artifacts import ONCE_TOKENS
+        from megatron_sdpo.diagnostics.token_artifacts import artifact_endorsement, format_repeat_mask, mask_tensor
 
-        artifact = torch.zeros_like(distilled)
-        for i, ids in enumerate(batch.response_ids):
-            if not repeat_spans(self.tokenizer.decode(ids)):
-                continue  # token by token only where the whole response repeats a marker
-            flags = repeat_token_mask([self.tokenizer.decode([t]) for t in ids])
-            if any(flags):
-                artifact[i, : len(flags)] = torch.tensor(flags, device=artifact.device)
-        artifact &= distilled
-        rest = distilled & ~artifact
-        if not (bool(artifact.any()) and bool(rest.any())):
+        masks = []
+        for ids in batch.response_ids:
+            text = self.tokenizer.decode(ids)
+            repeated = [tok for tok in ONCE_TOKENS if text.count(tok) > 1]
+            if not repeated:  # token by token only where the whole response repeats a marker
+                masks.append([False] * len(ids))
+                continue
+            pieces = [self.tokenizer.decode([t]) for t in ids]
+            per_token = [format_repeat_mask(pieces, tok) for tok in repeated]
+            masks.append([any(flags) for flags in zip(*per_token)])
+        rows, width = distilled.shape
+        artifact = mask_tensor(masks, (rows, width)).to(distilled.device)
+        e = artifact_endorsement(gain, artifact, distilled.float())
+        if not (e["artifact_tokens"] and e["other_tokens"]):
             return {}
-        on_artifact = gain.float()[artifact].mean()
         return {
-            "teacher/artifact_tokens": float(artifact.sum()),
-            "teacher/artifact_gain": float(on_artifact),
-            "teacher/artifact_endorsement": float(on_artifact - gain.float()[rest].mean()),
+            "teacher/artifact_tokens": e["artifact_tokens"],
+            "teacher/artifact_gain": e["artifact_logprob"],
+            "teacher/artifact_endorsement": e["logprob_gap"],
         }
 
     def _attach_teacher(

@@ -15,6 +15,7 @@ assistant's), any other key a loader keeps for provenance.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 from typing import Any
 
@@ -32,6 +33,13 @@ DOMAIN_KEYS: dict[str, tuple[str, ...]] = {
 }
 
 LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
+
+
+def unit_hash(text: str) -> float:
+    """A stable hash of `text` in [0, 1), the same on every machine and run (Python's hash() is
+    salted per process): what splits an item space or a file's questions into parts."""
+    digest = hashlib.sha256(text.encode()).digest()
+    return int.from_bytes(digest[:8], "big") / 2**64
 
 
 def required_keys(domain: str) -> tuple[str, ...]:

@@ -1,7 +1,6 @@
 """Resolving a config `DataSource` (synthetic suite or a file in a public schema) to records."""
 from __future__ import annotations
 
-import hashlib
 import random
 
 from megatron_sdpo.errors import DataError
@@ -59,6 +58,6 @@ def question_share(prompt: str) -> float:
     """Where a question falls in [0, 1): a hash of its text (whitespace collapsed, case folded),
     the same on every machine and run, so a `part` of a file holds whole questions."""
     from megatron_sdpo.data.dataset_files import question_key
+    from megatron_sdpo.data.records import unit_hash
 
-    digest = hashlib.sha256(question_key(prompt).encode()).digest()
-    return int.from_bytes(digest[:8], "big") / 2.0**64
+    return unit_hash(question_key(prompt))

@@ -54,42 +54,6 @@ def repeated_ngram_rate(text: str, n: int) -> float | None:
 ONCE_TOKENS: tuple[str, ...] = ("\\boxed", "</answer>")
 
 
-def repeat_spans(text: str, markers: Sequence[str] = ONCE_TOKENS) -> list[tuple[int, int]]:
-    """[start, end) character spans of every occurrence of a marker after its first in `text`;
-    a marker directly followed by `{` spans through its balanced brace group (`\\boxed{12}`),
-    to the text's end when the group never closes."""
-    spans = []
-    for marker in markers:
-        start = text.find(marker)
-        start = text.find(marker, start + len(marker)) if start >= 0 else -1
-        while start >= 0:
-            end = start + len(marker)
-            if text.startswith("{", end):
-                depth = 0
-                for i in range(end, len(text)):
-                    depth += {"{": 1, "}": -1}.get(text[i], 0)
-                    if depth == 0:
-                        end = i + 1
-                        break
-                else:
-                    end = len(text)
-            spans.append((start, end))
-            start = text.find(marker, end)
-    return sorted(spans)
-
-
-def repeat_token_mask(pieces: Sequence[str], markers: Sequence[str] = ONCE_TOKENS) -> list[bool]:
-    """Per token of one response, given each token's decoded text in order: whether it overlaps a
-    `repeat_spans` span of the joined text (the tokens that carry a repeated format marker)."""
-    spans = repeat_spans("".join(pieces), markers)
-    out, pos = [], 0
-    for piece in pieces:
-        lo, hi = pos, pos + len(piece)
-        out.append(hi > lo and any(a < hi and lo < b for a, b in spans))
-        pos = hi
-    return out
-
-
 def format_token_key(token: str) -> str:
     """Metric-name-safe form of a format token: `\\boxed` -> boxed, `</answer>` -> answer_close."""
     key = token.strip()

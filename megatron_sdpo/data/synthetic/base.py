@@ -7,10 +7,10 @@ possible item to exactly one of them, so the two are disjoint for every seed.
 """
 from __future__ import annotations
 
-import hashlib
 import random
 from typing import Callable, Hashable
 
+from megatron_sdpo.data.records import unit_hash
 from megatron_sdpo.errors import DataError
 
 SPLITS: tuple[str, ...] = ("train", "id", "ood_near", "ood_mid", "ood_far")
@@ -30,9 +30,8 @@ def rng_for(domain: str, split: str, seed: int, difficulty: float) -> random.Ran
 
 
 def key_hash(key: Hashable) -> float:
-    """A stable hash of an item key in [0, 1) (Python's hash() is salted per process)."""
-    digest = hashlib.sha256(repr(key).encode()).digest()
-    return int.from_bytes(digest[:8], "big") / 2**64
+    """A stable hash of an item key in [0, 1)."""
+    return unit_hash(repr(key))
 
 
 def in_id_split(key: Hashable) -> bool:

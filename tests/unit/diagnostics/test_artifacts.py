@@ -135,16 +135,3 @@ def test_shrinking_answers_alarm_against_the_stage_start_and_markers_keep_every_
     assert restored.update(stats(5.0))  # the stage-start reference survives a resume
     with pytest.raises(ConfigError, match="min_length_ratio"):
         CollapseConfig(min_length_ratio=1.5)
-
-
-def test_repeat_spans_and_token_mask_mark_only_repeats():
-    from megatron_sdpo.diagnostics.artifacts import repeat_spans, repeat_token_mask
-
-    text = "2+1=3 \\boxed{3} \\boxed{{3}} <answer>A</answer></answer>"
-    first = text.index("\\boxed{{")
-    close = text.rindex("</answer>")
-    assert repeat_spans(text) == [(first, first + len("\\boxed{{3}}")), (close, len(text))]
-    assert repeat_spans("\\boxed{3") == [] and repeat_spans("\\boxed{3} \\boxed{4") == [(10, 18)]  # never closes: to the end
-    pieces = ["2+1=3", " \\", "boxed{3}", " \\", "box", "ed{", "{3}}", " <answer>A</answer>", "</answer>"]
-    assert repeat_token_mask(pieces) == [False, False, False, True, True, True, True, False, True]
-    assert repeat_token_mask(["", "x"]) == [False, False]
