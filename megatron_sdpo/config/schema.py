@@ -31,6 +31,9 @@ class DataSource:
     # module docstring, e.g. tool use: the share of arguments to compute rather than copy);
     # null keeps the suite's calibrated default for its tiny base.
     difficulty: float | None = None
+    # Synthetic only: the domain's compact surface (fewer names and values, a subset of the full
+    # space on the same train / id partition), small enough that `n: 0` evaluates it in seconds.
+    compact: bool = False
     # Files only: further files of the same schema whose records follow `source`'s in the split
     # (`n` applies to each file), e.g. AIME 2024 + AIME 2025 as one in-domain math eval.
     extra_files: list[str] = field(default_factory=list)

@@ -159,6 +159,8 @@ def _validate_source(src, key: str, *, train: bool) -> None:
             raise ConfigError(f"{key}.difficulty applies to synthetic sources only (source: {src.source})")
         if isinstance(src.difficulty, bool) or not 0.0 <= float(src.difficulty) <= 1.0:
             raise ConfigError(f"{key}.difficulty must be in [0, 1] or null, got {src.difficulty!r}")
+    if src.compact and not synthetic:
+        raise ConfigError(f"{key}.compact applies to synthetic sources only (source: {src.source})")
     if src.extra_files and (synthetic or train):
         raise ConfigError(f"{key}.extra_files applies to file-backed eval splits only")
     if (src.where or src.part is not None) and synthetic:

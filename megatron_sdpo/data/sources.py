@@ -13,7 +13,8 @@ def load_source(source, domain: str, split: str, *, seed: int, shots=()) -> list
     the split, the same for every seed: exhaustive evaluation); file sources load with the named
     schema and keep `source.n` of them (0 = all), sampled with the seed.
     `source.instruction` (synthetic only) replaces the suite's instruction ending each prompt;
-    `source.difficulty` (synthetic only; None: the domain's default) sets the generator's difficulty.
+    `source.difficulty` (synthetic only; None: the domain's default) sets the generator's difficulty;
+    `source.compact` (synthetic only) draws from the domain's compact surface.
     `source.where` and `source.part` (files only) keep rows by column value and a share of the
     file's questions (`question_share`), before `n` is drawn.
     `shots` (the domain's worked examples, `Shot`s) become every record's earliest "history" turns.
@@ -34,7 +35,8 @@ def _load(source, domain: str, split: str, seed: int) -> list[dict]:
     if source.source == "synthetic":
         from megatron_sdpo.data import synthetic
 
-        return synthetic.generate(domain, split, source.n, seed, source.difficulty, instruction=source.instruction)
+        return synthetic.generate(domain, split, source.n, seed, source.difficulty, instruction=source.instruction,
+                                  compact=source.compact)
     from megatron_sdpo.data.loaders import SCHEMAS, load_records
 
     schema_domain = SCHEMAS[source.schema][0] if source.schema in SCHEMAS else None

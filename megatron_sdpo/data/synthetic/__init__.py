@@ -18,15 +18,17 @@ DEFAULT_DIFFICULTY: dict[str, float] = {d: m.DEFAULT_DIFFICULTY for d, m in _MOD
 
 
 def generate(domain: str, split: str, n: int, seed: int, difficulty: float | None = None, *,
-             instruction: str | None = None) -> list[dict]:
+             instruction: str | None = None, compact: bool = False) -> list[dict]:
     """`n` records of `domain` / `split`; `difficulty` in [0, 1] (None: the calibrated default).
+    `compact`: the domain's smaller surface (fewer names / values; its module docstring says which),
+    a subset of the full space on the same train / id partition, small enough for `n` = 0.
 
     `instruction` replaces the domain's INSTRUCTION that ends every prompt (None: keep it); the
     records are otherwise identical, so a model's pass rate can be set by the wording alone."""
     if domain not in _MODULES:
         raise DataError(f"unknown domain {domain!r}; expected one of {', '.join(DOMAINS)}")
     mod = _MODULES[domain]
-    records = mod.generate(split, n, seed, mod.DEFAULT_DIFFICULTY if difficulty is None else difficulty)
+    records = mod.generate(split, n, seed, mod.DEFAULT_DIFFICULTY if difficulty is None else difficulty, compact)
     if instruction is not None:
         cut = len(mod.INSTRUCTION)
         for r in records:

@@ -8,6 +8,7 @@ Variables and phrasings vary so the item space is large.
 train / id: the phrasings below. ood_near: another phrasing of the same task.
 ood_mid:  two inputs on one line ("Read a and b ..."), the second added at the end.
 ood_far:  a list of numbers on one line, reduced by sum / max / min.
+compact: two variable names instead of six (a third of the space).
 Every record carries three stdin/stdout tests computed by evaluating the reference program.
 """
 from __future__ import annotations
@@ -27,7 +28,9 @@ NEAR_PHRASE = "Given {v}, output {words}."
 REDUCERS = (("sum", "sum"), ("largest", "max"), ("smallest", "min"))
 
 
-def _draw(split: str, difficulty: float):
+def _draw(split: str, difficulty: float, compact: bool = False):
+    variables = VARS[:2] if compact else VARS
+
     def draw(rng: random.Random):
         if split == "ood_far":
             return ("list", rng.randrange(len(REDUCERS)))
@@ -36,7 +39,7 @@ def _draw(split: str, difficulty: float):
             steps = ((rng.randrange(2), rng.randint(1, 9)), (rng.randrange(2), rng.randint(1, 9)))
         else:
             steps = ((rng.randrange(len(OPS)), rng.randint(2, 20)),)
-        var = "a" if split == "ood_mid" else rng.choice(VARS)
+        var = "a" if split == "ood_mid" else rng.choice(variables)
         phrase = 0 if split in ("ood_near", "ood_mid") else rng.randrange(len(TRAIN_PHRASES))
         return ("ab" if split == "ood_mid" else "n", steps, var, phrase)
 
@@ -85,15 +88,15 @@ def _render(key: tuple, split: str) -> tuple[str, str, Callable[[str], str]]:
     return text, src, lambda s: str(eval(expr, {}, {var: int(s)}))
 
 
-def generate(split: str, n: int, seed: int, difficulty: float = DEFAULT_DIFFICULTY) -> list[dict]:
-    """`n` code records of `split`; deterministic in (split, n, seed, difficulty)."""
+def generate(split: str, n: int, seed: int, difficulty: float = DEFAULT_DIFFICULTY, compact: bool = False) -> list[dict]:
+    """`n` code records of `split`; deterministic in (split, n, seed, difficulty, compact)."""
     check_args(split, n, difficulty)
     rng = rng_for("code", split, seed, difficulty)
     # ood_far has only a few distinct programs: records differ by their test inputs instead.
     if split == "ood_far" and n:
-        keys = [_draw(split, difficulty)(rng) for _ in range(n)]
+        keys = [_draw(split, difficulty, compact)(rng) for _ in range(n)]
     else:
-        keys = sample_unique(rng, n, _draw(split, difficulty), split, what="code")
+        keys = sample_unique(rng, n, _draw(split, difficulty, compact), split, what="code")
     out = []
     for i, key in enumerate(keys):
         text, src, fn = _render(key, split)

@@ -12,6 +12,8 @@ train / id: "Which sample is hottest / coldest / heaviest / lightest?", one-digi
 ood_near: other phrasings ("has the highest temperature"), one-digit readings.
 ood_mid:  training phrasings, two-digit readings.
 ood_far:  other phrasings, two-digit readings and six choices.
+compact: one-digit readings 1-6 instead of 1-9 (train / id / ood_near: a seventh of the space);
+    two-digit readings 10-17 instead of 10-99.
 """
 from __future__ import annotations
 
@@ -38,10 +40,10 @@ NEAR_PROPS = (
 )
 
 
-def _draw(split: str, difficulty: float):
+def _draw(split: str, difficulty: float, compact: bool = False):
     two_digit = split in ("ood_mid", "ood_far")
     props = NEAR_PROPS if split in ("ood_near", "ood_far") else TRAIN_PROPS
-    lo, hi = (10, 99) if two_digit else (1, 9)
+    lo, hi = (10, 17 if compact else 99) if two_digit else (1, 6 if compact else 9)
 
     def draw(rng: random.Random):
         p = rng.randrange(len(props))
@@ -51,11 +53,11 @@ def _draw(split: str, difficulty: float):
     return draw, props
 
 
-def generate(split: str, n: int, seed: int, difficulty: float = DEFAULT_DIFFICULTY) -> list[dict]:
-    """`n` science records of `split`; deterministic in (split, n, seed, difficulty)."""
+def generate(split: str, n: int, seed: int, difficulty: float = DEFAULT_DIFFICULTY, compact: bool = False) -> list[dict]:
+    """`n` science records of `split`; deterministic in (split, n, seed, difficulty, compact)."""
     check_args(split, n, difficulty)
     rng = rng_for("science", split, seed, difficulty)
-    draw, props = _draw(split, difficulty)
+    draw, props = _draw(split, difficulty, compact)
     keys = sample_unique(rng, n, draw, split, what="science")
     out = []
     for i, (p, values) in enumerate(keys):

@@ -9,6 +9,8 @@ train / id: the request phrasings below.
 ood_near: unseen phrasings of the same tools.
 ood_mid:  values (cities, songs, names) never used in training.
 ood_far:  two calls in one request.
+compact: two cities, songs and people (ood_mid: one new of each) and one distractor tool
+    instead of one or two.
 """
 from __future__ import annotations
 
@@ -56,16 +58,12 @@ NEAR_PHRASES = {
 NUMERIC = ("book_table", "buy_tickets", "set_timer")
 
 
-def _value(rng: random.Random, tool: str, derived: bool, novel: bool) -> tuple[str, object]:
+def _value(rng: random.Random, tool: str, derived: bool, novel: bool, compact: bool = False) -> tuple[str, object]:
     """(surface text, argument value) of the tool's one argument."""
-    if tool == "get_weather":
-        v = rng.choice(NEW_CITIES if novel else CITIES)
-        return v, v
-    if tool == "play_song":
-        v = rng.choice(NEW_SONGS if novel else SONGS)
-        return v, v
-    if tool == "call_friend":
-        v = rng.choice(NEW_PEOPLE if novel else PEOPLE)
+    words = {"get_weather": NEW_CITIES if novel else CITIES, "play_song": NEW_SONGS if novel else SONGS,
+             "call_friend": NEW_PEOPLE if novel else PEOPLE}.get(tool)
+    if words is not None:
+        v = rng.choice(words[: (1 if novel else 2)] if compact else words)
         return v, v
     if tool == "set_timer":
         if derived:  # 60h + m with m < 10: the digits of 6h followed by m
@@ -83,7 +81,7 @@ def _value(rng: random.Random, tool: str, derived: bool, novel: bool) -> tuple[s
     return f"{n} {noun}", n
 
 
-def _draw(split: str, difficulty: float):
+def _draw(split: str, difficulty: float, compact: bool = False):
     names = sorted(TOOLS)
     phrases = NEAR_PHRASES if split == "ood_near" else TRAIN_PHRASES
     n_calls = 2 if split == "ood_far" else 1
@@ -95,11 +93,11 @@ def _draw(split: str, difficulty: float):
             pool = [t for t in (NUMERIC if derived else names) if t not in targets]
             tool = rng.choice(pool)
             targets.append(tool)
-            text, value = _value(rng, tool, derived, split == "ood_mid")
+            text, value = _value(rng, tool, derived, split == "ood_mid", compact)
             t = rng.randrange(len(phrases[tool]))
             parts.append((tool, t, text, json.dumps(value)))
         others = [t for t in names if t not in targets]
-        shown = targets + rng.sample(others, rng.randint(1, 2))
+        shown = targets + rng.sample(others, 1 if compact else rng.randint(1, 2))
         rng.shuffle(shown)
         return (tuple(shown), tuple(parts))
 
@@ -116,11 +114,11 @@ def tool_doc(name: str) -> dict:
     }
 
 
-def generate(split: str, n: int, seed: int, difficulty: float = DEFAULT_DIFFICULTY) -> list[dict]:
-    """`n` tooluse records of `split`; deterministic in (split, n, seed, difficulty)."""
+def generate(split: str, n: int, seed: int, difficulty: float = DEFAULT_DIFFICULTY, compact: bool = False) -> list[dict]:
+    """`n` tooluse records of `split`; deterministic in (split, n, seed, difficulty, compact)."""
     check_args(split, n, difficulty)
     rng = rng_for("tooluse", split, seed, difficulty)
-    draw, phrases = _draw(split, difficulty)
+    draw, phrases = _draw(split, difficulty, compact)
     keys = sample_unique(rng, n, draw, split, what="tooluse")
     out = []
     for i, (shown, parts) in enumerate(keys):

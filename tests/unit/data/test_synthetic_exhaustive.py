@@ -52,3 +52,40 @@ def test_every_sampled_item_is_in_the_exhaustive_set_which_is_the_same_for_every
 def test_a_space_too_large_to_walk_is_one_error():
     with pytest.raises(DataError, match="too large to evaluate exhaustively.*give n > 0"):
         generate("science", "ood_far", 0, seed=0)
+
+
+def test_compact_spaces_counted_by_hand():
+    # math ood_far: 2 names x 2 objects x a, b in 2..9
+    assert len(generate("math", "ood_far", 0, seed=0, compact=True)) == 2 * 2 * 8 * 8
+    # science ood_near at difficulty 0: 4 phrasings x three of the readings 1..6, in order
+    assert len(generate("science", "ood_near", 0, seed=0, difficulty=0.0, compact=True)) == 4 * 6 * 5 * 4
+    # code ood_mid never names a variable: compact changes nothing there
+    assert len(generate("code", "ood_mid", 0, seed=0, compact=True)) == (2 * 9) ** 2 + 3 * 19
+    # science train + id at difficulty 1: four of 1..6, the 4 phrasings
+    train = generate("science", "train", 0, seed=0, difficulty=1.0, compact=True)
+    held = generate("science", "id", 0, seed=0, difficulty=1.0, compact=True)
+    assert len(train) + len(held) == 4 * 6 * 5 * 4 * 3
+
+
+@pytest.mark.parametrize("domain", ["math", "science", "tooluse", "code"])
+def test_compact_is_a_subset_of_the_full_space_on_the_same_train_id_partition(domain):
+    small_id = {r["prompt"] for r in generate(domain, "id", 0, seed=0, compact=True)}
+    small_train = {r["prompt"] for r in generate(domain, "train", 0, seed=0, compact=True)}
+    assert small_id and small_train and not small_id & small_train
+    if domain in ("math", "code"):  # full id spaces small enough to walk here
+        assert small_id <= {r["prompt"] for r in generate(domain, "id", 0, seed=0)}
+    # a sampled full-surface train draw never holds a compact id item
+    assert not small_id & {r["prompt"] for r in generate(domain, "train", 400, seed=1)}
+    # sampling the compact surface stays inside it
+    assert {r["prompt"] for r in generate(domain, "id", 50, seed=2, compact=True)} <= small_id
+
+
+def test_compact_is_for_synthetic_sources():
+    from megatron_sdpo.config import load_config
+    from megatron_sdpo.errors import ConfigError
+
+    cfg = load_config("tiny_study")
+    assert all(cfg.domains[d].eval["id"].compact and cfg.domains[d].eval["id"].n == 0 for d in cfg.domains)
+    assert not cfg.domains["math"].train.compact
+    with pytest.raises(ConfigError, match=r"domains.math.eval.id.compact applies to synthetic sources only"):
+        load_config("tiny", ["domains.math.eval.id.source=x.jsonl", "domains.math.eval.id.compact=true"])
