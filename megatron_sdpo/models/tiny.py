@@ -74,6 +74,9 @@ class TinyConfig:
     # `\\boxed{N}`. The math reward reads the last box, so the duplicate costs no reward: an RL
     # run from such a base shows whether a method amplifies a harmless format artifact.
     boxed_duplicate_rate: float = 0.0
+    # Long answers: math warm-up solutions worked out in words, counting one number at a time
+    # (synthetic.math.worked_solution): a base whose answers leave room for repetition.
+    long_math: bool = False
 
     def validate(self) -> None:
         if self.head_dim < 32:
@@ -92,12 +95,18 @@ class TinyConfig:
 
 
 def train_records(cfg: TinyConfig) -> dict[str, list[dict]]:
-    """The warm-up records per domain (train split, seed cfg.seed + 1), math solutions with the
-    injected duplicate box where `cfg.boxed_duplicate_rate` asks for one."""
+    """The warm-up records per domain (train split, seed cfg.seed + 1); math solutions worked out
+    at length with `cfg.long_math`, with the injected duplicate box where
+    `cfg.boxed_duplicate_rate` asks for one."""
     out = {
         d: generate(d, "train", cfg.n_train_per_domain, cfg.seed + 1, cfg.difficulty.get(d))
         for d in DOMAINS
     }
+    if cfg.long_math:
+        from megatron_sdpo.data.synthetic import math as synthetic_math
+
+        difficulty = cfg.difficulty.get("math", synthetic_math.DEFAULT_DIFFICULTY)
+        out["math"] = synthetic_math.generate("train", cfg.n_train_per_domain, cfg.seed + 1, difficulty, long_answers=True)
     if cfg.boxed_duplicate_rate > 0:
         out["math"] = inject_boxed_duplicates(out["math"], cfg.boxed_duplicate_rate, cfg.seed)
     return out
@@ -113,11 +122,12 @@ def inject_boxed_duplicates(records: list[dict], rate: float, seed: int) -> list
     ]
 
 
-# Named bases for `model.path`: the shipped recipe, and the artifact-injection assay's base
-# (built into the cache on first use, a few minutes on 2 cores).
+# Named bases for `model.path`: the shipped recipe, the artifact-injection assay's base and the
+# long-answer base (the variants are built into the cache on first use, minutes on 2 cores).
 VARIANTS: dict[str, TinyConfig] = {
     "tiny": TinyConfig(),
     "tiny-boxdup": TinyConfig(boxed_duplicate_rate=0.1),
+    "tiny-long": TinyConfig(long_math=True),
 }
 
 

@@ -13,7 +13,8 @@ from typing import Optional
 
 import numpy as np
 
-from megatron_sdpo.study import stats
+from megatron_sdpo.data.records import DOMAINS
+from megatron_sdpo.study import item_noise, stats
 from megatron_sdpo.study.metrics import FINDINGS, METRICS, Metric, RunView, resampled_matrix, run_metrics
 
 
@@ -200,8 +201,8 @@ def write_markdown(
     lines = [f"# {title}", ""]
     lines.append(
         f"{len(runs)} of {planned} runs finished; seeds {', '.join(map(str, seeds)) or 'the config’s own'}; "
-        f"every arm against `{baseline}`, paired by seed (each seed has its own eval items; both arms of a "
-        f"seed answer the same ones)."
+        f"every arm against `{baseline}`, paired by seed (each seed has its own eval items, except on exhaustive "
+        f"splits (`n: 0`), which are the same for every seed; both arms of a seed answer the same ones)."
     )
     lines += [
         "",
@@ -250,6 +251,7 @@ def write_markdown(
         lines += ["## Metrics", ""]
         lines += _table(["metric", "finding", "what"], [[f"`{m.name}`", m.finding, m.description] for m in METRICS])
         lines.append("")
+    lines += item_noise.markdown(item_noise.check_gains(runs, DOMAINS))
     if pilot_detect is not None:
         lines += [
             f"## Pilot: seeds for a detectable difference of {pilot_detect:g}",

@@ -6,6 +6,10 @@ train / id: addition and subtraction in two phrasings per operator, operands up 
 ood_near: the same arithmetic in phrasings never used for training.
 ood_mid:  training phrasings, operands beyond the training range (one more digit).
 ood_far:  multiplication ("bags of k"), an operator never seen in training.
+long_answers: the reference solution works the problem out in words and counts on, back or by
+    bags one number at a time (~40-110 tokens of the tiny tokenizer instead of ~10): the warm-up
+    text of a base that answers at length, so repetition has room to appear (the prompts are
+    unchanged, and the reward reads the last box either way).
 compact: two names and two objects instead of eight and six (a twelfth of every split's space),
     so `n: 0` evaluates a split exhaustively in seconds.
 """
@@ -55,8 +59,24 @@ def _draw(split: str, hi: int, compact: bool = False):
     return draw
 
 
-def generate(split: str, n: int, seed: int, difficulty: float = DEFAULT_DIFFICULTY, compact: bool = False) -> list[dict]:
-    """`n` math records of `split`; deterministic in (split, n, seed, difficulty, compact)."""
+def worked_solution(op: str, name: str, obj: str, a: int, b: int, c: int) -> str:
+    """The long-answer reference: the question restated, every number counted, the box last."""
+    if op == "*":
+        steps = [b * k for k in range(1, a + 1)]
+        start, how = f"{name} has {a} bags with {b} {obj} in each.", f"Add {b} for each bag"
+    else:
+        steps = list(range(a + 1, c + 1)) if op == "+" else list(range(a - 1, c - 1, -1))
+        verb = "gets" if op == "+" else "gives away"
+        start = f"{name} starts with {a} {obj} and {verb} {b}."
+        how = f"Count {'on' if op == '+' else 'back'} {b} from {a}"
+    counted = ", ".join(map(str, steps)) if steps else str(a)
+    return f"{start} {how}: {counted}. So {name} has {c} {obj}. The answer is {c}. \\boxed{{{c}}}"
+
+
+def generate(split: str, n: int, seed: int, difficulty: float = DEFAULT_DIFFICULTY, compact: bool = False,
+             long_answers: bool = False) -> list[dict]:
+    """`n` math records of `split`; deterministic in (split, n, seed, difficulty, compact);
+    `long_answers` changes only the reference solutions (`worked_solution`)."""
     check_args(split, n, difficulty)
     rng = rng_for("math", split, seed, difficulty)
     keys = sample_unique(rng, n, _draw(split, max_operand(difficulty), compact), split, what="math")
@@ -68,6 +88,6 @@ def generate(split: str, n: int, seed: int, difficulty: float = DEFAULT_DIFFICUL
             templates = NEAR_TEMPLATES if split == "ood_near" else TRAIN_TEMPLATES
             text, c = templates[op][t], (a + b if op == "+" else a - b)
         prompt = text.format(name=name, obj=obj, a=a, b=b) + " " + INSTRUCTION
-        solution = f"{a}{op}{b}={c} \\boxed{{{c}}}"
+        solution = worked_solution(op, name, obj, a, b, c) if long_answers else f"{a}{op}{b}={c} \\boxed{{{c}}}"
         out.append(make_record("math", split, seed, i, prompt, solution, answer=str(c)))
     return out

@@ -146,3 +146,22 @@ def test_instruction_replaces_only_the_prompt_ending(domain):
     for a, b in zip(own, worded):
         assert a["prompt"].endswith(suffix) and b["prompt"] == a["prompt"][: -len(suffix)] + "Say it plainly."
         assert {k: v for k, v in a.items() if k != "prompt"} == {k: v for k, v in b.items() if k != "prompt"}
+
+
+def test_worked_math_solutions_count_every_number_and_score_one():
+    from megatron_sdpo.data.synthetic import math as synthetic_math
+    from megatron_sdpo.rewards.math import score_math
+
+    assert synthetic_math.worked_solution("+", "Ann", "pens", 9, 3, 12) == (
+        "Ann starts with 9 pens and gets 3. Count on 3 from 9: 10, 11, 12. So Ann has 12 pens. "
+        "The answer is 12. \\boxed{12}")
+    assert "Count back 2 from 5: 4, 3." in synthetic_math.worked_solution("-", "Bob", "cards", 5, 2, 3)
+    assert "Add 4 for each bag: 4, 8, 12." in synthetic_math.worked_solution("*", "Eve", "coins", 3, 4, 12)
+    for split in SPLITS:
+        short = generate("math", split, 30, 0)
+        long = synthetic_math.generate(split, 30, 0, long_answers=True)
+        # the prompts and answers are the same items; only the reference solution changes
+        assert [r["prompt"] for r in long] == [r["prompt"] for r in short]
+        for r in long:
+            assert r["solution"].count("\\boxed{") == 1 and len(r["solution"]) > 3 * len(short[0]["solution"])
+            assert score_math(r["solution"], r).score == 1.0

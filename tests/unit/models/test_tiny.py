@@ -116,6 +116,10 @@ def test_boxed_duplicate_injection():
     cfg = _short_cfg()
     cfg.boxed_duplicate_rate = 1.0
     assert all(r["solution"].count("\\boxed{") == 2 for r in tiny.train_records(cfg)["math"])
+    cfg.long_math = True  # the long-answer recipe: worked solutions, then the duplicate box
+    assert all(r["solution"].startswith(next(x for x in generate("math", "train", 40, 1) if x["id"] == r["id"])["prompt"].split(" ")[0])
+               and "The answer is" in r["solution"] and r["solution"].count("\\boxed{") == 2
+               for r in tiny.train_records(cfg)["math"])
     cfg.boxed_duplicate_rate = 1.5
     with pytest.raises(ConfigError, match="boxed_duplicate_rate"):
         cfg.validate()
@@ -124,6 +128,7 @@ def test_boxed_duplicate_injection():
 def test_named_variants(tmp_path, monkeypatch):
     monkeypatch.setenv("MEGATRON_SDPO_CACHE", str(tmp_path))
     assert tiny.VARIANTS["tiny-boxdup"].boxed_duplicate_rate == 0.1
+    assert tiny.VARIANTS["tiny-long"].long_math and tiny.variant_dir("tiny-long") == tmp_path / "tiny_long"
     assert tiny.variant_dir("tiny-boxdup") == tmp_path / "tiny_boxdup"
     with pytest.raises(ConfigError, match="unknown tiny base"):
         tiny.ensure_tiny_base(variant="tiny-nope")
