@@ -1,7 +1,7 @@
 """Build the tiny base model (tokenizer + ~1M-param Qwen3 + supervised warm-up) on CPU.
 
     python tools/make_tiny_base.py --out megatron_sdpo/assets/tiny_base [--steps N] [--eval 64]
-        [--trace-every 50]
+        [--trace-every 50] [--boxed-duplicate-rate 0.1] [--long-math]
 
 Deterministic from --seed. --eval N reports greedy and sampled (temperature 1) accuracy per
 domain and split on N synthetic records each (needs megatron_sdpo.rewards). --trace-every K
@@ -33,6 +33,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="override a synthetic generator's difficulty (repeatable)")
     ap.add_argument("--boxed-duplicate-rate", type=float, default=defaults.boxed_duplicate_rate,
                     help="share of math warm-up solutions ending with a second identical \\boxed{} (artifact assay)")
+    ap.add_argument("--long-math", action="store_true",
+                    help="math warm-up solutions worked out in words (the tiny-long base of the long-answer probe)")
     ap.add_argument("--threads", type=int, default=defaults.threads)
     ap.add_argument("--eval", type=int, default=0, metavar="N", help="evaluate on N records per domain/split")
     ap.add_argument("--trace-every", type=int, default=0, metavar="K", help="trace calibration every K steps")
@@ -48,15 +50,17 @@ def main(argv: list[str] | None = None) -> int:
         cfg = tiny.TinyConfig(seed=args.seed, steps=args.steps, batch_size=args.batch_size, lr=args.lr,
                               n_train_per_domain=args.n_train, teacher_fraction=args.teacher_fraction,
                               difficulty=difficulty, threads=args.threads,
-                              boxed_duplicate_rate=args.boxed_duplicate_rate)
+                              boxed_duplicate_rate=args.boxed_duplicate_rate, long_math=args.long_math)
         if args.trace_every < 0:
             raise UserError(f"--trace-every must be >= 0, got {args.trace_every}")
-        hook = _tracer(args.trace_every, args.seed) if args.trace_every else None
+        # Worked math answers run to ~110 tokens: a 48-token budget would cut them off.
+        budget = 160 if args.long_math else 48
+        hook = _tracer(args.trace_every, args.seed, budget) if args.trace_every else None
         info = tiny.build_tiny_base(args.out, cfg, log=lambda s: print(s, flush=True), on_step=hook)
         print(json.dumps({k: v for k, v in info.items() if k != "config"}))
         if args.eval:
             report = tiny.evaluate_base(args.out, n=args.eval, seed=args.seed + 100,
-                                        difficulty=difficulty, threads=args.threads)
+                                        difficulty=difficulty, threads=args.threads, max_new_tokens=budget)
             print(tiny.format_report(report))
     except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -64,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _tracer(every: int, seed: int):
+def _tracer(every: int, seed: int, max_new_tokens: int = 48):
     """on_step hook printing sampled-train / greedy-id accuracy per domain every `every` steps.
     Sampling uses its own generator, so the build stays bit-identical to an untraced one."""
     from megatron_sdpo.data.synthetic import DOMAINS, generate
@@ -78,8 +82,8 @@ def _tracer(every: int, seed: int):
         model.eval()
         cells = []
         for d, (train, held) in sets.items():
-            t1 = tiny.accuracy(model, tokenizer, train, greedy=False, seed=step)
-            greedy = tiny.accuracy(model, tokenizer, held, greedy=True)
+            t1 = tiny.accuracy(model, tokenizer, train, greedy=False, seed=step, max_new_tokens=max_new_tokens)
+            greedy = tiny.accuracy(model, tokenizer, held, greedy=True, max_new_tokens=max_new_tokens)
             cells.append(f"{d} {t1:.2f}/{greedy:.2f}")
         model.train()
         print(f"step {step:4d} train-t1/id-greedy: " + "  ".join(cells), flush=True)

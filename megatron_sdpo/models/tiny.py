@@ -342,11 +342,12 @@ def sample_responses(model, tokenizer, prompts: list[str], *, greedy: bool, seed
     return out
 
 
-def accuracy(model, tokenizer, records: list[dict], *, greedy: bool, seed: int = 0) -> float:
+def accuracy(model, tokenizer, records: list[dict], *, greedy: bool, seed: int = 0, max_new_tokens: int = 48) -> float:
     """Mean verifier score of the model's responses to `records` (megatron_sdpo.rewards.score)."""
     from megatron_sdpo.rewards import score
 
-    responses = sample_responses(model, tokenizer, [r["prompt"] for r in records], greedy=greedy, seed=seed)
+    responses = sample_responses(model, tokenizer, [r["prompt"] for r in records], greedy=greedy, seed=seed,
+                                 max_new_tokens=max_new_tokens)
     return sum(score(r["domain"], y, r).score for r, y in zip(records, responses)) / max(1, len(records))
 
 
@@ -476,7 +477,7 @@ def load_tiny_base(path: str | Path | None = None):
 
 
 def evaluate_base(path: str | Path | None = None, *, n: int = 64, seed: int = 100,
-                  difficulty: dict | None = None, threads: int = 1) -> dict:
+                  difficulty: dict | None = None, threads: int = 1, max_new_tokens: int = 48) -> dict:
     """Accuracy of the base at `path` per (domain, split, mode): mode "greedy" or "t1" (sampled at
     temperature 1), on `n` synthetic records per domain and split (data seed `seed`)."""
     from megatron_sdpo.data.synthetic import SPLITS
@@ -489,8 +490,8 @@ def evaluate_base(path: str | Path | None = None, *, n: int = 64, seed: int = 10
         for d in DOMAINS:
             for s in SPLITS:
                 recs = generate(d, s, n, seed, (difficulty or {}).get(d))
-                out[(d, s, "greedy")] = accuracy(model, tok, recs, greedy=True)
-                out[(d, s, "t1")] = accuracy(model, tok, recs, greedy=False, seed=seed)
+                out[(d, s, "greedy")] = accuracy(model, tok, recs, greedy=True, max_new_tokens=max_new_tokens)
+                out[(d, s, "t1")] = accuracy(model, tok, recs, greedy=False, seed=seed, max_new_tokens=max_new_tokens)
         return out
     finally:
         torch.set_num_threads(prev)
