@@ -267,7 +267,7 @@ def build_parser(drift_arguments: bool = True) -> argparse.ArgumentParser:
     st.add_argument(
         "--arms", default="grpo,sdpo_frozen",
         help="arms to run, comma-separated: built in grpo, grpo_mb4, sdpo_frozen, sdpo_ema5, stable_sdpo, "
-        "sdpo_feedback_off, or defined with --arm / --arms-file",
+        "sdpo_feedback_off, sdpo_old_defaults (the collapse control), or defined with --arm / --arms-file",
     )
     st.add_argument("--seeds", help="seeds: 0-5, 0,2,4 or a mix (default 0-5)")
     st.add_argument("--jobs", type=int, default=1, help="runs at a time (threads are split between them)")

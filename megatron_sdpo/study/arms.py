@@ -69,6 +69,14 @@ BUILTIN_ARMS: dict[str, Arm] = {
             ("algorithm.name=sdpo", "teacher.mode=frozen", "algorithm.sdpo.context.use_feedback=false"),
             description="SDPO₀ without verifier feedback in any domain (the feedback factor)",
         ),
+        Arm(
+            "sdpo_old_defaults",
+            ("algorithm.name=sdpo", "teacher.mode=ema", "teacher.ema_rate=0.05", "teacher.reset_at_stage=none",
+             "algorithm.sdpo.context.feedback_domains=[math,science,tooluse,code]",
+             "algorithm.sdpo.context.feedback_only_without_solution=false", "algorithm.grpo.norm_by_std=true"),
+            description="positive control: this project's first defaults, which collapsed on tiny (feedback on every "
+            "failed answer in every domain, a 5% EMA teacher never reset, advantages ÷ std)",
+        ),
     )
 }
 

@@ -24,6 +24,11 @@ def test_builtin_arms_are_the_papers():
     assert (ema.teacher.mode, ema.teacher.ema_rate, ema.teacher.reset_at_stage) == ("ema", 0.05, "stage_start")
     off = cfg_of("sdpo_feedback_off")
     assert (off.teacher.mode, off.algorithm.sdpo.context.use_feedback) == ("frozen", False)
+    old = cfg_of("sdpo_old_defaults")
+    ctx = old.algorithm.sdpo.context
+    assert (old.teacher.mode, old.teacher.ema_rate, old.teacher.reset_at_stage) == ("ema", 0.05, "none")
+    assert (sorted(ctx.feedback_domains), ctx.feedback_only_without_solution, old.algorithm.grpo.norm_by_std) == (
+        ["code", "math", "science", "tooluse"], False, True)
 
 
 @pytest.mark.parametrize("steps, gamma", [(30, 20 / 30), (50, 0.4), (20, 1.0), (5, 1.0)])
