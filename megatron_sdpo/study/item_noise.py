@@ -12,15 +12,19 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Optional, Sequence
+from typing import Optional, Protocol, Sequence
 
 import numpy as np
 
 from megatron_sdpo.study import stats
-from megatron_sdpo.study.metrics import in_stage_gain
+from megatron_sdpo.study.metrics import RunView, in_stage_gain
 
-if TYPE_CHECKING:
-    from megatron_sdpo.study.findings import StudyRun
+
+class StudyRun(Protocol):
+    """What the check reads of a study's run (findings.StudyRun has it)."""
+
+    arm: str
+    view: RunView
 
 K_SE = 3.0
 
@@ -33,7 +37,7 @@ def paired_item_se(before: np.ndarray, after: np.ndarray) -> Optional[float]:
     return float(d.std(ddof=1) / math.sqrt(len(d)))
 
 
-def run_gain(run: "StudyRun", domain: str) -> tuple[Optional[float], Optional[float]]:
+def run_gain(run: StudyRun, domain: str) -> tuple[Optional[float], Optional[float]]:
     """(in-stage gain, its paired item standard error) of `domain` in one run."""
     view = run.view
     gain = in_stage_gain(view, domain)
@@ -60,7 +64,7 @@ class GainCheck:
     passed: bool
 
 
-def check_gains(runs: Sequence["StudyRun"], domains: Sequence[str]) -> list[GainCheck]:
+def check_gains(runs: Sequence[StudyRun], domains: Sequence[str]) -> list[GainCheck]:
     """One GainCheck per (arm, domain) with a gain in at least one run, arms in first-seen order."""
     out = []
     for arm in dict.fromkeys(r.arm for r in runs):
