@@ -98,15 +98,15 @@ def train_records(cfg: TinyConfig) -> dict[str, list[dict]]:
     """The warm-up records per domain (train split, seed cfg.seed + 1); math solutions worked out
     at length with `cfg.long_math`, with the injected duplicate box where
     `cfg.boxed_duplicate_rate` asks for one."""
-    out = {
-        d: generate(d, "train", cfg.n_train_per_domain, cfg.seed + 1, cfg.difficulty.get(d))
-        for d in DOMAINS
-    }
-    if cfg.long_math:
-        from megatron_sdpo.data.synthetic import math as synthetic_math
+    from megatron_sdpo.data.synthetic import math as synthetic_math
 
-        difficulty = cfg.difficulty.get("math", synthetic_math.DEFAULT_DIFFICULTY)
-        out["math"] = synthetic_math.generate("train", cfg.n_train_per_domain, cfg.seed + 1, difficulty, long_answers=True)
+    def records(d: str) -> list[dict]:
+        if d == "math" and cfg.long_math:
+            difficulty = cfg.difficulty.get("math", synthetic_math.DEFAULT_DIFFICULTY)
+            return synthetic_math.generate("train", cfg.n_train_per_domain, cfg.seed + 1, difficulty, long_answers=True)
+        return generate(d, "train", cfg.n_train_per_domain, cfg.seed + 1, cfg.difficulty.get(d))
+
+    out = {d: records(d) for d in DOMAINS}  # DOMAINS order: the build's example order depends on it
     if cfg.boxed_duplicate_rate > 0:
         out["math"] = inject_boxed_duplicates(out["math"], cfg.boxed_duplicate_rate, cfg.seed)
     return out
