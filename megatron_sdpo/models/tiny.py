@@ -402,6 +402,7 @@ def _build(out_dir: Path, cfg: TinyConfig, log, feedback_fn, on_step) -> dict:
     losses = warmup(model, examples, cfg, log, on_step=hook)
     info = {
         "config": asdict(cfg),
+        "recipe_version": RECIPE_VERSION,
         "parameters": sum(p.numel() for p in model.parameters()),
         "vocab_size": len(tokenizer),
         "final_loss": sum(losses[-20:]) / max(1, len(losses[-20:])),
@@ -431,11 +432,17 @@ def is_complete(path: str | Path) -> bool:
     return all((p / f).is_file() for f in ("config.json", "model.safetensors", "tokenizer.json"))
 
 
+# The version of the warm-up records a recipe trains on: bumped when a synthetic generator's
+# records change (2: science compares the extreme reading with a threshold), so a base built
+# into the cache from older records is never taken for the current recipe.
+RECIPE_VERSION = 2
+
+
 def default_cache_dir() -> Path:
     """Where the tiny base is trained when the package ships none: the project's cache."""
     from megatron_sdpo.models.packaged import cache_root
 
-    return cache_root() / "tiny_base"
+    return cache_root() / f"tiny_base_r{RECIPE_VERSION}"
 
 
 def variant_dir(name: str) -> Path:
@@ -444,7 +451,7 @@ def variant_dir(name: str) -> Path:
         return SHIPPED_DIR if is_complete(SHIPPED_DIR) else default_cache_dir()
     from megatron_sdpo.models.packaged import cache_root
 
-    return cache_root() / name.replace("-", "_")
+    return cache_root() / f"{name.replace('-', '_')}_r{RECIPE_VERSION}"
 
 
 def ensure_tiny_base(path: str | Path | None = None, variant: str = "tiny") -> str:

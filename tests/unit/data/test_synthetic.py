@@ -1,5 +1,6 @@
 """The synthetic suite: valid, deterministic, train/id disjoint, solutions verified by the rewards."""
 import random
+import re
 
 import pytest
 
@@ -48,16 +49,36 @@ def test_ood_splits_differ_from_train():
     hi = 9 + round(90 * DEFAULT_DIFFICULTY["math"])
     assert all(int(r["solution"].split("+")[0].split("-")[0]) > hi for r in math_mid)
     assert all("*" in r["solution"] for r in generate("math", "ood_far", 20, 0))
-    assert all(len(r["choices"]) == 6 for r in generate("science", "ood_far", 20, 0))
+    assert all(r["prompt"].count(" g,") + r["prompt"].count(" K,") == 5 for r in generate("science", "ood_far", 20, 0))
     assert all(len(r["answer"]) == 2 for r in generate("tooluse", "ood_far", 20, 0))
     assert all(" " in r["tests"][0]["input"] for r in generate("code", "ood_mid", 20, 0))
 
 
-def test_science_answer_is_extreme_value():
-    for r in generate("science", "train", 100, 0):
-        vals = [int(c.split()[0]) for c in r["choices"]]
-        pick = max(vals) if ("hottest" in r["prompt"] or "heaviest" in r["prompt"]) else min(vals)
-        assert r["choices"][ord(r["answer"]) - 65].startswith(str(pick))
+def _science_readings(prompt: str) -> tuple[int, list[int]]:
+    question, listing = prompt.split("? ", 1)
+    threshold = int(question.split()[-2])
+    return threshold, [int(v) for v in re.findall(r"(\d+) [Kg][,.]", listing)]
+
+
+@pytest.mark.parametrize("split", SPLITS)
+def test_science_answer_compares_the_extreme_reading_with_the_threshold(split):
+    recs = generate("science", split, 150, 0)
+    for r in recs:
+        threshold, vals = _science_readings(r["prompt"])
+        high = any(w in r["prompt"] for w in ("hottest", "heaviest", "highest", "largest"))
+        extreme = max(vals) if high else min(vals)
+        expected = "A" if extreme < threshold else ("B" if extreme == threshold else "C")
+        assert r["answer"] == expected and r["choices"] == ["below", "at", "above"]
+        assert abs(extreme - threshold) <= 1 and len(str(extreme)) == len(str(threshold))
+        unit = "K" if " K," in r["prompt"] else "g"
+        relation = r["choices"][ord(r["answer"]) - 65]
+        assert r["solution"] == f"{extreme} {unit} vs {threshold} {unit}: {relation} <answer>{r['answer']}</answer>"
+        # listed in ascending order (the extreme is first or last) except far out of distribution
+        assert vals == sorted(vals) or split == "ood_far"
+    if split == "ood_far":  # six readings in no order: 150 all sorted has chance 720**-150
+        assert any(v != sorted(v) for v in (_science_readings(r["prompt"])[1] for r in recs))
+    # the three outcomes are equally likely: none under 20% of 150 (binomial sd ~ 3.8%)
+    assert min(sum(r["answer"] == x for r in recs) for x in "ABC") >= 30
 
 
 def test_difficulty_knob_changes_items():
@@ -68,8 +89,8 @@ def test_difficulty_knob_changes_items():
 
     assert n_words(easy) == {1} and n_words(hard) == {2}
     assert max(int(r["answer"]) for r in generate("math", "train", 200, 0, difficulty=0.0)) <= 18
-    assert {len(r["choices"]) for r in generate("science", "train", 50, 0, difficulty=0.0)} == {3}
-    assert {len(r["choices"]) for r in generate("science", "train", 50, 0, difficulty=1.0)} == {4}
+    assert {len(_science_readings(r["prompt"])[1]) for r in generate("science", "train", 50, 0, difficulty=0.0)} == {3}
+    assert {len(_science_readings(r["prompt"])[1]) for r in generate("science", "train", 50, 0, difficulty=1.0)} == {4}
     def derived(r):
         return "adult" in r["prompt"] or "hour" in r["prompt"]
 
@@ -107,12 +128,13 @@ def test_tooluse_derived_arguments():
 
 def test_science_readings_by_split():
     def digits(recs):
-        return {len(c.split()[0]) for r in recs for c in r["choices"]}
+        return {len(str(v)) for r in recs for v in _science_readings(r["prompt"])[1]}
 
     assert digits(generate("science", "train", 50, 0)) == {1}
     assert digits(generate("science", "ood_near", 50, 0)) == {1}
     assert digits(generate("science", "ood_mid", 50, 0)) == {2}
-    assert "has the" in generate("science", "ood_near", 1, 0)[0]["prompt"]
+    assert digits(generate("science", "ood_far", 50, 0)) == {2}
+    assert "reading" not in generate("science", "ood_near", 1, 0)[0]["prompt"]
 
 
 def test_bad_arguments():

@@ -23,10 +23,11 @@ def test_the_walk_takes_every_path_of_each_choice_kind():
 
 
 def test_science_train_and_id_partition_the_three_choice_space():
-    # difficulty 0: always three of the readings 1..9, in order, under one of 4 phrasings
+    # difficulty 0: three of the readings 1..8, listed in ascending order, under one of 4
+    # phrasings, with the threshold below, at or above the extreme reading
     train = generate("science", "train", 0, seed=0, difficulty=0.0)
     held = generate("science", "id", 0, seed=0, difficulty=0.0)
-    assert len(train) + len(held) == 4 * 9 * 8 * 7
+    assert len(train) + len(held) == 4 * math.comb(8, 3) * 3
     assert not {r["prompt"] for r in train} & {r["prompt"] for r in held}
     assert 0.15 < len(held) / (len(train) + len(held)) < 0.25  # the id share is 0.2 by hash
 
@@ -57,14 +58,16 @@ def test_a_space_too_large_to_walk_is_one_error():
 def test_compact_spaces_counted_by_hand():
     # math ood_far: 2 names x 2 objects x a, b in 2..9
     assert len(generate("math", "ood_far", 0, seed=0, compact=True)) == 2 * 2 * 8 * 8
-    # science ood_near at difficulty 0: 4 phrasings x three of the readings 1..6, in order
-    assert len(generate("science", "ood_near", 0, seed=0, difficulty=0.0, compact=True)) == 4 * 6 * 5 * 4
+    # science one-digit spaces are small already: compact keeps them (4 phrasings x three of 1..8
+    # in ascending order x 3 outcomes); the two-digit ood_mid draws three or four of 11..16
+    assert len(generate("science", "ood_near", 0, seed=0, difficulty=0.0, compact=True)) == 4 * math.comb(8, 3) * 3
+    assert len(generate("science", "ood_mid", 0, seed=0, difficulty=1.0, compact=True)) == 4 * math.comb(6, 4) * 3
     # code ood_mid never names a variable: compact changes nothing there
     assert len(generate("code", "ood_mid", 0, seed=0, compact=True)) == (2 * 9) ** 2 + 3 * 19
-    # science train + id at difficulty 1: four of 1..6, the 4 phrasings
+    # science train + id at difficulty 1: four of 1..8 in ascending order, the 4 phrasings, 3 outcomes
     train = generate("science", "train", 0, seed=0, difficulty=1.0, compact=True)
     held = generate("science", "id", 0, seed=0, difficulty=1.0, compact=True)
-    assert len(train) + len(held) == 4 * 6 * 5 * 4 * 3
+    assert len(train) + len(held) == 4 * math.comb(8, 4) * 3
 
 
 @pytest.mark.parametrize("domain", ["math", "science", "tooluse", "code"])

@@ -1,5 +1,7 @@
 """The tiny base: a short build is deterministic; the shipped copy loads, its tokenizer
 round-trips, and the base is a better teacher (with the solution in context) than student."""
+import json
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
@@ -56,6 +58,9 @@ def test_shipped_model_is_small_and_shaped(shipped):
     assert (c.hidden_size, c.num_hidden_layers, c.num_attention_heads, c.head_dim, c.num_key_value_heads) == (128, 4, 4, 32, 2)
     assert not c.tie_word_embeddings and c.vocab_size == len(tok)
     assert 600 <= len(tok) <= 1000
+    # built from the records of the current generators (a bump of the version needs a rebuild)
+    build = json.loads((Path(tiny.SHIPPED_DIR) / "tiny_build.json").read_text())
+    assert build["recipe_version"] == tiny.RECIPE_VERSION and build["config"] == asdict(tiny.TinyConfig())
 
 
 def test_shipped_tokenizer_round_trips(shipped):
@@ -128,7 +133,7 @@ def test_boxed_duplicate_injection():
 def test_named_variants(tmp_path, monkeypatch):
     monkeypatch.setenv("MEGATRON_SDPO_CACHE", str(tmp_path))
     assert tiny.VARIANTS["tiny-boxdup"].boxed_duplicate_rate == 0.1
-    assert tiny.VARIANTS["tiny-long"].long_math and tiny.variant_dir("tiny-long") == tmp_path / "tiny_long"
-    assert tiny.variant_dir("tiny-boxdup") == tmp_path / "tiny_boxdup"
+    assert tiny.VARIANTS["tiny-long"].long_math and tiny.variant_dir("tiny-long") == tmp_path / "tiny_long_r2"
+    assert tiny.variant_dir("tiny-boxdup") == tmp_path / "tiny_boxdup_r2"
     with pytest.raises(ConfigError, match="unknown tiny base"):
         tiny.ensure_tiny_base(variant="tiny-nope")
