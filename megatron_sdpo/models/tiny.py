@@ -122,6 +122,11 @@ def inject_boxed_duplicates(records: list[dict], rate: float, seed: int) -> list
     ]
 
 
+# The version of the warm-up records a recipe trains on: bumped when a synthetic generator's
+# records change (2: science compares the extreme reading with a threshold), so a base built
+# into the cache from older records is never taken for the current recipe.
+RECIPE_VERSION = 2
+
 # Named bases for `model.path`: the shipped recipe, the artifact-injection assay's base and the
 # long-answer base (the variants are built into the cache on first use, minutes on 2 cores).
 VARIANTS: dict[str, TinyConfig] = {
@@ -432,26 +437,15 @@ def is_complete(path: str | Path) -> bool:
     return all((p / f).is_file() for f in ("config.json", "model.safetensors", "tokenizer.json"))
 
 
-# The version of the warm-up records a recipe trains on: bumped when a synthetic generator's
-# records change (2: science compares the extreme reading with a threshold), so a base built
-# into the cache from older records is never taken for the current recipe.
-RECIPE_VERSION = 2
-
-
-def default_cache_dir() -> Path:
-    """Where the tiny base is trained when the package ships none: the project's cache."""
-    from megatron_sdpo.models.packaged import cache_root
-
-    return cache_root() / f"tiny_base_r{RECIPE_VERSION}"
-
-
 def variant_dir(name: str) -> Path:
-    """Where a named base lives: the shipped copy for "tiny" when present, else the cache."""
-    if name == "tiny":
-        return SHIPPED_DIR if is_complete(SHIPPED_DIR) else default_cache_dir()
+    """Where a named base lives: the shipped copy for "tiny" when present, else the project's
+    cache, in a directory named with the recipe version."""
+    if name == "tiny" and is_complete(SHIPPED_DIR):
+        return SHIPPED_DIR
     from megatron_sdpo.models.packaged import cache_root
 
-    return cache_root() / f"{name.replace('-', '_')}_r{RECIPE_VERSION}"
+    stem = "tiny_base" if name == "tiny" else name.replace("-", "_")
+    return cache_root() / f"{stem}_r{RECIPE_VERSION}"
 
 
 def ensure_tiny_base(path: str | Path | None = None, variant: str = "tiny") -> str:
