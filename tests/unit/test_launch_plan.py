@@ -101,7 +101,7 @@ def test_packaged_model_plans_without_converting(tmp_path, monkeypatch):
 
 def test_config_json_of_a_local_model_and_unknown_models(tmp_path):
     p = plan(load_config("tiny"), 1)
-    assert p.arch.source.endswith("tiny_base/config.json") and p.arch.vocab == 717 and not p.notes
+    assert p.arch.source.endswith("tiny_base/config.json") and p.arch.vocab == 718 and not p.notes
     # Not here and not built in (e.g. a launch from a login node): a warning, no estimate.
     p = plan(load_config("tiny", [f"model.path={tmp_path}"]), 1)
     assert p.arch is None and p.ledger is None and "no built-in architecture" in p.warnings[0]

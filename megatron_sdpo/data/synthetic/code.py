@@ -1,9 +1,12 @@
 """Synthetic stdin/stdout programs: "Read n and print <expression in words>".
 
 Translating words to symbols alone saturates a tiny model, so with probability `difficulty`
-the expression chains two constants ("n plus three plus four") and the reference program folds
-them (``print(n+7)``): writing it needs one-digit arithmetic, like the math domain. Otherwise
-the expression has one operation and one constant ("n times three" -> ``print(n*3)``).
+the expression chains two constants of one sign ("n plus three plus four", "n minus three minus
+four") and the reference program folds them (``print(n+7)``, ``print(n-7)``): writing it needs
+the one-digit unsigned sum of the math domain. (Recipe 2 mixed the signs, "n plus six minus
+eight" -> ``print(n-2)``; a signed sum with negative results is what GRPO did not teach the
+tiny base: docs/findings.md, "Making code learnable".) Otherwise the expression has one
+operation and one constant ("n times three" -> ``print(n*3)``).
 Variables and phrasings vary so the item space is large.
 train / id: the phrasings below. ood_near: another phrasing of the same task.
 ood_mid:  two inputs on one line ("Read a and b ..."), the second added at the end.
@@ -35,8 +38,9 @@ def _draw(split: str, difficulty: float, compact: bool = False):
         if split == "ood_far":
             return ("list", rng.randrange(len(REDUCERS)))
         steps: tuple[tuple[int, int], ...]
-        if rng.random() < difficulty:  # two folded constants, + or - each
-            steps = ((rng.randrange(2), rng.randint(1, 9)), (rng.randrange(2), rng.randint(1, 9)))
+        if rng.random() < difficulty:  # two folded constants of one sign: both + or both -
+            op = rng.randrange(2)
+            steps = ((op, rng.randint(1, 9)), (op, rng.randint(1, 9)))
         else:
             steps = ((rng.randrange(len(OPS)), rng.randint(2, 20)),)
         var = "a" if split == "ood_mid" else rng.choice(variables)

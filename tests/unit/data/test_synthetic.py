@@ -102,14 +102,20 @@ _WORD = {w: i for i, w in enumerate(NUMBER_WORDS)}
 
 
 def test_code_constants_are_folded():
-    """The reference program computes the chained constants: it is not a word-for-word copy."""
+    """The reference program computes the chained constants: it is not a word-for-word copy. The
+    two constants share their sign (recipe 3), so the fold is an unsigned one-digit sum."""
+    signs = set()
     for r in generate("code", "train", 200, 0, difficulty=1.0):
         words = r["prompt"].split(" print ")[1].split(".")[0].split()
+        ops = words[1::2]
+        assert len(set(ops)) == 1 and ops[0] in ("plus", "minus"), r["prompt"]
+        signs.add(ops[0])
         var, total = words[0], 0
         for op, k in zip(words[1::2], words[2::2]):
             total += _WORD[k] if op == "plus" else -_WORD[k]
         want = var if total == 0 else f"{var}{'+' if total > 0 else '-'}{abs(total)}"
         assert f"print({want})" in r["solution"], (r["prompt"], r["solution"])
+    assert signs == {"plus", "minus"}
 
 
 def test_tooluse_derived_arguments():

@@ -133,7 +133,7 @@ def test_boxed_duplicate_injection():
 def test_named_variants(tmp_path, monkeypatch):
     monkeypatch.setenv("MEGATRON_SDPO_CACHE", str(tmp_path))
     assert tiny.VARIANTS["tiny-boxdup"].boxed_duplicate_rate == 0.1
-    assert tiny.VARIANTS["tiny-long"].long_math and tiny.variant_dir("tiny-long") == tmp_path / "tiny_long_r2"
-    assert tiny.variant_dir("tiny-boxdup") == tmp_path / "tiny_boxdup_r2"
+    assert tiny.VARIANTS["tiny-long"].long_math and tiny.variant_dir("tiny-long") == tmp_path / "tiny_long_r3"
+    assert tiny.variant_dir("tiny-boxdup") == tmp_path / "tiny_boxdup_r3"
     with pytest.raises(ConfigError, match="unknown tiny base"):
         tiny.ensure_tiny_base(variant="tiny-nope")
