@@ -59,15 +59,10 @@ def _case_inputs(rng: random.Random, kind: str) -> list[str]:
 
 
 def _expression(var: str, steps: tuple) -> tuple[str, str]:
-    """(words, folded python expression) of `var` followed by `steps` of (op index, constant)."""
+    """(words, folded python expression) of `var` followed by `steps` of (op index, constant): the
+    steps share one operation (`_draw`), so their constants fold into one by addition."""
     words = var + "".join(f" {OPS[op][0]} {NUMBER_WORDS[k]}" for op, k in steps)
-    if len(steps) == 1:
-        op, k = steps[0]
-        return words, f"{var}{OPS[op][1]}{k}"
-    total = sum(k if op == 0 else -k for op, k in steps)
-    if total == 0:
-        return words, var
-    return words, f"{var}{'+' if total > 0 else '-'}{abs(total)}"
+    return words, f"{var}{OPS[steps[0][0]][1]}{sum(k for _, k in steps)}"
 
 
 def _render(key: tuple, split: str) -> tuple[str, str, Callable[[str], str]]:
