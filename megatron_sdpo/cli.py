@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 from megatron_sdpo.engine_logs import route_engine_logs
-from megatron_sdpo.errors import UserError
+from megatron_sdpo.errors import Stopped, UserError
 from megatron_sdpo.memory_ledger import H100_USABLE_GIB
 
 
@@ -373,6 +373,9 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except Stopped as exc:
+        print(f"stopped: {exc}", file=sys.stderr)
+        return 128 + exc.signum
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

@@ -5,6 +5,15 @@ class UserError(Exception):
     """A mistake in the user's input (config, data, paths). The CLI prints `error: <msg>`."""
 
 
+class Stopped(Exception):
+    """A signal asked a command to stop after saving what it had; the CLI prints the message and
+    exits with 128 + the signal's number, as the signal's default action would have."""
+
+    def __init__(self, signum: int, message: str):
+        self.signum = signum
+        super().__init__(message)
+
+
 class ConfigError(UserError):
     """Unknown key, wrong type or invalid value in a config; the message names the key."""
 

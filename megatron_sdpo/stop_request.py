@@ -6,18 +6,22 @@ The handler only records the signal; the loop asks `StopRequest.agreed()` once p
 all-reduces the flag so that every rank stops after the same step (one rank seeing the signal
 first must not leave the others in a collective). The run then saves a checkpoint at that step
 and exits; `--resume` continues from it. A second signal while the first is pending stops the
-process at once with the signal's default action (an operator who insists).
+process at once with the signal's default action (an operator who insists), unless it is the same
+signal within DUPLICATE_S of the first: one request delivered twice, by the scheduler to every
+process and again by a parent that passes it on (torchrun, `study`).
 """
 from __future__ import annotations
 
 import signal
 import threading
+import time
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
 SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+DUPLICATE_S = 2.0
 
 
 class StopRequested(Exception):
@@ -34,6 +38,7 @@ class StopRequest:
 
     def __init__(self) -> None:
         self.received = 0  # signal number, 0: none
+        self._received_at = 0.0
         self._previous: dict[int, Any] = {}  # what signal.signal returned: a handler, SIG_DFL, None
 
     def install(self) -> "StopRequest":
@@ -49,10 +54,12 @@ class StopRequest:
 
     def _handle(self, signum: int, frame) -> None:
         if self.received:
+            if signum == self.received and time.monotonic() - self._received_at < DUPLICATE_S:
+                return
             signal.signal(signum, signal.SIG_DFL)
             signal.raise_signal(signum)
             return
-        self.received = signum
+        self.received, self._received_at = signum, time.monotonic()
 
     def agreed(self) -> int:
         """The signal any rank received (0: none); a collective over the world when launched."""

@@ -13,12 +13,37 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Callable, Optional
 
+from megatron_sdpo.errors import Stopped
 from megatron_sdpo.run_dir import RunDir
+
+
+@contextmanager
+def _sigterm_raises():
+    """SIGTERM to the study alone (`kill`, a supervisor) raises Stopped in the scheduling loop,
+    so that its `finally` passes the stop on to the runs (each saves its step) instead of leaving
+    them running orphaned, to race the next invocation for their directories. A second SIGTERM
+    takes the default action (an operator who insists)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handle(signum, frame):
+        signal.signal(signum, signal.SIG_DFL)
+        raise Stopped(signum, f"study stopped by {signal.Signals(signum).name}: the runs still going were asked "
+                              "to save and stop; the same command again resumes them")
+
+    previous = signal.signal(signal.SIGTERM, handle)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
 
 
 @dataclass(frozen=True)
@@ -147,19 +172,23 @@ class StudyRunner:
                 pending.append(spec)
         running: list[_Running] = []
         failed: list[tuple[RunSpec, int, Optional[Path]]] = []
-        try:
-            while pending or running:
-                while pending and len(running) < self.jobs:
-                    running.append(self._start(pending.pop(0)))
-                time.sleep(0.2)
-                for r in list(running):
-                    rc = r.proc.poll()
-                    if rc is not None:
-                        running.remove(r)
-                        self._finish(r, rc, failed)
-        finally:
-            self._stop(running)
+        with _sigterm_raises():
+            try:
+                self._loop(pending, running, failed)
+            finally:
+                self._stop(running)
         return failed
+
+    def _loop(self, pending: list[RunSpec], running: list[_Running], failed: list) -> None:
+        while pending or running:
+            while pending and len(running) < self.jobs:
+                running.append(self._start(pending.pop(0)))
+            time.sleep(0.2)
+            for r in list(running):
+                rc = r.proc.poll()
+                if rc is not None:
+                    running.remove(r)
+                    self._finish(r, rc, failed)
 
     @staticmethod
     def _stop(running: list[_Running]) -> None:

@@ -23,21 +23,31 @@ def test_a_signal_is_recorded_not_acted_on():
 
 
 def test_a_second_signal_stops_the_process_at_once(tmp_path):
+    """A repeat of the first signal at once is the same request delivered twice (the scheduler and
+    a forwarding parent) and is absorbed; a signal after DUPLICATE_S, or another signal, insists."""
     code = textwrap.dedent(
         """
-        import os, signal, time
-        from megatron_sdpo.stop_request import StopRequest
+        import os, signal, sys, time
+        from megatron_sdpo.stop_request import DUPLICATE_S, StopRequest
         req = StopRequest().install()
         os.kill(os.getpid(), signal.SIGTERM)
         assert req.agreed() == signal.SIGTERM
         print("first recorded", flush=True)
         os.kill(os.getpid(), signal.SIGTERM)
+        print("duplicate absorbed", flush=True)
+        if sys.argv[1] == "other":
+            os.kill(os.getpid(), signal.SIGUSR1)
+        else:
+            time.sleep(DUPLICATE_S + 0.5)
+            os.kill(os.getpid(), signal.SIGTERM)
         time.sleep(30)
         print("not reached", flush=True)
         """
     )
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    assert proc.returncode == -signal.SIGTERM and "first recorded" in proc.stdout and "not reached" not in proc.stdout
+    for how, sig in (("later", signal.SIGTERM), ("other", signal.SIGUSR1)):
+        proc = subprocess.run([sys.executable, "-c", code, how], capture_output=True, text=True, timeout=60)
+        assert proc.returncode == -sig, (how, proc.returncode, proc.stderr[-2000:])
+        assert "duplicate absorbed" in proc.stdout and "not reached" not in proc.stdout, how
 
 
 def _agree_worker() -> int:

@@ -1,11 +1,15 @@
 """The study's scheduler with a stand-in for `megatron-sdpo run`: concurrency, skip, resume, failure."""
 import json
+import os
+import signal
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
 
-from megatron_sdpo.errors import UserError
+from megatron_sdpo.errors import Stopped, UserError
 from megatron_sdpo.study.runner import RunSpec, StudyRunner, parse_seeds, read_timings, threads_per_job
 
 FAKE_RUN = r"""
@@ -90,3 +94,40 @@ def test_threads_are_split_between_jobs():
     assert threads_per_job(2, total=16) == 8
     assert threads_per_job(3, total=16) == 5
     assert threads_per_job(4, total=2) == 1
+
+
+STOPPABLE_RUN = r"""
+import os, signal, sys, time
+out = sys.argv[1]
+os.makedirs(out, exist_ok=True)
+def stop(signum, frame):
+    open(os.path.join(out, "stopped"), "w").write(str(signum))
+    sys.exit(128 + signum)
+signal.signal(signal.SIGTERM, stop)
+open(os.path.join(out, "started"), "w").write(str(os.getpid()))
+time.sleep(60)
+"""
+
+
+def test_sigterm_to_the_study_alone_stops_its_runs_and_raises_stopped(tmp_path, monkeypatch):
+    """`kill STUDY_PID` (not the process group): the runs are asked to stop, not left orphaned."""
+    monkeypatch.setattr(RunSpec, "command", lambda self, *, quiet, verbose: [sys.executable, "-c", STOPPABLE_RUN, str(self.out)])
+    specs = [_spec(tmp_path, f"r{i}") for i in range(3)]
+    before = signal.getsignal(signal.SIGTERM)
+
+    def signal_once_both_run():
+        deadline = time.time() + 60
+        while not all((s.out / "started").exists() for s in specs[:2]) and time.time() < deadline:
+            time.sleep(0.05)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=signal_once_both_run, daemon=True).start()
+    with pytest.raises(Stopped, match="SIGTERM") as info:
+        StudyRunner(specs, jobs=2, threads=1, say=lambda s: None).run()
+    assert info.value.signum == signal.SIGTERM
+    for s in specs[:2]:
+        assert (s.out / "stopped").read_text() == str(int(signal.SIGTERM))
+        with pytest.raises(ProcessLookupError):  # stopped and reaped
+            os.kill(int((s.out / "started").read_text()), 0)
+    assert not specs[2].out.exists()  # the third run never started
+    assert signal.getsignal(signal.SIGTERM) is before
