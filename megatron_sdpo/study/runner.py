@@ -13,37 +13,14 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Callable, Optional
 
 from megatron_sdpo.errors import Stopped
 from megatron_sdpo.run_dir import RunDir
-
-
-@contextmanager
-def _sigterm_raises():
-    """SIGTERM to the study alone (`kill`, a supervisor) raises Stopped in the scheduling loop,
-    so that its `finally` passes the stop on to the runs (each saves its step) instead of leaving
-    them running orphaned, to race the next invocation for their directories. A second SIGTERM
-    takes the default action (an operator who insists)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def handle(signum, frame):
-        signal.signal(signum, signal.SIG_DFL)
-        raise Stopped(signum, f"study stopped by {signal.Signals(signum).name}: the runs still going were asked "
-                              "to save and stop; the same command again resumes them")
-
-    previous = signal.signal(signal.SIGTERM, handle)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
+from megatron_sdpo.stop_request import StopRequest
 
 
 @dataclass(frozen=True)
@@ -172,15 +149,24 @@ class StudyRunner:
                 pending.append(spec)
         running: list[_Running] = []
         failed: list[tuple[RunSpec, int, Optional[Path]]] = []
-        with _sigterm_raises():
+        # SIGTERM or SIGUSR1 to the study alone (`kill`, a supervisor) is recorded and acted on
+        # in the loop, which passes the stop on to the runs (each saves its step) instead of
+        # leaving them running orphaned, to race the next invocation for their directories.
+        stop = StopRequest().install()
+        try:
             try:
-                self._loop(pending, running, failed)
+                self._loop(pending, running, failed, stop)
             finally:
                 self._stop(running)
+        finally:
+            stop.uninstall()
         return failed
 
-    def _loop(self, pending: list[RunSpec], running: list[_Running], failed: list) -> None:
+    def _loop(self, pending: list[RunSpec], running: list[_Running], failed: list, stop: StopRequest) -> None:
         while pending or running:
+            if stop.received:
+                raise Stopped(stop.received, f"study stopped by {signal.Signals(stop.received).name}: the runs "
+                                             "still going were asked to save and stop; the same command again resumes them")
             while pending and len(running) < self.jobs:
                 running.append(self._start(pending.pop(0)))
             time.sleep(0.2)
