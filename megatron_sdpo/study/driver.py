@@ -64,8 +64,10 @@ class Study:
         except OSError as exc:
             raise UserError(f"output directory {self.out} is not writable: {exc.strerror}") from None
         timings = self.out / "timings.jsonl"
+        # Seed by seed: a study stopped early (or out of budget) holds whole seeds, every arm paired.
+        order = sorted(specs, key=lambda s: self.seeds.index(s.seed))
         failed = StudyRunner(
-            specs, jobs=self.jobs, threads=self.threads, log_dir=self.out / "logs" if self.jobs > 1 else None,
+            order, jobs=self.jobs, threads=self.threads, log_dir=self.out / "logs" if self.jobs > 1 else None,
             timings=timings, quiet=self.quiet, verbose=self.verbose,
         ).run()
         md = self.tabulate(specs, baseline, timings)

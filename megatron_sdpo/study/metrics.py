@@ -294,6 +294,11 @@ def _ood(view: RunView, distance: str) -> Optional[float]:
     return entry["final_minus_base"] if entry else None
 
 
+def _ood_domain(view: RunView, domain: str, distance: str) -> Optional[float]:
+    entry = view.forgetting["columns"].get(f"{domain}/ood_{distance}")
+    return None if entry is None or entry["final"] is None or entry["base"] is None else entry["final"] - entry["base"]
+
+
 def _ood_mmd(view: RunView, group: str) -> Optional[float]:
     from megatron_sdpo.diagnostics.ood_distance import ood_change_by_distance
 
@@ -343,6 +348,10 @@ METRICS: list[Metric] = [
            "mean ood_mid accuracy, final minus base"),
     Metric("ood_change/far", "ood_distance", None, lambda v: _ood(v, "far"), True,
            "mean ood_far accuracy, final minus base"),
+    # One domain's OOD sets: the average above can hide a drop in one domain behind a gain in another.
+    *(Metric(f"ood_change/{d}/{dist}", "ood_distance", -1 if dist == "mid" else None,
+             partial(_ood_domain, domain=d, distance=dist), True, f"{d} ood_{dist} accuracy, final minus base")
+      for d in DOMAINS for dist in ("near", "mid", "far")),
     Metric("ood_mmd/near", "ood_distance", None, lambda v: _ood_mmd(v, "near"), True,
            "mean in-stage OOD change of the nearest third of (stage, OOD set) pairs by RBF-MMD"),
     Metric("ood_mmd/mid", "ood_distance", -1, lambda v: _ood_mmd(v, "mid"), True,

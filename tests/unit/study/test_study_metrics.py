@@ -52,6 +52,20 @@ def test_metrics_by_hand(view):
     assert (got["spectral_shift"], got["max_angle_deg"], got["response_cosine"]) == (0.004, 2.5, 0.93)
 
 
+def test_ood_change_per_domain_by_hand(tmp_path, make_run):
+    # math's near set falls 0.75 -> 0.25 while tooluse's rises 0.25 -> 0.75: the average over the
+    # domains reads 0, each domain's own metric keeps its drop or gain.
+    items = {
+        "base": {"math/id": [0, 1], "math/ood_near": [1, 1, 1, 0], "tooluse/ood_near": [1, 0, 0, 0]},
+        "math": {"math/id": [1, 1], "math/ood_near": [1, 0, 0, 0], "tooluse/ood_near": [1, 1, 1, 0]},
+    }
+    got = M.run_metrics(M.RunView(make_run(tmp_path / "run", items)))
+    assert got["ood_change/near"] == pytest.approx(0.0)
+    assert got["ood_change/math/near"] == pytest.approx(-0.5)
+    assert got["ood_change/tooluse/near"] == pytest.approx(0.5)
+    assert got["ood_change/math/far"] is None and got["ood_change/science/near"] is None
+
+
 def test_forgetting_noise_floor_by_hand(view):
     # math: trained at row 1, accuracies .75, .5, .5 from there: p = 1.75 / 3, binomial SE on
     # n = 4 items sqrt(p (1 - p) / 4) = 0.246503; the max runs over m = 2 rows (math, tooluse):

@@ -131,3 +131,26 @@ def test_sigterm_to_the_study_alone_stops_its_runs_and_raises_stopped(tmp_path, 
             os.kill(int((s.out / "started").read_text()), 0)
     assert not specs[2].out.exists()  # the third run never started
     assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_the_study_schedules_seed_by_seed_and_tabulates_arm_by_arm(tmp_path, monkeypatch):
+    # A study stopped early must hold whole seeds (every arm of a seed), so its pairs are usable.
+    from megatron_sdpo.study import driver
+    from megatron_sdpo.study.arms import BUILTIN_ARMS
+
+    scheduled, tabulated = [], []
+
+    class Recorder:
+        def __init__(self, specs, **kwargs):
+            scheduled.extend((s.arm, s.seed) for s in specs)
+
+        def run(self):
+            return []
+
+    monkeypatch.setattr(driver, "StudyRunner", Recorder)
+    monkeypatch.setattr(driver.Study, "tabulate",
+                        lambda self, specs, baseline, timings: tabulated.extend((s.arm, s.seed) for s in specs))
+    arms = [BUILTIN_ARMS["grpo"], BUILTIN_ARMS["sdpo_frozen"]]
+    driver.Study("tiny", arms, [3, 1], tmp_path / "study").run()
+    assert scheduled == [("grpo", 3), ("sdpo_frozen", 3), ("grpo", 1), ("sdpo_frozen", 1)]
+    assert tabulated == [("grpo", 3), ("grpo", 1), ("sdpo_frozen", 3), ("sdpo_frozen", 1)]
