@@ -29,9 +29,14 @@ DELAY_ENV = "MEGATRON_SDPO_DRIFT_JOB_DELAY_S"
 
 
 def default_threads() -> int:
-    """The CPU threads of one job: this node's CPUs shared by its trainer processes."""
+    """The CPU threads of one job: this node's CPUs shared by its trainer processes, and no more
+    than the trainer's own OMP_NUM_THREADS where one is set (a study running several runs side by
+    side gives each run its share: a job taking the whole node beside them oversubscribes it,
+    and OpenMP threads that spin for a busy core make the job several times slower)."""
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(1, cpus // int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    share = max(1, cpus // int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    budget = os.environ.get("OMP_NUM_THREADS", "").strip()
+    return min(share, int(budget)) if budget.isdigit() and int(budget) > 0 else share
 
 
 class DriftJobs:

@@ -54,6 +54,22 @@ def test_default_threads_share_the_node(monkeypatch):
     assert alone >= 1 and default_threads() == 1
 
 
+def test_default_threads_stay_within_the_trainers_thread_budget(monkeypatch):
+    # A study gives each of its runs OMP_NUM_THREADS = its share; the run's drift job keeps to it.
+    import megatron_sdpo.drift_jobs as dj
+
+    monkeypatch.setattr(dj.os, "sched_getaffinity", lambda pid: set(range(8)), raising=False)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    assert default_threads() == 4
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    assert default_threads() == 1
+    monkeypatch.setenv("OMP_NUM_THREADS", "16")  # more than the share: the share
+    assert default_threads() == 4
+    monkeypatch.setenv("OMP_NUM_THREADS", "auto")  # not a count: ignored
+    assert default_threads() == 4
+
+
 def test_first_job_writes_the_run_ood_distance_table(run_dir, monkeypatch):
     import importlib
     import json
