@@ -36,7 +36,12 @@ def default_threads() -> int:
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     share = max(1, cpus // int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
     budget = os.environ.get("OMP_NUM_THREADS", "").strip()
-    return min(share, int(budget)) if budget.isdigit() and int(budget) > 0 else share
+    if budget.isdigit() and int(budget) > 0:
+        share = min(share, int(budget))
+    if not torch.cuda.is_available():
+        # A CPU trainer keeps its own threads busy beside the job: the job takes what is left.
+        share = max(1, share - torch.get_num_threads())
+    return share
 
 
 class DriftJobs:

@@ -3,6 +3,7 @@ kept, started again on resume, a failure named with its log."""
 import time
 
 import pytest
+import torch
 
 from megatron_sdpo.drift_jobs import DELAY_ENV, DriftJobs, default_threads
 from megatron_sdpo.run_dir import RunDir
@@ -59,6 +60,7 @@ def test_default_threads_stay_within_the_trainers_thread_budget(monkeypatch):
     import megatron_sdpo.drift_jobs as dj
 
     monkeypatch.setattr(dj.os, "sched_getaffinity", lambda pid: set(range(8)), raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # the trainer's threads idle
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     assert default_threads() == 4
@@ -68,6 +70,13 @@ def test_default_threads_stay_within_the_trainers_thread_budget(monkeypatch):
     assert default_threads() == 4
     monkeypatch.setenv("OMP_NUM_THREADS", "auto")  # not a count: ignored
     assert default_threads() == 4
+    # A CPU trainer computes beside the job with its own threads: the job takes what is left.
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 3)
+    assert default_threads() == 1
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
+    monkeypatch.delenv("OMP_NUM_THREADS")
+    assert default_threads() == 5
 
 
 def test_first_job_writes_the_run_ood_distance_table(run_dir, monkeypatch):
