@@ -419,7 +419,10 @@ class ContinualRun:
         from megatron_sdpo.report import write_report
 
         if self.main:
-            self.drift_jobs.wait()
+            # Only the main rank waits here, so the stop is its own flag, not an agreed one.
+            self.drift_jobs.wait(interrupt=lambda: bool(self.stop.received))
+            if self.stop.received:
+                self._stopped(self.stop.received, self._stage_label(len(self.cfg.stages) - 1))
             write_report(self.run_dir, self.cfg, wall_seconds=seconds)
         self.monitor.log(f"done in {seconds:.0f}s: {self.run_dir.root}")
         self.monitor.close()

@@ -14,10 +14,12 @@ pending, without training or evaluating again.
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -89,15 +91,23 @@ class DriftJobs:
         log = open(self.run_dir.drift / f"stage_{stage}.log", "w")
         with log:
             self.running[stage] = subprocess.Popen(
-                [sys.executable, "-m", "megatron_sdpo.drift_jobs", str(self.input_path(stage))],
+                [sys.executable, "-m", "megatron_sdpo.drift_jobs", str(self.input_path(stage)), str(os.getpid())],
                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
                 # Its own session: a signal to the launch's process group reaches the ranks,
                 # which end their jobs themselves (stop()), not the job half-way through a write.
                 start_new_session=True,
             )
 
-    def wait(self) -> list[int]:
-        """Wait for every job; the stages whose job failed (their log says why)."""
+    def wait(self, interrupt: Callable[[], bool] = lambda: False, poll_s: float = 0.5) -> list[int]:
+        """Wait for every job; the stages whose job failed (their log says why). `interrupt` is
+        asked every `poll_s` seconds: when it says yes the running jobs are ended as by stop()
+        (their inputs stay for --resume), so a stop request is not held up by minutes of
+        drift work, nor leaves a job behind to race the resumed run."""
+        while any(proc.poll() is None for proc in self.running.values()):
+            if interrupt():
+                self.stop()
+                return []
+            time.sleep(poll_s)
         failed = []
         for stage, proc in sorted(self.running.items()):
             if proc.wait() != 0:
@@ -162,7 +172,23 @@ def run_job(path: Path) -> Path:
     return out
 
 
+def end_with_parent(parent: int) -> None:
+    """Linux: SIGTERM this job when the run that started it dies, however it dies (a SIGKILL
+    leaves no time for stop()); a job outliving its run would race the resumed run's own job
+    for the same stage. Exits at once if the run is already gone. (Linux ties the signal to the
+    thread that started the job: the run's main thread drives DriftJobs.)"""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    if os.getppid() != parent:
+        sys.exit(f"the run that started this job (pid {parent}) has ended; --resume starts the job again")
+
+
 if __name__ == "__main__":
-    if len(sys.argv) != 2:
-        sys.exit("usage: python -m megatron_sdpo.drift_jobs RUN_DIR/drift/pending/stage_<k>.pt")
+    if len(sys.argv) not in (2, 3):
+        sys.exit("usage: python -m megatron_sdpo.drift_jobs RUN_DIR/drift/pending/stage_<k>.pt [PARENT_PID]")
+    if len(sys.argv) == 3:
+        end_with_parent(int(sys.argv[2]))
     print(f"wrote {run_job(Path(sys.argv[1]))}", flush=True)

@@ -113,3 +113,85 @@ def test_first_job_writes_the_run_ood_distance_table(run_dir, monkeypatch):
     assert table["distances"]["math"]["code/ood_far"] > 0 and table["n"] == 8
     assert got["principal_overlap"] is False and "ood_prompts" not in got
     assert (run_dir.drift / "stage_1.json").is_file() and not jobs.input_path(1).exists()
+
+
+def test_a_stop_while_the_run_waits_for_its_jobs_ends_them_and_stops_the_run(run_dir, monkeypatch):
+    # The last stage's job can take minutes; a SIGTERM then must stop the run within a poll, end
+    # the job and keep its input for --resume (not leave it running past the run's exit).
+    import signal
+    import threading
+
+    from megatron_sdpo.config import load_config
+    from megatron_sdpo.continual import ContinualRun
+    from megatron_sdpo.stop_request import StopRequest, StopRequested
+
+    monkeypatch.setenv(DELAY_ENV, "600")
+    jobs = DriftJobs(run_dir, threads=1, log=lambda msg: None)
+    jobs.submit(2, {"stage": 1})
+    proc = jobs.running[2]
+    run = ContinualRun.__new__(ContinualRun)
+    run.main, run.drift_jobs, run.cfg, run.stop = True, jobs, load_config("tiny"), StopRequest()
+    logged = []
+    run.monitor = type("Monitor", (), {"log": lambda self, m: logged.append(m), "close": lambda self: None})()
+    threading.Timer(1.0, lambda: setattr(run.stop, "received", signal.SIGTERM)).start()
+    started = time.monotonic()
+    with pytest.raises(StopRequested, match="checkpoint stage_4_code written"):
+        run._finish(1.0)
+    assert time.monotonic() - started < 30 and proc.poll() is not None
+    assert jobs.input_path(2).is_file() and not jobs.running
+    assert logged == ["stop requested (SIGTERM): checkpoint stage_4_code; resume with --resume"]
+
+
+def test_a_job_ends_when_the_run_that_started_it_is_killed(run_dir, tmp_path):
+    # SIGKILL leaves the run no time for stop(): the job must not outlive it.
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    path = run_dir.drift / "pending" / "stage_1.pt"
+    path.parent.mkdir(parents=True)
+    torch.save({"stage": 0}, path)
+    starter = (
+        "import os, subprocess, sys, time\n"
+        f"p = subprocess.Popen([sys.executable, '-m', 'megatron_sdpo.drift_jobs', {str(path)!r}, str(os.getpid())],"
+        f" env=dict(os.environ, {DELAY_ENV}='600'))\n"
+        "print(p.pid, flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    parent = subprocess.Popen([sys.executable, "-c", starter], stdout=subprocess.PIPE, text=True)
+    job = int(parent.stdout.readline())
+    time.sleep(2.0)  # past the job's start-up check
+    os.kill(job, 0)  # still running, sleeping in its delay
+    parent.kill()
+    parent.wait()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            os.kill(job, 0)
+        except ProcessLookupError:
+            break
+        # Reaped by init once it exits; a zombie still answers kill(0): read its state.
+        try:
+            with open(f"/proc/{job}/stat") as f:
+                if f.read().split(")")[-1].split()[0] == "Z":
+                    break
+        except FileNotFoundError:
+            break
+        time.sleep(0.2)
+    else:
+        os.kill(job, signal.SIGKILL)
+        pytest.fail("the drift job outlived the run that started it")
+    assert path.is_file()  # its input stays for --resume
+
+
+def test_a_job_whose_run_is_already_gone_exits_at_once(run_dir):
+    import subprocess
+    import sys
+
+    path = run_dir.drift / "pending" / "stage_1.pt"
+    path.parent.mkdir(parents=True)
+    torch.save({"stage": 0}, path)
+    proc = subprocess.run([sys.executable, "-m", "megatron_sdpo.drift_jobs", str(path), "1"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0 and "has ended" in proc.stderr and path.is_file()
