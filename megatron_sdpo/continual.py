@@ -278,6 +278,7 @@ class ContinualRun:
             CollapseConfig(
                 max_format_repeat_rate=cfg.diagnostics.collapse_repeat_threshold,
                 min_length_ratio=cfg.diagnostics.collapse_min_length_ratio,
+                min_reward_ratio=cfg.diagnostics.collapse_min_reward_ratio,
                 stop=cfg.diagnostics.stop_on_collapse,
             ),
             # Written by the main rank only; every stage's alarms stay in the one file.
@@ -298,7 +299,7 @@ class ContinualRun:
                 token_lengths=out.token_lengths,
                 teacher_mask=out.has_context if self.trainer.uses_teacher else None,
             )
-            alarm = collapse.update(stats, step=step + 1)
+            alarm = collapse.update(stats, step=step + 1, reward=out.metrics.get("reward_mean"))
             record = {
                 "stage": k,
                 "stage_domain": stage.domain,

@@ -334,6 +334,9 @@ class DiagnosticsConfig:
     # Alarm when the mean response length falls below this share of its value at the stage start
     # (null: off).
     collapse_min_length_ratio: Optional[float] = 0.6
+    # Alarm when the mean training reward of the last 3 steps falls below this share of its mean
+    # over the stage's first 3 steps, and by at least 0.1 (null: off).
+    collapse_min_reward_ratio: Optional[float] = 0.5
     # Every N steps (0: never) score the sampled responses under the teacher too: how much more
     # likely the teacher (with its context) finds rewarded vs unrewarded responses than the
     # student did. One extra teacher forward pass on those steps.

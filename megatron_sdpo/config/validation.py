@@ -95,6 +95,9 @@ def _check(cfg: RunConfig) -> None:
     r = cfg.diagnostics.collapse_min_length_ratio
     if r is not None and not 0.0 < r <= 1.0:
         raise ConfigError("diagnostics.collapse_min_length_ratio must be in (0, 1] or null")
+    r = cfg.diagnostics.collapse_min_reward_ratio
+    if r is not None and not 0.0 < r <= 1.0:
+        raise ConfigError("diagnostics.collapse_min_reward_ratio must be in (0, 1] or null")
     if cfg.backend.lr <= 0:
         raise ConfigError("backend.lr must be > 0")
     if cfg.backend.micro_batch_size < 1:

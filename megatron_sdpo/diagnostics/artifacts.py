@@ -123,6 +123,12 @@ class CollapseConfig:
     min_length_ratio: lower bound on the mean response length (tokens where known, else chars)
         relative to its mean over the monitor's first `length_reference_updates` updates (the
         stage's start): answers shrinking to fragments, which no absolute bound fits every domain.
+    min_reward_ratio: lower bound on the mean training reward of the last
+        `length_reference_updates` updates relative to its mean over the first ones (the stage's
+        start), when it has also fallen by at least `min_reward_drop`: a collapse that keeps the
+        answers' form and loses their content (the old-defaults control's code stage: rewards
+        0.37-0.43 -> 0.05-0.21 with no repeat and no shortening). The absolute floor keeps a stage
+        that starts near 0 from alarming on noise.
     patience: consecutive alarming updates before `should_stop` turns true.
     stop: whether an alarm may stop the stage (otherwise it only logs and marks the run).
     """
@@ -134,6 +140,8 @@ class CollapseConfig:
     min_mean_chars: float | None = None
     min_length_ratio: float | None = 0.6
     length_reference_updates: int = 3
+    min_reward_ratio: float | None = 0.5
+    min_reward_drop: float = 0.1
     patience: int = 3
     stop: bool = False
 
@@ -144,6 +152,10 @@ class CollapseConfig:
             raise ConfigError(f"collapse.length_reference_updates must be >= 1, got {self.length_reference_updates}")
         if self.min_length_ratio is not None and not 0.0 < self.min_length_ratio <= 1.0:
             raise ConfigError(f"collapse.min_length_ratio must be in (0, 1], got {self.min_length_ratio}")
+        if self.min_reward_ratio is not None and not 0.0 < self.min_reward_ratio <= 1.0:
+            raise ConfigError(f"collapse.min_reward_ratio must be in (0, 1], got {self.min_reward_ratio}")
+        if self.min_reward_drop < 0:
+            raise ConfigError(f"collapse.min_reward_drop must be >= 0, got {self.min_reward_drop}")
         for name in ("max_repeated_ngram_rate", "max_format_repeat_rate", "max_empty_rate", "max_truncated_rate"):
             v = getattr(self, name)
             if v is not None and not 0.0 <= v <= 1.0:
@@ -182,6 +194,7 @@ class CollapseMonitor:
         self.consecutive = 0
         self.updates = 0
         self.lengths: list[float] = []  # the first length_reference_updates mean lengths
+        self.rewards: list[float] = []  # the stage's mean training reward per update
         self._others: list[dict] = []
         if self.marker_path is not None and self.marker_path.is_file():
             try:
@@ -189,6 +202,19 @@ class CollapseMonitor:
             except (OSError, ValueError, KeyError, TypeError):
                 old = []  # an unreadable marker is rewritten, not fatal
             self._others = [e for e in old if isinstance(e, dict) and e.get("label") != label]
+
+    def _reward_check(self, reward: float | None) -> list[str]:
+        c = self.config
+        if c.min_reward_ratio is None or reward is None or not math.isfinite(reward):
+            return []
+        self.rewards.append(float(reward))
+        w = c.length_reference_updates
+        if len(self.rewards) < 2 * w:  # the two windows must not overlap
+            return []
+        ref, cur = math.fsum(self.rewards[:w]) / w, math.fsum(self.rewards[-w:]) / w
+        if cur < c.min_reward_ratio * ref and ref - cur >= c.min_reward_drop:
+            return [f"reward={cur:.3f} (last {w} steps) < {c.min_reward_ratio:.2f} x stage start {ref:.3f}"]
+        return []
 
     def _checks(self, stats: dict[str, float]) -> list[str]:
         c = self.config
@@ -219,10 +245,11 @@ class CollapseMonitor:
                     reasons.append(f"{key}={length:.1f} < {c.min_length_ratio:.2f} x stage start {ref:.1f}")
         return reasons
 
-    def update(self, stats: dict[str, float], *, step: int | None = None) -> Alarm:
-        """Check one artifact_stats dict; returns an `Alarm` (truthy when it fired)."""
+    def update(self, stats: dict[str, float], *, step: int | None = None, reward: float | None = None) -> Alarm:
+        """Check one artifact_stats dict and the step's mean training reward (None: not
+        checked); returns an `Alarm` (truthy when it fired)."""
         self.updates += 1
-        reasons = self._checks(stats)
+        reasons = self._checks(stats) + self._reward_check(reward)
         if not reasons:
             self.consecutive = 0
             return Alarm(False, [], step)
@@ -252,10 +279,11 @@ class CollapseMonitor:
     def state_dict(self) -> dict:
         """For checkpoints: the counters and events (the config comes from the run config)."""
         return {"events": list(self.events), "consecutive": self.consecutive, "updates": self.updates,
-                "lengths": list(self.lengths)}
+                "lengths": list(self.lengths), "rewards": list(self.rewards)}
 
     def load_state_dict(self, state: dict) -> None:
         self.events = list(state["events"])
         self.consecutive = int(state["consecutive"])
         self.updates = int(state["updates"])
         self.lengths = [float(x) for x in state.get("lengths", [])]
+        self.rewards = [float(x) for x in state.get("rewards", [])]

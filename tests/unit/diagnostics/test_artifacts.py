@@ -135,3 +135,39 @@ def test_shrinking_answers_alarm_against_the_stage_start_and_markers_keep_every_
     assert restored.update(stats(5.0))  # the stage-start reference survives a resume
     with pytest.raises(ConfigError, match="min_length_ratio"):
         CollapseConfig(min_length_ratio=1.5)
+
+
+def test_a_reward_collapse_alarms_against_the_stage_start_and_a_learning_stage_does_not():
+    """Mean rewards per step of the tiny code stage, seed 1: the old-defaults control (answers keep
+    their form and lose their content) and GRPO, which learns. Reference: the first 3 steps;
+    checked once the last 3 steps no longer overlap them."""
+    control = [0.344, 0.352, 0.484, 0.5, 0.25, 0.352, 0.383, 0.219, 0.297, 0.266, 0.227, 0.297, 0.234, 0.289,
+               0.117, 0.289, 0.273, 0.242, 0.125, 0.094, 0.117, 0.141, 0.078, 0.109, 0.086, 0.156, 0.016,
+               0.039, 0.0, 0.0]
+    grpo = [0.398, 0.484, 0.484, 0.57, 0.328, 0.469, 0.539, 0.555, 0.602, 0.352, 0.555, 0.586, 0.578, 0.344,
+            0.422, 0.523, 0.516, 0.688, 0.445, 0.508, 0.492, 0.586, 0.656, 0.633, 0.688, 0.641, 0.5, 0.484,
+            0.695, 0.688]
+    cfg = CollapseConfig(min_reward_ratio=0.5, min_reward_drop=0.1, length_reference_updates=3)
+    mon = CollapseMonitor(cfg)
+    fired = [i + 1 for i, r in enumerate(control) if mon.update({}, step=i + 1, reward=r)]
+    # Reference (0.344 + 0.352 + 0.484) / 3 = 0.3933, half 0.1967. Steps 18-20 average
+    # (0.242 + 0.125 + 0.094) / 3 = 0.1537 (the first below it; 17-19: 0.2133), and every later
+    # window stays below it.
+    assert fired == list(range(20, 31))
+    assert mon.events[0]["reasons"] == ["reward=0.154 (last 3 steps) < 0.50 x stage start 0.393"]
+    mon2 = CollapseMonitor(cfg)
+    assert not any(mon2.update({}, reward=r) for r in grpo)
+    # A stage that starts near 0 does not alarm on noise: 0.06 -> 0.02 is below half but not 0.1 lower.
+    low = CollapseMonitor(cfg)
+    assert not any(low.update({}, reward=r) for r in [0.06, 0.05, 0.07, 0.02, 0.01, 0.03, 0.0])
+    # Nothing before the two windows stop overlapping, and none without a reward.
+    early = CollapseMonitor(cfg)
+    assert not any(early.update({}, reward=r) for r in [0.5, 0.5, 0.5, 0.0, 0.0])
+    assert early.update({}, reward=0.0)
+    assert not CollapseMonitor(cfg).update({}, reward=None)
+    assert not CollapseMonitor(CollapseConfig(min_reward_ratio=None)).update({}, reward=0.0)
+    restored = CollapseMonitor(cfg)
+    restored.load_state_dict(early.state_dict())
+    assert restored.update({}, reward=0.0)  # the stage-start reference survives a resume
+    with pytest.raises(ConfigError, match="min_reward_ratio"):
+        CollapseConfig(min_reward_ratio=0.0)
