@@ -1,9 +1,9 @@
 """tools/math_operations.py on a hand-made study: two runs whose answers use known operations."""
 import json
 
+import math_operations as M
 import pytest
 
-import math_operations as M
 from megatron_sdpo.config import dump_yaml, load_config
 from megatron_sdpo.evaluation import load_eval_sets
 
