@@ -8,6 +8,7 @@ foreign files) becomes a one-line CheckpointError.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import shutil
 from pathlib import Path
@@ -71,9 +72,35 @@ def atomic_checkpoint_dir(path: str | os.PathLike) -> Iterator[Path]:
         fsync_dir(final.parent)
         if old is not None:
             shutil.rmtree(old)
-    except BaseException:
+    except BaseException as exc:
+        full = _disk_full(tmp, exc)
         shutil.rmtree(tmp, ignore_errors=True)
+        if full:
+            raise CheckpointError(
+                f"checkpoint {final} not written: {full}; free space there and continue with --resume "
+                "(the last complete checkpoint is kept)"
+            ) from exc
         raise
+
+
+# Less than this left beside a failed write: the disk is why (torch.save reports a full disk as a
+# RuntimeError, "unexpected pos", with no errno).
+_FULL_BYTES = 64 * 2**20
+
+
+def _disk_full(tmp: Path, exc: BaseException) -> str:
+    """Why a checkpoint write failed when the disk is the reason ('' otherwise)."""
+    nospace = isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT)
+    if not (nospace or isinstance(exc, (OSError, RuntimeError))):
+        return ""
+    try:
+        free = shutil.disk_usage(tmp).free
+        written = sum(f.stat().st_size for f in tmp.rglob("*") if f.is_file())
+    except OSError:
+        return "no space left on the device" if nospace else ""
+    if not nospace and free >= _FULL_BYTES:
+        return ""
+    return f"the disk is full ({free / 2**30:.2f} GiB free after {written / 2**30:.2f} GiB of it were written)"
 
 
 def check_complete(path: str | os.PathLike) -> Path:
