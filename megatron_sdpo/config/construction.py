@@ -93,4 +93,12 @@ def to_dict(cfg: Any) -> dict:
 
 
 def dump_yaml(cfg: Any) -> str:
-    return yaml.safe_dump(to_dict(cfg), sort_keys=False)
+    data = to_dict(cfg)
+    if isinstance(data, dict) and isinstance(data.get("domains"), dict):
+        from megatron_sdpo.config.schema import DOMAINS
+
+        # A domain the run removed is written as null: loading this file merges it over the
+        # defaults, which would otherwise bring the domain back (a resumed run then evaluated
+        # sets it never trained on).
+        data["domains"].update({d: None for d in DOMAINS if d not in data["domains"]})
+    return yaml.safe_dump(data, sort_keys=False)

@@ -1,4 +1,5 @@
 import dataclasses
+from pathlib import Path
 
 import pytest
 import yaml
@@ -343,3 +344,15 @@ def test_domain_shots_need_both_turns(tmp_path):
     path.write_text("defaults: tiny\ndomains:\n  math:\n    shots:\n      - {user: 'q', answer: 'a'}\n")
     with pytest.raises(ConfigError, match=r"unknown config key 'domains.math.shots.0.answer'"):
         load_config(str(path))
+
+
+@pytest.mark.parametrize("preset", sorted(p.stem for p in (Path(__file__).resolve().parents[3] / "megatron_sdpo" / "config" / "presets").glob("*.yaml")))
+def test_every_presets_resolved_config_loads_back_the_same(preset, tmp_path):
+    # A run's resolved_config.yaml is what --resume continues with: it must be the run's config,
+    # including the domains a preset removed (smollm2_135m: science and code set to null).
+    from megatron_sdpo.config import dump_yaml
+
+    cfg = load_config(preset)
+    f = tmp_path / "resolved_config.yaml"
+    f.write_text(dump_yaml(cfg))
+    assert load_config(str(f)) == cfg
