@@ -48,9 +48,9 @@ def test_study_is_resumable_after_a_kill_and_judges_the_findings(tmp_path):
     (tmp_path / "short.yaml").write_text(SHORT)
     runs = tmp_path / "st" / "runs"
     proc = cli(*ARGS, cwd=tmp_path, start_new_session=True)
-    # The third run (sdpo_frozen, seed 0) starts when a GRPO run has finished; kill the whole
-    # study once it holds a mid-stage checkpoint.
-    marker = runs / "sdpo_frozen" / "seed0" / "checkpoints" / "latest"
+    # Runs start seed by seed: the third (grpo, seed 1) starts when a seed-0 run has finished;
+    # kill the whole study once it holds a mid-stage checkpoint.
+    marker = runs / "grpo" / "seed1" / "checkpoints" / "latest"
     deadline = time.time() + 900
     while not marker.exists():
         assert proc.poll() is None, "the study ended before it could be killed"
@@ -59,14 +59,14 @@ def test_study_is_resumable_after_a_kill_and_judges_the_findings(tmp_path):
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     finished = {p.parent.parent.name + "/" + p.parent.name for p in runs.glob("*/*/report.md")}
-    assert "sdpo_frozen/seed0" not in finished and finished & {"grpo/seed0", "grpo/seed1"}, finished
+    assert "grpo/seed1" not in finished and finished & {"grpo/seed0", "sdpo_frozen/seed0"}, finished
     assert not (tmp_path / "st" / "study.md").exists()
 
     out = finish(cli(*ARGS, cwd=tmp_path))
     for label in finished:
         assert f"[study] {label}: already finished" in out, out[-3000:]
-    assert "[study] sdpo_frozen/seed0: resuming" in out, out[-3000:]
-    assert "resumed from" in (tmp_path / "st" / "logs" / "sdpo_frozen-seed0.log").read_text()
+    assert "[study] grpo/seed1: resuming" in out, out[-3000:]
+    assert "resumed from" in (tmp_path / "st" / "logs" / "grpo-seed1.log").read_text()
 
     rows = list(csv.DictReader((tmp_path / "st" / "study.csv").open()))
     assert sorted((r["arm"], r["seed"]) for r in rows) == [
