@@ -3,7 +3,7 @@
 A drop on an OOD math split can come from arithmetic or from reading the question: an answer
 that writes `7 + 3 = 10` for "If 3 of Ann's 7 pens are taken, how many stay?" has the
 arithmetic right and the operation wrong. For every run under a study (or run) directory this
-reads the saved eval answers (eval_samples/<row>.json), rebuilds each item from the run's own
+reads the saved eval answers of each eval-matrix row, rebuilds each item from the run's own
 config (the synthetic sets are a function of it), and reports per arm, eval row and split:
 the share of answers whose first `a op b` uses the item's operation, the share using `+`, and
 the accuracy, each averaged over seeds.
@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import json
 import re
 import sys
 from collections import defaultdict
@@ -45,41 +44,42 @@ def arm_of(run: Path, root: Path) -> str:
     return rel[-2] if len(rel) >= 2 and rel[-1].startswith("seed") else "/".join(rel)
 
 
-def operations(run: Path, splits: tuple[str, ...]) -> dict[tuple[str, str], tuple[float, float, float, int]]:
-    """{(eval row, split): (right-operation share, '+' share, accuracy, answers)} of one run."""
+def operations(run: Path, splits: tuple[str, ...]) -> dict[tuple[int, str, str], tuple[float, float, float, int]]:
+    """{(eval-matrix row index, its label, split): (right-operation share, '+' share, accuracy,
+    answers)} of one run, over the rows whose answers were saved."""
     from megatron_sdpo.config import load_config
     from megatron_sdpo.evaluation import load_eval_sets
+    from megatron_sdpo.report import read_eval_samples
+    from megatron_sdpo.run_dir import RunDir
+    from megatron_sdpo.study.metrics import stage_label
 
-    sets = load_eval_sets(load_config(str(run / "resolved_config.yaml")))
+    rd = RunDir(run)
+    sets = load_eval_sets(load_config(str(rd.config)))
     gold: dict[str, str | None] = {}
     for split in splits:
         for rec in sets.get(f"math/{split}", []):
             if rec.get("source") == "synthetic_math":
                 gold[rec["id"]] = first_operation(rec.get("solution", ""))
+    rows_of_matrix = [name for name, _ in rd.read_eval_matrix()]
     out = {}
-    for path in sorted((run / "eval_samples").glob("*.json")):
-        answers = json.loads(path.read_text())
+    for i in range(len(rows_of_matrix)):
+        label = stage_label(rows_of_matrix, i)
+        if not (rd.eval_samples / f"{label}.json").is_file():
+            continue
+        answers = read_eval_samples(rd, label)
         for split in splits:
             rows = [a for a in answers.get(f"math/{split}", []) if a.get("id") in gold]
             if not rows:
                 continue
             ops = [first_operation(a.get("response", "")) for a in rows]
             n = len(rows)
-            out[(path.stem, split)] = (
+            out[(i, label, split)] = (
                 sum(op == gold[a["id"]] for op, a in zip(ops, rows)) / n,
                 sum(op == "+" for op in ops) / n,
                 sum(float(a.get("score", 0.0)) for a in rows) / n,
                 n,
             )
     return out
-
-
-def row_order(label: str) -> tuple[int, str]:
-    """base first, then stage_<k>_<domain> by k, then anything else (mid-stage rows)."""
-    if label == "base":
-        return (0, label)
-    m = re.match(r"stage_(\d+)_", label)
-    return (int(m.group(1)), label) if m else (10**6, label)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -97,17 +97,17 @@ def main(argv: list[str] | None = None) -> int:
     if not runs:
         print(f"error: no run directory (with resolved_config.yaml) under {args.root}", file=sys.stderr)
         return 2
-    table: dict[tuple[str, str, str], list[tuple[float, float, float, int]]] = defaultdict(list)
+    table: dict[tuple[str, int, str, str], list[tuple[float, float, float, int]]] = defaultdict(list)
     for run in runs:
-        for (label, split), value in operations(run, splits).items():
-            table[(arm_of(run, args.root), label, split)].append(value)
+        for (i, label, split), value in operations(run, splits).items():
+            table[(arm_of(run, args.root), i, label, split)].append(value)
     if not table:
         print(f"error: no synthetic math answers in eval_samples/ under {args.root}", file=sys.stderr)
         return 2
     header = ["arm", "row", "split", "runs", "right operation", "'+'", "accuracy"]
     rows = []
-    for arm, label, split in sorted(table, key=lambda k: (k[0], row_order(k[1]), SPLITS.index(k[2]))):
-        vals = table[(arm, label, split)]
+    for arm, i, label, split in sorted(table, key=lambda k: (k[0], k[1], SPLITS.index(k[3]))):
+        vals = table[(arm, i, label, split)]
         mean = [sum(v[i] for v in vals) / len(vals) for i in range(3)]
         rows.append([arm, label, split, str(len(vals)), *(f"{x:.3f}" for x in mean)])
     print("| " + " | ".join(header) + " |")

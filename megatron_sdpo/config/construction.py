@@ -9,6 +9,7 @@ from typing import Any, Literal, Union
 
 import yaml
 
+from megatron_sdpo.config.schema import DOMAINS
 from megatron_sdpo.errors import ConfigError
 
 
@@ -95,8 +96,6 @@ def to_dict(cfg: Any) -> dict:
 def dump_yaml(cfg: Any) -> str:
     data = to_dict(cfg)
     if isinstance(data, dict) and isinstance(data.get("domains"), dict):
-        from megatron_sdpo.config.schema import DOMAINS
-
         # A domain the run removed is written as null: loading this file merges it over the
         # defaults, which would otherwise bring the domain back (a resumed run then evaluated
         # sets it never trained on).

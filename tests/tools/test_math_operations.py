@@ -6,6 +6,7 @@ import pytest
 
 from megatron_sdpo.config import dump_yaml, load_config
 from megatron_sdpo.evaluation import load_eval_sets
+from megatron_sdpo.run_dir import RunDir
 
 
 def test_first_operation():
@@ -29,6 +30,7 @@ def _run(root, arm, seed, answer):
         rows.append({"id": r["id"], "response": text,
                      "score": float(M.first_operation(text) == M.first_operation(r["solution"]))})
     (run / "eval_samples" / "base.json").write_text(json.dumps({"math/ood_near": rows}))
+    RunDir(run).write_eval_matrix([("base", {"math/ood_near": sum(r["score"] for r in rows) / len(rows)})])
     return recs
 
 
