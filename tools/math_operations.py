@@ -98,8 +98,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: no run directory (with resolved_config.yaml) under {args.root}", file=sys.stderr)
         return 2
     table: dict[tuple[str, int, str, str], list[tuple[float, float, float, int]]] = defaultdict(list)
+    from megatron_sdpo.errors import UserError
+
     for run in runs:
-        for (i, label, split), value in operations(run, splits).items():
+        try:
+            found = operations(run, splits)
+        except (UserError, ValueError, OSError) as exc:  # a bad config, a corrupt answers file
+            print(f"error: {run}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}", file=sys.stderr)
+            return 2
+        for (i, label, split), value in found.items():
             table[(arm_of(run, args.root), i, label, split)].append(value)
     if not table:
         print(f"error: no synthetic math answers in eval_samples/ under {args.root}", file=sys.stderr)

@@ -57,3 +57,15 @@ def test_bad_input_is_one_error_line(tmp_path, capsys, argv, message):
     assert M.main([str(tmp_path), *argv]) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1
+
+
+def test_a_corrupt_run_is_one_error_line(tmp_path, capsys):
+    _run(tmp_path, "right", 0, lambda r: r["solution"])
+    (tmp_path / "runs" / "right" / "seed0" / "eval_samples" / "base.json").write_text("{not json")
+    assert M.main([str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "seed0" in err and err.count("\n") == 1
+    (tmp_path / "runs" / "right" / "seed0" / "resolved_config.yaml").write_text("no_such_key: 1\n")
+    assert M.main([str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "no_such_key" in err and err.count("\n") == 1
