@@ -55,10 +55,12 @@ run-smollm2: smollm2
 compare: setup
 	$(PY) -m megatron_sdpo compare tiny --algorithms grpo,sdpo,stable_sdpo $(ARGS)
 
-# Static checks: ruff (rules in ruff.toml) over the code and its tests, mypy (mypy.ini) on the package.
+# Static checks: ruff (rules in ruff.toml) over the code and its tests, mypy (mypy.ini) on the
+# package, and the import contract (.importlinter: every package imports only downward).
 lint: setup
 	$(PY) -m ruff check megatron_sdpo kernels launchers tools tests
 	$(PY) -m mypy
+	$(VENV)/bin/lint-imports --no-cache
 
 # What CI runs (.ci/run): the static checks, then every test, the SmolLM2 and real-data ones included.
 test: smollm2 data lint

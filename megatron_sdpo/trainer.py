@@ -12,13 +12,13 @@ from typing import Callable, Iterator
 
 import torch
 
-from megatron_sdpo.algorithms.distillation import TopkSource
 from megatron_sdpo.algorithms.minibatch import combine_step_metrics, split_groups
-from megatron_sdpo.backends.base import Backend, LossFn, SequenceBatch
 from megatron_sdpo.chat import encode_prompts, record_prompts
 from megatron_sdpo.config.algorithm_spec import algorithm_spec
 from megatron_sdpo.config.schema import RunConfig
 from megatron_sdpo.errors import ConfigError
+from megatron_sdpo.interfaces.backend import Backend, LossFn, SequenceBatch
+from megatron_sdpo.interfaces.distillation import TopkSource
 from megatron_sdpo.rollout.base import SamplingConfig
 from megatron_sdpo.rollout.guard import attach_guard_tensors
 from megatron_sdpo.stopwatch import PhaseTimes

@@ -1,4 +1,4 @@
-"""Small LossFns (backends/base.py) that the backend and rollout tests train with.
+"""Small LossFns (interfaces/backend.py) that the backend and rollout tests train with.
 
 Importable from every test folder: pytest puts tests/ (the conftest's folder) on sys.path.
 """

@@ -31,6 +31,32 @@ CAPABILITIES = {
 }
 
 
+def _tiny_two_stage(name: str, *, steps: tuple[int, int] = (2, 2), **sections: str) -> str:
+    """The tiny preset cut to a math and a tool-use stage with small eval sets (YAML text): the run
+    the multi-process and study tests launch. `sections` add top-level keys as flow-style YAML
+    (rollout="{engine: hf, max_new_tokens: 16}")."""
+    lines = [
+        "defaults: tiny",
+        f"name: {name}",
+        "stages:",
+        f"  - {{domain: math, steps: {steps[0]}}}",
+        f"  - {{domain: tooluse, steps: {steps[1]}}}",
+        "domains:",
+        "  math: {eval: {id: {n: 8}, ood_near: {n: 4}, ood_mid: {n: 4}, ood_far: {n: 4}}}",
+        "  science: {eval: {id: {n: 4}, ood_near: {n: 4}, ood_mid: {n: 4}, ood_far: {n: 4}}}",
+        "  tooluse: {eval: {id: {n: 8}, ood_near: {n: 4}, ood_mid: {n: 4}, ood_far: {n: 4}}}",
+        "  code: {eval: {id: {n: 4}, ood_near: {n: 4}, ood_mid: {n: 4}, ood_far: {n: 4}}}",
+        "algorithm: {prompts_per_step: 4, group_size: 4}",
+        *(f"{key}: {value}" for key, value in sections.items()),
+    ]
+    return "\n".join(lines) + "\n"
+
+
+@pytest.fixture(scope="session")
+def tiny_two_stage():
+    return _tiny_two_stage
+
+
 def pytest_collection_modifyitems(config, items):
     cache: dict[str, bool] = {}
     for item in items:

@@ -41,7 +41,7 @@ BASELINE = {"megatron_logits": "megatron_logits", "megatron_fused": "megatron_lo
 def _loss_fn(impl: str, alpha: float):
     import torch
 
-    from megatron_sdpo.kernels import fused_linear_kl
+    from megatron_sdpo_kernels import fused_linear_kl
 
     if impl in ("reference", "chunked", "triton"):
         return lambda hs, ht, ws, wt: fused_linear_kl(hs, ht, ws, wt, alpha=alpha, impl=impl)

@@ -36,7 +36,7 @@ UNITS = {"step_s": "s", "step_cpu_s": "s", "model_tokens": "tokens", "real_token
 def make_batch(n: int, vocab: int, seed: int, sdpo: bool, group: int = 1):
     import torch
 
-    from megatron_sdpo.backends.base import SequenceBatch
+    from megatron_sdpo.interfaces.backend import SequenceBatch
 
     g = torch.Generator().manual_seed(seed)
     p_len = torch.randint(20, 41, (-(-n // group),), generator=g).tolist()

@@ -23,7 +23,7 @@ The definition is split into the pieces the engines share, so that none of them 
 
 a = log s and b = log q are fp32 log-probabilities, finite (floor -inf entries first, as
 `algorithms.sdpo` does for padded vocabulary rows: 0 * (-inf) would give NaN). The Triton kernel
-(`megatron_sdpo.kernels.triton_kl`) necessarily restates the same expressions inside its kernel
+(`megatron_sdpo_kernels.triton_kl`) necessarily restates the same expressions inside its kernel
 body; the kernel tests hold it to this module through the reference engine.
 """
 from __future__ import annotations

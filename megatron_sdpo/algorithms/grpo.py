@@ -1,6 +1,6 @@
 """GRPO: group-relative advantages and the clipped policy-gradient loss.
 
-Conventions shared with the backends (see `megatron_sdpo.backends.base`):
+Conventions shared with the backends (see `megatron_sdpo.interfaces.backend`):
 - samples of one prompt are grouped consecutively (prompt 0's n samples, then prompt 1's ...);
 - a loss returns the micro-batch's *share* `sum(per_token) / normalizer`; with `normalizer` the
   number of loss tokens in the whole global batch, adding the shares of all micro-batches and

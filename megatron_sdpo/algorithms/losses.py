@@ -1,4 +1,4 @@
-"""LossFn adapters (see `megatron_sdpo.backends.base.LossFn`) that the backends call.
+"""LossFn adapters (see `megatron_sdpo.interfaces.backend.LossFn`) that the backends call.
 
 Each adapter declares the model outputs it needs (`requires`), computes its global normalizer
 from the batch's tensors, and maps (outputs, tensors, normalizer) to the pure maths of
@@ -11,7 +11,6 @@ from typing import cast
 
 import torch
 
-from megatron_sdpo.algorithms.distillation import DistillationSpec, TopkSource
 from megatron_sdpo.algorithms.grpo import policy_loss
 from megatron_sdpo.algorithms.reduction import as_normalizer
 from megatron_sdpo.algorithms.sdpo import (
@@ -22,6 +21,7 @@ from megatron_sdpo.algorithms.sdpo import (
     topk_distillation_loss,
 )
 from megatron_sdpo.errors import ConfigError
+from megatron_sdpo.interfaces.distillation import DistillationSpec, TopkSource
 
 SDPO_VARIANTS = ("logits", "sampled")
 

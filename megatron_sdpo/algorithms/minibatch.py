@@ -9,8 +9,8 @@ rollout in mini-batches of 8, 4 optimizer steps).
 from __future__ import annotations
 
 from megatron_sdpo.algorithms.losses import metric_reduce
-from megatron_sdpo.backends.base import SequenceBatch
 from megatron_sdpo.errors import ConfigError
+from megatron_sdpo.interfaces.backend import SequenceBatch
 
 # Backend step results that are counts over the mini-batches rather than per-step means.
 _COUNTS = ("skipped", "samples")

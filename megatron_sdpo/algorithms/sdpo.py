@@ -2,7 +2,7 @@
 
 The student s = pi_theta(. | x, y_<t) and the teacher q = pi_T(. | x, c, y_<t) score the same
 response tokens; the teacher prompt differs but the response columns line up token for token
-(see `megatron_sdpo.backends.base`). The divergence itself is defined once, in
+(see `megatron_sdpo.interfaces.backend`). The divergence itself is defined once, in
 `megatron_sdpo.algorithms.divergence`; this module applies it to logits (temperature, top-k,
 masking, importance weights, normalization).
 

@@ -1,7 +1,7 @@
 """When to update the teacher, and how.
 
 The teacher is a second weight set with the student's layout. Every teacher update is a
-`TeacherBlend` (algorithms/blend.py): the new teacher as a convex combination of the policy
+`TeacherBlend` (interfaces/blend.py): the new teacher as a convex combination of the policy
 (student), the current teacher and the reference (the base model), which each backend applies
 shard by shard with its `blend_teacher`.
 
@@ -23,8 +23,8 @@ from __future__ import annotations
 
 import math
 
-from megatron_sdpo.algorithms.blend import TeacherBlend
 from megatron_sdpo.errors import ConfigError
+from megatron_sdpo.interfaces.blend import TeacherBlend
 
 
 class TeacherController:

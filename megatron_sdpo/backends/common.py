@@ -13,10 +13,10 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from megatron_sdpo.algorithms.blend import TeacherBlend
 from megatron_sdpo.algorithms.losses import metric_reduce
-from megatron_sdpo.backends.base import SequenceBatch
 from megatron_sdpo.errors import ConfigError, DataError
+from megatron_sdpo.interfaces.backend import SequenceBatch
+from megatron_sdpo.interfaces.blend import TeacherBlend
 
 MODEL_NAMES = ("policy", "teacher", "reference")
 

@@ -25,10 +25,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from megatron_sdpo.algorithms.blend import TeacherBlend, blend_, copy_
-from megatron_sdpo.algorithms.distillation import DistillationSpec, TopkSource, distillation_of
 from megatron_sdpo.backends import hf_checkpoint
-from megatron_sdpo.backends.base import REQUIRES, Backend, LossFn, SequenceBatch
 from megatron_sdpo.backends.checkpoint import (
     load_hf_weights,
 )
@@ -43,12 +40,15 @@ from megatron_sdpo.backends.common import (
     reduce_metrics,
     resolve_pad_id,
 )
-from megatron_sdpo.backends.layout import pack, token_entropy, token_logprobs
 from megatron_sdpo.backends.offload import StateOffload
-from megatron_sdpo.backends.schedule import LRSchedule
 from megatron_sdpo.backends.varlen import gather_hidden, pack_varlen
 from megatron_sdpo.config.backend_spec import BACKENDS
 from megatron_sdpo.errors import ConfigError
+from megatron_sdpo.interfaces.backend import REQUIRES, Backend, LossFn, SequenceBatch
+from megatron_sdpo.interfaces.blend import TeacherBlend, blend_, copy_
+from megatron_sdpo.interfaces.distillation import DistillationSpec, TopkSource, distillation_of
+from megatron_sdpo.interfaces.layout import pack, token_entropy, token_logprobs
+from megatron_sdpo.interfaces.schedule import LRSchedule
 from megatron_sdpo.stopwatch import Stopwatch
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -340,7 +340,7 @@ class HFBackend(Backend):
     def _fused_kl(self, mb: SequenceBatch, T: int, module: nn.Module, spec: DistillationSpec) -> torch.Tensor:
         """[b, T] per-token distillation loss from hidden states through the fused kernel: the
         [b, T, V] logits of neither model are ever built."""
-        from megatron_sdpo.kernels import ChunkSizes, fused_linear_kl
+        from megatron_sdpo_kernels import ChunkSizes, fused_linear_kl
 
         if self.teacher_logit_mix is not None:
             raise ConfigError("the trust-region teacher mixes logits, which the fused kernel never builds: set kernel.fused_kl=false")
@@ -520,7 +520,7 @@ class HFBackend(Backend):
             p.copy_(m)
 
     def blend_teacher(self, blend: TeacherBlend) -> None:
-        """Apply a teacher update (algorithms/blend.py) to the teacher's fp32 truth: its fp32
+        """Apply a teacher update (interfaces/blend.py) to the teacher's fp32 truth: its fp32
         shadow with a bf16/fp16 model, then rounded once into the teacher; else its params. The
         policy enters as its fp32 truth (the master weights with a bf16 model)."""
         self.reload_training_state()

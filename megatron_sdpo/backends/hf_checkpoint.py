@@ -12,9 +12,9 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from megatron_sdpo.algorithms.blend import copy_
 from megatron_sdpo.backends.checkpoint import atomic_checkpoint_dir, check_complete, load_hf_weights, torch_load
 from megatron_sdpo.errors import CheckpointError
+from megatron_sdpo.interfaces.blend import copy_
 
 _TOKENIZER_FILES = (
     "tokenizer.json",

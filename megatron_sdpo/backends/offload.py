@@ -16,7 +16,11 @@ from typing import Iterable
 
 import torch
 
-from megatron_sdpo.memory_census import storage_key
+
+def storage_key(t: torch.Tensor) -> tuple[str, int]:
+    """One key per distinct storage (views of one buffer share it)."""
+    s = t.untyped_storage()
+    return (str(t.device), s.data_ptr())
 
 
 def _bytes_view(storage: torch.UntypedStorage, device: torch.device) -> torch.Tensor:

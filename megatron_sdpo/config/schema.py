@@ -205,7 +205,7 @@ class RolloutConfig:
     tensor_parallel_size: int = 1
     # torch intra-op threads while the engine generates (and, for vLLM, reloads weights; null:
     # the process's count). Decoding is many small ops; on a busy CPU one thread avoids OpenMP
-    # spin-wait at each of them (docs/measurements.md, tools/bench_rollout.py).
+    # spin-wait at each of them (dev/LOG.md, tools/bench_rollout.py).
     threads: Optional[int] = None
     # vLLM: reuse a prompt's KV blocks across its n samples and across prompts with a common
     # prefix (the chat template's system text); reset at every refit.

@@ -61,8 +61,8 @@ def probe_batches(tokenizer, cur_samples: dict[str, list[dict]], eval_sets: dict
     """{eval set: SequenceBatch} of the first `probe_n` answers of the policy to each in-domain
     eval set (prompts through the chat template; an empty answer scored as one eos token);
     answers whose record is not in `eval_sets` are left out."""
-    from megatron_sdpo.backends.base import SequenceBatch
     from megatron_sdpo.chat import record_prompts
+    from megatron_sdpo.interfaces.backend import SequenceBatch
 
     out = {}
     for key in in_domain_sets(cur_samples):

@@ -9,6 +9,10 @@ import torch
 
 # What an engine's sleep releases, in the order the trainer brings them back around a refit.
 WAKE_TAGS = ("weights", "kv_cache")
+# What the refit may take of the device memory free when it starts (NeMo-RL sizes its refit
+# buffer at 30% of the memory free after offloading the trainer): vllm.py applies it, the memory
+# ledger (planning/memory_ledger.py) plans with it.
+REFIT_FREE_SHARE = 0.3
 
 
 @dataclass

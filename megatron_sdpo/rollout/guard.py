@@ -19,9 +19,9 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from megatron_sdpo.algorithms.distillation import DistillationSpec
-from megatron_sdpo.backends.base import LossFn
 from megatron_sdpo.errors import RefitError
+from megatron_sdpo.interfaces.backend import LossFn
+from megatron_sdpo.interfaces.distillation import DistillationSpec
 
 TOKEN_WEIGHT = "guard_token_weight"  # [B, T] response mask / global response-token count
 SEQ_WEIGHT = "guard_seq_weight"  # [B] 1 / global batch size

@@ -22,8 +22,8 @@ from typing import Iterable, Sequence
 
 import torch
 
-from megatron_sdpo.backends.layout import left_pad, position_ids_from_mask
 from megatron_sdpo.errors import ConfigError, DataError
+from megatron_sdpo.interfaces.layout import left_pad, position_ids_from_mask
 from megatron_sdpo.rollout.base import Completion, RolloutEngine, SamplingConfig, torch_threads
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}

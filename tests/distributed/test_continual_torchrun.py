@@ -6,30 +6,16 @@ import sys
 
 import pytest
 
-SMALL = """
-defaults: tiny
-name: ddp
-stages:
-  - {domain: math, steps: 2}
-  - {domain: tooluse, steps: 2}
-domains:
-  math: {eval: {id: {n: 8}, ood_near: {n: 4}, ood_mid: {n: 4}, ood_far: {n: 4}}}
-  science: {eval: {id: {n: 4}, ood_near: {n: 4}, ood_mid: {n: 4}, ood_far: {n: 4}}}
-  tooluse: {eval: {id: {n: 8}, ood_near: {n: 4}, ood_mid: {n: 4}, ood_far: {n: 4}}}
-  code: {eval: {id: {n: 4}, ood_near: {n: 4}, ood_mid: {n: 4}, ood_far: {n: 4}}}
-algorithm: {prompts_per_step: 4, group_size: 4}
-rollout: {engine: auto, max_new_tokens: 16}
-eval: {max_new_tokens: 16}
-checkpoint: {save_every: 1}
-diagnostics: {probe_n: 2}
-"""
+SECTIONS = dict(
+    rollout="{engine: auto, max_new_tokens: 16}", eval="{max_new_tokens: 16}", diagnostics="{probe_n: 2}",
+)
 
 
 @pytest.mark.distributed
 @pytest.mark.slow
-def test_two_rank_run_writes_once_and_completes(tmp_path):
+def test_two_rank_run_writes_once_and_completes(tmp_path, tiny_two_stage):
     cfg = tmp_path / "ddp.yaml"
-    cfg.write_text(SMALL)
+    cfg.write_text(tiny_two_stage("ddp", checkpoint="{save_every: 1}", **SECTIONS))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
            "-m", "megatron_sdpo", "run", str(cfg), "--out", "run", "--quiet"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -47,15 +33,15 @@ def test_two_rank_run_writes_once_and_completes(tmp_path):
 
 @pytest.mark.distributed
 @pytest.mark.slow
-def test_slow_stage_end_diagnostics_do_not_hold_the_ranks(tmp_path):
+def test_slow_stage_end_diagnostics_do_not_hold_the_ranks(tmp_path, tiny_two_stage):
     """The main rank's drift work at a stage end takes longer than the process group's timeout
     (a delay in each detached job): the ranks still pass every boundary, and report.md holds
     every stage's drift, waited for at the end."""
-    from megatron_sdpo.drift_jobs import DELAY_ENV
+    from megatron_sdpo.outputs.drift_jobs import DELAY_ENV
 
     cfg = tmp_path / "ddp.yaml"
-    cfg.write_text(SMALL.replace("checkpoint: {save_every: 1}", "checkpoint: {save_every: 0}")
-                   + "launch: {distributed_timeout_minutes: 0.25}\n")
+    cfg.write_text(tiny_two_stage("ddp", checkpoint="{save_every: 0}", launch="{distributed_timeout_minutes: 0.25}",
+                                  **SECTIONS))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
            "-m", "megatron_sdpo", "run", str(cfg), "--out", "run", "--quiet"]
     env = {**os.environ, "OMP_NUM_THREADS": "1", DELAY_ENV: "30"}  # twice the 15 s timeout

@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from megatron_sdpo.backends.base import SequenceBatch
+from megatron_sdpo.interfaces.backend import SequenceBatch
 from megatron_sdpo.models.random_qwen3 import save_tiny_qwen3
 
 from backend_losses import WeightedNLL

@@ -16,7 +16,7 @@ STEPS = 3
 
 def make_batch(vocab: int = 131):
     """Six samples of uneven prompt/response lengths, teacher prompts on four of them."""
-    from megatron_sdpo.backends.base import SequenceBatch
+    from megatron_sdpo.interfaces.backend import SequenceBatch
 
     g = torch.Generator().manual_seed(7)
     ids = lambda n: [int(x) for x in torch.randint(0, vocab, (n,), generator=g)]  # noqa: E731
@@ -241,7 +241,7 @@ def test_world4_tp2_x_pp2_matches_hf(model_dir, refs):
 
 def _mb_batch(vocab: int = 131):
     """Four prompt groups of two samples: four GRPO mini-batches of one group each."""
-    from megatron_sdpo.backends.base import SequenceBatch
+    from megatron_sdpo.interfaces.backend import SequenceBatch
 
     g = torch.Generator().manual_seed(11)
     ids = lambda n: [int(x) for x in torch.randint(0, vocab, (n,), generator=g)]  # noqa: E731

@@ -18,7 +18,7 @@ def _run(be, b, steps):
 def _ckpt_worker(model_dir: str, ckpt: str) -> dict:
     from megatron_sdpo.backends.megatron.backend import MegatronBackend
     from megatron_sdpo.backends.megatron.parallel import ParallelConfig, destroy
-    from megatron_sdpo.backends.schedule import LRSchedule
+    from megatron_sdpo.interfaces.schedule import LRSchedule
 
     from test_megatron_backend import make_batch
 

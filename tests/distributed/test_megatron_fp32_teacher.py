@@ -4,7 +4,7 @@ rounded once into the bf16 teacher; checkpoints keep it, so a resume continues e
 import pytest
 import torch
 
-from megatron_sdpo.algorithms.blend import TeacherBlend
+from megatron_sdpo.interfaces.blend import TeacherBlend
 
 pytestmark = [pytest.mark.megatron, pytest.mark.distributed]
 

@@ -13,24 +13,6 @@ import pytest
 
 pytestmark = [pytest.mark.distributed, pytest.mark.megatron, pytest.mark.vllm, pytest.mark.slow]
 
-SMALL = """
-defaults: tiny
-name: stop
-stages:
-  - {domain: math, steps: 3}
-  - {domain: tooluse, steps: 4}
-domains:
-  math: {eval: {id: {n: 8}, ood_near: {n: 4}, ood_mid: {n: 4}, ood_far: {n: 4}}}
-  science: {eval: {id: {n: 4}, ood_near: {n: 4}, ood_mid: {n: 4}, ood_far: {n: 4}}}
-  tooluse: {eval: {id: {n: 8}, ood_near: {n: 4}, ood_mid: {n: 4}, ood_far: {n: 4}}}
-  code: {eval: {id: {n: 4}, ood_near: {n: 4}, ood_mid: {n: 4}, ood_far: {n: 4}}}
-algorithm: {prompts_per_step: 4, group_size: 4}
-rollout: {engine: vllm, max_new_tokens: 16}
-eval: {max_new_tokens: 16}
-backend: {name: megatron, megatron: {tensor_parallel: 2}}
-checkpoint: {save_every: 0}
-diagnostics: {probe_n: 2}
-"""
 GRACE_S = 60
 
 
@@ -62,9 +44,13 @@ def _wait_for(proc, ready, what, timeout=900):
 
 
 @pytest.fixture(scope="module")
-def cfg(tmp_path_factory):
+def cfg(tmp_path_factory, tiny_two_stage):
     path = tmp_path_factory.mktemp("cfg") / "stop.yaml"
-    path.write_text(SMALL)
+    path.write_text(tiny_two_stage(
+        "stop", steps=(3, 4), rollout="{engine: vllm, max_new_tokens: 16}", eval="{max_new_tokens: 16}",
+        backend="{name: megatron, megatron: {tensor_parallel: 2}}", checkpoint="{save_every: 0}",
+        diagnostics="{probe_n: 2}",
+    ))
     return path
 
 

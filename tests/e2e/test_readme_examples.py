@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
 # Besides README.md and docs/*.md (all of them, whatever their names): the documents kept next to
 # what they describe.
-PACKAGE_DOCUMENTS = ("megatron_sdpo/config/presets/README.md", "megatron_sdpo/rollout/README.md")
+OTHER_DOCUMENTS = ("megatron_sdpo/config/presets/README.md", "megatron_sdpo/rollout/README.md", "dev/LOG.md")
 PREFIXES = (("python", "-m", "megatron_sdpo"), ("megatron-sdpo",))
 DOMAINS = ("math", "science", "tooluse", "code")
 SPLITS = ("id", "ood_near", "ood_mid", "ood_far")
@@ -57,7 +57,7 @@ TRAINS = ("run", "compare", "study", "eval")
 
 def documents() -> list[Path]:
     """The documents whose commands are tested: README first, then docs/*.md, then the rest."""
-    return [README, *sorted((ROOT / "docs").glob("*.md")), *(ROOT / p for p in PACKAGE_DOCUMENTS)]
+    return [README, *sorted((ROOT / "docs").glob("*.md")), *(ROOT / p for p in OTHER_DOCUMENTS)]
 
 
 @dataclass(frozen=True)
@@ -163,7 +163,7 @@ def test_every_document_with_commands_is_read():
     docs = documents()
     assert all(p.is_file() for p in docs), [_name(p) for p in docs if not p.is_file()]
     names = {_name(p) for p in docs}
-    assert {"docs/cluster.md", "docs/custom.md", "docs/measurements.md"} <= names, sorted(names)
+    assert {"docs/cluster.md", "docs/custom.md", "dev/LOG.md"} <= names, sorted(names)
     # Every docs/*.md is read whatever its name; elsewhere a document with commands must be listed.
     assert {_name(p) for p in (ROOT / "docs").glob("*.md")} <= names
     unread = []
@@ -264,3 +264,27 @@ def test_document_fenced_commands_run(tmp_path):
                 assert re.search(r"math/id\s+\d\.\d{3}", proc.stdout), proc.stdout[-2000:]
             elif args[0] == "presets":
                 assert "tiny" in proc.stdout.split()
+
+
+def _anchors(path: Path) -> set[str]:
+    """GitHub's heading anchors of a Markdown file: lower case, punctuation dropped, spaces to '-'."""
+    text = re.sub(r"^```.*?^```", "", path.read_text(), flags=re.M | re.S)
+    return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-") for h in re.findall(r"^#+ (.+)$", text, flags=re.M)}
+
+
+def test_every_relative_link_resolves():
+    # Files move (the lab log left docs/): a link into a moved file, or to a heading it no longer
+    # has, fails here rather than in a reader's browser.
+    broken = []
+    for path in _markdown_files():
+        prose = re.sub(r"^```.*?^```", "", path.read_text(), flags=re.M | re.S)
+        for target in re.findall(r"\]\(([^)\s]+)\)", prose):
+            if re.match(r"[a-z]+:", target):
+                continue
+            file, _, anchor = target.partition("#")
+            dest = (path.parent / file).resolve() if file else path
+            if not dest.exists():
+                broken.append(f"{_name(path)}: {target} (no such file)")
+            elif anchor and dest.suffix == ".md" and anchor not in _anchors(dest):
+                broken.append(f"{_name(path)}: {target} (no such heading)")
+    assert not broken, "\n".join(broken)

@@ -9,23 +9,6 @@ import time
 
 import pytest
 
-SHORT = """
-defaults: tiny
-name: study_e2e
-stages:
-  - {domain: math, steps: 2}
-  - {domain: tooluse, steps: 2}
-domains:
-  math: {eval: {id: {n: 8}, ood_near: {n: 4}, ood_mid: {n: 4}, ood_far: {n: 4}}}
-  science: {eval: {id: {n: 4}, ood_near: {n: 4}, ood_mid: {n: 4}, ood_far: {n: 4}}}
-  tooluse: {eval: {id: {n: 8}, ood_near: {n: 4}, ood_mid: {n: 4}, ood_far: {n: 4}}}
-  code: {eval: {id: {n: 4}, ood_near: {n: 4}, ood_mid: {n: 4}, ood_far: {n: 4}}}
-algorithm: {prompts_per_step: 4, group_size: 4}
-rollout: {engine: hf, max_new_tokens: 16}
-eval: {max_new_tokens: 16, at_steps: [1]}
-checkpoint: {save_every: 1}
-diagnostics: {probe_n: 2, response_drift: false}
-"""
 ARGS = ["study", "short.yaml", "--arms", "grpo,sdpo_frozen", "--seeds", "0-1", "--jobs", "2", "--threads", "2",
         "--out", "st", "--bootstrap", "200"]
 
@@ -44,8 +27,11 @@ def finish(proc, timeout=900):
 
 
 @pytest.mark.slow
-def test_study_is_resumable_after_a_kill_and_judges_the_findings(tmp_path):
-    (tmp_path / "short.yaml").write_text(SHORT)
+def test_study_is_resumable_after_a_kill_and_judges_the_findings(tmp_path, tiny_two_stage):
+    (tmp_path / "short.yaml").write_text(tiny_two_stage(
+        "study_e2e", rollout="{engine: hf, max_new_tokens: 16}", eval="{max_new_tokens: 16, at_steps: [1]}",
+        checkpoint="{save_every: 1}", diagnostics="{probe_n: 2, response_drift: false}",
+    ))
     runs = tmp_path / "st" / "runs"
     proc = cli(*ARGS, cwd=tmp_path, start_new_session=True)
     # Runs start seed by seed: the third (grpo, seed 1) starts when a seed-0 run has finished;

@@ -14,7 +14,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.megatron]
 
 def _batch(n: int = 8, prompt_len: int = 13, response_len: int = 11, vocab: int = 500, seed: int = 0):
     """n samples; odd lengths so that FP8 has to pad the rows (13 + 11 = 24 -> 32)."""
-    from megatron_sdpo.backends.base import SequenceBatch
+    from megatron_sdpo.interfaces.backend import SequenceBatch
 
     g = torch.Generator().manual_seed(seed)
     ids = lambda k: [int(x) for x in torch.randint(0, vocab, (k,), generator=g)]  # noqa: E731
@@ -186,11 +186,11 @@ def _packing_worker(model_dir: str) -> dict:
     """Packed (THD, Transformer Engine's varlen attention) vs padded rows on uneven samples:
     logprobs, then a GRPO and a fused-SDPO step from the same weights."""
     from megatron_sdpo.algorithms.losses import GRPOLoss
-    from megatron_sdpo.backends.base import SequenceBatch
     from megatron_sdpo.backends.megatron.backend import MegatronBackend
     from megatron_sdpo.backends.megatron.model import ModelOptions, resolve_use_te
     from megatron_sdpo.backends.megatron.parallel import destroy
     from megatron_sdpo.backends.megatron.precision import PrecisionConfig
+    from megatron_sdpo.interfaces.backend import SequenceBatch
 
     g = torch.Generator().manual_seed(3)
     ids = lambda k: [int(x) for x in torch.randint(0, 500, (k,), generator=g)]  # noqa: E731

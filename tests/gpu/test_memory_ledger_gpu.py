@@ -23,7 +23,7 @@ MBS, SEQ, PROMPT = 2, 2048, 512
 
 
 def _batch():
-    from megatron_sdpo.backends.base import SequenceBatch
+    from megatron_sdpo.interfaces.backend import SequenceBatch
 
     g = torch.Generator().manual_seed(0)
     ids = lambda n: [int(x) for x in torch.randint(3, 150000, (n,), generator=g)]  # noqa: E731
@@ -60,8 +60,8 @@ def _worker(model_dir: str) -> dict:
 def test_ledger_against_the_allocator(tmp_path):
     import transformers
 
-    from megatron_sdpo import memory_ledger as ml
     from megatron_sdpo.backends.megatron.launch import spawn
+    from megatron_sdpo.planning import memory_ledger as ml
     from megatron_sdpo.weights.plan import ModelSpec
 
     cfg = transformers.Qwen3Config(**SHAPE)

@@ -1,5 +1,5 @@
 """Shared test inputs and an independent plain-torch oracle (deliberately written differently
-from ``kernels/reference.py``: probabilities via softmax and explicit KL sums, no logaddexp)."""
+from ``kernels/megatron_sdpo_kernels/reference.py``: probabilities via softmax and explicit KL sums, no logaddexp)."""
 from __future__ import annotations
 
 import pytest

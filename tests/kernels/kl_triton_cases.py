@@ -12,7 +12,7 @@ import torch
 assert os.environ.get("TRITON_INTERPRET") == "1", "run with TRITON_INTERPRET=1"
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from megatron_sdpo.kernels import fused_linear_kl, fused_linear_logprobs  # noqa: E402
+from megatron_sdpo_kernels import fused_linear_kl, fused_linear_logprobs  # noqa: E402
 
 from kl_cases import grads_of, make_inputs  # noqa: E402
 

@@ -3,7 +3,7 @@ materialized logits): forward and backward with grad_output != 1, odd shapes, fp
 import pytest
 import torch
 
-from megatron_sdpo.kernels import ChunkSizes, fused_linear_kl, fused_linear_logprobs, resolve_impl
+from megatron_sdpo_kernels import ChunkSizes, fused_linear_kl, fused_linear_logprobs, resolve_impl
 
 from kl_cases import grads_of, make_inputs, one_thread, oracle_kl  # noqa: F401
 

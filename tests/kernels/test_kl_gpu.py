@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from megatron_sdpo.kernels import fused_linear_kl, fused_linear_logprobs
+from megatron_sdpo_kernels import fused_linear_kl, fused_linear_logprobs
 
 from kl_cases import grads_of, make_inputs
 

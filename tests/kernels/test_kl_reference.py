@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from megatron_sdpo.errors import ConfigError, UserError
-from megatron_sdpo.kernels import fused_linear_kl, fused_linear_logprobs, reference_linear_kl, reference_linear_logprobs
+from megatron_sdpo_kernels import fused_linear_kl, fused_linear_logprobs, reference_linear_kl, reference_linear_logprobs
 
 from kl_cases import grads_of, make_inputs, one_thread, oracle_kl, oracle_logprobs  # noqa: F401
 

@@ -44,7 +44,7 @@ def test_triton_on_cpu_without_interpreter_is_a_clear_error():
     if os.environ.get("TRITON_INTERPRET") == "1":
         pytest.skip("this process runs the interpreter")
     from megatron_sdpo.errors import UserError
-    from megatron_sdpo.kernels import fused_linear_kl
+    from megatron_sdpo_kernels import fused_linear_kl
 
     x = torch.randn(4, 16)
     w = torch.randn(32, 16)

@@ -21,7 +21,7 @@ def _worker(rank: int, world: int, store_file: str, out_dir: str) -> None:
     sys.path.insert(0, str(HERE))
     import torch.distributed as dist
 
-    from megatron_sdpo.kernels import ChunkSizes, fused_linear_kl, fused_linear_logprobs
+    from megatron_sdpo_kernels import ChunkSizes, fused_linear_kl, fused_linear_logprobs
 
     from kl_cases import grads_of, make_inputs
 

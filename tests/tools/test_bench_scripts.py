@@ -1,5 +1,5 @@
 """tools/bench_kl.py, bench_rollout.py, bench_sandbox.py write the bench_harness CSV (tiny sizes; the
-real numbers are in docs/measurements.md), and every bench script's --help runs (bench_refit's measurement
+real numbers are in dev/LOG.md), and every bench script's --help runs (bench_refit's measurement
 needs vLLM and minutes: it is run by hand)."""
 import csv
 import subprocess

@@ -4,11 +4,11 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from megatron_sdpo import report
-from megatron_sdpo.backends.base import SequenceBatch
 from megatron_sdpo.config import load_config
 from megatron_sdpo.continual import ContinualRun
 from megatron_sdpo.diagnostics import stage
+from megatron_sdpo.interfaces.backend import SequenceBatch
+from megatron_sdpo.outputs import report
 
 
 @pytest.mark.parametrize("main", [True, False])
@@ -60,7 +60,7 @@ def test_stage_diagnostics_score_probes_on_every_rank_and_hand_the_rest_to_a_job
 @pytest.mark.parametrize("main", [True, False])
 def test_step_drift_reads_the_whole_export_on_every_rank_and_the_main_one_writes(tmp_path, monkeypatch, main):
     from megatron_sdpo.diagnostics.stage import StagePolicies
-    from megatron_sdpo.run_dir import RunDir
+    from megatron_sdpo.outputs.run_dir import RunDir
 
     rd = RunDir(tmp_path / "run")
     rd.prepare(resume=False)

@@ -5,8 +5,8 @@ import time
 import pytest
 import torch
 
-from megatron_sdpo.backends.base import SequenceBatch
 from megatron_sdpo.config import load_config
+from megatron_sdpo.interfaces.backend import SequenceBatch
 from megatron_sdpo.rollout.base import RolloutEngine
 from megatron_sdpo.trainer import Trainer
 

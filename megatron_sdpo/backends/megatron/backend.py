@@ -1,4 +1,4 @@
-"""MegatronBackend: the backend seam (backends/base.py) on megatron-core GPTModel (TP x PP x DP).
+"""MegatronBackend: the backend seam (interfaces/backend.py) on megatron-core GPTModel (TP x PP x DP).
 
 Policy and teacher are two GPTModels with the same layout; only the policy is wrapped in
 megatron DDP and owned by the (distributed) optimizer. Every forward goes through
@@ -36,9 +36,6 @@ from typing import Any, Iterator
 import torch
 import torch.distributed as dist
 
-from megatron_sdpo.algorithms.blend import TeacherBlend, blend_
-from megatron_sdpo.algorithms.distillation import TopkSource
-from megatron_sdpo.backends.base import REQUIRES, Backend, LossFn, SequenceBatch
 from megatron_sdpo.backends.common import (
     MetricSums,
     blend_sources,
@@ -61,9 +58,12 @@ from megatron_sdpo.backends.megatron.parallel import (
 )
 from megatron_sdpo.backends.megatron.step_loss import StepLoss
 from megatron_sdpo.backends.offload import StateOffload
-from megatron_sdpo.backends.schedule import LRSchedule
 from megatron_sdpo.config.backend_spec import BACKENDS
 from megatron_sdpo.errors import ConfigError, require
+from megatron_sdpo.interfaces.backend import REQUIRES, Backend, LossFn, SequenceBatch
+from megatron_sdpo.interfaces.blend import TeacherBlend, blend_
+from megatron_sdpo.interfaces.distillation import TopkSource
+from megatron_sdpo.interfaces.schedule import LRSchedule
 from megatron_sdpo.stopwatch import Stopwatch
 from megatron_sdpo.weights.plan import ModelSpec
 from megatron_sdpo.weights.transport import export_hf, load_hf
@@ -464,7 +464,7 @@ class MegatronBackend(Backend):
         return list(getattr(m, "module", m).parameters())
 
     def blend_teacher(self, blend: TeacherBlend) -> None:
-        """Apply a teacher update (algorithms/blend.py) shard-locally: the teacher has the
+        """Apply a teacher update (interfaces/blend.py) shard-locally: the teacher has the
         policy's layout. With bf16 params it is blended from the optimizer's fp32 main params
         into the fp32 shadow and rounded once (teacher_state.py)."""
         if blend.is_identity:

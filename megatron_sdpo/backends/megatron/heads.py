@@ -3,7 +3,7 @@
 With `kernel.fused_kl=true` the last pipeline stage never runs `output_layer`: GPTModel's
 forward returns the decoder's output (final norm applied) while its `post_process` flag is off
 (`hidden_only`), and every per-token statistic the loss asks for comes from the fused kernels
-of `megatron_sdpo.kernels` over this rank's vocabulary rows. So neither the student's nor the
+of `megatron_sdpo_kernels` over this rank's vocabulary rows. So neither the student's nor the
 teacher's `[tokens, V/tp]` logits are built; peak memory is the kernels' tiles.
 
 The LM-head rows past the real vocabulary (padding to `vocab_divisor`) are cut off, as the
@@ -20,8 +20,8 @@ from typing import Iterator
 
 import torch
 
-from megatron_sdpo.algorithms.distillation import DistillationSpec
 from megatron_sdpo.errors import ConfigError
+from megatron_sdpo.interfaces.distillation import DistillationSpec
 
 # Outputs that need full-vocabulary logits in hand; the fused path cannot give them.
 LOGIT_OUTPUTS = frozenset({"logits", "teacher_logits", "topk_logprobs", "teacher_topk_logprobs"})
@@ -87,7 +87,7 @@ def fused_kl(
     rows [width, H] through the fused kernel, as `spec` says (no mask: the loss masks), on logits
     divided by `logit_temperature` (the rollout's) and then by the spec's. Gradients reach the
     student hidden states and weight only."""
-    from megatron_sdpo.kernels import ChunkSizes, fused_linear_kl
+    from megatron_sdpo_kernels import ChunkSizes, fused_linear_kl
 
     return fused_linear_kl(
         h_s, h_t, w_s, w_t, alpha=spec.alpha, temperature=spec.temperature * logit_temperature, mask=None,
@@ -110,7 +110,7 @@ def token_logprobs(
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(logprobs [b, T], entropy [b, T] or None) of `targets` [b, T] from hidden [b * T, H] and
     this rank's head rows [width, H] for ids [start, start + width), logits / `temperature`."""
-    from megatron_sdpo.kernels import fused_linear_logprobs
+    from megatron_sdpo_kernels import fused_linear_logprobs
 
     lp, ent = fused_linear_logprobs(
         hidden, weight, targets.reshape(-1), temperature=temperature, impl=impl, tp_group=tp_group,

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import torch
 
-from megatron_sdpo.algorithms.distillation import DistillationSpec, distillation_of
-from megatron_sdpo.backends.base import LossFn
 from megatron_sdpo.backends.common import MetricSums
 from megatron_sdpo.backends.megatron import heads
 from megatron_sdpo.backends.megatron import vocab_parallel as vp
 from megatron_sdpo.errors import ConfigError
+from megatron_sdpo.interfaces.backend import LossFn
+from megatron_sdpo.interfaces.distillation import DistillationSpec, distillation_of
 
 _POLICY_OUTPUTS = frozenset({"logprobs", "entropy", "logits"})
 _TOPK = frozenset({"topk_logprobs", "teacher_topk_logprobs"})

@@ -27,8 +27,8 @@ from typing import Iterable
 import torch
 import torch.distributed as dist
 
-from megatron_sdpo.algorithms.blend import TeacherBlend, blend_
 from megatron_sdpo.errors import ConfigError
+from megatron_sdpo.interfaces.blend import TeacherBlend, blend_
 
 
 def _optimizers(optimizer) -> list:

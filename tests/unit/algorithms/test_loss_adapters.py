@@ -5,8 +5,8 @@ import torch
 from megatron_sdpo.algorithms.grpo import policy_loss
 from megatron_sdpo.algorithms.losses import GRPOLoss, HybridLoss, SDPOLoss, metric_reduce
 from megatron_sdpo.algorithms.sdpo import importance_weights, token_distillation_loss
-from megatron_sdpo.backends.base import REQUIRES, LossFn
 from megatron_sdpo.errors import ConfigError
+from megatron_sdpo.interfaces.backend import REQUIRES, LossFn
 
 B, T, V, H = 5, 6, 29, 8
 K = 7  # top-k of the "topk_logprobs" outputs

@@ -4,9 +4,9 @@ import torch
 
 from megatron_sdpo.algorithms.losses import GRPOLoss
 from megatron_sdpo.algorithms.minibatch import combine_step_metrics, split_groups
-from megatron_sdpo.backends.base import SequenceBatch
 from megatron_sdpo.backends.hf import HFBackend
 from megatron_sdpo.errors import ConfigError
+from megatron_sdpo.interfaces.backend import SequenceBatch
 from megatron_sdpo.models.random_qwen3 import save_tiny_qwen3
 from megatron_sdpo.trainer import minibatch_update
 

@@ -6,11 +6,11 @@ import math
 import pytest
 import torch
 
-from megatron_sdpo.algorithms.blend import TeacherBlend, blend_
 from megatron_sdpo.algorithms.sdpo import random_token_keep
 from megatron_sdpo.algorithms.teacher import TeacherController
 from megatron_sdpo.config import load_config
 from megatron_sdpo.errors import ConfigError
+from megatron_sdpo.interfaces.blend import TeacherBlend, blend_
 
 
 def test_mask_ratio_zero_keeps_every_token_without_drawing():

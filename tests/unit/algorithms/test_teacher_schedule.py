@@ -1,9 +1,9 @@
-"""The teacher schedules: which blend (algorithms/blend.py) to apply at stage starts and steps."""
+"""The teacher schedules: which blend (interfaces/blend.py) to apply at stage starts and steps."""
 import pytest
 
-from megatron_sdpo.algorithms.blend import TeacherBlend
 from megatron_sdpo.algorithms.teacher import TeacherController
 from megatron_sdpo.errors import ConfigError
+from megatron_sdpo.interfaces.blend import TeacherBlend
 
 _NAMES = {TeacherBlend(): "none", TeacherBlend.copy(): "copy", TeacherBlend.base(): "base"}
 

@@ -5,9 +5,9 @@ import pytest
 import torch
 
 from megatron_sdpo.backends import common
-from megatron_sdpo.backends.base import SequenceBatch
 from megatron_sdpo.backends.common import MetricSums, checked_batch, dp_sizes, dp_slice, named_model, reduce_metrics
 from megatron_sdpo.errors import ConfigError, DataError
+from megatron_sdpo.interfaces.backend import SequenceBatch
 
 
 def test_dp_slices_cover_the_batch_in_order():

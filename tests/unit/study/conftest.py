@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from megatron_sdpo.run_dir import RunDir
+from megatron_sdpo.outputs.run_dir import RunDir
 
 
 def write_run(root, items, rewards=(), drift=None):

@@ -1,12 +1,15 @@
-"""tools/math_operations.py on a hand-made study: two runs whose answers use known operations."""
+"""study/operations.py on a hand-made study: two runs whose answers use known operations."""
 import json
+import subprocess
+import sys
+from pathlib import Path
 
-import math_operations as M
 import pytest
 
 from megatron_sdpo.config import dump_yaml, load_config
 from megatron_sdpo.evaluation import load_eval_sets
-from megatron_sdpo.run_dir import RunDir
+from megatron_sdpo.outputs.run_dir import RunDir
+from megatron_sdpo.study import operations as M
 
 
 def test_first_operation():
@@ -69,3 +72,12 @@ def test_a_corrupt_run_is_one_error_line(tmp_path, capsys):
     assert M.main([str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert "no_such_key" in err and err.count("\n") == 1
+
+
+def test_the_tools_entry_point_runs_the_command(tmp_path):
+    # `python tools/math_operations.py` from the repository root, as docs/findings.md shows it.
+    root = Path(__file__).resolve().parents[3]
+    proc = subprocess.run([sys.executable, "tools/math_operations.py", str(tmp_path)], cwd=root,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.startswith("error: no run directory") and proc.stderr.count("\n") == 1

@@ -1,5 +1,5 @@
 """One rank's device memory, phase by phase: the plan `run --dry-run` prints and fails on, and
-the numbers the code's allocations are tested against (tests/unit/test_memory_ledger.py with
+the numbers the code's allocations are tested against (tests/unit/planning/test_memory_ledger.py with
 memory_census.py on CPU; tests/gpu against torch.cuda.max_memory_allocated).
 
 Categories are what stays allocated across a phase; transients are what one operation adds
@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 
+from megatron_sdpo.rollout.base import REFIT_FREE_SHARE
 from megatron_sdpo.weights.plan import REPLICATED, Layout, ModelSpec, plan
 
 GIB = 1024**3
@@ -40,9 +41,6 @@ PHASES = ("rollout", "train", "teacher_update", "refit", "checkpoint", "eval")
 # see: the CUDA context (~0.5 GiB), NCCL's buffers and the caching allocator's fragmentation.
 H100_USABLE_GIB = 79.2
 CONTEXT_BYTES = 3 * GIB
-# What the refit may take of the device memory free when it starts (NeMo-RL sizes its refit
-# buffer at 30% of the memory free after offloading the trainer); rollout/vllm.py applies it.
-REFIT_FREE_SHARE = 0.3
 # Megatron's activation bytes per token per layer, in units of the hidden size, for 16-bit
 # activations (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer
 # Models", eq. 1-2): 34 with selective recompute (flash/fused attention saves no scores), plus
@@ -168,7 +166,7 @@ def logit_copies(*, distills: bool, topk: int | None, is_clip: bool, riders: int
     log-softmax and the picked log-probs (2); the full-vocabulary JSD keeps both models' log-probs,
     the mixture and its two KL terms (6); the importance weight another log-softmax pair (2);
     each rider's logits are alive while the loss runs (1 each). Counted for each loss by
-    tests/unit/test_memory_ledger.py."""
+    tests/unit/planning/test_memory_ledger.py."""
     kept = (6 if topk is None else 2) if distills else 2
     return kept + (2 if distills and is_clip else 0) + riders
 

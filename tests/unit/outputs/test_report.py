@@ -2,9 +2,9 @@
 column come from the files the stage diagnostics write."""
 import json
 
-from megatron_sdpo import report
 from megatron_sdpo.config import load_config
-from megatron_sdpo.run_dir import RunDir
+from megatron_sdpo.outputs import report
+from megatron_sdpo.outputs.run_dir import RunDir
 
 
 def _run(tmp_path, *, table: bool):

@@ -33,7 +33,7 @@ REFIT_CAP = 256 << 10  # below a decoder layer's 16-bit bytes: every layer is a 
 
 
 def _batch():
-    from megatron_sdpo.backends.base import SequenceBatch
+    from megatron_sdpo.interfaces.backend import SequenceBatch
 
     g = torch.Generator().manual_seed(0)
     ids = lambda n: [int(x) for x in torch.randint(3, 700, (n,), generator=g)]  # noqa: E731
@@ -47,13 +47,13 @@ def _batch():
 def _worker(model_dir: str) -> dict:
     import torch.distributed as dist
 
-    from megatron_sdpo import memory_census as mc
-    from megatron_sdpo.algorithms.blend import TeacherBlend
     from megatron_sdpo.algorithms.losses import SDPOLoss
     from megatron_sdpo.backends.megatron.backend import MegatronBackend
     from megatron_sdpo.backends.megatron.model import ModelOptions
     from megatron_sdpo.backends.megatron.parallel import ParallelConfig
     from megatron_sdpo.backends.megatron.precision import PrecisionConfig
+    from megatron_sdpo.interfaces.blend import TeacherBlend
+    from megatron_sdpo.planning import memory_census as mc
     from megatron_sdpo.rollout.vllm import layer_buckets
 
     be = MegatronBackend(
@@ -117,7 +117,7 @@ def measured(request):
 def _ledger(model_dir: str, dp: int, offload: bool, riders: int = 1):
     from transformers import AutoConfig
 
-    from megatron_sdpo import memory_ledger as ml
+    from megatron_sdpo.planning import memory_ledger as ml
     from megatron_sdpo.weights.plan import ModelSpec
 
     spec = ModelSpec.from_hf_config(AutoConfig.from_pretrained(model_dir))
@@ -176,7 +176,7 @@ def test_transients_within_the_ledger(measured, transient):
 
 def _engine_census(worker) -> dict:
     """Runs in vLLM's worker: the KV cache tensors it holds."""
-    from megatron_sdpo import memory_census as mc
+    from megatron_sdpo.planning import memory_census as mc
 
     return {"kv_cache": mc.storage_bytes(list(worker.model_runner.kv_caches))[0]}
 
@@ -190,8 +190,8 @@ def test_engine_kv_cache_is_the_ledgers(tmp_path):
     tensors."""
     from transformers import AutoConfig
 
-    from megatron_sdpo import memory_ledger as ml
     from megatron_sdpo.models.tiny import SHIPPED_DIR
+    from megatron_sdpo.planning import memory_ledger as ml
     from megatron_sdpo.rollout.vllm import VLLMRolloutEngine
     from megatron_sdpo.weights.plan import ModelSpec
 

@@ -19,9 +19,9 @@ from typing import Iterator, Protocol, runtime_checkable
 
 import torch
 
-from megatron_sdpo.algorithms.blend import TeacherBlend
-from megatron_sdpo.algorithms.distillation import DistillationSpec, TopkSource
-from megatron_sdpo.backends.schedule import LRSchedule
+from megatron_sdpo.interfaces.blend import TeacherBlend
+from megatron_sdpo.interfaces.distillation import DistillationSpec, TopkSource
+from megatron_sdpo.interfaces.schedule import LRSchedule
 
 # Quantities a loss can ask for; each is aligned to response tokens: shape [B, T] or [B, T, V].
 REQUIRES = frozenset(
@@ -167,7 +167,7 @@ class Backend(Protocol):
         """Stream (HF name, full tensor) pairs, gathered across TP/PP, one tensor at a time."""
 
     def blend_teacher(self, blend: TeacherBlend) -> None:
-        """Apply a teacher update (algorithms/blend.py) to the teacher's local shards: its fp32
+        """Apply a teacher update (interfaces/blend.py) to the teacher's local shards: its fp32
         truth becomes the blend of the policy's fp32 truth, itself and the base model."""
 
     def configure_optimizer(self, *, lr: float, weight_decay: float, grad_clip: float, lr_schedule: LRSchedule) -> None:
@@ -185,7 +185,7 @@ class Backend(Protocol):
         """Undo `offload_training_state` (nothing to do when it is not offloaded)."""
 
     def set_lr_schedule(self, total_steps: int | None) -> None:
-        """Restart the learning-rate schedule (backends/schedule.py) at step 0 of a stage of
+        """Restart the learning-rate schedule (interfaces/schedule.py) at step 0 of a stage of
         `total_steps` optimizer steps (None: hold the peak lr)."""
 
     def save(self, path: str, *, extra: dict | None = None) -> None:

@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 
 from megatron_sdpo.config.algorithm_spec import algorithm_spec
-from megatron_sdpo.run_dir import RunDir
+from megatron_sdpo.outputs.run_dir import RunDir
 
 
 def _fmt(v, digits: int = 3) -> str:
@@ -252,7 +252,7 @@ def write_report(run_dir: RunDir, cfg, *, wall_seconds: float | None = None) -> 
     if s["metrics"]:
         lines += ["## Training and artifacts per stage", "", _table(ARTIFACT_HEADER, artifact_rows(s["metrics"])), ""]
     if cfg.logging.plots:
-        from megatron_sdpo.plots import run_plots
+        from megatron_sdpo.outputs.plots import run_plots
 
         pngs = run_plots(run_dir, s)
         lines += ["## Plots", ""] + [f"![{p.stem}](plots/{p.name})" for p in pngs] + [""]
@@ -310,7 +310,7 @@ def write_compare(out: Path, runs: dict[str, Path]) -> Path:
             lines += ["", "Drift:", "", _table(DRIFT_HEADER, drift_rows(s["drift"]))]
         if s["metrics"]:
             lines += ["", "Training and artifacts:", "", _table(ARTIFACT_HEADER, artifact_rows(s["metrics"]))]
-    from megatron_sdpo.plots import compare_plots
+    from megatron_sdpo.outputs.plots import compare_plots
 
     pngs = compare_plots(out, summaries, runs)
     lines += ["", "## Plots", ""] + [f"![{p.stem}]({p.relative_to(out)})" for p in pngs]

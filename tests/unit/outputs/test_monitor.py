@@ -3,8 +3,8 @@ import sys
 import types
 
 from megatron_sdpo.config import load_config
-from megatron_sdpo.monitor import RunMonitor
-from megatron_sdpo.run_dir import RunDir
+from megatron_sdpo.outputs.monitor import RunMonitor
+from megatron_sdpo.outputs.run_dir import RunDir
 
 
 class FakeWandb(types.ModuleType):

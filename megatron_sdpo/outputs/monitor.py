@@ -5,7 +5,7 @@ import os
 import sys
 from typing import Any
 
-from megatron_sdpo.run_dir import RunDir
+from megatron_sdpo.outputs.run_dir import RunDir
 
 
 class RunMonitor:

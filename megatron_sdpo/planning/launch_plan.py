@@ -18,12 +18,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from megatron_sdpo import memory_ledger
 from megatron_sdpo.config.algorithm_spec import algorithm_spec
 from megatron_sdpo.config.backend_spec import backend_spec
 from megatron_sdpo.config.schema import RunConfig
 from megatron_sdpo.errors import ConfigError, DataError, UserError
-from megatron_sdpo.memory_ledger import GIB, H100_USABLE_GIB, Ledger, LedgerInputs
+from megatron_sdpo.planning import memory_ledger
+from megatron_sdpo.planning.memory_ledger import GIB, H100_USABLE_GIB, Ledger, LedgerInputs
 
 if TYPE_CHECKING:
     from megatron_sdpo.weights.plan import ModelSpec

@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from megatron_sdpo.algorithms.blend import TeacherBlend, blend_, copy_
+from megatron_sdpo.interfaces.blend import TeacherBlend, blend_, copy_
 
 
 def _params(seed, dtype=torch.float32, grad=False):

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from megatron_sdpo.run_dir import RunDir
+from megatron_sdpo.outputs.run_dir import RunDir
 
 
 def _plt():

@@ -1,4 +1,4 @@
-"""Fused token-level KL and logprob kernels (installed as ``megatron_sdpo.kernels``).
+"""Fused token-level KL and logprob kernels (installed as ``megatron_sdpo_kernels``).
 
 Public API:
     fused_linear_kl(student_hidden, teacher_hidden, student_weight, teacher_weight, *, alpha,

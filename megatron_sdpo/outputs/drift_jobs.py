@@ -4,7 +4,7 @@ The SVDs over two HF checkpoints and the sentence embedder take minutes at 7B on
 the loop on the main rank, they kept every other rank waiting in the next collective until the
 process group's timeout failed the job. Here the collective part (probe log-probs, scored by
 every rank) stays in the loop; the main rank writes it with the stage's inputs to
-drift/pending/stage_<k>.pt and starts `python -m megatron_sdpo.drift_jobs FILE`, which writes
+drift/pending/stage_<k>.pt and starts `python -m megatron_sdpo.outputs.drift_jobs FILE`, which writes
 drift/stage_<k>.json (atomically) and its log drift/stage_<k>.log, then removes its input. The
 run waits for its jobs only when it ends, before report.md is written.
 
@@ -23,7 +23,7 @@ from typing import Callable
 
 import torch
 
-from megatron_sdpo.run_dir import RunDir
+from megatron_sdpo.outputs.run_dir import RunDir
 
 # A test's stand-in for a slow diagnostics job (seconds of sleep before the work): the job runs
 # while the ranks go on with the next stage.
@@ -91,7 +91,7 @@ class DriftJobs:
         log = open(self.run_dir.drift / f"stage_{stage}.log", "w")
         with log:
             self.running[stage] = subprocess.Popen(
-                [sys.executable, "-m", "megatron_sdpo.drift_jobs", str(self.input_path(stage)), str(os.getpid())],
+                [sys.executable, "-m", "megatron_sdpo.outputs.drift_jobs", str(self.input_path(stage)), str(os.getpid())],
                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
                 # Its own session: a signal to the launch's process group reaches the ranks,
                 # which end their jobs themselves (stop()), not the job half-way through a write.
@@ -142,8 +142,8 @@ class DriftJobs:
 
 def run_job(path: Path) -> Path:
     """Compute one stage's drift record from its input file; returns the record's path."""
-    from megatron_sdpo import report
     from megatron_sdpo.diagnostics.stage import stage_diagnostics
+    from megatron_sdpo.outputs import report
 
     delay = float(os.environ.get(DELAY_ENV, "0") or 0)
     if delay > 0:
@@ -188,7 +188,7 @@ def end_with_parent(parent: int) -> None:
 
 if __name__ == "__main__":
     if len(sys.argv) not in (2, 3):
-        sys.exit("usage: python -m megatron_sdpo.drift_jobs RUN_DIR/drift/pending/stage_<k>.pt [PARENT_PID]")
+        sys.exit("usage: python -m megatron_sdpo.outputs.drift_jobs RUN_DIR/drift/pending/stage_<k>.pt [PARENT_PID]")
     if len(sys.argv) == 3:
         end_with_parent(int(sys.argv[2]))
     print(f"wrote {run_job(Path(sys.argv[1]))}", flush=True)

@@ -1,7 +1,7 @@
 """What a backend must compute for a distillation loss, declared once by the loss.
 
 A loss that distills (SDPOLoss, HybridLoss) exposes one `DistillationSpec` as its `distillation`
-attribute (part of the `LossFn` protocol in `megatron_sdpo.backends.base`; None for losses that
+attribute (part of the `LossFn` protocol in `megatron_sdpo.interfaces.backend`; None for losses that
 do not distill). Backends read these fields and nothing else off the loss to fill the
 distillation outputs ("fused_kl", "topk_logprobs", "teacher_topk_logprobs").
 """
@@ -32,8 +32,8 @@ class DistillationSpec:
     topk_source: see `TopkSource`; "full" exactly when topk is None.
     mask_key: the batch tensor [B, T] marking the distilled tokens.
     fused: the backend fills "fused_kl" [B, T] through the fused linear kernel
-        (`megatron_sdpo.kernels.fused_linear_kl`) from hidden states; full vocabulary only.
-    kernel_impl: the kernels' implementation (`megatron_sdpo.kernels.IMPLS`, checked there), also
+        (`megatron_sdpo_kernels.fused_linear_kl`) from hidden states; full vocabulary only.
+    kernel_impl: the kernels' implementation (`megatron_sdpo_kernels.IMPLS`, checked there), also
         used for the fused logprob kernel on the same path.
     chunk_tokens, chunk_vocab: tile sizes of the chunked kernel engine.
     """
@@ -66,7 +66,7 @@ class DistillationSpec:
 
 
 def distillation_of(loss, output: str) -> DistillationSpec:
-    """`loss.distillation` (see `backends.base.LossFn`) for a backend about to fill the model
+    """`loss.distillation` (see `interfaces.backend.LossFn`) for a backend about to fill the model
     output `output` ("fused_kl" or "topk_logprobs"), or a ConfigError when the loss declares no
     spec or one that does not ask for that output; `loss` may be None (no loss at hand)."""
     spec = None if loss is None else loss.distillation

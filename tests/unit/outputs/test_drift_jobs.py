@@ -5,8 +5,8 @@ import time
 import pytest
 import torch
 
-from megatron_sdpo.drift_jobs import DELAY_ENV, DriftJobs, default_threads
-from megatron_sdpo.run_dir import RunDir
+from megatron_sdpo.outputs.drift_jobs import DELAY_ENV, DriftJobs, default_threads
+from megatron_sdpo.outputs.run_dir import RunDir
 
 
 @pytest.fixture
@@ -57,7 +57,7 @@ def test_default_threads_share_the_node(monkeypatch):
 
 def test_default_threads_stay_within_the_trainers_thread_budget(monkeypatch):
     # A study gives each of its runs OMP_NUM_THREADS = its share; the run's drift job keeps to it.
-    import megatron_sdpo.drift_jobs as dj
+    import megatron_sdpo.outputs.drift_jobs as dj
 
     monkeypatch.setattr(dj.os, "sched_getaffinity", lambda pid: set(range(8)), raising=False)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # the trainer's threads idle
@@ -85,9 +85,9 @@ def test_first_job_writes_the_run_ood_distance_table(run_dir, monkeypatch):
 
     import torch
 
-    from megatron_sdpo import report
     from megatron_sdpo.diagnostics import stage
-    from megatron_sdpo.drift_jobs import run_job
+    from megatron_sdpo.outputs import report
+    from megatron_sdpo.outputs.drift_jobs import run_job
 
     # the module, not the function of the same name the package exports
     response_drift = importlib.import_module("megatron_sdpo.diagnostics.response_drift")
@@ -154,7 +154,7 @@ def test_a_job_ends_when_the_run_that_started_it_is_killed(run_dir, tmp_path):
     torch.save({"stage": 0}, path)
     starter = (
         "import os, subprocess, sys, time\n"
-        f"p = subprocess.Popen([sys.executable, '-m', 'megatron_sdpo.drift_jobs', {str(path)!r}, str(os.getpid())],"
+        f"p = subprocess.Popen([sys.executable, '-m', 'megatron_sdpo.outputs.drift_jobs', {str(path)!r}, str(os.getpid())],"
         f" env=dict(os.environ, {DELAY_ENV}='600'))\n"
         "print(p.pid, flush=True)\n"
         "time.sleep(600)\n"
@@ -192,6 +192,6 @@ def test_a_job_whose_run_is_already_gone_exits_at_once(run_dir):
     path = run_dir.drift / "pending" / "stage_1.pt"
     path.parent.mkdir(parents=True)
     torch.save({"stage": 0}, path)
-    proc = subprocess.run([sys.executable, "-m", "megatron_sdpo.drift_jobs", str(path), "1"],
+    proc = subprocess.run([sys.executable, "-m", "megatron_sdpo.outputs.drift_jobs", str(path), "1"],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode != 0 and "has ended" in proc.stderr and path.is_file()

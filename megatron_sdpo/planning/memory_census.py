@@ -20,14 +20,11 @@ from typing import Any, Iterable
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from megatron_sdpo.backends.offload import storage_key
+
 # Attribute walks stop at objects of other libraries (process groups, tokenizers, configs).
 _WALKED_MODULES = ("megatron_sdpo", "megatron.core", "torch.optim", "torch.nn", "torch.distributed.optim")
 _MAX_DEPTH = 12
-
-
-def storage_key(t: torch.Tensor) -> tuple[str, int]:
-    s = t.untyped_storage()
-    return (str(t.device), s.data_ptr())
 
 
 def _walked(obj: Any, extra: tuple[str, ...] = ()) -> bool:

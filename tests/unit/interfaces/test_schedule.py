@@ -4,8 +4,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from megatron_sdpo.backends.schedule import LRSchedule
 from megatron_sdpo.errors import ConfigError
+from megatron_sdpo.interfaces.schedule import LRSchedule
 
 
 def test_values_by_hand():

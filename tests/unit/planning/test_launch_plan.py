@@ -7,7 +7,7 @@ import pytest
 from megatron_sdpo.cli import main
 from megatron_sdpo.config import load_config
 from megatron_sdpo.errors import ConfigError, DataError
-from megatron_sdpo.launch_plan import BUILTIN_ARCHS, plan
+from megatron_sdpo.planning.launch_plan import BUILTIN_ARCHS, plan
 
 FIXTURES = "tests/fixtures/data"
 

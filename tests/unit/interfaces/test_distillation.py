@@ -3,9 +3,9 @@ import dataclasses
 
 import pytest
 
-from megatron_sdpo.algorithms.distillation import DistillationSpec, distillation_of
 from megatron_sdpo.algorithms.losses import GRPOLoss, HybridLoss, SDPOLoss
 from megatron_sdpo.errors import ConfigError
+from megatron_sdpo.interfaces.distillation import DistillationSpec, distillation_of
 
 
 def test_each_loss_declares_its_spec_once():
