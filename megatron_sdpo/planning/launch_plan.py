@@ -357,7 +357,9 @@ def ledger_inputs(cfg: RunConfig, spec: ModelSpec, tp: int, pp: int, dp: int, ro
 
 def preflight_errors(cfg: RunConfig, p: LaunchPlan) -> list[str]:
     """What `--dry-run --strict` (the cluster preflight, on the allocation) fails on, one line
-    each: data files missing here, a model the ranks could not load, a memory plan over the GPU."""
+    each: data files missing here, a model the ranks could not load, a memory plan over the GPU,
+    an engine library of an untested release."""
+    from megatron_sdpo.config.stack import check_stack, libraries_of
     from megatron_sdpo.models import hub
     from megatron_sdpo.models.packaged import PACKAGED_MODELS
     from megatron_sdpo.models.tiny import VARIANTS
@@ -375,4 +377,8 @@ def preflight_errors(cfg: RunConfig, p: LaunchPlan) -> list[str]:
                 errors.append(str(exc))
         elif not (Path(path) / "config.json").is_file():
             errors.append(f"model.path {path!r}: no HF model directory there (no config.json) and not a hub id")
+    try:
+        check_stack(libraries_of(cfg.backend.name, cfg.rollout.engine))
+    except UserError as exc:
+        errors.append(str(exc))
     return errors + p.memory_errors()

@@ -1,73 +1,170 @@
 #!/bin/bash
-# The GPU checks in one go. Run from the repository root:
-#   bash tests/gpu/run_gpu_checks.sh [OUT_DIR]
-# Writes OUT_DIR/pytest.log, OUT_DIR/bench_kl_gpu.csv and OUT_DIR/checks.txt (default OUT_DIR:
-# gpu_checks/). Checks: megatron TP=1 GRPO and SDPO steps in BF16 (fused kernel vs vocab-sharded
-# logits), packed rows, an FP8 step when Transformer Engine and the GPU support it, a refit into
-# vLLM, the memory ledger against the CUDA allocator (a ~1.2B Qwen3 shape), the Triton KL kernel
-# against the reference, and the KL benchmark at Qwen3-4B's (H 2560, V 151,936) and Olmo-3-7B's
-# (H 4096, V 100,278) shapes against eager and Liger's fused linear JSD.
+# The GPU checks, in parts that each fit in under 5 minutes of one GPU. From the repository root:
 #
-# Offline machines: a folder of wheels (GPU_WHEELS, default gpu_wheels/; `make gpu-wheels`
-# fills it where the package index is reachable) is installed with --no-index first, and the
-# project is imported from this checkout. Without a CUDA GPU every check is skipped with its
-# reason and the script exits 0; without megatron-core, vLLM or Transformer Engine the checks
-# that need them are skipped with theirs (pytest -rs).
+#   bash tests/gpu/run_gpu_checks.sh PART [PART ...] [--out DIR]      PART: kernels | megatron | all
+#
+# kernels   the Triton KL kernel against the reference (tests/kernels/test_kl_gpu.py) and the KL
+#           benchmark at Qwen3-4B's (H 2560, V 151,936) and Olmo-3-7B's (H 4096, V 100,278) heads
+# megatron  BF16 GRPO/SDPO steps at TP 1 (fused kernel vs vocab-sharded logits), packed rows
+#           against padded rows, the memory ledger against the CUDA allocator (tests/gpu/)
+#
+# Each part first installs what it tests, offline: the wheel folder (GPU_WHEELS, default
+# gpu_wheels/, filled by `make gpu-wheels` where the index is reachable) and the project itself
+# from this checkout (no index, no build isolation, no dependencies), into DIR/site; its tests then
+# import the installed copy. It collects its tests (a collection error fails the part), runs them
+# and its benchmarks under hard time limits, and writes DIR/<part>/summary.txt. Without a CUDA GPU
+# it stops after the collection and reports every check as skipped with its reason (exit 0).
+# PYTHON picks the interpreter (default python3); DIR defaults to gpu_checks/.
 set -euo pipefail
 
-OUT="${1:-gpu_checks}"
-PY="${PYTHON:-python}"
+PY="${PYTHON:-python3}"
 WHEELS="${GPU_WHEELS:-gpu_wheels}"
-mkdir -p "${OUT}"
-export PYTHONPATH="${PWD}${PYTHONPATH:+:${PYTHONPATH}}"
-
-if compgen -G "${WHEELS}/*.whl" > /dev/null; then
-  echo "installing $(ls "${WHEELS}"/*.whl | wc -l) wheel(s) from ${WHEELS}/ (no index)"
-  "${PY}" -m pip install -q --no-index --no-deps "${WHEELS}"/*.whl
+OUT="gpu_checks"
+PARTS=()
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --out) OUT="$2"; shift 2 ;;
+    kernels|megatron) PARTS+=("$1"); shift ;;
+    all) PARTS+=(kernels megatron); shift ;;
+    *) echo "error: unknown part or option '$1' (parts: kernels, megatron, all; option: --out DIR)" >&2; exit 2 ;;
+  esac
+done
+if [[ ${#PARTS[@]} -eq 0 ]]; then
+  echo "error: name a part: kernels, megatron or all (see the header of $0)" >&2
+  exit 2
 fi
+mkdir -p "${OUT}"
+OUT="$(cd "${OUT}" && pwd)"
+SITE="${OUT}/site"
 
-cuda=$("${PY}" - <<'PYEOF'
+# Seconds each step may take on the GPU (hard limits): with the install and the collection
+# (~20 s) a part stays under 5 minutes whatever happens inside it. The kernels part: 8 tests
+# (Triton compiles a kernel per dtype and alpha) and two benchmark calls of 5 cases each, every
+# case a fresh process (~6-10 s: interpreter, CUDA context, the cached kernel); the megatron
+# part: 5 tests, each in a fresh one-rank NCCL world (~15-60 s; the ledger check builds and saves
+# a ~1.2B model first).
+pytest_limit() { case "$1" in kernels) echo 90 ;; megatron) echo 240 ;; esac; }
+BENCH_LIMIT=75
+
+install() {
+  if ! "${PY}" -m pip --version > /dev/null 2>&1; then
+    echo "error: ${PY} has no pip: the checks install the project with it" >&2
+    exit 1
+  fi
+  if compgen -G "${WHEELS}/*.whl" > /dev/null; then
+    # setuptools among them: the project's build backend here, and what torch's cpp_extension
+    # (imported by megatron-core) needs where the interpreter has none.
+    echo "installing $(ls "${WHEELS}"/*.whl | wc -l) wheel(s) from ${WHEELS}/ (no index)"
+    "${PY}" -m pip install -q --no-index --no-deps --upgrade --target "${SITE}" "${WHEELS}"/*.whl
+  fi
+  echo "installing the project from $(pwd) (no index, no build isolation, no dependencies)"
+  PYTHONPATH="${SITE}${PYTHONPATH:+:${PYTHONPATH}}" "${PY}" -m pip install -q --no-index --no-deps \
+    --no-build-isolation --upgrade --target "${SITE}" .
+}
+
+# -P: the checkout is not put on sys.path, so the tests import the installed project.
+py() { PYTHONPATH="${SITE}${PYTHONPATH:+:${PYTHONPATH}}" "${PY}" -P "$@"; }
+
+part_tests() {
+  case "$1" in
+    kernels) echo "tests/kernels/test_kl_gpu.py" ;;
+    megatron) echo "tests/gpu/test_megatron_gpu_step.py tests/gpu/test_memory_ledger_gpu.py" ;;
+  esac
+}
+
+# "check name|what it needs beyond a GPU": the lines of a part's summary.
+part_checks() {
+  case "$1" in
+    kernels)
+      echo "Triton KL kernel vs reference, fp32 and bf16, alpha 0 / 0.5 / 1|triton"
+      echo "Liger's fused linear JSD agrees on the mean|liger_kernel"
+      echo "KL benchmark at Qwen3-4B's head (H 2560, V 151,936; 8,192 tokens)|triton"
+      echo "KL benchmark at Olmo-3-7B's head (H 4096, V 100,278; 8,192 tokens)|triton" ;;
+    megatron)
+      echo "megatron BF16 GRPO/SDPO steps at TP 1 (fused kernel vs vocab-sharded logits)|megatron.core"
+      echo "packed rows vs padded rows (BF16)|megatron.core"
+      echo "memory ledger vs CUDA allocator (~1.2B Qwen3 shape)|megatron.core"
+      echo "FP8 step through Transformer Engine|transformer_engine"
+      echo "refit into a colocated vLLM engine|vllm" ;;
+  esac
+}
+
+# The modules a part's code imports beyond the device image's packages.
+part_imports() {
+  case "$1" in
+    kernels) echo "megatron_sdpo_kernels, megatron_sdpo_kernels.fused, megatron_sdpo.algorithms.divergence" ;;
+    megatron) echo "megatron_sdpo.cli, megatron_sdpo.planning.memory_ledger, megatron_sdpo.interfaces.backend"
+              if py -c "import importlib.util as u, sys; sys.exit(0 if u.find_spec('megatron') and u.find_spec('megatron.core') else 1)"; then
+                echo ", megatron.core, megatron_sdpo.backends.megatron.backend"  # megatron-core's own imports too
+              fi ;;
+  esac
+}
+
+missing_reason() {  # why a check cannot run here, or nothing
+  local need="$1"
+  if [[ -z "${CUDA}" ]]; then echo "no CUDA GPU visible"; return; fi
+  if ! py -c "import importlib.util as u, sys; sys.exit(0 if u.find_spec('${need%%.*}') and u.find_spec('${need}') else 1)" 2> /dev/null; then
+    case "${need}" in
+      vllm|transformer_engine)
+        echo "${need} is not installed (its wheels, hundreds of MB with their CUDA libraries, are beyond what an offline wheel folder carries; run it on a cluster node with the gpu extra)" ;;
+      *) echo "${need} is not installed (add it to ${WHEELS}/: make gpu-wheels)" ;;
+    esac
+  fi
+}
+
+run_part() {
+  local part="$1" dir="${OUT}/$1" start=$SECONDS status=0
+  mkdir -p "${dir}"
+  : > "${dir}/summary.txt"
+  say() { echo "$*" | tee -a "${dir}/summary.txt"; }
+  say "part ${part}: ${PY} ($(py -c 'import platform; print(platform.python_version())')), torch $(py -c 'import torch; print(torch.__version__)')"
+  py -W ignore -c "import $(part_imports "${part}" | tr -d '\n')" || { say "FAILED import of the installed project"; return 1; }
+  # shellcheck disable=SC2046
+  if ! py -m pytest --collect-only -q -p no:cacheprovider $(part_tests "${part}") > "${dir}/collect.log" 2>&1; then
+    tail -20 "${dir}/collect.log"
+    say "FAILED collection: $(tail -1 "${dir}/collect.log")"
+    return 1
+  fi
+  local collected
+  collected=$(grep -c "::" "${dir}/collect.log" || true)
+  say "collected ${collected} tests from $(part_tests "${part}"); limits: pytest $(pytest_limit "${part}") s$([[ "${part}" == kernels ]] && echo ", each benchmark call ${BENCH_LIMIT} s")"
+  if [[ -n "${CUDA}" ]]; then
+    say "${CUDA}"
+    # -rs lists every skip with its reason (e.g. no Transformer Engine -> no FP8 step).
+    # shellcheck disable=SC2046
+    timeout "$(pytest_limit "${part}")" env PYTHONPATH="${SITE}${PYTHONPATH:+:${PYTHONPATH}}" "${PY}" -P -m pytest -m gpu \
+      -p no:cacheprovider -rs -s -q $(part_tests "${part}") 2>&1 | tee "${dir}/pytest.log" || status=$?
+    say "pytest: $(tail -1 "${dir}/pytest.log")"
+    if [[ "${part}" == kernels ]]; then
+      local impls
+      impls=$(py -c "import importlib.util as u; print(','.join(['reference', 'triton'] + (['megatron_logits', 'megatron_fused'] if u.find_spec('megatron') and u.find_spec('megatron.core') else []) + (['liger'] if u.find_spec('liger_kernel') else [])))")
+      timeout "${BENCH_LIMIT}" env PYTHONPATH="${SITE}${PYTHONPATH:+:${PYTHONPATH}}" "${PY}" -P tools/bench_kl.py --device cuda \
+        --dtype bfloat16 --hidden 2560 --vocab 151936 --tokens 8192 --impls "${impls}" --repeats 3 \
+        --out "${dir}/bench_kl_qwen3_4b.csv" 2>&1 | tee "${dir}/bench_kl_qwen3_4b.log" || status=$?
+      timeout "${BENCH_LIMIT}" env PYTHONPATH="${SITE}${PYTHONPATH:+:${PYTHONPATH}}" "${PY}" -P tools/bench_kl.py --device cuda \
+        --dtype bfloat16 --hidden 4096 --vocab 100278 --tokens 8192 --impls "${impls}" --repeats 3 \
+        --out "${dir}/bench_kl_olmo3_7b.csv" 2>&1 | tee "${dir}/bench_kl_olmo3_7b.log" || status=$?
+    fi
+  fi
+  local line name need reason
+  while IFS= read -r line; do
+    name="${line%%|*}" need="${line##*|}"
+    reason=$(missing_reason "${need}")
+    if [[ -n "${reason}" ]]; then say "SKIPPED ${name}: ${reason}"; fi
+  done < <(part_checks "${part}")
+  say "part ${part} finished with status ${status} in $((SECONDS - start)) s; outputs in ${dir}/"
+  return "${status}"
+}
+
+install
+CUDA=$(py -c "
 import torch
 if torch.cuda.is_available():
-    cap = "".join(map(str, torch.cuda.get_device_capability()))
-    print(f"GPU: {torch.cuda.get_device_name()} (sm_{cap}), torch {torch.__version__}")
-PYEOF
-)
-: > "${OUT}/checks.txt"
-if [[ -z "${cuda}" ]]; then
-  for check in "megatron BF16 GRPO/SDPO steps" "packed rows" "FP8 step" "vLLM refit" \
-               "memory ledger vs CUDA allocator" "Triton KL kernel vs reference" \
-               "KL benchmark (bench_kl.py --device cuda)"; do
-    echo "SKIPPED ${check}: no CUDA GPU visible" | tee -a "${OUT}/checks.txt"
-  done
-  exit 0
-fi
-echo "${cuda}" | tee -a "${OUT}/checks.txt"
-
+    cap = ''.join(map(str, torch.cuda.get_device_capability()))
+    print(f'GPU: {torch.cuda.get_device_name()} (sm_{cap}), torch {torch.__version__}')
+")
 status=0
-# -rs lists every skip with its reason (e.g. no Transformer Engine -> no FP8 step).
-timeout 1500 "${PY}" -m pytest -m gpu -p no:cacheprovider -rs -s -q \
-  tests/gpu tests/kernels/test_kl_gpu.py 2>&1 | tee "${OUT}/pytest.log" || status=$?
-
-# The megatron arms need megatron-core; Liger's fused linear JSD is the outside peer where installed.
-impls=$("${PY}" - <<'PYEOF'
-import importlib.util as u
-arms = ["reference", "triton"]
-if u.find_spec("megatron") and u.find_spec("megatron.core"):
-    arms += ["megatron_logits", "megatron_fused"]
-else:
-    print("SKIPPED bench_kl megatron arms: megatron-core not installed", file=__import__("sys").stderr)
-if u.find_spec("liger_kernel"):
-    arms.append("liger")
-print(",".join(arms))
-PYEOF
-)
-timeout 900 "${PY}" tools/bench_kl.py --device cuda --dtype bfloat16 --hidden 2560 --vocab 151936 \
-  --tokens 1024,4096,8192 --impls "${impls}" --repeats 3 \
-  --out "${OUT}/bench_kl_gpu.csv" 2>&1 | tee "${OUT}/bench_kl.log" || status=$?
-timeout 600 "${PY}" tools/bench_kl.py --device cuda --dtype bfloat16 --hidden 4096 --vocab 100278 \
-  --tokens 8192 --impls "${impls}" --repeats 3 \
-  --out "${OUT}/bench_kl_gpu_olmo.csv" 2>&1 | tee "${OUT}/bench_kl_olmo.log" || status=$?
-
-echo "GPU checks finished with status ${status}; outputs in ${OUT}/" | tee -a "${OUT}/checks.txt"
+for part in "${PARTS[@]}"; do
+  run_part "${part}" || status=$?
+done
 exit "${status}"

@@ -3,7 +3,7 @@ SDPO through the fused kernel and through vocab-sharded logits), packed (THD) ro
 ones, one FP8 step where Transformer Engine and the GPU support it, and a refit of the trained
 policy into a colocated vLLM engine.
 
-Run on a GPU machine: tests/gpu/run_gpu_checks.sh (or pytest -m gpu tests/gpu -s).
+Run on a GPU machine: bash tests/gpu/run_gpu_checks.sh megatron (or pytest -m gpu tests/gpu -s).
 Each check runs in a fresh one-rank world (NCCL) through the project's spawn helper.
 """
 import pytest
