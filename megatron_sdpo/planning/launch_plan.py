@@ -23,6 +23,7 @@ from megatron_sdpo.config.backend_spec import backend_spec
 from megatron_sdpo.config.schema import RunConfig
 from megatron_sdpo.errors import ConfigError, DataError, UserError
 from megatron_sdpo.planning import memory_ledger
+from megatron_sdpo.planning.kv_capacity import KVCapacity, kv_bytes_per_token
 from megatron_sdpo.planning.memory_ledger import GIB, H100_USABLE_GIB, Ledger, LedgerInputs
 
 if TYPE_CHECKING:
@@ -207,6 +208,7 @@ class LaunchPlan:
     micro_batches: int
     arch: Arch | None
     ledger: Ledger | None  # None when the architecture is unknown here
+    kv: KVCapacity | None  # vLLM's KV cache per replica; None without vLLM or an architecture
     gpu_memory_bytes: int  # usable device memory (what torch reports)
     data: list[DataCheck] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
@@ -249,6 +251,8 @@ class LaunchPlan:
         ]
         if self.ledger is not None:
             lines += self.ledger.render(self.gpu_memory_bytes)
+        if self.kv is not None:
+            lines += self.kv.lines()
         return lines
 
 
@@ -320,12 +324,33 @@ def plan(cfg: RunConfig, world_size: int | None = None, *, gpu_memory_gib: float
 
     device_bytes = int(gpu_memory_gib * GIB)
     ledger = memory_ledger.build(ledger_inputs(cfg, spec, layout.tp, layout.pp, layout.dp, rtp, device_bytes)) if spec is not None else None
+    kv = kv_capacity(cfg, spec, ledger, rtp, replicas, per_replica, device_bytes)
+    warnings += kv.warnings(replicas) if kv is not None else []
     return LaunchPlan(
         preset=cfg.name, world_size=world_size, world_source=world_source, tp=layout.tp, pp=layout.pp,
         dp=layout.dp, sequence_parallel=sp, rollout_engine=cfg.rollout.engine, rollout_tp=rtp,
         rollout_tp_source=rtp_source, replicas=replicas, prompts_per_replica=per_replica, samples_per_step=samples,
-        samples_per_dp_rank=per_dp, micro_batches=micro, arch=arch, ledger=ledger,
+        samples_per_dp_rank=per_dp, micro_batches=micro, arch=arch, ledger=ledger, kv=kv,
         gpu_memory_bytes=device_bytes, data=data, notes=notes, warnings=warnings,
+    )
+
+
+def kv_capacity(cfg: RunConfig, spec: ModelSpec | None, ledger: Ledger | None, rollout_tp: int, replicas: int,
+                prompts_per_replica: int, device_bytes: int) -> KVCapacity | None:
+    """One vLLM replica's KV cache against a step's and an eval call's sequences."""
+    if spec is None or ledger is None or not ledger.categories["kv_cache"]:
+        return None
+    e = cfg.eval
+    samples = e.avg_k if (not e.greedy and e.avg_k > 0) else 1
+    records = -(-e.batch_size // replicas)
+    return KVCapacity(
+        per_token=kv_bytes_per_token(spec, rollout_tp), cache_bytes=ledger.categories["kv_cache"],
+        engine_weight_bytes=ledger.categories["engine_weights"], device_bytes=device_bytes,
+        utilization=cfg.rollout.gpu_memory_utilization, max_len=cfg.rollout.max_model_len,
+        rollout_seqs=prompts_per_replica * cfg.algorithm.group_size, eval_seqs=records * samples,
+        eval_records=records, samples_per_record=samples, room_bytes=device_bytes - memory_ledger.CONTEXT_BYTES,
+        awake_other_bytes=max(ledger.phase_total(p) for p in ("rollout", "eval"))
+        - ledger.categories["engine_weights"] - ledger.categories["kv_cache"],
     )
 
 
