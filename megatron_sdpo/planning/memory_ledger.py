@@ -41,12 +41,8 @@ PHASES = ("rollout", "train", "teacher_update", "refit", "checkpoint", "eval")
 # see: the CUDA context (~0.5 GiB), NCCL's buffers and the caching allocator's fragmentation.
 H100_USABLE_GIB = 79.2
 CONTEXT_BYTES = 3 * GIB
-# Megatron's activation bytes per token per layer, in units of the hidden size, for 16-bit
-# activations (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer
-# Models", eq. 1-2): 34 with selective recompute (flash/fused attention saves no scores), plus
-# 5 * heads * seq / hidden for the attention scores without it; full recompute keeps only each
-# layer's input (2).
-ACT_UNITS = {"selective": 34.0, "full": 2.0}
+# Full recompute keeps only each layer's input: 2 bytes per token and hidden unit.
+FULL_RECOMPUTE_UNITS = 2.0
 
 
 @dataclass(frozen=True)
@@ -151,10 +147,39 @@ def local_numel(spec: ModelSpec, layout: Layout) -> tuple[int, list[int]]:
     return sum(best), best
 
 
+def activation_units(spec: ModelSpec) -> float:
+    """16-bit bytes a layer saves for backward per token, in units of the hidden size h, with the
+    attention scores not saved (flash / fused attention, or selective recompute).
+
+    Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large Transformer Models",
+    sec. 4.1) count 34 for GPT (query width h, a 4h GeLU MLP, dropout); counted the same way, tensor
+    by tensor, for this architecture (q = heads x head_dim, kv = kv_heads x head_dim, f = the gated
+    MLP's intermediate, no dropout):
+      attention: the QKV input 2h, Q 2q, K 2kv, V 2kv, the output projection's input 2q;
+      QK-norm (Qwen3 per head, Olmo over all heads): its inputs 2q + 2kv;
+      gated MLP: the FC1 input 2h, the gate and up outputs (SwiGLU's input) 4f, FC2's input 2f;
+      the two RMSNorms' inputs 4h (pre- or post-norm alike).
+    GPT's shape with its GeLU MLP (2f + 2f) and dropout masks (2h) gives back 34; Qwen3-4B
+    (q 1.6h, kv 0.4h, f 3.8h, QK-norm) 42.8."""
+    h = spec.hidden_size
+    q, kv, f = spec.num_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim, spec.ffn_hidden_size
+    units = 2 * h + 2 * q + 4 * kv + 2 * q + 2 * h + 6 * f + 4 * h
+    if spec.qk_norm:
+        units += 2 * q + 2 * kv
+    return units / h
+
+
 def _activations(i: LedgerInputs, layers: int) -> int:
-    """Bytes saved for backward by one micro-batch of max-length rows through `layers` layers."""
+    """Bytes saved for backward by one micro-batch of max-length rows through `layers` layers:
+    `activation_units`, plus the attention scores (5 x heads x seq / h) without recompute, or
+    only each layer's input with full recompute."""
     s = i.spec
-    units = ACT_UNITS.get(i.recompute, ACT_UNITS["selective"] + 5.0 * s.num_heads * i.seq / s.hidden_size)
+    if i.recompute == "full":
+        units = FULL_RECOMPUTE_UNITS
+    elif i.recompute == "selective":
+        units = activation_units(s)
+    else:
+        units = activation_units(s) + 5.0 * s.num_heads * i.seq / s.hidden_size
     tokens = i.micro_batch_size * i.seq
     per_layer = units * s.hidden_size * tokens * i.activation_bytes / 2  # the formula counts 16-bit bytes
     shard = i.tp if i.sequence_parallel else 1

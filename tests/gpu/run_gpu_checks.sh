@@ -45,6 +45,12 @@ SITE="${OUT}/site"
 # a ~1.2B model first).
 pytest_limit() { case "$1" in kernels) echo 90 ;; megatron) echo 240 ;; esac; }
 BENCH_LIMIT=75
+# The expected time, from what a part collects and benchmarks: seconds per test and per benchmark
+# case as budgeted above (estimates until a GPU run replaces them), plus the install.
+per_test() { case "$1" in kernels) echo 8 ;; megatron) echo 40 ;; esac; }
+BENCH_CASES=10  # 2 shapes x 5 implementations, one process each
+PER_CASE=10
+INSTALL_S=20
 
 install() {
   if ! "${PY}" -m pip --version > /dev/null 2>&1; then
@@ -127,7 +133,11 @@ run_part() {
   fi
   local collected
   collected=$(grep -c "::" "${dir}/collect.log" || true)
-  say "collected ${collected} tests from $(part_tests "${part}"); limits: pytest $(pytest_limit "${part}") s$([[ "${part}" == kernels ]] && echo ", each benchmark call ${BENCH_LIMIT} s")"
+  local cases=0
+  [[ "${part}" == kernels ]] && cases=${BENCH_CASES}
+  say "collected ${collected} tests from $(part_tests "${part}"); expected on the GPU: ${INSTALL_S} s install +" \
+      "${collected} x $(per_test "${part}") s tests + ${cases} x ${PER_CASE} s benchmark cases =" \
+      "$((INSTALL_S + collected * $(per_test "${part}") + cases * PER_CASE)) s; limits: pytest $(pytest_limit "${part}") s$([[ "${part}" == kernels ]] && echo ", each benchmark call ${BENCH_LIMIT} s")"
   if [[ -n "${CUDA}" ]]; then
     say "${CUDA}"
     # -rs lists every skip with its reason (e.g. no Transformer Engine -> no FP8 step).

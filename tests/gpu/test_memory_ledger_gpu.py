@@ -6,7 +6,7 @@ megatron rank, local spec.
   shadow, reference) against torch.cuda.memory_allocated: within 10%;
 - offload_training_state frees the grads and optimizer bytes the ledger names: within 10%;
 - the train phase's peak above that state against the ledger's activations + logits: the ledger
-  counts the GPU layers with fused attention (Korthikanti et al.); the local spec without
+  counts the GPU layers with fused attention (activation_units); the local spec without
   Transformer Engine also saves the attention scores and fp32 norm inputs, so the check is the
   CPU test's bound (at least the ledger, at most three times it) and the ratio is printed.
 """

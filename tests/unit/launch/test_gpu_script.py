@@ -4,6 +4,7 @@ which `make test` builds) with the project not installed: each part installs the
 wheel folder offline, imports it, collects every GPU test, reports every check as skipped with
 its reason and exits 0; a collection error fails the part."""
 import os
+import re
 import subprocess
 from pathlib import Path
 
@@ -53,6 +54,8 @@ def test_every_part_installs_collects_and_skips_with_its_reason(checkout, tmp_pa
     for part, n_checks in CHECKS.items():
         summary = (tmp_path / "out" / part / "summary.txt").read_text().splitlines()
         assert f"collected {COLLECTED[part]} tests" in "\n".join(summary), summary
+        (expected,) = re.findall(r"expected on the GPU: .* = (\d+) s;", "\n".join(summary))
+        assert int(expected) < 300  # each part fits in 5 minutes of the device
         skipped = [line for line in summary if line.startswith("SKIPPED ")]
         assert len(skipped) == n_checks and all(line.endswith(": no CUDA GPU visible") for line in skipped), summary
         assert summary[-1].startswith(f"part {part} finished with status 0")

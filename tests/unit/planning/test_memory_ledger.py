@@ -10,8 +10,8 @@ Tolerances, from how the code lays memory out rather than from a run:
 - persistent state: 1% (megatron pads each DDP bucket to a multiple of the DP size and 128
   elements; module buffers such as RoPE's inverse frequencies and Adam's step counters are not
   in the ledger: a few KiB here);
-- activations: the ledger counts megatron's GPU layers (Korthikanti et al.'s 34 bytes per token
-  and hidden unit plus the attention scores, 16-bit); the CPU local spec also keeps fp32 copies
+- activations: the ledger counts megatron's GPU layers (activation_units: the 16-bit tensors a
+  layer of this shape saves, plus the attention scores); the CPU local spec also keeps fp32 copies
   of RMSNorm, RoPE and softmax inputs, so it saves more: at least the 16-bit count and at most
   three times it (every 16-bit tensor kept again in fp32 is 3x);
 - logits: the ledger counts two fp32 [rows, vocab] tensors per model for every token of a
@@ -202,3 +202,43 @@ def test_engine_kv_cache_is_the_ledgers(tmp_path):
     led = ml.build(ml.LedgerInputs(spec=spec, megatron=True, engine="vllm", kv_cache_bytes=kv))
     assert got["kv_cache"] == led.categories["kv_cache"] == kv
     assert led.phases["rollout"]["kv_cache"] == kv and "kv_cache" not in led.phases["refit"]
+
+
+def _spec(**kw):
+    from megatron_sdpo.weights.plan import ModelSpec
+
+    base = dict(arch="qwen3", num_layers=2, hidden_size=64, num_heads=4, num_kv_heads=2, head_dim=16,
+                ffn_hidden_size=192, vocab_size=100, tie_word_embeddings=False, qk_norm="head", rms_norm_eps=1e-6,
+                rope_theta=1e4, max_position_embeddings=128)
+    return ModelSpec(**{**base, **kw})
+
+
+def test_activation_units_count_the_architectures_tensors():
+    from megatron_sdpo.config import load_config
+    from megatron_sdpo.planning.launch_plan import resolve_arch
+    from megatron_sdpo.planning.memory_ledger import activation_units
+
+    # Qwen3-4B: q = 32 x 128 = 1.6h, kv = 8 x 128 = 0.4h, f = 9728 = 3.8h, QK-norm over q and kv:
+    # 2 + 2(1.6) + 4(0.4) + 2(1.6) + 2 + 6(3.8) + 4 + 2(1.6) + 2(0.4) = 42.8 (Korthikanti's constant: 34).
+    assert activation_units(resolve_arch(load_config("qwen3_4b"))[1]) == pytest.approx(42.8)
+    # Olmo-3-7B: MHA (q = kv = h), f = 11008 = 2.6875h, QK-norm over all heads: 36.125.
+    assert activation_units(resolve_arch(load_config("olmo3_7b"))[1]) == pytest.approx(36.125)
+    # A Qwen3-shaped case by term: q = 64 (= h), kv = 32, f = 192 = 3h; without the QK-norm 2q + 2kv less.
+    s = _spec()
+    assert activation_units(s) == pytest.approx((2 * 64 + 2 * 64 + 4 * 32 + 2 * 64 + 2 * 64 + 6 * 192 + 4 * 64
+                                                 + 2 * 64 + 2 * 32) / 64)
+    assert activation_units(s) - activation_units(_spec(qk_norm=None)) == pytest.approx((2 * 64 + 2 * 32) / 64)
+    # The q width counts apart from h: 8 heads of 16 (q = 2h) adds 6 (q - h) / h.
+    assert activation_units(_spec(num_heads=8)) - activation_units(s) == pytest.approx(6.0)
+
+
+def test_recompute_settings_scale_the_activations():
+    from megatron_sdpo.planning import memory_ledger as ml
+
+    s = _spec()
+    units = {r: ml._activations(ml.LedgerInputs(spec=s, megatron=True, seq=32, recompute=r), 1) for r in
+             ("full", "selective", "none")}
+    per_unit = 64 * 32  # h x tokens, 16-bit bytes per unit
+    assert units["full"] == 2 * per_unit
+    assert units["selective"] == pytest.approx(ml.activation_units(s) * per_unit, abs=1)
+    assert units["none"] == pytest.approx((ml.activation_units(s) + 5 * 4 * 32 / 64) * per_unit, abs=1)
