@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 import weakref
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -127,16 +127,24 @@ class SavedTensors:
 class TransientPeak(TorchDispatchMode):
     """The most bytes of tensors created inside the block that were alive at once (by storage,
     released when the last tensor of a storage is collected): what an operation adds on top of
-    the state it started with, measured without the allocator (so also on CPU)."""
+    the state it started with, measured without the allocator (so also on CPU).
 
-    def __init__(self):
+    classify: a category per new storage from its first tensor (e.g. vocabulary-wide or not);
+    `peaks[category]` is then the most bytes of that category alive at once."""
+
+    def __init__(self, classify: Callable[[torch.Tensor], str] | None = None):
         super().__init__()
         self.live = 0
         self.peak = 0
+        self.classify = classify
+        self.live_by: dict[str, int] = {}
+        self.peaks: dict[str, int] = {}
         self._seen: set[int] = set()
 
-    def _freed(self, key: int, n: int) -> None:
+    def _freed(self, key: int, n: int, category: str | None) -> None:
         self.live -= n
+        if category is not None:
+            self.live_by[category] -= n
         self._seen.discard(key)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -150,7 +158,11 @@ class TransientPeak(TorchDispatchMode):
             self._seen.add(key)
             self.live += s.nbytes()
             self.peak = max(self.peak, self.live)
-            weakref.finalize(s, self._freed, key, s.nbytes())
+            category = self.classify(t) if self.classify is not None else None
+            if category is not None:
+                self.live_by[category] = self.live_by.get(category, 0) + s.nbytes()
+                self.peaks[category] = max(self.peaks.get(category, 0), self.live_by[category])
+            weakref.finalize(s, self._freed, key, s.nbytes(), category)
         return out
 
 
