@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal, Optional
 
-DOMAINS = ("math", "science", "tooluse", "code")
+from megatron_sdpo.interfaces.domains import DOMAINS as DOMAINS  # the one definition, re-exported
+
 EVAL_SPLITS = ("id", "ood_near", "ood_mid", "ood_far")
 
 

@@ -20,8 +20,7 @@ import json
 from typing import Any
 
 from megatron_sdpo.errors import DataError
-
-DOMAINS: tuple[str, ...] = ("math", "science", "tooluse", "code")
+from megatron_sdpo.interfaces.domains import DOMAINS as DOMAINS  # the one definition, re-exported
 
 COMMON_KEYS: tuple[str, ...] = ("id", "domain", "split", "prompt", "source")
 

@@ -11,6 +11,7 @@ from functools import partial
 from typing import Callable, Sequence, TypeVar, cast
 
 from megatron_sdpo.errors import UserError
+from megatron_sdpo.interfaces.domains import DOMAINS
 from megatron_sdpo.rewards.result import RewardResult
 from megatron_sdpo.rewards.sandbox import SandboxError
 
@@ -18,7 +19,6 @@ __all__ = ["RewardResult", "score", "score_batch", "DOMAINS"]
 
 log = logging.getLogger(__name__)
 
-DOMAINS = ("math", "science", "tooluse", "code")
 _R = TypeVar("_R")
 
 

@@ -88,7 +88,8 @@ class VarlenDotProductAttention(DotProductAttention):
         if packed_seq_params is None:
             return super().forward(query, key, value, attention_mask, attn_mask_type, attention_bias, None)
         p = packed_seq_params
-        if not isinstance(p, VarlenParams) or p.segment_index is None or p.qkv_format != "thd":
+        built = isinstance(p, VarlenParams) and p.segment_index is not None and p.token_index is not None
+        if not built or p.qkv_format != "thd":
             raise ConfigError("the local attention takes packed rows built by the backend (VarlenParams, thd)")
         # Query-key layer scaling folds a factor into softmax_scale that the fused softmax undoes.
         plain = self.softmax_offset is None and not self.config.apply_query_key_layer_scaling
