@@ -92,7 +92,7 @@ def make_backend(cfg: RunConfig, model_path: str, tokenizer):
             model_path, dtype=cfg.model.dtype, packing=bool(spec.packing(b)), pack_row_tokens=b.pack_row_tokens,
             share_prompts=spec.share_prompts(b),
             teacher_init=None if t.init_path is None else (t.init_path, t.init_alpha),
-            teacher_logit_mix=t.ema_rate if t.mode == "trust_region" else None,
+            teacher_logit_mix=t.trust_region_mix if t.mode == "trust_region" else None,
             **common,
         )
     if b.name == "megatron":

@@ -152,11 +152,12 @@ class AlgorithmConfig:
 @dataclass
 class TeacherConfig:
     # trust_region: lasgroup's trust-region teacher. Its weights stay as at the stage start (as
-    # "frozen") and its logits are lerp(teacher, student, ema_rate) of the frozen teacher's and
-    # the live student's on the teacher's context (the reference's `teacher_regularization:
-    # trust-region`, whose `teacher_update_rate` is the mixing coefficient).
+    # "frozen") and its logits are lerp(teacher, student, trust_region_mix) of the frozen
+    # teacher's and the live student's on the teacher's context (the reference's
+    # `teacher_regularization: trust-region`, whose `teacher_update_rate` is that coefficient).
     mode: Literal["ema", "frozen", "restart_freeze", "trust_region"] = "ema"
-    ema_rate: float = 0.05
+    ema_rate: float = 0.05  # mode ema: the teacher's EMA rate toward the student per step
+    trust_region_mix: float = 0.05  # mode trust_region: the student's weight in the logit mix, one per run
     freeze_fraction: float = 0.4  # restart_freeze: restart every gamma * stage steps
     # At every stage start after the first: "none" keeps the EMA teacher (frozen and
     # restart_freeze copy the student by definition), "stage_start" copies the student into the

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from megatron_sdpo.config.algorithm_spec import algorithm_spec
 from megatron_sdpo.config.backend_spec import BACKENDS, backend_spec
-from megatron_sdpo.config.schema import DOMAINS, RunConfig
+from megatron_sdpo.config.schema import DOMAINS, RunConfig, TeacherConfig
 from megatron_sdpo.config.stages import stage_config
 from megatron_sdpo.errors import ConfigError
 
@@ -209,13 +209,18 @@ def _validate_teacher(cfg: RunConfig) -> None:
     able = ", ".join(n for n, s in BACKENDS.items() if s.teacher_init)
     if t.init_path is not None and not spec.teacher_init:
         raise ConfigError(f"teacher.init_path needs backend.name={able} (the {cfg.backend.name} backend does not implement it)")
+    if not 0.0 <= t.trust_region_mix <= 1.0:
+        raise ConfigError(f"teacher.trust_region_mix must be in [0, 1], got {t.trust_region_mix:g}")
     if t.mode == "trust_region":
         if cfg.kernel.fused_kl:
             raise ConfigError("teacher.mode=trust_region mixes the teacher's and the student's logits: it needs kernel.fused_kl=false")
+        # ema_rate was once this mode's mixing coefficient: a value set for it here is refused, not ignored.
+        moved = "the trust-region teacher has no EMA; its logit mix is teacher.trust_region_mix (one per run)"
+        if t.ema_rate != TeacherConfig().ema_rate:
+            raise ConfigError(f"teacher.ema_rate={t.ema_rate:g} with teacher.mode=trust_region: {moved}")
         for i, stage in enumerate(cfg.stages):
             if "ema_rate" in stage.teacher:
-                # The backend is built with one mixing coefficient.
-                raise ConfigError(f"stages.{i}.teacher.ema_rate: the trust-region teacher's mixing coefficient cannot change between stages")
+                raise ConfigError(f"stages.{i}.teacher.ema_rate with teacher.mode=trust_region: {moved}")
 
 
 def _validate_context(ctx, where: str) -> None:

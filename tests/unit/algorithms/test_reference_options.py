@@ -83,8 +83,20 @@ def test_teacher_options_are_checked_with_the_config():
         load_config("tiny_sdpo", ["teacher.init_alpha=1.5"])
     with pytest.raises(ConfigError, match="kernel.fused_kl=false"):
         load_config("tiny_sdpo", ["teacher.mode=trust_region", "kernel.fused_kl=true"])
-    with pytest.raises(ConfigError, match="mixing coefficient cannot change"):
-        load_config("tiny_sdpo", ["teacher.mode=trust_region", "stages.3.teacher.ema_rate=0.01"])
+
+def test_the_trust_region_mix_has_its_own_key_and_the_old_spelling_is_one_line():
+    cfg = load_config("tiny_sdpo", ["teacher.mode=trust_region", "teacher.trust_region_mix=0.2"])
+    assert (cfg.teacher.trust_region_mix, cfg.teacher.ema_rate) == (0.2, 0.05)
+    for overrides, where in ((["teacher.ema_rate=0.2"], "teacher.ema_rate=0.2"),
+                             (["stages.3.teacher.ema_rate=0.01"], "stages.3.teacher.ema_rate")):
+        with pytest.raises(ConfigError) as exc:
+            load_config("tiny_sdpo", ["teacher.mode=trust_region", *overrides])
+        msg = str(exc.value)
+        assert msg.startswith(where) and "teacher.trust_region_mix" in msg and "\n" not in msg
+    with pytest.raises(ConfigError, match="trust_region_mix must be in"):
+        load_config("tiny_sdpo", ["teacher.mode=trust_region", "teacher.trust_region_mix=1.5"])
+    with pytest.raises(ConfigError, match="cannot change between stages"):  # one coefficient per run
+        load_config("tiny_sdpo", ["teacher.mode=trust_region", "stages.3.teacher.trust_region_mix=0.1"])
 
 
 @pytest.mark.parametrize("override", ["teacher.mode=trust_region", "teacher.init_path=some/dir"])
