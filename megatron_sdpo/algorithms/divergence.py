@@ -34,6 +34,8 @@ import torch
 
 
 def _check_alpha(alpha: float) -> None:
+    # The one guard of alpha below the config (whose validation names the key): every JSD, the
+    # kernels' and the vocab-parallel one included, is built from these pieces.
     if not 0.0 <= alpha <= 1.0:
         raise ValueError(f"alpha must be in [0, 1], got {alpha}")
 

@@ -73,8 +73,6 @@ def token_distillation_loss(
         (full-vocabulary), with topk "sdpo/topk_mass_student" / "sdpo/topk_mass_teacher" (mass of
         the student's top-k ids under each model), with is_weights "sdpo/is_weight_mean".
     """
-    if not 0.0 <= alpha <= 1.0:
-        raise ConfigError(f"alpha must be in [0, 1], got {alpha}")
     if temperature <= 0:
         raise ConfigError(f"temperature must be > 0, got {temperature}")
     check_same_shape("student_logits", student_logits, "teacher_logits", teacher_logits)
@@ -148,8 +146,6 @@ def topk_distillation_loss(
     vocab-sharded (megatron TP) computes top_s / top_t from shards and calls this directly.
     Returns (loss, metrics) with "sdpo/topk_mass_student" / "sdpo/topk_mass_teacher".
     """
-    if not 0.0 <= alpha <= 1.0:
-        raise ConfigError(f"alpha must be in [0, 1], got {alpha}")
     check_same_shape("top_s", top_s, "top_t", top_t)
     check_same_shape("mask", mask, "top_s[..., 0]", top_s[..., 0])
     top_s = top_s.to(torch.float32).clamp_min(_LOGP_FLOOR)

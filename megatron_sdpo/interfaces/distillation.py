@@ -49,8 +49,6 @@ class DistillationSpec:
     chunk_vocab: int = 8192
 
     def __post_init__(self) -> None:
-        if not 0.0 <= self.alpha <= 1.0:
-            raise ConfigError(f"sdpo.alpha must be in [0, 1], got {self.alpha}")
         if self.temperature <= 0:
             raise ConfigError(f"sdpo.temperature must be > 0, got {self.temperature}")
         if self.topk is not None and (isinstance(self.topk, bool) or not isinstance(self.topk, int) or self.topk < 1):

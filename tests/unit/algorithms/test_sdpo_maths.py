@@ -204,7 +204,7 @@ def test_metrics_entropies_and_empty_mask():
 
 def test_argument_errors():
     s, t, mask, _ = _inputs()
-    with pytest.raises(ConfigError, match="alpha"):
+    with pytest.raises(ValueError, match="alpha"):  # the divergence's guard (the config names the key)
         token_distillation_loss(s, t, mask, alpha=1.5)
     with pytest.raises(ConfigError, match="topk"):
         token_distillation_loss(s, t, mask, alpha=0.5, topk=V + 1)

@@ -32,7 +32,6 @@ def test_each_loss_declares_its_spec_once():
 @pytest.mark.parametrize(
     "kwargs, text",
     [
-        (dict(alpha=1.5), "alpha"),
         (dict(alpha=0.5, temperature=0.0), "temperature"),
         (dict(alpha=0.5, topk=0, topk_source="logits"), "topk"),
         (dict(alpha=0.5, topk=True, topk_source="logits"), "topk"),
