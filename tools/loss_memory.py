@@ -10,7 +10,7 @@ and a part over the response tokens (the fp32 shards the losses read), in tensor
 
     peak = full_row_16bit x 2 x rows x seq x padded_vocab + response_fp32 x 4 x response_tokens x vocab
 
-    python tools/bench_loss_memory.py --out loss_memory.json
+    python tools/loss_memory.py --out loss_memory.json
 
 Written: per loss the two measured peaks, the fitted counts and the ledger's `logits` bytes for
 the same micro-batch (and their ratio). Sizes are the tiny model's; the counts carry to any model.

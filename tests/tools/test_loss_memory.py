@@ -1,4 +1,4 @@
-"""tools/bench_loss_memory.py: the vocabulary-wide tensors of a megatron train step at their peak,
+"""tools/loss_memory.py: the vocabulary-wide tensors of a megatron train step at their peak,
 split into the part over every row token and the part over the response tokens."""
 import json
 import subprocess
@@ -14,7 +14,7 @@ TOOLS = Path(__file__).resolve().parents[2] / "tools"
 @pytest.mark.distributed
 def test_the_peak_splits_into_whole_counts_of_tensors(tmp_path):
     out = tmp_path / "m.json"
-    proc = subprocess.run([sys.executable, str(TOOLS / "bench_loss_memory.py"), "--losses", "sdpo_topk_clip,grpo_kl",
+    proc = subprocess.run([sys.executable, str(TOOLS / "loss_memory.py"), "--losses", "sdpo_topk_clip,grpo_kl",
                            "--out", str(out)], capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = {r["loss"]: r for r in json.loads(out.read_text())["losses"]}
@@ -26,6 +26,6 @@ def test_the_peak_splits_into_whole_counts_of_tensors(tmp_path):
 
 
 def test_an_unknown_loss_is_one_error_line(tmp_path):
-    proc = subprocess.run([sys.executable, str(TOOLS / "bench_loss_memory.py"), "--losses", "dpo"],
+    proc = subprocess.run([sys.executable, str(TOOLS / "loss_memory.py"), "--losses", "dpo"],
                           capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert proc.returncode == 2 and proc.stderr.startswith("error: unknown loss 'dpo'") and proc.stderr.count("\n") == 1
