@@ -9,7 +9,7 @@ from typing import Any
 from megatron_sdpo.config.algorithm_spec import algorithm_spec
 from megatron_sdpo.config.backend_spec import backend_spec
 from megatron_sdpo.config.schema import RunConfig
-from megatron_sdpo.config.stack import check_stack, libraries_of
+from megatron_sdpo.config.stack import check_stack
 from megatron_sdpo.errors import ConfigError, UserError
 
 
@@ -96,7 +96,7 @@ def make_backend(cfg: RunConfig, model_path: str, tokenizer):
             **common,
         )
     if b.name == "megatron":
-        check_stack(libraries_of("megatron", "hf"))  # before megatron-core builds anything
+        check_stack(["megatron", "transformer_engine"])  # before megatron-core builds anything
         return _megatron_backend(cfg, model_path, common)
     raise ConfigError(f"backend.name: unknown backend {b.name!r}")  # pragma: no cover
 
@@ -147,7 +147,7 @@ def make_rollout(cfg: RunConfig, model_path: str, tokenizer, work_dir: str):
     if kind == "auto":
         kind = "vllm" if vllm_available() else "hf"
     if kind == "vllm":
-        check_stack(libraries_of("hf", "vllm"))  # before vLLM loads the weights
+        check_stack(["vllm"])  # before vLLM loads the weights
     if kind != "vllm" and cfg.rollout.tensor_parallel_size != 1:
         raise ConfigError(f"rollout.tensor_parallel_size={cfg.rollout.tensor_parallel_size} needs rollout.engine=vllm (the engine here is {kind})")
     from megatron_sdpo.rollout.replicas import ReplicaLayout, ReplicatedRollout

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Callable
 
 from megatron_sdpo.chat import record_prompts
+from megatron_sdpo.config.schema import eval_samples_per_item
 from megatron_sdpo.rollout.base import SamplingConfig
 
 
@@ -53,7 +54,7 @@ def evaluate(
     accs: dict[str, float] = {}
     samples: dict[str, list[dict]] = {}
     done: dict[str, str] = {}  # records' fingerprint -> the first key evaluated with them
-    k = 1 if greedy or avg_k <= 0 else avg_k
+    k = eval_samples_per_item(greedy, avg_k)
     sampling = SamplingConfig(
         n=k, temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens, greedy=k == 1 and greedy, seed=seed
     )

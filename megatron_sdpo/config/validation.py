@@ -216,7 +216,7 @@ def _validate_teacher(cfg: RunConfig) -> None:
             raise ConfigError("teacher.mode=trust_region mixes the teacher's and the student's logits: it needs kernel.fused_kl=false")
         # ema_rate was once this mode's mixing coefficient: a value set for it here is refused, not ignored.
         moved = "the trust-region teacher has no EMA; its logit mix is teacher.trust_region_mix (one per run)"
-        if t.ema_rate != TeacherConfig().ema_rate:
+        if t.ema_rate != TeacherConfig.ema_rate:
             raise ConfigError(f"teacher.ema_rate={t.ema_rate:g} with teacher.mode=trust_region: {moved}")
         for i, stage in enumerate(cfg.stages):
             if "ema_rate" in stage.teacher:

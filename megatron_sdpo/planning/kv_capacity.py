@@ -37,7 +37,6 @@ class KVCapacity:
     max_len: int  # rollout.max_model_len
     rollout_seqs: int  # sequences per replica per training step
     eval_seqs: int  # sequences per replica per eval call
-    eval_records: int  # eval.batch_size records per replica per call
     samples_per_record: int  # eval samples per record
     awake_other_bytes: int = 0  # what the rollout and eval phases hold besides the engine, per rank
     room_bytes: int = 0  # usable device memory less the context allowance, per rank

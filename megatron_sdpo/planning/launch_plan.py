@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 from megatron_sdpo.config.algorithm_spec import algorithm_spec
 from megatron_sdpo.config.backend_spec import backend_spec
-from megatron_sdpo.config.schema import RunConfig
+from megatron_sdpo.config.schema import RunConfig, eval_samples_per_item
 from megatron_sdpo.errors import ConfigError, DataError, UserError
 from megatron_sdpo.planning import memory_ledger
 from megatron_sdpo.planning.kv_capacity import KVCapacity, kv_bytes_per_token
@@ -341,14 +341,14 @@ def kv_capacity(cfg: RunConfig, spec: ModelSpec | None, ledger: Ledger | None, r
     if spec is None or ledger is None or not ledger.categories["kv_cache"]:
         return None
     e = cfg.eval
-    samples = e.avg_k if (not e.greedy and e.avg_k > 0) else 1
+    samples = eval_samples_per_item(e.greedy, e.avg_k)
     records = -(-e.batch_size // replicas)
     return KVCapacity(
         per_token=kv_bytes_per_token(spec, rollout_tp), cache_bytes=ledger.categories["kv_cache"],
         engine_weight_bytes=ledger.categories["engine_weights"], device_bytes=device_bytes,
         utilization=cfg.rollout.gpu_memory_utilization, max_len=cfg.rollout.max_model_len,
         rollout_seqs=prompts_per_replica * cfg.algorithm.group_size, eval_seqs=records * samples,
-        eval_records=records, samples_per_record=samples, room_bytes=device_bytes - memory_ledger.CONTEXT_BYTES,
+        samples_per_record=samples, room_bytes=device_bytes - memory_ledger.CONTEXT_BYTES,
         awake_other_bytes=max(ledger.phase_total(p) for p in ("rollout", "eval"))
         - ledger.categories["engine_weights"] - ledger.categories["kv_cache"],
     )

@@ -36,6 +36,8 @@ fi
 mkdir -p "${OUT}"
 OUT="$(cd "${OUT}" && pwd)"
 SITE="${OUT}/site"
+# The installed project and wheels come first on the path (the build backend too).
+export PYTHONPATH="${SITE}${PYTHONPATH:+:${PYTHONPATH}}"
 
 # Seconds each step may take on the GPU (hard limits): with the install and the collection
 # (~20 s) a part stays under 5 minutes whatever happens inside it. The kernels part: 8 tests
@@ -64,12 +66,14 @@ install() {
     "${PY}" -m pip install -q --no-index --no-deps --upgrade --target "${SITE}" "${WHEELS}"/*.whl
   fi
   echo "installing the project from $(pwd) (no index, no build isolation, no dependencies)"
-  PYTHONPATH="${SITE}${PYTHONPATH:+:${PYTHONPATH}}" "${PY}" -m pip install -q --no-index --no-deps \
+  "${PY}" -m pip install -q --no-index --no-deps \
     --no-build-isolation --upgrade --target "${SITE}" .
 }
 
 # -P: the checkout is not put on sys.path, so the tests import the installed project.
-py() { PYTHONPATH="${SITE}${PYTHONPATH:+:${PYTHONPATH}}" "${PY}" -P "$@"; }
+py() { "${PY}" -P "$@"; }
+# Whether every named module can be imported (parents first: find_spec of a child imports its parent).
+has() { py -c "import importlib.util as u, sys; sys.exit(0 if all(u.find_spec(m) for m in sys.argv[1:]) else 1)" "$@" 2> /dev/null; }
 
 part_tests() {
   case "$1" in
@@ -100,7 +104,7 @@ part_imports() {
   case "$1" in
     kernels) echo "megatron_sdpo_kernels, megatron_sdpo_kernels.fused, megatron_sdpo.algorithms.divergence" ;;
     megatron) echo "megatron_sdpo.cli, megatron_sdpo.planning.memory_ledger, megatron_sdpo.interfaces.backend"
-              if py -c "import importlib.util as u, sys; sys.exit(0 if u.find_spec('megatron') and u.find_spec('megatron.core') else 1)"; then
+              if has megatron megatron.core; then
                 echo ", megatron.core, megatron_sdpo.backends.megatron.backend"  # megatron-core's own imports too
               fi ;;
   esac
@@ -109,7 +113,7 @@ part_imports() {
 missing_reason() {  # why a check cannot run here, or nothing
   local need="$1"
   if [[ -z "${CUDA}" ]]; then echo "no CUDA GPU visible"; return; fi
-  if ! py -c "import importlib.util as u, sys; sys.exit(0 if u.find_spec('${need%%.*}') and u.find_spec('${need}') else 1)" 2> /dev/null; then
+  if ! has "${need%%.*}" "${need}"; then
     case "${need}" in
       vllm|transformer_engine)
         echo "${need} is not installed (its wheels, hundreds of MB with their CUDA libraries, are beyond what an offline wheel folder carries; run it on a cluster node with the gpu extra)" ;;
@@ -142,16 +146,20 @@ run_part() {
     say "${CUDA}"
     # -rs lists every skip with its reason (e.g. no Transformer Engine -> no FP8 step).
     # shellcheck disable=SC2046
-    timeout "$(pytest_limit "${part}")" env PYTHONPATH="${SITE}${PYTHONPATH:+:${PYTHONPATH}}" "${PY}" -P -m pytest -m gpu \
+    timeout "$(pytest_limit "${part}")" "${PY}" -P -m pytest -m gpu \
       -p no:cacheprovider -rs -s -q $(part_tests "${part}") 2>&1 | tee "${dir}/pytest.log" || status=$?
     say "pytest: $(tail -1 "${dir}/pytest.log")"
     if [[ "${part}" == kernels ]]; then
       local impls
-      impls=$(py -c "import importlib.util as u; print(','.join(['reference', 'triton'] + (['megatron_logits', 'megatron_fused'] if u.find_spec('megatron') and u.find_spec('megatron.core') else []) + (['liger'] if u.find_spec('liger_kernel') else [])))")
-      timeout "${BENCH_LIMIT}" env PYTHONPATH="${SITE}${PYTHONPATH:+:${PYTHONPATH}}" "${PY}" -P tools/bench_kl.py --device cuda \
+      impls="reference,triton"
+      if has megatron megatron.core; then impls+=",megatron_logits,megatron_fused"; fi
+      if has liger_kernel; then impls+=",liger"; fi
+      # Not -P: a script needs its own folder on the path (bench_kl imports bench_harness beside
+      # it); the checkout root is not put there for a script, so the installed project is used.
+      timeout "${BENCH_LIMIT}" "${PY}" tools/bench_kl.py --device cuda \
         --dtype bfloat16 --hidden 2560 --vocab 151936 --tokens 8192 --impls "${impls}" --repeats 3 \
         --out "${dir}/bench_kl_qwen3_4b.csv" 2>&1 | tee "${dir}/bench_kl_qwen3_4b.log" || status=$?
-      timeout "${BENCH_LIMIT}" env PYTHONPATH="${SITE}${PYTHONPATH:+:${PYTHONPATH}}" "${PY}" -P tools/bench_kl.py --device cuda \
+      timeout "${BENCH_LIMIT}" "${PY}" tools/bench_kl.py --device cuda \
         --dtype bfloat16 --hidden 4096 --vocab 100278 --tokens 8192 --impls "${impls}" --repeats 3 \
         --out "${dir}/bench_kl_olmo3_7b.csv" 2>&1 | tee "${dir}/bench_kl_olmo3_7b.log" || status=$?
     fi

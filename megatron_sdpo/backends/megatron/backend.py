@@ -299,8 +299,7 @@ class MegatronBackend(Backend):
     def _response_shard(self, logits: torch.Tensor, rows: batching.Rows) -> torch.Tensor:
         """[r, S, V/tp] model output of `rows` (r = 1 packed) -> [b, T, width] fp32 logits /
         logit_temperature predicting response tokens, padded vocabulary columns cut off."""
-        shard = rows.select(logits)[..., : self.vocab_width].float()
-        return shard if self.logit_temperature == 1.0 else shard / self.logit_temperature
+        return vp.tempered(rows.select(logits)[..., : self.vocab_width].float(), self.logit_temperature)
 
     def _stats(self, shard: torch.Tensor, rows: batching.Rows, needs: frozenset) -> dict[str, torch.Tensor]:
         out: dict[str, torch.Tensor] = {}

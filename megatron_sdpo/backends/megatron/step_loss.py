@@ -20,12 +20,6 @@ _POLICY_OUTPUTS = frozenset({"logprobs", "entropy", "logits"})
 _TOPK = frozenset({"topk_logprobs", "teacher_topk_logprobs"})
 
 
-def _tempered(logits: torch.Tensor, temperature: float) -> torch.Tensor:
-    """logits / temperature; at 1.0 the logits themselves: x / 1.0 is x to the bit, and the copy
-    would be one more fp32 [tokens, vocab / TP] tensor alive through the loss's backward."""
-    return logits if temperature == 1.0 else logits / temperature
-
-
 def step_distillation(loss_fn: LossFn, requires: frozenset) -> DistillationSpec | None:
     """The distillation spec the step's outputs need (ConfigError when the loss lacks it)."""
     spec = None
@@ -79,14 +73,14 @@ class StepLoss:
             if "fused_kl" in requires:
                 d = self.spec()
                 outputs["fused_kl"] = vp.generalized_jsd(
-                    _tempered(shard, d.temperature), _tempered(rshard, d.temperature), d.alpha, be.tp_group
+                    vp.tempered(shard, d.temperature), vp.tempered(rshard, d.temperature), d.alpha, be.tp_group
                 )
             if requires & _TOPK:
                 d = self.spec()
                 if d.topk is None:
                     raise ConfigError("'topk_logprobs' needs a distillation spec with a top-k")
                 outputs["topk_logprobs"], outputs["teacher_topk_logprobs"], _ = vp.topk_logprobs(
-                    _tempered(shard, d.temperature), _tempered(rshard, d.temperature), d.topk, be.vocab_start,
+                    vp.tempered(shard, d.temperature), vp.tempered(rshard, d.temperature), d.topk, be.vocab_start,
                     be.spec.vocab_size, be.tp_group,
                 )
         return self.finish(mb, outputs)

@@ -52,6 +52,12 @@ class _AllReduceSumSharedGrad(torch.autograd.Function):
         return g, None
 
 
+def tempered(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """logits / temperature; at 1.0 the logits themselves: x / 1.0 is x to the bit, and the copy
+    would be one more fp32 [tokens, vocab / TP] tensor alive through the loss's backward."""
+    return logits if temperature == 1.0 else logits / temperature
+
+
 def _size(group) -> int:
     return 1 if group is None else dist.get_world_size(group)
 
