@@ -121,6 +121,7 @@ def _megatron_backend(cfg: RunConfig, model_path: str, common: dict):
         parallel=ParallelConfig(tp=m.tensor_parallel, pp=m.pipeline_parallel, sequence_parallel=m.sequence_parallel),
         options=options,
         distributed_optimizer=m.distributed_optimizer,
+        loss_chunk_tokens=m.loss_chunk_tokens,
         # None: the backend packs wherever the model's layers take packed rows.
         packing=backend_spec(cfg.backend.name).packing(cfg.backend),
         **common,

@@ -95,6 +95,10 @@ class ContinualRun:
         }
         self.eval_sets = load_eval_sets(cfg)
         self.backend = builders.make_backend(cfg, self.model_path, self.tokenizer)
+        if cfg.backend.offload_training_state:
+            # The grad buffer and main params off the device before the engine takes its share:
+            # the base eval and the first rollout run as every later one (memory_ledger.py, "start").
+            self.backend.offload_training_state()
         self.engine = builders.make_rollout(
             cfg, self.model_path, self.tokenizer, str(self.run_dir.root / ".rollout")
         )
@@ -172,13 +176,17 @@ class ContinualRun:
         latest = self.run_dir.checkpoints / "latest"
         if not latest.exists():
             return 0, 0
-        extra = self.backend.load(str(self.run_dir.checkpoints / latest.read_text().strip()))
+        # With offload the engine sleeps through the load and the state goes off again before
+        # the refit (memory_ledger.py, "resume"); without, the refit follows the load.
+        with self.trainer.training_state_on_device():
+            extra = self.backend.load(str(self.run_dir.checkpoints / latest.read_text().strip()))
         self._stage_settings(int(extra["stage"]))
         self.teacher.load_state_dict(extra["teacher"])
         stage, step = int(extra["stage"]), int(extra["step"])
         if self.main:
             self.run_dir.truncate_metrics(lambda r: (r["stage"], r["step"]) <= (stage, step))
-        self.engine.update_weights(self.backend.export_weights(model="policy"))
+        if not self.cfg.backend.offload_training_state:
+            self.engine.update_weights(self.backend.export_weights(model="policy"))
         self.monitor.log(f"resumed from {extra['name']} (stage {stage}, step {step})")
         return stage, step
 

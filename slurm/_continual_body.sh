@@ -72,6 +72,9 @@ export CUDA_DEVICE_MAX_CONNECTIONS="${CUDA_DEVICE_MAX_CONNECTIONS:-1}"
 # A failed or stuck collective aborts the rank (and the job) instead of hanging until the limit.
 export TORCH_NCCL_ASYNC_ERROR_HANDLING="${TORCH_NCCL_ASYNC_ERROR_HANDLING:-1}"
 export NCCL_DEBUG="${NCCL_DEBUG:-WARN}"
+# NVLink SHARP buffers cost about 1 GiB per communicator, beside vLLM: the memory plan counts
+# each communicator without them (memory_ledger.context_items).
+export NCCL_NVLS_ENABLE="${NCCL_NVLS_ENABLE:-0}"
 # Free NCCL buffers by stream order rather than record_stream: lower peak memory next to vLLM.
 # (No PYTORCH_CUDA_ALLOC_CONF=expandable_segments: vLLM's sleep-mode memory pool refuses it.)
 export TORCH_NCCL_AVOID_RECORD_STREAMS="${TORCH_NCCL_AVOID_RECORD_STREAMS:-1}"

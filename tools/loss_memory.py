@@ -1,19 +1,20 @@
 """The vocabulary-wide tensors of a megatron train step at their peak, loss by loss, against the
-memory ledger's `logits` category.
+memory ledger's `logits` category (memory_ledger.logit_counts).
 
 One megatron rank over gloo (CPU) trains the shipped tiny model (bf16 params, EMA teacher,
 reference) one step per loss; a dispatch mode (planning/memory_census.TransientPeak) records every
 tensor the step creates and the most bytes alive at once of those whose last dimension is the
-vocabulary (the real one or the padded one). Each loss runs at two prompt lengths, so the peak
-splits into a part over every token of the rows (the model's 16-bit logits and their gradients)
-and a part over the response tokens (the fp32 shards the losses read), in tensors:
-
-    peak = full_row_16bit x 2 x rows x seq x padded_vocab + response_fp32 x 4 x response_tokens x vocab
+vocabulary (the real one or the padded one). Each loss runs at prompt lengths 16 and 48 of
+64-token rows, with the statistics chunked over 8 and 16 response tokens
+(backend.megatron.loss_chunk_tokens) and whole (0). The ledger counts the peak in tensors of
+three sizes: 16-bit over every row token, 16-bit over the response tokens, fp32 over one chunk
+(or every response token when whole):
 
     python tools/loss_memory.py --out loss_memory.json
 
-Written: per loss the two measured peaks, the fitted counts and the ledger's `logits` bytes for
-the same micro-batch (and their ratio). Sizes are the tiny model's; the counts carry to any model.
+Written: per loss and point the measured peak, the ledger's bytes for the same micro-batch and
+their ratio (the ledger is an upper bound: at least 1.0). Sizes are the tiny model's; the counts
+carry to any model.
 """
 from __future__ import annotations
 
@@ -23,7 +24,9 @@ import sys
 from pathlib import Path
 
 MBS, SEQ = 2, 64
-PROMPTS = (16, 48)  # response shares 3/4 and 1/4
+# (prompt length, loss_chunk_tokens): response tokens 96, 32 and 96 per micro-batch, chunks
+# shorter than both, so that the three peaks separate the three parts of the count.
+POINTS = ((16, 8), (48, 8), (16, 16), (16, 0), (48, 0))
 LOSSES = ("grpo", "grpo_kl", "sdpo_full", "sdpo_full_clip", "sdpo_topk", "sdpo_topk_clip", "sdpo_topk_clip_t07",
           "hybrid_topk_clip_kl")
 
@@ -32,8 +35,11 @@ def _loss(name: str):
     from megatron_sdpo.algorithms.losses import GRPOLoss, HybridLoss, SDPOLoss
 
     def sdpo(topk, clip, temperature=1.0):
+        # As megatron runs them at scale: top-k ids picked from the shards, the full-vocabulary
+        # JSD from the shards ("fused_kl"; the backend's kernel source holds no logits at all).
         return SDPOLoss(variant="logits", alpha=0.5, topk=topk, is_clip=2.0 if clip else None,
-                        mask_key="distill_mask", temperature=temperature)
+                        mask_key="distill_mask", temperature=temperature,
+                        **({"topk_source": "shards"} if topk else {"fused": True}))
 
     return {
         "grpo": lambda: GRPOLoss(on_policy=True),
@@ -63,7 +69,7 @@ def _batch(prompt: int, vocab: int):
 
 
 def measure(model_dir: str, losses: list[str]) -> dict:
-    """{loss: {prompt: peak bytes of vocabulary-wide tensors}} and the widths (one rank)."""
+    """{loss: {"prompt,chunk": peak bytes of vocabulary-wide tensors}} and the widths (one rank)."""
     from megatron_sdpo.backends.megatron.backend import MegatronBackend
     from megatron_sdpo.backends.megatron.model import ModelOptions
     from megatron_sdpo.backends.megatron.parallel import ParallelConfig
@@ -71,44 +77,37 @@ def measure(model_dir: str, losses: list[str]) -> dict:
     from megatron_sdpo.planning.memory_census import TransientPeak
 
     be = MegatronBackend(model_dir, lr=1e-4, micro_batch_size=MBS, parallel=ParallelConfig(tp=1, pp=1),
-                         with_teacher=True, with_reference=True, packing=False,
+                         with_teacher=True, with_reference=True, packing=False, fused_kl="shards",
                          options=ModelOptions(precision=PrecisionConfig(params="bfloat16")))
     vocab, padded = be.vocab_width, be.wlayout.padded_vocab(be.spec) // be.layout.tp
     wide = lambda t: "vocab" if t.dim() and t.shape[-1] in (vocab, padded) else "other"  # noqa: E731
     out: dict = {"vocab": vocab, "padded_vocab": padded, "peaks": {}}
     for name in losses:
-        for prompt in PROMPTS:
+        for prompt, chunk in POINTS:
+            be.loss_chunk_tokens = chunk
             b = _batch(prompt, vocab)
             lp = be.logprobs(b)
             b.tensors.update(old_logprobs=lp, rollout_logprobs=lp)
             with TransientPeak(classify=wide) as peak:
                 be.train_step(b, _loss(name))
-            out["peaks"].setdefault(name, {})[prompt] = peak.peaks.get("vocab", 0)
+            out["peaks"].setdefault(name, {})[f"{prompt},{chunk}"] = peak.peaks.get("vocab", 0)
     return out
 
 
-def _fit(peaks: dict, vocab: int, padded: int) -> tuple[float, float]:
-    """(full-row 16-bit tensors, response fp32 tensors) through the two prompt lengths."""
-    (p1, a), (p2, b) = sorted(peaks.items())
-    r1, r2 = MBS * (SEQ - p1), MBS * (SEQ - p2)
-    response = (a - b) / (4 * vocab * (r1 - r2))
-    full = (a - response * 4 * vocab * r1) / (2 * MBS * SEQ * padded)
-    return full, response
-
-
-def _ledger_logits(model_dir: str, name: str) -> int:
+def _ledger_logits(model_dir: str, name: str, prompt: int, chunk: int) -> int:
     from transformers import AutoConfig
 
     from megatron_sdpo.planning import memory_ledger as ml
     from megatron_sdpo.weights.plan import ModelSpec
 
     distills = name.startswith(("sdpo", "hybrid"))
-    riders = int(distills) + int(name.endswith("kl"))
-    copies = ml.logit_copies(distills=distills, topk=None if "full" in name else 20, is_clip="clip" in name,
-                             riders=riders)
+    counts = ml.logit_counts(distills=distills, topk=None if "full" in name else 20, is_clip="clip" in name,
+                             riders=int(distills) + int(name.endswith("kl")),
+                             temperature=0.7 if name.endswith("t07") else 1.0, chunked=chunk > 0)
     spec = ModelSpec.from_hf_config(AutoConfig.from_pretrained(model_dir))
     led = ml.build(ml.LedgerInputs(spec=spec, megatron=True, param_bytes=2, activation_bytes=2, with_teacher=True,
-                                   with_reference=True, micro_batch_size=MBS, seq=SEQ, logit_copies=copies))
+                                   with_reference=True, micro_batch_size=MBS, seq=SEQ, response=SEQ - prompt,
+                                   loss_chunk_tokens=chunk, logit_counts=counts))
     return led.categories["logits"]
 
 
@@ -128,20 +127,17 @@ def main(argv: list[str] | None = None) -> int:
 
     got = spawn(measure, 1, str(SHIPPED_DIR), losses, timeout_s=args.timeout)[0]
     rows = []
-    print("| loss | peak, prompt 16 (B) | peak, prompt 48 (B) | full-row 16-bit tensors | response fp32 tensors "
-          "| ledger logits (B) | ledger / peak at prompt 16 |")
-    print("|---|---|---|---|---|---|---|")
+    keys = [f"{p},{c}" for p, c in POINTS]
+    print("| loss | " + " | ".join(f"prompt {p}, chunk {c or 'whole'}: measured B / ledger" for p, c in POINTS) + " |")
+    print("|---|" + "---|" * len(POINTS))
     for name in losses:
         peaks = got["peaks"][name]
-        full, response = _fit(peaks, got["vocab"], got["padded_vocab"])
-        ledger = _ledger_logits(str(SHIPPED_DIR), name)
-        rows.append({"loss": name, "peaks": peaks, "full_row_16bit": round(full, 3), "response_fp32": round(response, 3),
-                     "ledger_logits": ledger, "ledger_over_peak": round(ledger / peaks[PROMPTS[0]], 3)})
-        r = rows[-1]
-        print(f"| {name} | {peaks[PROMPTS[0]]:,} | {peaks[PROMPTS[1]]:,} | {r['full_row_16bit']} | {r['response_fp32']} "
-              f"| {ledger:,} | {r['ledger_over_peak']} |")
+        ledger = {k: _ledger_logits(str(SHIPPED_DIR), name, p, c) for k, (p, c) in zip(keys, POINTS)}
+        rows.append({"loss": name, "peaks": peaks, "ledger": ledger,
+                     "ledger_over_peak": {k: round(ledger[k] / peaks[k], 3) for k in keys}})
+        print(f"| {name} | " + " | ".join(f"{peaks[k]:,} / {rows[-1]['ledger_over_peak'][k]}x" for k in keys) + " |")
     if args.out is not None:
-        args.out.write_text(json.dumps({"mbs": MBS, "seq": SEQ, "prompts": PROMPTS, "vocab": got["vocab"],
+        args.out.write_text(json.dumps({"mbs": MBS, "seq": SEQ, "points": POINTS, "vocab": got["vocab"],
                                         "padded_vocab": got["padded_vocab"], "losses": rows}, indent=1))
     return 0
 

@@ -236,6 +236,10 @@ class MegatronConfig:
     # resumes under another TP); tensor_parallel must divide it. SmolLM2-135M's 3 KV heads allow
     # TP 1 or 3 only: TP 3 needs e.g. 384 (49,152 = 128 x 384, so no padding either way).
     vocab_divisor: int = 128
+    # The loss's per-token statistics over vocab-sharded logits run over this many response
+    # tokens at a time, recomputed in backward: their fp32 [tokens, vocab / TP] tensors are alive
+    # for one chunk (memory_ledger.py, "logits"). 0: the whole micro-batch at once.
+    loss_chunk_tokens: int = 1024
     fp8: FP8Config = field(default_factory=FP8Config)
 
 

@@ -116,6 +116,8 @@ def _check(cfg: RunConfig) -> None:
         raise ConfigError("backend.megatron.tensor_parallel / pipeline_parallel must be >= 1")
     if isinstance(m.vocab_divisor, bool) or m.vocab_divisor < 1:
         raise ConfigError(f"backend.megatron.vocab_divisor must be >= 1, got {m.vocab_divisor!r}")
+    if isinstance(m.loss_chunk_tokens, bool) or m.loss_chunk_tokens < 0:
+        raise ConfigError(f"backend.megatron.loss_chunk_tokens must be >= 0 (0: no chunking), got {m.loss_chunk_tokens!r}")
     if m.sequence_parallel and m.tensor_parallel == 1:
         raise ConfigError("backend.megatron.sequence_parallel needs tensor_parallel > 1")
     if cfg.kernel.fused_kl and spec.uses_teacher and (a.sdpo.topk is not None or a.sdpo.variant != "logits"):

@@ -348,7 +348,7 @@ def kv_capacity(cfg: RunConfig, spec: ModelSpec | None, ledger: Ledger | None, r
         engine_weight_bytes=ledger.categories["engine_weights"], device_bytes=device_bytes,
         utilization=cfg.rollout.gpu_memory_utilization, max_len=cfg.rollout.max_model_len,
         rollout_seqs=prompts_per_replica * cfg.algorithm.group_size, eval_seqs=records * samples,
-        samples_per_record=samples, room_bytes=device_bytes - memory_ledger.CONTEXT_BYTES,
+        samples_per_record=samples, room_bytes=device_bytes - ledger.context_bytes,
         awake_other_bytes=max(ledger.phase_total(p) for p in ("rollout", "eval"))
         - ledger.categories["engine_weights"] - ledger.categories["kv_cache"],
     )
@@ -373,8 +373,12 @@ def ledger_inputs(cfg: RunConfig, spec: ModelSpec, tp: int, pp: int, dp: int, ro
         recompute=m.recompute if model_parallel else "none",
         sequence_parallel=m.sequence_parallel and model_parallel, activation_bytes=2 if sixteen else 4,
         fused_kl=cfg.kernel.fused_kl, riders=riders, bucket_bytes=cfg.rollout.bucket_bytes, device_bytes=device_bytes,
-        logit_copies=memory_ledger.logit_copies(
-            distills=with_teacher, topk=a.sdpo.topk, is_clip=a.sdpo.is_clip is not None, riders=riders
+        response=cfg.rollout.max_new_tokens, loss_chunk_tokens=m.loss_chunk_tokens if model_parallel else 0,
+        logit_counts=memory_ledger.logit_counts(
+            distills=with_teacher, topk=a.sdpo.topk, is_clip=a.sdpo.is_clip is not None, riders=riders,
+            # The HF backend and the whole-vocabulary losses (top-k picked from full logits, the
+            # JSD from them at TP 1) take the micro-batch whole.
+            chunked=model_parallel and m.loss_chunk_tokens > 0 and not (with_teacher and a.sdpo.topk is None),
         ),
         probe_rows=cfg.diagnostics.probe_n if cfg.diagnostics.enabled else 0,
     )

@@ -6,15 +6,23 @@ Categories are what stays allocated across a phase; transients are what one oper
 on top while it runs. Every size comes from the weight plan's real shapes (weights/plan.py)
 and the run's settings. The phases follow one trainer step (trainer.py) and the stage end:
 
+  start           the base eval and the first rollout, before any optimizer step: engine awake;
+                  with offload the backend moved its training state off before the engine
+                  started (continual.py), without it the grad buffer and fp32 main params are
+                  resident (Adam's moments come with the first step)
   rollout         engine awake (weights + KV cache); with offload, grads and optimizer on host
   train           engine asleep; forward/backward activations and logits of one micro-batch
   teacher_update  engine asleep; the EMA / copy's bucket buffers (teacher_state.py)
   refit           engine weights awake, KV cache not yet; the weight-sync buckets
   checkpoint      engine asleep, training state back on device; the HF export's gathered tensor
+                  (the optimizer is gathered to DP rank 0 in host memory: `host_lines`)
+  resume          engine asleep, the checkpoint loaded into the training state; then the state
+                  goes off and the refit phase follows (continual.py)
   eval            engine awake; probe log-probs and gathered eval scores
 
-What the ledger does not see: the CUDA context and NCCL buffers (`context_bytes`, a stated
-allowance) and the caching allocator's fragmentation (usable memory is what torch reports).
+Outside the phases: the CUDA context and NCCL's buffers, one per communicator the layout uses
+(`context_items`, with NVLS off as slurm/_continual_body.sh sets it), and the caching
+allocator's fragmentation (usable memory is what torch reports).
 """
 from __future__ import annotations
 
@@ -36,11 +44,16 @@ LABELS = {
     "teacher_update": "+ema", "hf_export": "+export", "refit_buckets": "+refit", "probe_logprobs": "+probe",
     "eval_gathers": "+eval",
 }
-PHASES = ("rollout", "train", "teacher_update", "refit", "checkpoint", "eval")
-# What torch reports as an H100-80GB's memory, and an allowance for what the ledger does not
-# see: the CUDA context (~0.5 GiB), NCCL's buffers and the caching allocator's fragmentation.
+PHASES = ("start", "rollout", "train", "teacher_update", "refit", "checkpoint", "resume", "eval")
+# What torch reports as an H100-80GB's memory.
 H100_USABLE_GIB = 79.2
-CONTEXT_BYTES = 3 * GIB
+# The CUDA context with cuBLAS's workspaces, and the caching allocator's fragmentation.
+CUDA_CONTEXT_BYTES = GIB // 2
+FRAGMENTATION_BYTES = GIB
+# One NCCL communicator's buffers with NVLS off: per channel and peer the Simple protocol's
+# 4 MiB (NCCL_BUFFSIZE), LL128's 4.5 MiB and LL's 256 KiB, for up to 32 channels and the ring's
+# two peers. (NVLS adds about 1 GiB more per communicator: off in slurm/_continual_body.sh.)
+NCCL_COMM_BYTES = 32 * 2 * ((4 << 20) + (9 << 19) + (1 << 18))
 # Full recompute keeps only each layer's input: 2 bytes per token and hidden unit.
 FULL_RECOMPUTE_UNITS = 2.0
 
@@ -71,7 +84,10 @@ class LedgerInputs:
     activation_bytes: int = 2  # bytes per activation element (the params dtype)
     fused_kl: bool = False
     riders: int = 0  # teacher / reference forwards riding the train step
-    logit_copies: int = 0  # vocabulary-wide fp32 tensors the loss keeps (LOGIT_COPIES[loss])
+    response: int = 0  # response tokens per row (rollout.max_new_tokens; 0: the whole row)
+    loss_chunk_tokens: int = 0  # the loss's statistics over this many response tokens at a time (0: all)
+    # The loss's vocabulary-wide tensors at their peak (logit_counts()).
+    logit_counts: "LogitCounts" = None  # type: ignore[assignment]
     bucket_bytes: int = 64 << 20  # refit bucket cap
     device_bytes: int = 0  # usable device memory (0: unknown, the refit takes bucket_bytes)
     probe_rows: int = 8
@@ -101,8 +117,14 @@ class Ledger:
         c = self.categories
         return sum(c[k] for k in ("params", "teacher", "teacher_shadow", "optimizer"))
 
-    def over_budget(self, usable_bytes: int, context_bytes: int = CONTEXT_BYTES) -> list[str]:
-        """One line per phase that does not fit `usable_bytes - context_bytes`."""
+    @property
+    def context_bytes(self) -> int:
+        return sum(b for _, b in context_items(self.inputs))
+
+    def over_budget(self, usable_bytes: int, context_bytes: int | None = None) -> list[str]:
+        """One line per phase that does not fit `usable_bytes - context_bytes` (default: the
+        layout's `context_items`)."""
+        context_bytes = self.context_bytes if context_bytes is None else context_bytes
         room = usable_bytes - context_bytes
         return [
             f"memory plan: phase {p} needs {self.phase_total(p) / GIB:.1f} GiB per rank, more than the "
@@ -110,8 +132,9 @@ class Ledger:
             for p in PHASES if self.phase_total(p) > room
         ]
 
-    def render(self, usable_bytes: int, context_bytes: int = CONTEXT_BYTES) -> list[str]:
+    def render(self, usable_bytes: int, context_bytes: int | None = None) -> list[str]:
         """The per-phase table `--dry-run` prints (GiB per rank; transients marked +)."""
+        context_bytes = self.context_bytes if context_bytes is None else context_bytes
         cols = [c for c in (*CATEGORIES, *TRANSIENTS) if any(self.phases[p].get(c, 0) for p in PHASES)]
         width = 7
         lines = [
@@ -127,10 +150,43 @@ class Ledger:
             lines.append("none on the device in this run: " + ", ".join(zero))
         lines.append(f"a checkpoint writes {self.checkpoint_bytes / GIB:.2f} GiB per rank (the stop signal's grace "
                      "must cover a step and this save)")
+        lines += self.host_lines()
+        items = context_items(self.inputs)
+        lines.append(f"context {context_bytes / GIB:.2f} GiB: " + ", ".join(f"{n} {b / GIB:.2f}" for n, b in items))
         name, peak = self.peak
         lines.append(f"peak: {name} {peak / GIB:.2f} GiB of {(usable_bytes - context_bytes) / GIB:.2f} GiB usable "
                      f"({usable_bytes / GIB:.2f} GiB less {context_bytes / GIB:.2f} GiB of context)")
         return lines
+
+    def host_lines(self) -> list[str]:
+        """Host memory of the optimizer's checkpoint format (checkpoint.py: "fully_reshardable",
+        gathered over gloo): at a save DP rank 0 of each TP x PP position holds the whole
+        optimizer of its position, the other ranks one bucket shard; at a resume every rank
+        reads the whole of its position's optimizer before keeping its shard."""
+        i = self.inputs
+        if not (i.megatron and i.distributed_optimizer):
+            return []
+        whole = self.categories["optimizer"] * (i.dp if i.megatron and i.distributed_optimizer else 1)
+        return [f"host memory of the optimizer at a save: {whole / GIB:.2f} GiB on DP rank 0 of each of the "
+                f"{i.tp * i.pp} TP x PP positions; at a resume {whole / GIB:.2f} GiB on every rank"]
+
+
+def context_items(i: LedgerInputs) -> list[tuple[str, int]]:
+    """What a rank's device holds outside the phases: the CUDA context, fragmentation, and one
+    NCCL communicator's buffers per process group of more than one rank that the run uses:
+    the world (barriers, the log-probs' gathers); megatron's TP group, the DP group and its
+    context-parallel twin (DDP's reduce-scatter, the optimizer's all-gather), the
+    model-parallel group (the gradient norm), the PP group and the embedding group (tied
+    gradients across the first and last stage); vLLM's TP group (its NCCL communicator)."""
+    comms = [("world", 1)]
+    if i.megatron:
+        comms += [("tp", int(i.tp > 1)), ("dp", 2 * int(i.dp > 1)), ("model_parallel", int(i.tp * i.pp > 1)),
+                  ("pp", 2 * int(i.pp > 1))]
+    if i.engine == "vllm":
+        comms.append(("vllm_tp", int(i.rollout_tp > 1)))
+    n = sum(k for _, k in comms)
+    return [("cuda_context", CUDA_CONTEXT_BYTES), ("fragmentation", FRAGMENTATION_BYTES),
+            (f"nccl x{n} (" + "+".join(name for name, k in comms if k) + ")", n * NCCL_COMM_BYTES)]
 
 
 def _split(kind: str, tp: int) -> int:
@@ -186,29 +242,64 @@ def _activations(i: LedgerInputs, layers: int) -> int:
     return int(per_layer * layers / shard)
 
 
-def logit_copies(*, distills: bool, topk: int | None, is_clip: bool, riders: int) -> int:
-    """fp32 [rows, vocab / TP] tensors alive for backward in the unfused losses: the policy's
-    log-softmax and the picked log-probs (2); the full-vocabulary JSD keeps both models' log-probs,
-    the mixture and its two KL terms (6); the importance weight another log-softmax pair (2);
-    each rider's logits are alive while the loss runs (1 each). Counted for each loss by
-    tests/unit/planning/test_memory_ledger.py."""
-    kept = (6 if topk is None else 2) if distills else 2
-    return kept + (2 if distills and is_clip else 0) + riders
+@dataclass(frozen=True)
+class LogitCounts:
+    """The vocabulary-wide tensors alive at the peak of one micro-batch's loss, in three sizes:
+    `full_rows` 16-bit [rows, seq, vocab / TP] (the model's logits over every position, their
+    gradient and the layers' copies of both), `response` 16-bit [response tokens, vocab / TP]
+    (each model's logits gathered at the response positions) and `fp32` [tokens, vocab / TP] over
+    one chunk of response tokens (or all of them, `chunked` false)."""
+
+    full_rows: int
+    response: int
+    fp32: int
+    chunked: bool
 
 
-def _logits(i: LedgerInputs, vocab_local: int) -> int:
-    """fp32 vocabulary-wide tensors the loss keeps for backward for one micro-batch: `logit_copies`
-    [rows, vocab / TP] tensors (logit_copies()); the fused kernel keeps none."""
-    if i.fused_kl:
+def logit_counts(*, distills: bool, topk: int | None, is_clip: bool, riders: int, temperature: float = 1.0,
+                 chunked: bool = True) -> LogitCounts:
+    """What a megatron train step's loss holds at its peak, counted on CPU through every tensor
+    the step creates (tools/loss_memory.py; tests/unit/planning/test_memory_ledger.py holds
+    each count an upper bound at most 35% above the measured peak):
+
+      full rows: 8, one more per rider beyond the first (a rider's logits are alive through the
+        policy's backward; 7 at the peak of a two-sample micro-batch, 8 of a one-sample one);
+      response 16-bit: the policy's gathered logits and one per rider;
+      fp32, chunked (step_loss.py): 1 for the log-probabilities, top-k and the reference's KL;
+        the full-vocabulary JSD 6 more (both models' log-probs, the mixture, the two KL terms,
+        the normaliser's exp), 7 with the importance weight; a distillation temperature other
+        than 1.0 two tempered copies;
+      fp32, whole (no chunking, or a loss that reads whole-vocabulary logits): 3 for the
+        policy's path, 2 per rider, the full-vocabulary JSD 8 more, the importance weight 1, a
+        distillation temperature 2."""
+    full_jsd = distills and topk is None
+    tempered = 2 if distills and temperature != 1.0 else 0
+    if chunked:
+        fp32 = 1 + ((7 if is_clip else 6) if full_jsd else 0) + tempered
+    else:
+        fp32 = 3 + 2 * riders + (8 if full_jsd else 0) + (1 if distills and is_clip else 0) + tempered
+    return LogitCounts(full_rows=8 + max(0, riders - 1), response=1 + riders, fp32=fp32, chunked=chunked)
+
+
+def _logits(i: LedgerInputs, vocab_local: int, padded_local: int) -> int:
+    """The loss's vocabulary-wide tensors of one micro-batch at their peak (`LogitCounts`); the
+    fused kernel path holds no logits."""
+    c = i.logit_counts
+    if i.fused_kl or c is None:
         return 0
-    return 4 * i.micro_batch_size * i.seq * vocab_local * i.logit_copies
+    rows = i.micro_batch_size * i.seq
+    response = i.micro_batch_size * (min(i.response, i.seq) if i.response else i.seq)
+    fp32_tokens = min(response, i.loss_chunk_tokens) if (c.chunked and i.loss_chunk_tokens) else response
+    b = i.activation_bytes  # the logits' dtype: the params'
+    return (c.full_rows * b * rows * padded_local + c.response * b * response * vocab_local
+            + c.fp32 * 4 * fp32_tokens * vocab_local)
 
 
 def _refit_cap(i: LedgerInputs, held: int) -> int:
     """The refit's bucket cap as rollout/vllm.py sets it: at most 30% of what is free then."""
     if not i.device_bytes:
         return i.bucket_bytes
-    return min(i.bucket_bytes, int(REFIT_FREE_SHARE * max(i.device_bytes - CONTEXT_BYTES - held, 0)))
+    return min(i.bucket_bytes, int(REFIT_FREE_SHARE * max(i.device_bytes - sum(b for _, b in context_items(i)) - held, 0)))
 
 
 def build(i: LedgerInputs) -> Ledger:
@@ -226,7 +317,8 @@ def build(i: LedgerInputs) -> Ledger:
     grads = 4 * n
     shadow = 4 * n // dp_shard if (i.with_teacher and sixteen) else 0
     # The backends slice the vocabulary padding off the logits: the widest rank's real share.
-    vocab_local = min(layout.padded_vocab(i.spec) // i.tp, i.spec.vocab_size)
+    padded_local = layout.padded_vocab(i.spec) // i.tp
+    vocab_local = min(padded_local, i.spec.vocab_size)
     layers = i.spec.num_layers // i.pp
     full_numel, _ = local_numel(i.spec, Layout(tp=1, pp=1, vocab_divisor=1))
     _, padded_sizes = local_numel(i.spec, Layout(tp=1, pp=1, vocab_divisor=i.vocab_divisor if i.megatron else 1))
@@ -243,7 +335,7 @@ def build(i: LedgerInputs) -> Ledger:
         "kv_cache": (i.kv_cache_bytes if i.kv_cache_bytes is not None else max(0, i.engine_bytes - engine_weights))
         if i.engine == "vllm" else 0,
         "activations": _activations(i, layers),
-        "logits": _logits(i, vocab_local),
+        "logits": _logits(i, vocab_local, padded_local),
     }
     transients = {
         # The sharded shadow rounds into the teacher one DDP bucket at a time: a bucket-sized
@@ -279,12 +371,20 @@ def _phases(i: LedgerInputs, c: dict[str, int], t: dict[str, int]) -> dict[str, 
     training = {"grads": c["grads"] if i.megatron else 0, "optimizer": c["optimizer"]}
     awake = {} if i.offload else training
     engine = {"engine_weights": c["engine_weights"], "kv_cache": c["kv_cache"]}
+    # Before the first optimizer step: DDP's grad buffer and the fp32 main params exist, Adam's
+    # moments not yet; with offload the backend moved them off before the engine started.
+    first = {} if i.offload else {"grads": c["grads"] if i.megatron else 0,
+                                  "optimizer": c["optimizer"] // 3 if i.param_bytes == 2 else 0}
     return {
+        "start": {**state, **first, **engine, "probe_logprobs": t["probe_logprobs"]},
         "rollout": {**state, **awake, **engine},
         "train": {**state, **training, "grads": c["grads"], "activations": c["activations"], "logits": c["logits"]},
         "teacher_update": {**state, **training, "teacher_update": t["teacher_update"]},
         "refit": {**state, **awake, "engine_weights": c["engine_weights"], "refit_buckets": t["refit_buckets"]},
         # With offload the trainer puts the engine to sleep around a checkpoint (trainer.py).
         "checkpoint": {**state, **training, **({} if i.offload else engine), "hf_export": t["hf_export"]},
+        # The load puts the checkpoint into the training state with the engine asleep (offload)
+        # or awake (without: nothing ever leaves the device).
+        "resume": {**state, **training, **({} if i.offload else engine)},
         "eval": {**state, **awake, **engine, "probe_logprobs": t["probe_logprobs"], "eval_gathers": t["eval_gathers"]},
     }

@@ -70,8 +70,8 @@ def test_ledger_against_the_allocator(tmp_path):
     (r,) = spawn(_worker, 1, str(tmp_path), timeout_s=600)
     led = ml.build(ml.LedgerInputs(
         spec=ModelSpec.from_hf_config(cfg), megatron=True, param_bytes=2, activation_bytes=2, with_teacher=True,
-        with_reference=True, micro_batch_size=MBS, seq=SEQ, recompute="none",
-        logit_copies=ml.logit_copies(distills=False, topk=None, is_clip=False, riders=0),
+        with_reference=True, micro_batch_size=MBS, seq=SEQ, recompute="none", response=SEQ - PROMPT,
+        loss_chunk_tokens=1024, logit_counts=ml.logit_counts(distills=False, topk=None, is_clip=False, riders=0),
     ))
     c = led.categories
     state = sum(c[k] for k in ("params", "grads", "optimizer", "teacher", "teacher_shadow", "reference"))

@@ -92,3 +92,41 @@ def test_step_drift_reads_the_whole_export_on_every_rank_and_the_main_one_writes
     run._stage_policies = lambda k: StagePolicies(base={"other.weight": torch.ones(2, 2)}, prev=None, cur=None)
     ContinualRun._step_drift(run, 0, 4)
     assert read == ["policy", "policy"] and "not measured" in logged[0]
+
+
+def test_offloaded_state_leaves_before_the_engine_starts_and_sleeps_through_a_resume_load(tmp_path, monkeypatch):
+    """With backend.offload_training_state the grad buffer and main params go off the device
+    before the engine is built (the "start" phase of the memory plan), and a resume loads the
+    checkpoint with the engine asleep, then offloads before the refit ("resume", then "refit")."""
+    from test_trainer import OffloadingBackend, RecordingEngine
+
+    from megatron_sdpo import builders
+
+    log: list[str] = []
+    engine = RecordingEngine(log)
+
+    class Backend(OffloadingBackend):
+        def configure_optimizer(self, **kw):
+            pass
+
+        def load(self, path, *, weights_only=False):
+            self.reload_training_state()
+            self.log.append("load")
+            return {"stage": 0, "step": 1, "teacher": run.teacher.state_dict(), "name": "step_1"}
+
+    backend = Backend(log, lambda: engine.asleep)
+
+    def make_rollout(*args, **kwargs):
+        log.append("engine")
+        return engine
+
+    monkeypatch.setattr(builders, "make_backend", lambda *a, **k: backend)
+    monkeypatch.setattr(builders, "make_rollout", make_rollout)
+    cfg = load_config("tiny", ["backend.offload_training_state=true"])
+    run = ContinualRun(cfg, tmp_path / "run", quiet=True)
+    run._setup()
+    assert log == ["offload", "engine"]
+    (run.run_dir.checkpoints / "latest").write_text("step_1")
+    del log[:]
+    assert run._restore() == (0, 1)
+    assert log == ["sleep", "reload", "load", "offload", "wake(weights)", "refit", "export", "tensor", "wake(kv_cache)"]

@@ -128,6 +128,7 @@ class MegatronBackend(Backend):
         fused_kl: str = "kernel",
         logit_temperature: float = 1.0,
         packing: bool | None = None,
+        loss_chunk_tokens: int = 1024,
     ):
         require("megatron.core", "cpu", "the megatron backend")
         from transformers import AutoConfig
@@ -141,6 +142,10 @@ class MegatronBackend(Backend):
         # How a loss's "fused_kl" is computed: "kernel" from final hidden states and the sharded
         # LM head (no logits, `heads`), "shards" from vocab-sharded logits (`vocab_parallel`).
         self.fused_kl = fused_kl
+        if loss_chunk_tokens < 0:
+            raise ConfigError(f"loss_chunk_tokens={loss_chunk_tokens}; expected >= 0 (0: the whole micro-batch at once)")
+        # Response tokens the logits path's loss statistics take at a time (step_loss.py).
+        self.loss_chunk_tokens = int(loss_chunk_tokens)
         if not torch.cuda.is_available():
             from megatron_sdpo.backends.megatron import cpu
 
@@ -299,12 +304,16 @@ class MegatronBackend(Backend):
     def _response_shard(self, logits: torch.Tensor, rows: batching.Rows) -> torch.Tensor:
         """[r, S, V/tp] model output of `rows` (r = 1 packed) -> [b, T, width] fp32 logits /
         logit_temperature predicting response tokens, padded vocabulary columns cut off."""
-        return vp.tempered(rows.select(logits)[..., : self.vocab_width].float(), self.logit_temperature)
+        return self.fp32_logits(rows.select(logits)[..., : self.vocab_width])
 
-    def _stats(self, shard: torch.Tensor, rows: batching.Rows, needs: frozenset) -> dict[str, torch.Tensor]:
+    def fp32_logits(self, shard: torch.Tensor) -> torch.Tensor:
+        """16-bit logit shard -> fp32 logits / logit_temperature (what every statistic reads)."""
+        return vp.tempered(shard.float(), self.logit_temperature)
+
+    def _stats(self, shard: torch.Tensor, targets: torch.Tensor, needs: frozenset) -> dict[str, torch.Tensor]:
         out: dict[str, torch.Tensor] = {}
         if "logprobs" in needs:
-            out["logprobs"] = vp.logprobs(shard, rows.targets, self.vocab_start, self.tp_group)[0]
+            out["logprobs"] = vp.logprobs(shard, targets, self.vocab_start, self.tp_group)[0]
         if "entropy" in needs:
             out["entropy"] = vp.entropy(shard, self.tp_group)
         if "logits" in needs:

@@ -3,7 +3,8 @@
 Layout of a checkpoint directory:
     (dist_checkpointing files)  policy, teacher (keys prefixed "teacher."), optimizer (the
                                 distributed optimizer in its "fully_reshardable" format, so a
-                                run can resume under another DP size), step, LR schedule and extra (common)
+                                run can resume under another DP size; gathered to DP
+                                rank 0 in host memory), step, LR schedule and extra (common)
     rng/rank<r>.pt              per-rank torch and megatron RNG-tracker states
     policy/                     the policy as an HF model directory (evaluation, diagnostics)
     layout.json                 tp, pp, dp of the writer
@@ -30,7 +31,11 @@ from megatron_sdpo.stop_request import SIGNALS as STOP_SIGNALS
 from megatron_sdpo.weights.hf_writer import HFDirWriter, write_hf_dir
 
 COMPLETE = "COMPLETE"
-_OPT_META = {"distrib_optim_sharding_type": "fully_reshardable"}
+# "fully_reshardable" (a run resumes under another TP / DP layout), gathered through host memory
+# to DP rank 0 over gloo: megatron's default all-gathers every bucket's main params and Adam
+# moments to every DP rank on the device (the memory plan's "checkpoint" phase would hold that
+# much more, and every rank the whole optimizer in host memory at each save).
+_OPT_META = {"distrib_optim_sharding_type": "fully_reshardable", "distrib_optim_fully_reshardable_mem_efficient": True}
 _TEACHER = "teacher."
 _SHADOW = "teacher_fp32"
 

@@ -8,6 +8,7 @@ its metric shares for the step's reduction. The loss's distillation spec is read
 from __future__ import annotations
 
 import torch
+from torch.utils.checkpoint import checkpoint
 
 from megatron_sdpo.backends.common import MetricSums
 from megatron_sdpo.backends.megatron import heads
@@ -18,6 +19,8 @@ from megatron_sdpo.interfaces.distillation import DistillationSpec, distillation
 
 _POLICY_OUTPUTS = frozenset({"logprobs", "entropy", "logits"})
 _TOPK = frozenset({"topk_logprobs", "teacher_topk_logprobs"})
+# Outputs over the whole vocabulary that the loss reads as such: no chunking over tokens.
+_WHOLE = frozenset({"logits", "teacher_logits"})
 
 
 def step_distillation(loss_fn: LossFn, requires: frozenset) -> DistillationSpec | None:
@@ -55,17 +58,47 @@ class StepLoss:
         return loss * self.scale, {}
 
     def from_logits(self, mb: dict, rider_logits: list, logits: torch.Tensor) -> tuple[torch.Tensor, dict]:
-        """The loss of a micro-batch from vocab-sharded logits (policy and riders)."""
+        """The loss of a micro-batch from vocab-sharded logits (policy and riders).
+
+        The per-token statistics run over `be.loss_chunk_tokens` response tokens at a time, each
+        chunk recomputed in backward (activation checkpointing): the fp32 [tokens, V/tp] tensors
+        they build are alive for one chunk, not for the whole micro-batch through the backward.
+        Losses that read whole-vocabulary logits ("logits", "teacher_logits") take them whole."""
+        be, rows = self.be, mb["rows"]
+        b, T = rows.targets.shape
+        # 16-bit [b, T, width] at the response columns, padding cut off: one gather per model,
+        # so the policy's backward scatters into its logits once.
+        shards = [r.select(lg)[..., : be.vocab_width] for r, lg in zip((rows, *mb["rider_rows"]), (logits, *rider_logits))]
+        targets = [rows.targets, *(r.targets for r in mb["rider_rows"])]
+        chunk = be.loss_chunk_tokens
+        if not chunk or b * T <= chunk or self.requires & _WHOLE:
+            return self.finish(mb, self.token_outputs(shards, targets))
+        pieces = [torch.split(x.reshape(b * T, *x.shape[2:]), chunk) for x in (*shards, *targets)]
+        n = len(shards)
+        keys: list[str] = []
+
+        def run(*args: torch.Tensor) -> tuple[torch.Tensor, ...]:
+            out = self.token_outputs(list(args[:n]), list(args[n:]))
+            keys[:] = sorted(out)
+            return tuple(out[k] for k in keys)
+
+        parts = [checkpoint(run, *args, use_reentrant=False) for args in zip(*pieces)]
+        outputs = {k: torch.cat([p[i] for p in parts]).view(b, T, *parts[0][i].shape[1:]) for i, k in enumerate(keys)}
+        return self.finish(mb, outputs)
+
+    def token_outputs(self, shards: list[torch.Tensor], targets: list[torch.Tensor]) -> dict[str, torch.Tensor]:
+        """What the loss requires, per response token, from 16-bit logit shards [..., width] of
+        the policy and each rider (in `riders` order) and each one's target ids [...]."""
         be, requires = self.be, self.requires
-        shard = be._response_shard(logits, mb["rows"])
-        outputs = be._stats(shard, mb["rows"], requires & _POLICY_OUTPUTS)
-        for (name, _, _), rows, lg in zip(self.riders, mb["rider_rows"], rider_logits):
-            rshard = be._response_shard(lg, rows)
+        shard = be.fp32_logits(shards[0])
+        outputs = be._stats(shard, targets[0], requires & _POLICY_OUTPUTS)
+        for (name, _, _), tgt, lg in zip(self.riders, targets[1:], shards[1:]):
+            rshard = be.fp32_logits(lg)
             if name == "reference":
-                outputs["ref_logprobs"] = vp.logprobs(rshard, rows.targets, be.vocab_start, be.tp_group)[0]
+                outputs["ref_logprobs"] = vp.logprobs(rshard, tgt, be.vocab_start, be.tp_group)[0]
                 continue
             if "teacher_logprobs" in requires:
-                outputs["teacher_logprobs"] = vp.logprobs(rshard, rows.targets, be.vocab_start, be.tp_group)[0]
+                outputs["teacher_logprobs"] = vp.logprobs(rshard, tgt, be.vocab_start, be.tp_group)[0]
             if "teacher_logits" in requires:
                 if be.layout.tp > 1:
                     raise ConfigError("'teacher_logits' needs tp == 1 (logits stay vocab-sharded); use 'fused_kl'")
@@ -83,7 +116,7 @@ class StepLoss:
                     vp.tempered(shard, d.temperature), vp.tempered(rshard, d.temperature), d.topk, be.vocab_start,
                     be.spec.vocab_size, be.tp_group,
                 )
-        return self.finish(mb, outputs)
+        return outputs
 
     def from_hidden(self, mb: dict, rider_hidden: list, hidden: torch.Tensor) -> tuple[torch.Tensor, dict]:
         """The loss of a micro-batch from final hidden states (`heads`): "fused_kl" through the

@@ -4,7 +4,11 @@ shadow, reference, distributed optimizer at DP 1 and 2).
 
 The measurement does not read the ledger: memory_census.py walks the backend's modules and
 optimizer and sums the distinct tensor storages they reach, counts what autograd saves during
-a train step and the peak of tensors created inside an operation.
+a train step and the peak of tensors created inside an operation (every tensor the step creates,
+through a dispatch mode, classified as vocabulary-wide or not). The train step runs the paper
+presets' loss (top-k distillation from the vocabulary shards with importance weights) with its
+statistics chunked over response tokens (backend.megatron.loss_chunk_tokens); the state is
+counted again after the offload and after a checkpoint's save and load (a resume).
 
 Tolerances, from how the code lays memory out rather than from a run:
 - persistent state: 1% (megatron pads each DDP bucket to a multiple of the DP size and 128
@@ -14,8 +18,9 @@ Tolerances, from how the code lays memory out rather than from a run:
   layer of this shape saves, plus the attention scores); the CPU local spec also keeps fp32 copies
   of RMSNorm, RoPE and softmax inputs, so it saves more: at least the 16-bit count and at most
   three times it (every 16-bit tensor kept again in fp32 is 3x);
-- logits: the ledger counts two fp32 [rows, vocab] tensors per model for every token of a
-  max-length row; the losses keep them for response tokens only (3/4 of the rows here);
+- logits: the ledger's count (memory_ledger.logit_counts) is an upper bound of the measured peak
+  of vocabulary-wide tensors and at most 35% above it (the counts are whole tensors of three
+  sizes; the measured peak falls where a few of them are already freed);
 - transients: the measured peak is at most the ledger's and more than half of it; eval scores
   are gathered as objects through host memory (the ledger's eval_gathers is 0 on the device).
 The engine's KV cache is the ledger's exactly; its weights are not measured on CPU (vLLM's CPU
@@ -29,6 +34,7 @@ pytestmark = [pytest.mark.megatron, pytest.mark.distributed]
 MBS = 2
 SEQ = 64
 PROMPT = 16
+TOPK = 5
 REFIT_CAP = 256 << 10  # below a decoder layer's 16-bit bytes: every layer is a bucket of its own
 
 
@@ -44,7 +50,10 @@ def _batch():
     return b
 
 
-def _worker(model_dir: str) -> dict:
+CHUNK = 16
+
+
+def _worker(model_dir: str, ckpt: str) -> dict:
     import torch.distributed as dist
 
     from megatron_sdpo.algorithms.losses import SDPOLoss
@@ -59,16 +68,22 @@ def _worker(model_dir: str) -> dict:
     be = MegatronBackend(
         model_dir, lr=1e-4, micro_batch_size=MBS, parallel=ParallelConfig(tp=1, pp=1), with_teacher=True,
         with_reference=True, options=ModelOptions(precision=PrecisionConfig(params="bfloat16")), packing=False,
+        loss_chunk_tokens=CHUNK,
     )
-    loss = SDPOLoss(variant="logits", alpha=0.5, topk=None, is_clip=None, mask_key="distill_mask")
+    loss = SDPOLoss(variant="logits", alpha=0.5, topk=TOPK, is_clip=2.0, mask_key="distill_mask", topk_source="shards")
     params = list(torch.nn.Module.parameters(be.policy.module))
     weights = mc.storage_bytes(params)[1]
     out: dict = {"dp": dist.get_world_size()}
+    batch = _batch()
+    batch.tensors["rollout_logprobs"] = be.logprobs(batch)
+    vocab, padded = be.vocab_width, be.wlayout.padded_vocab(be.spec)
+    wide = lambda t: "logits" if t.dim() and t.shape[-1] in (vocab, padded) else "other"  # noqa: E731
     with mc.SavedTensors(exclude=weights | mc.held_bytes(be.teacher)[1] | mc.held_bytes(be.reference)[1]) as saved:
-        be.train_step(_batch(), loss)
+        with mc.TransientPeak(classify=wide) as peak:
+            be.train_step(batch, loss)
     out["vocab"] = be.vocab_width
-    out["logits"] = saved.total(last_dim=be.vocab_width)
-    out["activations"] = saved.total() - out["logits"]
+    out["logits"] = peak.peaks["logits"]
+    out["activations"] = saved.total() - saved.total(last_dim=vocab) - saved.total(last_dim=padded)
 
     def census() -> dict:
         got: dict = {}
@@ -89,6 +104,12 @@ def _worker(model_dir: str) -> dict:
     out["offloaded"] = census()
     be.reload_training_state()
     out["reload_exact"] = all(torch.equal(a, b) for a, b in zip(before, be._optimizer_tensors()))
+    # A resume: the checkpoint loaded into an offloaded backend brings the training state back.
+    be.save(ckpt)
+    be.offload_training_state()
+    be.load(ckpt)
+    out["resumed"] = census()
+    out["resume_exact"] = all(torch.equal(a, b) for a, b in zip(before, be._optimizer_tensors()))
     with mc.TransientPeak() as peak:
         be.blend_teacher(TeacherBlend.ema(0.05))
     out["teacher_update"] = peak.peak
@@ -107,11 +128,12 @@ def _worker(model_dir: str) -> dict:
 
 
 @pytest.fixture(scope="module", params=[1, 2], ids=["dp1", "dp2"])
-def measured(request):
+def measured(request, tmp_path_factory):
     from megatron_sdpo.backends.megatron.launch import spawn
     from megatron_sdpo.models.tiny import SHIPPED_DIR
 
-    return spawn(_worker, request.param, str(SHIPPED_DIR), timeout_s=300)[0], str(SHIPPED_DIR)
+    ckpt = str(tmp_path_factory.mktemp("ledger-ckpt") / "ckpt")
+    return spawn(_worker, request.param, str(SHIPPED_DIR), ckpt, timeout_s=300)[0], str(SHIPPED_DIR)
 
 
 def _ledger(model_dir: str, dp: int, offload: bool, riders: int = 1):
@@ -125,8 +147,8 @@ def _ledger(model_dir: str, dp: int, offload: bool, riders: int = 1):
         spec=spec, megatron=True, dp=dp, param_bytes=2, activation_bytes=2, with_teacher=True, with_reference=True,
         # DP splits the batch: each rank's micro-batch holds MBS / DP samples.
         offload=offload, micro_batch_size=MBS // dp, seq=SEQ, recompute="none", riders=riders, probe_rows=MBS,
-        engine="vllm", bucket_bytes=REFIT_CAP, kv_cache_bytes=0,
-        logit_copies=ml.logit_copies(distills=True, topk=None, is_clip=False, riders=riders),
+        engine="vllm", bucket_bytes=REFIT_CAP, kv_cache_bytes=0, response=SEQ - PROMPT, loss_chunk_tokens=CHUNK,
+        logit_counts=ml.logit_counts(distills=True, topk=TOPK, is_clip=True, riders=riders),
     ))
 
 
@@ -155,12 +177,36 @@ def test_train_phase_activations_and_logits_within_their_bounds(measured):
     got, model_dir = measured
     led = _ledger(model_dir, got["dp"], offload=False)
     assert led.categories["activations"] <= got["activations"] <= 3 * led.categories["activations"]
-    # Saved for backward: exactly the loss's copies, over the response tokens (riders' logits are
-    # alive during the loss but not saved).
-    saved = _ledger(model_dir, got["dp"], offload=False, riders=0)
-    response_share = (SEQ - PROMPT) / SEQ
-    assert got["logits"] == saved.categories["logits"] * response_share
-    assert got["logits"] < led.categories["logits"]
+    assert got["logits"] <= led.categories["logits"] <= 1.35 * got["logits"], (got["logits"], led.categories["logits"])
+
+
+def test_resume_brings_back_the_resume_phase_exactly(measured):
+    got, model_dir = measured
+    led = _ledger(model_dir, got["dp"], offload=True)
+    assert got["resume_exact"]
+    assert got["resumed"]["everything"] == pytest.approx(led.phase_total("resume"), rel=0.01)
+    for cat in ("grads", "optimizer"):
+        assert got["resumed"][cat] == pytest.approx(led.categories[cat], rel=0.01), cat
+
+
+def test_logit_counts_bound_the_whole_and_the_chunked_step():
+    from megatron_sdpo.planning import memory_ledger as ml
+
+    s = _spec(vocab_size=1000)
+    base = dict(spec=s, megatron=True, param_bytes=2, micro_batch_size=2, seq=64, response=48)
+    counts = ml.logit_counts(distills=True, topk=20, is_clip=True, riders=1)
+    whole = ml.logit_counts(distills=True, topk=20, is_clip=True, riders=1, chunked=False)
+    assert (counts.full_rows, counts.response, counts.fp32) == (8, 2, 1) and whole.fp32 == 6
+    got = lambda **kw: ml.build(ml.LedgerInputs(**{**base, **kw})).categories["logits"]  # noqa: E731
+    padded = 1024  # 1000 padded to a multiple of 128
+    rows16, resp16 = 8 * 2 * 128 * padded, 2 * 2 * 96 * 1000
+    assert got(logit_counts=counts, loss_chunk_tokens=16) == rows16 + resp16 + 4 * 16 * 1000
+    # No chunking: the fp32 tensors span every response token.
+    assert got(logit_counts=counts, loss_chunk_tokens=0) == rows16 + resp16 + 4 * 96 * 1000
+    assert got(logit_counts=whole, loss_chunk_tokens=16) == rows16 + resp16 + 6 * 4 * 96 * 1000
+    # The full-vocabulary JSD and a distillation temperature: 6 and 2 more chunk tensors.
+    assert ml.logit_counts(distills=True, topk=None, is_clip=False, riders=1, temperature=0.7).fp32 == 9
+    assert got(logit_counts=counts, fused_kl=True) == 0
 
 
 @pytest.mark.parametrize("transient", ["teacher_update", "hf_export", "refit_buckets", "probe_logprobs"])
