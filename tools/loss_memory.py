@@ -1,8 +1,9 @@
 """The vocabulary-wide tensors of a megatron train step at their peak, loss by loss, against the
 memory ledger's `logits` category (memory_ledger.logit_counts).
 
-One megatron rank over gloo (CPU) trains the shipped tiny model (bf16 params, EMA teacher,
-reference) one step per loss; a dispatch mode (planning/memory_census.TransientPeak) records every
+One megatron rank over gloo (CPU) trains a tiny Qwen3 (bf16 params, EMA teacher, reference) one
+step per loss, shaped so that no layer's output is as wide as the vocabulary (the shipped tiny
+model's gated MLP is 768 wide, its padded vocabulary too); a dispatch mode (planning/memory_census.TransientPeak) records every
 tensor the step creates and the most bytes alive at once of those whose last dimension is the
 vocabulary (the real one or the padded one). Each loss runs at prompt lengths 16 and 48 of
 64-token rows, with the statistics chunked over 8 and 16 response tokens
@@ -94,6 +95,19 @@ def measure(model_dir: str, losses: list[str]) -> dict:
     return out
 
 
+def tiny_model(path: str) -> str:
+    """The measured model: q = 2h, a 3.75h gated MLP (fc1 480 wide), vocabulary 718 (768 padded)."""
+    import torch
+    import transformers
+
+    cfg = transformers.Qwen3Config(vocab_size=718, hidden_size=64, intermediate_size=240, num_hidden_layers=2,
+                                   num_attention_heads=8, num_key_value_heads=2, head_dim=16,
+                                   max_position_embeddings=128, tie_word_embeddings=False)
+    torch.manual_seed(0)
+    transformers.Qwen3ForCausalLM(cfg).save_pretrained(path)
+    return path
+
+
 def _ledger_logits(model_dir: str, name: str, prompt: int, chunk: int) -> int:
     from transformers import AutoConfig
 
@@ -122,22 +136,29 @@ def main(argv: list[str] | None = None) -> int:
     if bad:
         print(f"error: unknown loss {bad[0]!r}; known: {', '.join(LOSSES)}", file=sys.stderr)
         return 2
-    from megatron_sdpo.backends.megatron.launch import spawn
-    from megatron_sdpo.models.tiny import SHIPPED_DIR
+    import tempfile
 
-    got = spawn(measure, 1, str(SHIPPED_DIR), losses, timeout_s=args.timeout)[0]
+    from megatron_sdpo.backends.megatron.launch import spawn
+
+    with tempfile.TemporaryDirectory() as tmp:
+        model_dir = tiny_model(tmp)
+        got = spawn(measure, 1, model_dir, losses, timeout_s=args.timeout)[0]
+        return _report(got, model_dir, losses, args.out)
+
+
+def _report(got: dict, model_dir: str, losses: list[str], out: Path | None) -> int:
     rows = []
     keys = [f"{p},{c}" for p, c in POINTS]
     print("| loss | " + " | ".join(f"prompt {p}, chunk {c or 'whole'}: measured B / ledger" for p, c in POINTS) + " |")
     print("|---|" + "---|" * len(POINTS))
     for name in losses:
         peaks = got["peaks"][name]
-        ledger = {k: _ledger_logits(str(SHIPPED_DIR), name, p, c) for k, (p, c) in zip(keys, POINTS)}
+        ledger = {k: _ledger_logits(model_dir, name, p, c) for k, (p, c) in zip(keys, POINTS)}
         rows.append({"loss": name, "peaks": peaks, "ledger": ledger,
                      "ledger_over_peak": {k: round(ledger[k] / peaks[k], 3) for k in keys}})
         print(f"| {name} | " + " | ".join(f"{peaks[k]:,} / {rows[-1]['ledger_over_peak'][k]}x" for k in keys) + " |")
-    if args.out is not None:
-        args.out.write_text(json.dumps({"mbs": MBS, "seq": SEQ, "points": POINTS, "vocab": got["vocab"],
+    if out is not None:
+        out.write_text(json.dumps({"mbs": MBS, "seq": SEQ, "points": POINTS, "vocab": got["vocab"],
                                         "padded_vocab": got["padded_vocab"], "losses": rows}, indent=1))
     return 0
 

@@ -260,25 +260,20 @@ def logit_counts(*, distills: bool, topk: int | None, is_clip: bool, riders: int
                  chunked: bool = True) -> LogitCounts:
     """What a megatron train step's loss holds at its peak, counted on CPU through every tensor
     the step creates (tools/loss_memory.py; tests/unit/planning/test_memory_ledger.py holds
-    each count an upper bound at most 35% above the measured peak):
+    each count an upper bound at most 60% above the measured peak):
 
-      full rows: 8, one more per rider beyond the first (a rider's logits are alive through the
-        policy's backward; 7 at the peak of a two-sample micro-batch, 8 of a one-sample one);
-      response 16-bit: the policy's gathered logits and one per rider;
-      fp32, chunked (step_loss.py): 1 for the log-probabilities, top-k and the reference's KL;
-        the full-vocabulary JSD 6 more (both models' log-probs, the mixture, the two KL terms,
-        the normaliser's exp), 7 with the importance weight; a distillation temperature other
-        than 1.0 two tempered copies;
-      fp32, whole (no chunking, or a loss that reads whole-vocabulary logits): 3 for the
-        policy's path, 2 per rider, the full-vocabulary JSD 8 more, the importance weight 1, a
-        distillation temperature 2."""
-    full_jsd = distills and topk is None
-    tempered = 2 if distills and temperature != 1.0 else 0
-    if chunked:
-        fp32 = 1 + ((7 if is_clip else 6) if full_jsd else 0) + tempered
-    else:
-        fp32 = 3 + 2 * riders + (8 if full_jsd else 0) + (1 if distills and is_clip else 0) + tempered
-    return LogitCounts(full_rows=8 + max(0, riders - 1), response=1 + riders, fp32=fp32, chunked=chunked)
+      full rows: 3, one more per rider beyond the first: the policy's logits in the schedule's
+        [rows, seq] layout, their gradient and the gather's scatter into it; a rider's logits
+        are alive through the policy's backward;
+      response 16-bit: the policy's logits gathered at the response positions and one per rider;
+      fp32 over the response tokens, whole: 3 for the policy's path, 2 per rider, the
+        full-vocabulary JSD 8 more, the importance weight 1, a distillation temperature 2;
+      chunked (step_loss.py), the same over one chunk of tokens and 1 more: the 16-bit gradients
+        of the chunk's inputs while its backward recomputes it."""
+    fp32 = (3 + 2 * riders + (8 if distills and topk is None else 0) + (1 if distills and is_clip else 0)
+            + (2 if distills and temperature != 1.0 else 0))
+    return LogitCounts(full_rows=3 + max(0, riders - 1), response=1 + riders, fp32=fp32 + int(chunked),
+                       chunked=chunked)
 
 
 def _logits(i: LedgerInputs, vocab_local: int, padded_local: int) -> int:
@@ -291,7 +286,8 @@ def _logits(i: LedgerInputs, vocab_local: int, padded_local: int) -> int:
     response = i.micro_batch_size * (min(i.response, i.seq) if i.response else i.seq)
     fp32_tokens = min(response, i.loss_chunk_tokens) if (c.chunked and i.loss_chunk_tokens) else response
     b = i.activation_bytes  # the logits' dtype: the params'
-    return (c.full_rows * b * rows * padded_local + c.response * b * response * vocab_local
+    # The 16-bit tensors keep the padded columns (the slice to the real vocabulary is a view).
+    return (c.full_rows * b * rows * padded_local + c.response * b * response * padded_local
             + c.fp32 * 4 * fp32_tokens * vocab_local)
 
 

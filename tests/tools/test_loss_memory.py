@@ -19,8 +19,8 @@ def test_the_ledger_bounds_the_measured_peak_whole_and_chunked(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = {r["loss"]: r for r in json.loads(out.read_text())["losses"]}
     for r in rows.values():
-        # An upper bound, at most 35% above what the step held (memory_ledger.logit_counts).
-        assert all(1.0 <= x <= 1.35 for x in r["ledger_over_peak"].values()), r
+        # An upper bound, at most 60% above what the step held (memory_ledger.logit_counts).
+        assert all(1.0 <= x <= 1.6 for x in r["ledger_over_peak"].values()), r
     # Chunking: the full-vocabulary JSD's fp32 tensors span 16 response tokens instead of 96.
     full = rows["sdpo_full_clip"]["peaks"]
     assert full["16,16"] < 0.7 * full["16,0"]

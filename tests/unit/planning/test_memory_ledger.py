@@ -1,6 +1,7 @@
 """The memory ledger (memory_ledger.py) against what the code holds, category by category and
 phase by phase, on the megatron backend over gloo (bf16 params, EMA teacher with its fp32
-shadow, reference, distributed optimizer at DP 1 and 2).
+shadow, reference, distributed optimizer at DP 1 and 2), for the shipped tiny model and a
+Qwen3-shaped one (q width 2h, a 3.75h gated MLP).
 
 The measurement does not read the ledger: memory_census.py walks the backend's modules and
 optimizer and sums the distinct tensor storages they reach, counts what autograd saves during
@@ -19,8 +20,9 @@ Tolerances, from how the code lays memory out rather than from a run:
   of RMSNorm, RoPE and softmax inputs, so it saves more: at least the 16-bit count and at most
   three times it (every 16-bit tensor kept again in fp32 is 3x);
 - logits: the ledger's count (memory_ledger.logit_counts) is an upper bound of the measured peak
-  of vocabulary-wide tensors and at most 35% above it (the counts are whole tensors of three
-  sizes; the measured peak falls where a few of them are already freed);
+  of vocabulary-wide tensors and at most 60% above it (the counts are whole tensors of three
+  sizes; the measured peak falls where a few of them are already freed); measured on the
+  Qwen3-shaped model, whose layers are all narrower than the vocabulary;
 - transients: the measured peak is at most the ledger's and more than half of it; eval scores
   are gathered as objects through host memory (the ledger's eval_gathers is 0 on the device).
 The engine's KV cache is the ledger's exactly; its weights are not measured on CPU (vLLM's CPU
@@ -127,13 +129,31 @@ def _worker(model_dir: str, ckpt: str) -> dict:
     return out
 
 
-@pytest.fixture(scope="module", params=[1, 2], ids=["dp1", "dp2"])
+def _qwen3_shaped(path: str) -> str:
+    """A tiny Qwen3 whose widths differ from the shipped model's in the ways the 4B's do: q
+    = 8 x 16 = 2h, kv = 2 x 16 = h / 2, a gated MLP of 3.75h (not 4h), QK-norm."""
+    import transformers
+
+    cfg = transformers.Qwen3Config(vocab_size=718, hidden_size=64, intermediate_size=240, num_hidden_layers=2,
+                                   num_attention_heads=8, num_key_value_heads=2, head_dim=16,
+                                   max_position_embeddings=128, tie_word_embeddings=False)
+    torch.manual_seed(0)
+    transformers.Qwen3ForCausalLM(cfg).save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module", params=[("qwen3_shaped", 1), ("qwen3_shaped", 2), ("shipped", 1)],
+                ids=["dp1", "dp2", "shipped"])
 def measured(request, tmp_path_factory):
     from megatron_sdpo.backends.megatron.launch import spawn
     from megatron_sdpo.models.tiny import SHIPPED_DIR
 
+    model, dp = request.param
+    model_dir = str(SHIPPED_DIR) if model == "shipped" else _qwen3_shaped(str(tmp_path_factory.mktemp("qwen3-shaped")))
     ckpt = str(tmp_path_factory.mktemp("ledger-ckpt") / "ckpt")
-    return spawn(_worker, request.param, str(SHIPPED_DIR), ckpt, timeout_s=300)[0], str(SHIPPED_DIR)
+    got = spawn(_worker, dp, model_dir, ckpt, timeout_s=300)[0]
+    got["model"] = model
+    return got, model_dir
 
 
 def _ledger(model_dir: str, dp: int, offload: bool, riders: int = 1):
@@ -177,7 +197,10 @@ def test_train_phase_activations_and_logits_within_their_bounds(measured):
     got, model_dir = measured
     led = _ledger(model_dir, got["dp"], offload=False)
     assert led.categories["activations"] <= got["activations"] <= 3 * led.categories["activations"]
-    assert got["logits"] <= led.categories["logits"] <= 1.35 * got["logits"], (got["logits"], led.categories["logits"])
+    if got["model"] == "shipped":
+        pytest.skip("the shipped model's gated MLP is 768 wide, as its padded vocabulary: the census cannot tell "
+                    "its activations from the logits (the Qwen3-shaped cases measure them)")
+    assert got["logits"] <= led.categories["logits"] <= 1.6 * got["logits"], (got["logits"], led.categories["logits"])
 
 
 def test_resume_brings_back_the_resume_phase_exactly(measured):
@@ -196,16 +219,16 @@ def test_logit_counts_bound_the_whole_and_the_chunked_step():
     base = dict(spec=s, megatron=True, param_bytes=2, micro_batch_size=2, seq=64, response=48)
     counts = ml.logit_counts(distills=True, topk=20, is_clip=True, riders=1)
     whole = ml.logit_counts(distills=True, topk=20, is_clip=True, riders=1, chunked=False)
-    assert (counts.full_rows, counts.response, counts.fp32) == (8, 2, 1) and whole.fp32 == 6
+    assert (counts.full_rows, counts.response, counts.fp32) == (3, 2, 7) and whole.fp32 == 6
     got = lambda **kw: ml.build(ml.LedgerInputs(**{**base, **kw})).categories["logits"]  # noqa: E731
     padded = 1024  # 1000 padded to a multiple of 128
-    rows16, resp16 = 8 * 2 * 128 * padded, 2 * 2 * 96 * 1000
-    assert got(logit_counts=counts, loss_chunk_tokens=16) == rows16 + resp16 + 4 * 16 * 1000
+    rows16, resp16 = 3 * 2 * 128 * padded, 2 * 2 * 96 * padded
+    assert got(logit_counts=counts, loss_chunk_tokens=16) == rows16 + resp16 + 7 * 4 * 16 * 1000
     # No chunking: the fp32 tensors span every response token.
-    assert got(logit_counts=counts, loss_chunk_tokens=0) == rows16 + resp16 + 4 * 96 * 1000
+    assert got(logit_counts=counts, loss_chunk_tokens=0) == rows16 + resp16 + 7 * 4 * 96 * 1000
     assert got(logit_counts=whole, loss_chunk_tokens=16) == rows16 + resp16 + 6 * 4 * 96 * 1000
-    # The full-vocabulary JSD and a distillation temperature: 6 and 2 more chunk tensors.
-    assert ml.logit_counts(distills=True, topk=None, is_clip=False, riders=1, temperature=0.7).fp32 == 9
+    # The full-vocabulary JSD and a distillation temperature: 8 and 2 more.
+    assert ml.logit_counts(distills=True, topk=None, is_clip=False, riders=1, temperature=0.7).fp32 == 16
     assert got(logit_counts=counts, fused_kl=True) == 0
 
 
