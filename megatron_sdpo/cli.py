@@ -220,12 +220,19 @@ def cmd_data(args) -> int:
     else:
         from megatron_sdpo.data.hub_table import prepare
 
-        manifest = prepare(args.preset, out, local_root=Path(args.from_dir) if args.from_dir else None)
+        only = [x.strip() for x in args.only.split(",") if x.strip()] if args.only else None
+        manifest = prepare(args.preset, out, local_root=Path(args.from_dir) if args.from_dir else None, only=only)
     print("\n".join(summary_lines(manifest)))
     for missing in manifest.get("missing_packages", []):
         print(f"not installed, skipped: {missing} (make data)", file=sys.stderr)
     print(f"manifest: {out / 'manifest.json'}")
-    return 0
+    failed = manifest.get("failed", {})
+    for name, reason in failed.items():
+        print(f"error: set {name} failed: {reason}", file=sys.stderr)
+    if failed:
+        print(f"retry with: megatron-sdpo data prepare {args.preset} --out {out} --only {','.join(failed)}",
+              file=sys.stderr)
+    return 1 if failed else 0
 
 
 class _Parser(argparse.ArgumentParser):
@@ -338,6 +345,8 @@ def build_parser(drift_arguments: bool = True) -> argparse.ArgumentParser:
     dp.add_argument("--out", required=True, help="output directory (the presets read data/)")
     dp.add_argument("--from", dest="from_dir", help="a local copy of the hub sets instead of the network "
                     "(DIR/<hub id>/[<config>/]<split files>)")
+    dp.add_argument("--only", help="comma-separated set names to (re)write, e.g. a set that failed; the "
+                    "manifest keeps the others")
     da.set_defaults(fn=cmd_data)
     return p
 

@@ -52,8 +52,10 @@ def check_data_files(cfg: RunConfig) -> None:
 
     for domain, dcfg in cfg.domains.items():
         for where, src in [("train", dcfg.train), *((f"eval.{k}", v) for k, v in dcfg.eval.items())]:
-            if src.source != "synthetic" and not Path(src.source).is_file():
-                raise DataError(f"domains.{domain}.{where}.source: data file not found: {src.source}")
+            for path in src.files():
+                if not Path(path).is_file():
+                    key = "source" if path == src.source else "extra_files"
+                    raise DataError(f"domains.{domain}.{where}.{key}: data file not found: {path}")
 
 
 class ContinualRun:

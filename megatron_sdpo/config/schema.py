@@ -45,6 +45,10 @@ class DataSource:
     # text: two splits of one file (train [0, 0.8], id [0.8, 1]) share no item and no question.
     part: list[float] | None = None
 
+    def files(self) -> list[str]:
+        """Every file this split reads: `source` and its `extra_files` (none when synthetic)."""
+        return [] if self.source == "synthetic" else [self.source, *self.extra_files]
+
 
 @dataclass
 class Shot:

@@ -60,20 +60,31 @@ def sha256_of(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _check_loads(path: Path, item: DatasetFile) -> int:
+def _check_loads(path: Path, item: DatasetFile, answers: Path | None = None) -> int:
     """Rows of the written file that the loader reads in the item's schema (all, or DataError)."""
     from megatron_sdpo.data.loaders import load_records
 
     if item.schema is None:
         return len(item.rows)
-    records = load_records(path, item.schema)
+    records = load_records(path, item.schema, answers_path=answers)
     if len(records) != len(item.rows):
         raise DataError(f"{path}: wrote {len(item.rows)} rows but the {item.schema} loader read {len(records)}")
     return len(records)
 
 
-def write_files(out: Path, items: list[DatasetFile], *, command: str, extra: dict | None = None) -> dict:
-    """Write `items` under `out` and `out`/manifest.json; return the manifest."""
+def _write_atomic(path: Path, rows: list[dict]) -> Path:
+    """Rows into a hidden sibling of `path` (same suffix, so the loader reads it); the caller
+    renames it into place once checked."""
+    tmp = path.with_name(f".{path.stem}.partial{path.suffix}")
+    _dump(tmp, rows)
+    return tmp
+
+
+def write_files(out: Path, items: list[DatasetFile], *, command: str, extra: dict | None = None,
+                merge: bool = False) -> dict:
+    """Write `items` under `out` and `out`/manifest.json; return the manifest. Every file is
+    written beside its place, checked with its loader and renamed into place; the manifest is
+    replaced last. merge: keep the entries of files an earlier manifest in `out` lists."""
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -81,18 +92,22 @@ def write_files(out: Path, items: list[DatasetFile], *, command: str, extra: dic
     names = [i.name for i in items]
     if len(set(names)) != len(names):
         raise DataError(f"two datasets write the same file: {sorted(n for n in names if names.count(n) > 1)}")
-    files: dict[str, Any] = {}
     for item in items:
         if not item.rows:
             raise DataError(f"{item.name}: no rows converted ({len(item.unconverted)} unconvertible)")
+    files: dict[str, Any] = dict(read_manifest(out).get("files", {})) if merge else {}
+    for item in items:
         path = out / item.name
+        answers_path = None
         if item.answers is not None:
             answers_path = path.parent / "possible_answer" / path.name
-            _dump(answers_path, item.answers)
-        _dump(path, item.rows)
+            _write_atomic(answers_path, item.answers).replace(answers_path)
+        tmp = _write_atomic(path, item.rows)
+        rows = _check_loads(tmp, item, answers_path)
+        tmp.replace(path)
         entry: dict[str, Any] = {
             "schema": item.schema,
-            "rows": _check_loads(path, item),
+            "rows": rows,
             "sha256": sha256_of(path),
             "source": item.source,
             "license": item.license,
@@ -106,8 +121,19 @@ def write_files(out: Path, items: list[DatasetFile], *, command: str, extra: dic
         files[item.name] = entry
     manifest = {"command": command, "written": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                 **(extra or {}), "files": files}
-    (out / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=False) + "\n", encoding="utf-8")
+    tmp_manifest = out / f".{MANIFEST}.partial"
+    tmp_manifest.write_text(json.dumps(manifest, indent=2, sort_keys=False) + "\n", encoding="utf-8")
+    tmp_manifest.replace(out / MANIFEST)
     return manifest
+
+
+def read_manifest(out: Path) -> dict:
+    """The manifest an earlier command wrote into `out` ({} when none, or unreadable)."""
+    try:
+        data = json.loads((out / MANIFEST).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
 
 
 def summary_lines(manifest: dict) -> list[str]:

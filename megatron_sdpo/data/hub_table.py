@@ -23,12 +23,12 @@ from pathlib import Path
 from typing import Any, Callable
 
 from megatron_sdpo.data.dataset_files import DatasetFile, question_key
+from megatron_sdpo.data.reference_rows import REFERENCE_COMMIT, REFERENCE_REPO
 from megatron_sdpo.errors import DataError, UserError
 
 VERIFIED = False  # flip after a first real fetch has confirmed every row of TABLE
 DATA_EXTRA = "pip install -e .[data]"
-TOOLALPACA_REPO = "lasgroup/SDPO"  # the reference's processed ToolAlpaca split lives in its repository
-TOOLALPACA_RAW = "https://raw.githubusercontent.com/lasgroup/SDPO/{ref}/{path}"
+GITHUB_RAW = "https://raw.githubusercontent.com/{repo}/{ref}/{path}"
 
 Rows = list[dict]
 Converted = dict[str, tuple[Rows, list[str]]]  # output file -> (rows, "id: reason" not converted)
@@ -47,7 +47,9 @@ class HubSet:
     config: str | None = None  # None: the default config; "*": every config (a "config" key is added)
     files: tuple[str, ...] = ()  # raw files fetched instead of a `datasets` split
     gated: bool = False
-    github: bool = False
+    github: str | None = None  # the commit of `repo` on GitHub the files are read at
+    package: tuple[str, str, str] | None = None  # (distribution, version, module): files from a wheel
+    split_rule: str = ""  # how the outputs are split or filtered (docs/data.md's table)
 
 
 # ----------------------------------------------------------------------------- conversions
@@ -81,23 +83,47 @@ def _dapo(rows: Rows) -> Converted:
     return {"dapo-math-17k.parquet": (_dedupe(rows, lambda r: json.dumps(r["prompt"], sort_keys=True)), [])}
 
 
+def _redux_answer(value: Any, n: int) -> int | None:
+    """MMLU-Redux's `correct_answer` as a choice index (an index or a letter), else None."""
+    text = str(value).strip() if value is not None else ""
+    if text.isdigit() and int(text) < n:
+        return int(text)
+    if len(text) == 1 and "A" <= text.upper() < chr(ord("A") + n):
+        return ord(text.upper()) - ord("A")
+    return None
+
+
 def _mmlu_redux(rows: Rows) -> Converted:
-    out = [{**r, "subject": r.get("config", ""), "source": "mmlu_redux"} for r in rows]
-    return {"mmlu_redux.jsonl": (out, [])}
+    """The MMLU-Redux authors' advice: evaluate on the questions annotated `ok`; a
+    `wrong_groundtruth` question whose annotators give the correct choice is kept with it; the
+    other error types (no or several correct answers, unclear question or options, expert) are
+    left out, each named."""
+    out, bad = [], []
+    seen: dict[str, int] = {}
+    for r in rows:
+        config = str(r.get("config", ""))
+        seen[config] = seen.get(config, -1) + 1
+        kind = str(r.get("error_type") or "ok")
+        rid = f"{config}/{seen[config]}"  # the row's place in its subject's split
+        if kind == "ok":
+            out.append({**r, "subject": r.get("config", ""), "source": "mmlu_redux"})
+            continue
+        fixed = _redux_answer(r.get("correct_answer"), len(r.get("choices") or [])) if kind == "wrong_groundtruth" else None
+        if fixed is None:
+            bad.append(f"{rid}: error_type {kind} (left out)")
+            continue
+        out.append({**r, "answer": fixed, "subject": r.get("config", ""), "source": "mmlu_redux"})
+    return {"mmlu_redux.jsonl": (out, bad)}
 
 
-def _sciknoweval(rows: Rows) -> Converted:
-    def keep(r: dict) -> bool:
-        details = r.get("details") or {}
-        level = details.get("level") if isinstance(details, dict) else None
-        return (str(r.get("domain", "")).lower() == "chemistry" and (level or r.get("level")) == "L3"
-                and r.get("type") in ("mcq-4-choices", "mcq-2-choices"))
-
-    # The set derives several MCQ variants from one question stem: one per stem, so that a stem
-    # never sits on both sides of the split.
-    picked = _dedupe([r for r in rows if keep(r)], lambda r: question_key(r["question"]))
-    train, test = _split(picked, lambda r: question_key(r["question"]))
-    return {"sciknoweval_chem_l3.jsonl": (train, []), "sciknoweval_chem_l3_test.jsonl": (test, [])}
+def _by_file(names: dict[str, str]) -> Callable[[Rows], Converted]:
+    """The reference's committed files as they are: each input file to its output file."""
+    def convert(rows: Rows) -> Converted:
+        out: Converted = {name: ([], []) for name in names.values()}
+        for r in rows:
+            out[names[r.pop("_file")]][0].append(r)
+        return out
+    return convert
 
 
 class _NoGlobals(pickle.Unpickler):
@@ -142,13 +168,6 @@ def _aime(name: str) -> Callable[[Rows], Converted]:
     return lambda rows: {f"{name}.jsonl": ([{**r, "source": name} for r in rows], [])}
 
 
-def _toolalpaca(rows: Rows) -> Converted:
-    by_file: dict[str, Rows] = {}
-    for r in rows:
-        by_file.setdefault(r.pop("_file"), []).append(r)
-    return {f"toolalpaca_{Path(f).stem}.jsonl": (rs, []) for f, rs in by_file.items()}
-
-
 TABLE: tuple[HubSet, ...] = (
     HubSet("dapo_math", "BytedTsinghua-SIA/DAPO-Math-17k", "train", ("prompt", "reward_model", "data_source"),
            "Apache-2.0", ("dapo-math-17k.parquet",), "dapo_math", _dapo),
@@ -162,16 +181,28 @@ TABLE: tuple[HubSet, ...] = (
            ("Question", "Correct Answer", "Incorrect Answer 1", "Incorrect Answer 2", "Incorrect Answer 3", "Record ID"),
            "CC-BY-4.0", ("gpqa_diamond.jsonl",), "gpqa", _one("gpqa_diamond.jsonl"), config="gpqa_diamond", gated=True),
     HubSet("mmlu_redux", "edinburgh-dawg/mmlu-redux-2.0", "test", ("question", "choices", "answer", "error_type"),
-           "CC-BY-4.0", ("mmlu_redux.jsonl",), "mmlu_redux", _mmlu_redux, config="*"),
-    HubSet("sciknoweval_chem_l3", "hicai-zju/SciKnowEval", "test",
-           ("question", "choices", "answerKey", "domain", "details", "type"), "MIT",
-           ("sciknoweval_chem_l3.jsonl", "sciknoweval_chem_l3_test.jsonl"), "sciknoweval", _sciknoweval),
-    HubSet("toolalpaca", TOOLALPACA_REPO, "", (), "Apache-2.0 (ToolAlpaca)",
-           ("toolalpaca_train.jsonl", "toolalpaca_test.jsonl"), "toolalpaca", _toolalpaca,
-           files=("datasets/tooluse/train.json", "datasets/tooluse/test.json"), github=True),
-    HubSet("bfcl_v4_multiple", "gorilla-llm/Berkeley-Function-Calling-Leaderboard", "", (), "Apache-2.0",
+           "CC-BY-4.0", ("mmlu_redux.jsonl",), "mmlu_redux", _mmlu_redux, config="*",
+           split_rule="every subject; `ok` rows, `wrong_groundtruth` rows with their corrected answer, the "
+                      "other error types left out"),
+    HubSet("sciknoweval_chem_l3", REFERENCE_REPO, "", (), "MIT (SciKnowEval); split: Apache-2.0 (lasgroup/SDPO)",
+           ("sciknoweval_chem_l3.jsonl", "sciknoweval_chem_l3_test.jsonl"), "sciknoweval",
+           _by_file({"datasets/sciknoweval/chemistry/train.json": "sciknoweval_chem_l3.jsonl",
+                     "datasets/sciknoweval/chemistry/test.json": "sciknoweval_chem_l3_test.jsonl"}),
+           files=("datasets/sciknoweval/chemistry/train.json", "datasets/sciknoweval/chemistry/test.json"),
+           github=REFERENCE_COMMIT,
+           split_rule="the reference's committed split: chemistry, L3, multiple choice; 90/10 with seed 42 in "
+                      "hub order (1,890 / 210)"),
+    HubSet("toolalpaca", REFERENCE_REPO, "", (), "Apache-2.0 (ToolAlpaca; lasgroup/SDPO)",
+           ("toolalpaca_train.jsonl", "toolalpaca_test.jsonl"), "toolalpaca",
+           _by_file({"datasets/tooluse/train.json": "toolalpaca_train.jsonl",
+                     "datasets/tooluse/test.json": "toolalpaca_test.jsonl"}),
+           files=("datasets/tooluse/train.json", "datasets/tooluse/test.json"), github=REFERENCE_COMMIT,
+           split_rule="the reference's committed train / test files (68 test rows)"),
+    HubSet("bfcl_v4_multiple", "bfcl-eval", "", (), "Apache-2.0",
            ("bfcl_v4_multiple.jsonl",), "bfcl_multiple", _one("bfcl_v4_multiple.jsonl"),
-           files=("BFCL_v4_multiple.json", "possible_answer/BFCL_v4_multiple.json")),
+           files=("data/BFCL_v4_multiple.json", "data/possible_answer/BFCL_v4_multiple.json"),
+           package=("bfcl-eval", "2026.3.23", "bfcl_eval"),
+           split_rule="BFCL v4 `multiple` with its possible answers, as the wheel ships them"),
     HubSet("livecodebench_v6", "livecodebench/code_generation_lite", "", (
         "question_id", "question_content", "public_test_cases", "private_test_cases", "metadata"),
            "CC-BY-4.0", ("livecodebench_v6.jsonl",), "livecodebench", _livecodebench, files=("test6.jsonl",)),
@@ -205,14 +236,28 @@ def _hub_error(hs: HubSet, exc: Exception) -> DataError:
 
 def _revision(hs: HubSet) -> str:
     if hs.github:
-        import urllib.request
-
-        url = f"https://api.github.com/repos/{hs.repo}/commits/main"
-        with urllib.request.urlopen(url, timeout=60) as resp:  # noqa: S310 - a fixed https URL
-            return str(json.load(resp)["sha"])
+        return hs.github  # pinned: the paper's files, whatever the repository holds today
     from huggingface_hub import HfApi
 
     return str(HfApi().dataset_info(hs.repo).sha)
+
+
+def _package_rows(hs: HubSet) -> tuple[Rows, dict[str, Any]]:
+    """A set shipped in a wheel (`make data` installs it): its files at the pinned version."""
+    from megatron_sdpo.data.benchmarks import package_dir
+
+    assert hs.package is not None
+    dist, version, module = hs.package
+    found = package_dir(dist, module)
+    if found is None:
+        raise DataError(f"{hs.name}: needs the {dist}=={version} package: run `make data` "
+                        f"(pip install --no-deps {dist}=={version})")
+    root, installed = found
+    if installed != version:
+        raise DataError(f"{hs.name}: {dist} {installed} is installed; the table reads {version} "
+                        f"(pip install --no-deps {dist}=={version})")
+    rows = [r for f in hs.files for r in _file_rows(hs, f, root / f)]
+    return rows, {"package": dist, "version": version, "path": f"{module}/{hs.files[0]}"}
 
 
 def _local_rows(hs: HubSet, root: Path) -> Rows:
@@ -243,7 +288,8 @@ def _hub_rows(hs: HubSet, revision: str) -> Rows:
         for f in hs.files:
             with tempfile.TemporaryDirectory() as tmp:
                 path = Path(tmp) / Path(f).name
-                urllib.request.urlretrieve(TOOLALPACA_RAW.format(ref=revision, path=f), path)  # noqa: S310
+                url = GITHUB_RAW.format(repo=hs.repo, ref=revision, path=f)
+                urllib.request.urlretrieve(url, path)  # noqa: S310 - a fixed https URL
                 rows += _file_rows(hs, f, path)
         return rows
     if hs.files:
@@ -276,7 +322,10 @@ def _file_rows(hs: HubSet, name: str, path: Path) -> Rows:
 
 
 def fetch(hs: HubSet, local_root: Path | None) -> tuple[Rows, dict[str, Any]]:
-    """(raw rows, manifest source) from the hub at its current revision, or from a local copy."""
+    """(raw rows, manifest source) from the hub at its current revision (GitHub files at their
+    pinned commit, a wheel's files at its pinned version), or from a local copy."""
+    if hs.package is not None:
+        return _package_rows(hs)
     if local_root is not None:
         rows = _local_rows(hs, local_root)
         digest = hashlib.sha256(json.dumps(rows, sort_keys=True, default=str).encode()).hexdigest()
@@ -333,8 +382,9 @@ def needed_sets(preset: str) -> tuple[list[HubSet], list[str]]:
     for domain in dict.fromkeys(s.domain for s in cfg.stages):
         dcfg = cfg.domains[domain]
         for src in [dcfg.train, *dcfg.eval.values()]:
-            if src.source != "synthetic" and Path(src.source).name not in names:
-                names.append(Path(src.source).name)
+            for path in src.files():
+                if Path(path).name not in names:
+                    names.append(Path(path).name)
     unknown = [n for n in names if n not in BY_OUTPUT]
     if unknown:
         raise DataError(f"preset {preset}: no hub dataset in the table writes {', '.join(unknown)}; "
@@ -347,27 +397,47 @@ def needed_sets(preset: str) -> tuple[list[HubSet], list[str]]:
 def convert_set(hs: HubSet, rows: Rows, source: dict[str, Any]) -> list[DatasetFile]:
     _check_columns(hs, rows)
     if hs.name == "bfcl_v4_multiple":
-        questions = [r for r in rows if not r["_file"].startswith("possible_answer/")]
-        answers = [{k: v for k, v in r.items() if k != "_file"} for r in rows if r["_file"].startswith("possible_answer/")]
+        questions = [r for r in rows if "possible_answer/" not in r["_file"]]
+        answers = [{k: v for k, v in r.items() if k != "_file"} for r in rows if "possible_answer/" in r["_file"]]
         questions = [{k: v for k, v in r.items() if k != "_file"} for r in questions]
-        return [DatasetFile(hs.outputs[0], hs.schema, questions, source, hs.license, answers=answers)]
+        return [DatasetFile(hs.outputs[0], hs.schema, questions, source, hs.license, answers=answers,
+                            note=hs.split_rule)]
     if hs.files and not hs.github:
         rows = [{k: v for k, v in r.items() if k != "_file"} for r in rows]
     out = []
     for name, (converted, bad) in hs.convert(rows).items():
         kept, refused = _loadable(converted, hs.schema)
-        out.append(DatasetFile(name, hs.schema, kept, source, hs.license, bad + refused))
+        out.append(DatasetFile(name, hs.schema, kept, source, hs.license, bad + refused, note=hs.split_rule))
     return out
 
 
-def prepare(preset: str, out: Path, *, local_root: Path | None = None) -> dict[str, Any]:
-    """`megatron-sdpo data prepare PRESET --out DIR`: fetch, convert, write; returns the manifest."""
+def prepare(preset: str, out: Path, *, local_root: Path | None = None, only: list[str] | None = None) -> dict[str, Any]:
+    """`megatron-sdpo data prepare PRESET --out DIR`: fetch, convert and write each set in turn.
+
+    Each set's files and manifest entries are written as it completes (the manifest keeps what
+    an earlier prepare into `out` wrote); a set that fails (network, gated, no rows) is recorded
+    under "failed" with one line and the others go on. `only`: these sets (by name) alone, e.g.
+    to retry one. Returns the manifest."""
     from megatron_sdpo.data.dataset_files import write_files
 
     sets, _ = needed_sets(preset)
-    files: list[DatasetFile] = []
-    for hs in sets:
-        rows, source = fetch(hs, local_root)
-        files += convert_set(hs, rows, source)
+    if only:
+        unknown = [n for n in only if n not in {hs.name for hs in sets}]
+        if unknown:
+            raise DataError(f"--only {', '.join(unknown)}: not a set preset {preset} reads; "
+                            f"it reads {', '.join(hs.name for hs in sets)}")
+        sets = [hs for hs in sets if hs.name in only]
     extra = {"preset": preset, "table_verified": VERIFIED}
-    return write_files(out, files, command=f"megatron-sdpo data prepare {preset}", extra=extra)
+    failed: dict[str, str] = {}
+    manifest: dict[str, Any] = {}
+    for hs in sets:
+        try:
+            rows, source = fetch(hs, local_root)
+            files = convert_set(hs, rows, source)
+            manifest = write_files(out, files, command=f"megatron-sdpo data prepare {preset}", extra=extra, merge=True)
+        except (DataError, UserError) as exc:
+            failed[hs.name] = str(exc).splitlines()[0]
+    if failed or not manifest:
+        manifest = write_files(out, [], command=f"megatron-sdpo data prepare {preset}", extra=extra, merge=True)
+    manifest["failed"] = failed
+    return manifest

@@ -16,6 +16,7 @@ import zlib
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+from megatron_sdpo.data import reference_rows
 from megatron_sdpo.data.records import LETTERS, validate_record
 from megatron_sdpo.errors import DataError
 
@@ -204,6 +205,8 @@ def _aime(row: dict, index: int, ctx: dict) -> dict:
 
 
 def _sciknoweval(row: dict, index: int, ctx: dict) -> dict:
+    if isinstance(row, dict) and "choices" not in row and "prompt" in row:
+        return _sciknoweval_reference(row, index)
     choices = _get(row, "choices")
     if not isinstance(choices, dict) or not isinstance(choices.get("text"), list):
         raise RowError("field 'choices' must be {\"text\": [...], \"label\": [...]}")
@@ -223,6 +226,19 @@ def _sciknoweval(row: dict, index: int, ctx: dict) -> dict:
     if isinstance(row.get("domain"), str):
         rec["subject"] = row["domain"]
     return rec
+
+
+def _sciknoweval_reference(row: dict, index: int) -> dict:
+    """The reference's committed split: the question and choices read back from its prompt."""
+    try:
+        question, texts = reference_rows.mcq_from_prompt(str(_get(row, "prompt")))
+    except reference_rows.ReferenceRowError as exc:
+        raise RowError(str(exc)) from None
+    key = str(_get(row, "answer")).strip()
+    if key not in LETTERS[: len(texts)]:
+        raise RowError(f"answer {key!r} is not one of the choices' letters {list(LETTERS[: len(texts)])}")
+    return {"id": _row_id(row, "sciknoweval", index, "id", "idx"), "domain": "science",
+            "prompt": _mcq_prompt(question, texts), "choices": texts, "answer": key, "source": "sciknoweval"}
 
 
 def _gpqa(row: dict, index: int, ctx: dict) -> dict:
@@ -304,12 +320,21 @@ def _tool_docs(value: Any) -> list[dict]:
 
 
 def _toolalpaca(row: dict, index: int, ctx: dict) -> dict:
-    tools = _tool_docs(_get(row, "tools", "functions"))
-    question = str(_get(row, "instruction", "question"))
+    """ToolAlpaca in the reference's rows (the rendered ReAct prompt, kept as the paper trains on
+    it; the tools read back from its documentation block), or with `tools` and `instruction`."""
+    if isinstance(row, dict) and "tools" not in row and "functions" not in row and "prompt" in row:
+        prompt = str(_get(row, "prompt"))
+        try:
+            tools, _ = reference_rows.tool_docs_from_prompt(prompt), reference_rows.tool_question(prompt)
+        except reference_rows.ReferenceRowError as exc:
+            raise RowError(str(exc)) from None
+    else:
+        tools = _tool_docs(_get(row, "tools", "functions"))
+        prompt = tool_prompt(str(_get(row, "instruction", "question")), tools)
     return {
-        "id": _row_id(row, "toolalpaca", index, "id"),
+        "id": _row_id(row, "toolalpaca", index, "id", "idx"),
         "domain": "tooluse",
-        "prompt": tool_prompt(question, tools),
+        "prompt": prompt,
         "tools": tools,
         "answer": _norm_calls(_get(row, "answer", "Golden_Answers")),
         "source": "toolalpaca",

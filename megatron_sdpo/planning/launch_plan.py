@@ -141,7 +141,7 @@ def resolve_arch(cfg: RunConfig) -> tuple[Arch | None, ModelSpec | None, list[st
 
 @dataclass
 class DataCheck:
-    where: str  # domains.<d>.<split>
+    where: str  # domains.<d>.<split> (synthetic), else with .source or .extra_files
     source: str
     schema: str
     status: str  # "synthetic" | "ok (N rows checked)" | "missing"
@@ -176,14 +176,16 @@ def check_data(cfg: RunConfig) -> tuple[list[DataCheck], list[str]]:
             # Eval splits may hold other domains' sets (out-of-domain evaluation).
             if split == "train" and schema_domain is not None and schema_domain != domain:
                 raise DataError(f"{where}: schema {src.schema!r} yields {schema_domain!r} records, not {domain!r}")
-            if not os.path.isfile(src.source):
-                checks.append(DataCheck(where, src.source, src.schema, "missing"))
-                warnings.append(f"{where}.source: data file not found here: {src.source}{prepare_hint(cfg, src.source)}")
-                continue
-            recs = load_records(src.source, src.schema, limit=SCHEMA_CHECK_ROWS, seed=cfg.seed)
-            if not recs:
-                raise DataError(f"{where}: {src.source} holds no records in schema {src.schema!r}")
-            checks.append(DataCheck(where, src.source, src.schema, f"ok ({len(recs)} rows checked)"))
+            for path in src.files():
+                key = f"{where}.source" if path == src.source else f"{where}.extra_files"
+                if not os.path.isfile(path):
+                    checks.append(DataCheck(key, path, src.schema, "missing"))
+                    warnings.append(f"{key}: data file not found here: {path}{prepare_hint(cfg, path)}")
+                    continue
+                recs = load_records(path, src.schema, limit=SCHEMA_CHECK_ROWS, seed=cfg.seed)
+                if not recs:
+                    raise DataError(f"{key}: {path} holds no records in schema {src.schema!r}")
+                checks.append(DataCheck(key, path, src.schema, f"ok ({len(recs)} rows checked)"))
     return checks, warnings
 
 
@@ -240,6 +242,7 @@ class LaunchPlan:
         else:
             lines += self._model_lines(self.arch, g)
         lines.append("data: " + self._data_summary())
+        lines += [f"data: {d.where} {d.source} ({d.schema}): {d.status}" for d in self.data if d.status != "synthetic"]
         lines += [f"note: {n}" for n in self.notes]
         lines += [f"warning: {w}" for w in self.warnings]
         return "\n".join(lines)
@@ -394,7 +397,7 @@ def preflight_errors(cfg: RunConfig, p: LaunchPlan) -> list[str]:
     from megatron_sdpo.models.tiny import VARIANTS
 
     errors = [
-        f"{d.where}.source: data file not found: {d.source}{prepare_hint(cfg, d.source)}"
+        f"{d.where}: data file not found: {d.source}{prepare_hint(cfg, d.source)}"
         for d in p.data if d.status == "missing"
     ]
     path = cfg.model.path

@@ -12,7 +12,9 @@ from megatron_sdpo.data.loaders import load_records
 from megatron_sdpo.errors import DataError, UserError
 
 datasets = pytest.importorskip("datasets", reason="`data prepare` needs the data extra: make data")
+pytest.importorskip("bfcl_eval", reason="BFCL v4 comes from the bfcl-eval wheel: make data")
 FIX = Path(__file__).resolve().parents[2] / "fixtures" / "data"
+REF = FIX / "reference"
 
 
 def _jsonl(path: Path, rows: list[dict]) -> None:
@@ -23,11 +25,6 @@ def _jsonl(path: Path, rows: list[dict]) -> None:
 def _fixture(name: str) -> list[dict]:
     text = (FIX / name).read_text(encoding="utf-8")
     return json.loads(text) if text.lstrip().startswith("[") else [json.loads(x) for x in text.splitlines() if x.strip()]
-
-
-def _sci(i: int, question: str, domain="Chemistry", level="L3", kind="mcq-4-choices") -> dict:
-    return {"question": question, "choices": {"text": ["a", "b", "c", "d"], "label": ["A", "B", "C", "D"]},
-            "answerKey": "ABCD"[i % 4], "domain": domain, "details": {"level": level, "task": "t"}, "type": kind}
 
 
 @pytest.fixture(scope="module")
@@ -42,21 +39,21 @@ def hub(tmp_path_factory) -> Path:
     _jsonl(root / "Idavidrein/gpqa/gpqa_diamond/train.jsonl", _fixture("gpqa.json"))
     mm = _fixture("mmlu_redux.jsonl")
     _jsonl(root / "edinburgh-dawg/mmlu-redux-2.0/anatomy/test.jsonl", mm[:1])
-    _jsonl(root / "edinburgh-dawg/mmlu-redux-2.0/virology/test.jsonl", mm[1:])
-    sci = [_sci(i, f"Chemistry question {i}?") for i in range(20)]
-    sci += [_sci(0, "Chemistry question 0?", kind="mcq-2-choices"),  # a variant of a stem already in
-            _sci(1, "A biology question?", domain="Biology"), _sci(2, "An L2 question?", level="L2"),
-            _sci(3, "A true/false question?", kind="true_or_false")]
-    _jsonl(root / "hicai-zju/SciKnowEval/test.jsonl", sci)
-    ta = _fixture("toolalpaca.jsonl")
-    for name, rows in (("train", ta[:1]), ("test", ta[1:])):
-        p = root / "lasgroup/SDPO/datasets/tooluse" / f"{name}.json"
-        p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_text(json.dumps(rows), encoding="utf-8")
-    bfcl = root / "gorilla-llm/Berkeley-Function-Calling-Leaderboard"
-    (bfcl / "possible_answer").mkdir(parents=True)
-    for rel in ("BFCL_v4_multiple.json", "possible_answer/BFCL_v4_multiple.json"):
-        (bfcl / rel).write_text((FIX / "bfcl" / rel).read_text())
+    _jsonl(root / "edinburgh-dawg/mmlu-redux-2.0/virology/test.jsonl", mm[1:] + [
+        {**mm[0], "question": "Corrected?", "error_type": "wrong_groundtruth", "correct_answer": "A"},
+        {**mm[0], "question": "No answer?", "error_type": "no_correct_answer", "correct_answer": None}])
+    _jsonl(root / "math-ai/aime25/test.jsonl", [{"id": f"2025-{i}", "problem": f"Problem {i}: compute {i} * 3.",
+                                                  "answer": str(3 * i)} for i in range(2)])
+    # The reference's committed files (rows cut from lasgroup/SDPO at the pinned commit, REF). Its
+    # ToolAlpaca train.json is not in the fixtures: its test rows stand in for it.
+    ref = root / "lasgroup/SDPO/datasets"
+    for split in ("train", "test"):
+        (ref / "sciknoweval/chemistry").mkdir(parents=True, exist_ok=True)
+        (ref / f"sciknoweval/chemistry/{split}.json").write_text((REF / f"sciknoweval_chemistry_{split}.json").read_text())
+    (ref / "tooluse").mkdir(parents=True, exist_ok=True)
+    tool_rows = (REF / "tooluse_test.json").read_text().splitlines(keepends=True)
+    (ref / "tooluse/train.json").write_text("".join(tool_rows[:2]))
+    (ref / "tooluse/test.json").write_text("".join(tool_rows))
     _jsonl(root / "livecodebench/code_generation_lite/test6.jsonl",
            _fixture("livecodebench.jsonl") + _fixture("livecodebench_pickled.jsonl"))
     dolci = _fixture("dolci_code.jsonl")
@@ -85,7 +82,9 @@ def test_prepare_writes_every_file_the_preset_reads(prepared):
             assert recs and recs.skipped == [], src.source
             assert manifest["files"][path.name]["rows"] == len(recs)
     assert manifest["table_verified"] is False and manifest["preset"] == "qwen3_4b"
-    assert all(f["source"]["revision"].startswith("local copy") for f in manifest["files"].values())
+    # Every set from the local copy, BFCL v4 from its wheel.
+    assert all(f["source"].get("revision", "").startswith("local copy") or f["source"].get("package") == "bfcl-eval"
+               for f in manifest["files"].values())
     assert (out / "possible_answer" / "bfcl_v4_multiple.jsonl").is_file()
 
 
@@ -93,11 +92,20 @@ def test_prepare_conversions(prepared):
     out, manifest = prepared
     assert manifest["files"]["dapo-math-17k.parquet"]["rows"] == 2  # the repeats removed
     redux = load_records(out / "mmlu_redux.jsonl", "mmlu_redux")
-    assert sorted(r["subject"] for r in redux) == ["anatomy", "virology"]
+    # `ok` rows and the corrected `wrong_groundtruth` one (answer A); `no_correct_answer` left out.
+    assert sorted(r["subject"] for r in redux) == ["anatomy", "virology", "virology"]
+    assert [r["answer"] for r in redux if r["prompt"].startswith("Corrected?")] == ["A"]
+    assert manifest["files"]["mmlu_redux.jsonl"]["unconverted"]["items"] == ["virology/2: error_type no_correct_answer (left out)"]
     train = load_records(out / "sciknoweval_chem_l3.jsonl", "sciknoweval")
     test = load_records(out / "sciknoweval_chem_l3_test.jsonl", "sciknoweval")
-    assert (len(train), len(test)) == (18, 2)  # 20 chemistry L3 stems, 90/10; others filtered out
-    assert not {r["prompt"] for r in train} & {r["prompt"] for r in test}
+    # The reference's committed split, file for file.
+    assert [r["id"] for r in train] == [str(json.loads(x)["idx"]) for x in (REF / "sciknoweval_chemistry_train.json").read_text().splitlines()]
+    assert (len(train), len(test)) == (3, 3)
+    assert manifest["files"]["sciknoweval_chem_l3.jsonl"]["source"]["revision"].startswith("local copy")
+    assert len(load_records(out / "toolalpaca_test.jsonl", "toolalpaca")) == 4
+    assert manifest["files"]["bfcl_v4_multiple.jsonl"]["source"] == {
+        "package": "bfcl-eval", "version": "2026.3.23", "path": "bfcl_eval/data/BFCL_v4_multiple.json"}
+    assert manifest["files"]["aime25.jsonl"]["rows"] == 2 and manifest["failed"] == {}
     lcb = load_records(out / "livecodebench_v6.jsonl", "livecodebench")
     assert len(lcb) == 3  # the pickled private tests were read (no globals allowed) into JSON
     dolci_train = load_records(out / "dolci_think_rl_code.jsonl", "dolci_code")
@@ -159,5 +167,35 @@ def test_cli_and_dry_run_name_the_command(hub, tmp_path, monkeypatch, capsys):
     assert "megatron-sdpo data prepare qwen3_4b --out data" in err
     assert main(["data", "prepare", "qwen3_4b", "--out", "data", "--from", str(hub)]) == 0
     assert "manifest: data/manifest.json" in capsys.readouterr().out
-    main(["run", "qwen3_4b", "--dry-run", "--strict", "--world-size", "2"])
-    assert "data file not found" not in capsys.readouterr().err
+    main(["run", "qwen3_4b", "--dry-run", "--strict", "--world-size", "8"])
+    out, err = capsys.readouterr()
+    assert "data file not found" not in err
+    # Every file the stages read is listed as parsed, AIME 2025 (an extra file of math's ID eval) too.
+    assert "data: domains.math.eval.id.extra_files data/aime25.jsonl (aime): ok" in out
+    listed = [line for line in out.splitlines() if line.startswith("data: domains.")]
+    assert len(listed) == 21 and all(": ok (" in line for line in listed)
+
+
+def test_a_failed_set_is_one_line_and_the_others_are_written(hub, tmp_path, capsys):
+    import shutil
+
+    from megatron_sdpo.cli import main
+
+    broken = tmp_path / "hub"
+    shutil.copytree(hub, broken)
+    shutil.rmtree(broken / "Idavidrein/gpqa")  # e.g. gated, or the network dropped midway
+    out = tmp_path / "data"
+    assert main(["data", "prepare", "qwen3_4b", "--out", str(out), "--from", str(broken)]) == 1
+    err = capsys.readouterr().err.splitlines()
+    assert err[0].startswith("error: set gpqa_diamond failed: gpqa_diamond: no local copy of Idavidrein/gpqa")
+    assert err[1] == f"retry with: megatron-sdpo data prepare qwen3_4b --out {out} --only gpqa_diamond"
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert "gpqa_diamond.jsonl" not in manifest["files"] and not (out / "gpqa_diamond.jsonl").exists()
+    assert {"aime24.jsonl", "toolalpaca_test.jsonl", "dolci_think_rl_code.jsonl"} <= set(manifest["files"])
+    assert not list(out.glob(".*partial*"))
+    # The retry writes that set alone and keeps the others' entries.
+    assert main(["data", "prepare", "qwen3_4b", "--out", str(out), "--from", str(hub), "--only", "gpqa_diamond"]) == 0
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert "gpqa_diamond.jsonl" in manifest["files"] and "aime24.jsonl" in manifest["files"]
+    assert main(["data", "prepare", "qwen3_4b", "--out", str(out), "--only", "gpqa"]) == 2
+    assert "--only gpqa: not a set preset qwen3_4b reads" in capsys.readouterr().err
