@@ -48,8 +48,12 @@ class HubSet:
     files: tuple[str, ...] = ()  # raw files fetched instead of a `datasets` split
     gated: bool = False
     github: str | None = None  # the commit of `repo` on GitHub the files are read at
+    revision: str | None = None  # a pinned hub revision (None: the current one, recorded)
     package: tuple[str, str, str] | None = None  # (distribution, version, module): files from a wheel
     split_rule: str = ""  # how the outputs are split or filtered (docs/data.md's table)
+    # Rows whose key was seen already are dropped while the split is read (the DAPO file repeats
+    # each problem ~100 times: 1.8M rows that are never held at once).
+    unique: Callable[[dict], str] | None = None
 
 
 # ----------------------------------------------------------------------------- conversions
@@ -78,9 +82,14 @@ def _one(name: str) -> Callable[[Rows], Converted]:
     return lambda rows: {name: (rows, [])}
 
 
+def _dapo_key(row: dict) -> str:
+    return json.dumps(row.get("prompt"), sort_keys=True)
+
+
 def _dapo(rows: Rows) -> Converted:
-    # The hub file repeats each of its ~17k problems many times: one copy each.
-    return {"dapo-math-17k.parquet": (_dedupe(rows, lambda r: json.dumps(r["prompt"], sort_keys=True)), [])}
+    # The hub file repeats each of its ~17k problems many times: one copy each (already while
+    # reading, HubSet.unique; again here for rows handed in directly).
+    return {"dapo-math-17k.parquet": (_dedupe(rows, _dapo_key), [])}
 
 
 def _redux_answer(value: Any, n: int) -> int | None:
@@ -148,9 +157,21 @@ def _lcb_private(value: Any) -> Any:
     return data if isinstance(data, str) else json.dumps(data)
 
 
+# The reference evaluates on the problems of contests from this date on (its
+# data/utils/livecodebench.py: LCB_TEST_CUTOFF), at the hub revision below.
+LCB_WINDOW_START = "2025-02-01"
+LCB_REVISION = "refs/pr/6"
+
+
 def _livecodebench(rows: Rows) -> Converted:
     out, bad = [], []
     for r in rows:
+        date = str(r.get("contest_date") or "")
+        if not date:
+            bad.append(f"{r.get('question_id', '?')}: no contest_date")
+            continue
+        if date[:10] < LCB_WINDOW_START:
+            continue  # before the reference's window: not part of the set
         try:
             out.append({**r, "private_test_cases": _lcb_private(r.get("private_test_cases"))})
         except Exception as exc:  # a malformed or non-data pickle: named, not fatal
@@ -170,7 +191,8 @@ def _aime(name: str) -> Callable[[Rows], Converted]:
 
 TABLE: tuple[HubSet, ...] = (
     HubSet("dapo_math", "BytedTsinghua-SIA/DAPO-Math-17k", "train", ("prompt", "reward_model", "data_source"),
-           "Apache-2.0", ("dapo-math-17k.parquet",), "dapo_math", _dapo),
+           "Apache-2.0", ("dapo-math-17k.parquet",), "dapo_math", _dapo, unique=_dapo_key,
+           split_rule="one copy per problem (the hub file repeats them)"),
     HubSet("aime24", "HuggingFaceH4/aime_2024", "train", ("problem", "answer"), "MAA competition problems",
            ("aime24.jsonl",), "aime", _aime("aime24")),
     HubSet("aime25", "math-ai/aime25", "test", ("problem", "answer"), "MAA competition problems",
@@ -204,8 +226,10 @@ TABLE: tuple[HubSet, ...] = (
            package=("bfcl-eval", "2026.3.23", "bfcl_eval"),
            split_rule="BFCL v4 `multiple` with its possible answers, as the wheel ships them"),
     HubSet("livecodebench_v6", "livecodebench/code_generation_lite", "", (
-        "question_id", "question_content", "public_test_cases", "private_test_cases", "metadata"),
-           "CC-BY-4.0", ("livecodebench_v6.jsonl",), "livecodebench", _livecodebench, files=("test6.jsonl",)),
+        "question_id", "question_content", "public_test_cases", "private_test_cases", "metadata", "contest_date"),
+           "CC-BY-4.0", ("livecodebench_v6.jsonl",), "livecodebench", _livecodebench, files=("test6.jsonl",),
+           revision=LCB_REVISION,
+           split_rule=f"the reference's window: contests from {LCB_WINDOW_START} on, at hub revision {LCB_REVISION}"),
     HubSet("dolci_code", "allenai/Dolci-Think-RL-7B", "train", ("prompt", "ground_truth", "dataset"), "ODC-BY-1.0",
            ("dolci_think_rl_code.jsonl", "dolci_think_rl_code_test.jsonl"), "dolci_code", _dolci_code),
     HubSet("zebralogic", "WildEval/ZebraLogic", "test", ("id", "puzzle", "solution"), "CC-BY-4.0",
@@ -237,6 +261,8 @@ def _hub_error(hs: HubSet, exc: Exception) -> DataError:
 def _revision(hs: HubSet) -> str:
     if hs.github:
         return hs.github  # pinned: the paper's files, whatever the repository holds today
+    if hs.revision:
+        return hs.revision
     from huggingface_hub import HfApi
 
     return str(HfApi().dataset_info(hs.repo).sha)
@@ -276,8 +302,23 @@ def _local_rows(hs: HubSet, root: Path) -> Rows:
                 ds = datasets.load_dataset(str(folder), split=hs.split, cache_dir=cache)
             except Exception as exc:
                 raise DataError(f"{hs.name}: cannot read the local copy {folder}: {str(exc).splitlines()[0][:300]}") from None
-            rows += [{**r, "config": config} if hs.config == "*" else dict(r) for r in ds]
+            rows += _collect(hs, ds, config)
     return rows
+
+
+def _collect(hs: HubSet, ds, config: str | None) -> Rows:
+    """The split's rows as dicts (each tagged with its config for a every-config set), repeats
+    of `hs.unique`'s key dropped as they stream by."""
+    seen: set[str] = set()
+    out: Rows = []
+    for r in ds:
+        if hs.unique is not None:
+            key = hs.unique(r)
+            if key in seen:
+                continue
+            seen.add(key)
+        out.append({**r, "config": config} if hs.config == "*" else dict(r))
+    return out
 
 
 def _hub_rows(hs: HubSet, revision: str) -> Rows:
@@ -302,7 +343,7 @@ def _hub_rows(hs: HubSet, revision: str) -> Rows:
     rows = []
     for config in configs:
         ds = datasets.load_dataset(hs.repo, config, split=hs.split, revision=revision)
-        rows += [{**r, "config": config} if hs.config == "*" else dict(r) for r in ds]
+        rows += _collect(hs, ds, config)
     return rows
 
 

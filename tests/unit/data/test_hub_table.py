@@ -54,8 +54,10 @@ def hub(tmp_path_factory) -> Path:
     tool_rows = (REF / "tooluse_test.json").read_text().splitlines(keepends=True)
     (ref / "tooluse/train.json").write_text("".join(tool_rows[:2]))
     (ref / "tooluse/test.json").write_text("".join(tool_rows))
-    _jsonl(root / "livecodebench/code_generation_lite/test6.jsonl",
-           _fixture("livecodebench.jsonl") + _fixture("livecodebench_pickled.jsonl"))
+    lcb = [{**r, "contest_date": "2025-03-0%dT00:00:00" % i}
+           for i, r in enumerate(_fixture("livecodebench.jsonl") + _fixture("livecodebench_pickled.jsonl"))]
+    lcb.append({**lcb[0], "question_id": "early", "contest_date": "2025-01-31T00:00:00"})  # before the window
+    _jsonl(root / "livecodebench/code_generation_lite/test6.jsonl", lcb)
     dolci = _fixture("dolci_code.jsonl")
     dolci += [{**dolci[0], "id": f"extra{i}", "prompt": [{"role": "user", "content": f"Task {i}: print {i}."}]} for i in range(8)]
     dolci.append({"id": "m1", "prompt": "What is 1+1?", "ground_truth": "2", "dataset": "dolci_math"})
@@ -107,7 +109,9 @@ def test_prepare_conversions(prepared):
         "package": "bfcl-eval", "version": "2026.3.23", "path": "bfcl_eval/data/BFCL_v4_multiple.json"}
     assert manifest["files"]["aime25.jsonl"]["rows"] == 2 and manifest["failed"] == {}
     lcb = load_records(out / "livecodebench_v6.jsonl", "livecodebench")
-    assert len(lcb) == 3  # the pickled private tests were read (no globals allowed) into JSON
+    # The pickled private tests were read (no globals allowed) into JSON; the problem from before the
+    # reference's window (2025-02-01) is not part of the set.
+    assert len(lcb) == 3 and "early" not in {r["id"] for r in lcb}
     dolci_train = load_records(out / "dolci_think_rl_code.jsonl", "dolci_code")
     dolci_test = load_records(out / "dolci_think_rl_code_test.jsonl", "dolci_code")
     # 9 code rows; the math row and the row naming no dataset are left out
@@ -144,7 +148,7 @@ def test_unsafe_pickle_is_refused():
     import zlib
 
     blob = base64.b64encode(zlib.compress(pickle.dumps(os.path.join))).decode()  # a global reference
-    out = hub_table._livecodebench([{"question_id": "q9", "private_test_cases": blob}])
+    out = hub_table._livecodebench([{"question_id": "q9", "private_test_cases": blob, "contest_date": "2025-03-01"}])
     rows, bad = out["livecodebench_v6.jsonl"]
     assert rows == [] and bad == ["q9: private tests unreadable (UnpicklingError)"]
 
