@@ -14,7 +14,7 @@ from typing import Optional
 import numpy as np
 
 from megatron_sdpo.data.records import DOMAINS
-from megatron_sdpo.study import item_noise, stats
+from megatron_sdpo.study import inference, item_noise, paper, stats
 from megatron_sdpo.study.metrics import FINDINGS, METRICS, Metric, RunView, resampled_matrix, run_metrics
 
 
@@ -36,6 +36,8 @@ class Comparison:
     summary: Optional[stats.PairedSummary]
     boot: Optional[tuple[float, float]]
     verdict: str
+    direction: Optional[int] = None  # the paper's, against this baseline (study/paper.py)
+    judgement: Optional[inference.Judgement] = None  # primary / Holm level, its interval, adjusted p
 
 
 def load_runs(entries: list[tuple[str, Optional[int], Path]], wall: dict[str, float]) -> list[StudyRun]:
@@ -66,6 +68,14 @@ def _mean(vals: list[Optional[float]]) -> Optional[float]:
     return math.fsum(got) / len(got) if got else None
 
 
+def shared_items(by_seed: dict[int, dict[str, StudyRun]], seeds: list[int]) -> bool:
+    """Whether every seed answered the same eval items (every column the same item count in every
+    run: the exhaustive splits, `n: 0`). Then the bootstrap is crossed: one item draw per
+    replicate shared by all seeds; else each seed's items are drawn on their own."""
+    counts = {tuple(sorted(r.view.item_counts.items())) for s in seeds for r in by_seed[s].values()}
+    return len(counts) == 1
+
+
 def _bootstrap(
     by_seed: dict[int, dict[str, StudyRun]], baseline: str, arms: list[str], n_boot: int
 ) -> dict[tuple[str, str], tuple[float, float]]:
@@ -82,21 +92,15 @@ def _bootstrap(
             return np.full(len(METRICS), np.nan)
         return np.array([np.nan if run.values[m.name] is None else run.values[m.name] for m in METRICS])
 
-    def replicate(seed: int, rng: Optional[np.random.Generator]) -> np.ndarray:
+    def replicate(seed: int, draws: Optional[inference.ItemDraws]) -> np.ndarray:
         runs = by_seed[seed]
-        draws: dict[tuple[str, int], np.ndarray] = {}
         rows = []
         for arm in [baseline, *arms]:
             run = runs.get(arm)
             vec = point(run)
-            if run is not None and rng is not None and run.view.item_scores:
+            if run is not None and draws is not None and run.view.item_scores:
                 first = next(iter(run.view.item_scores.values()))
-                picks = {}
-                for col, items in first.items():
-                    key = (col, len(items))
-                    if key not in draws:
-                        draws[key] = rng.integers(0, len(items), len(items))
-                    picks[col] = draws[key]
+                picks = {col: draws.get((col, len(items)), len(items)) for col, items in first.items()}
                 view = run.view.with_matrix(resampled_matrix(run.view, picks))
                 for m in item_metrics:
                     value = m.fn(view)
@@ -108,7 +112,7 @@ def _bootstrap(
         return {}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN slices: metrics a run lacks
-        lo, hi = stats.hierarchical_bootstrap(seeds, replicate, n_boot=n_boot)
+        lo, hi = inference.bootstrap(seeds, replicate, crossed=shared_items(by_seed, seeds), n_boot=n_boot)
     out = {}
     for i, arm in enumerate(arms):
         for m in METRICS:
@@ -119,7 +123,9 @@ def _bootstrap(
 
 
 def compare_arms(runs: list[StudyRun], baseline: str, arms: list[str], *, n_boot: int = 1000) -> list[Comparison]:
-    """Every metric of every arm against `baseline`, paired by seed."""
+    """Every metric of every arm against `baseline`, paired by seed; per finding and arm, the
+    primary metric judged at 95% and the secondaries at Holm's levels (study/inference.py),
+    with the paper's directions where `baseline` is the paper's (study/paper.py)."""
     by_seed: dict[int, dict[str, StudyRun]] = {}
     for r in runs:
         by_seed.setdefault(r.seed if r.seed is not None else 0, {})[r.arm] = r
@@ -128,6 +134,7 @@ def compare_arms(runs: list[StudyRun], baseline: str, arms: list[str], *, n_boot
     out = []
     for m in METRICS:
         base_vals = [r.values[m.name] for r in runs if r.arm == baseline]
+        direction = paper.direction(m.name, baseline)
         for arm in others:
             diffs = []
             for group in by_seed.values():
@@ -135,13 +142,20 @@ def compare_arms(runs: list[StudyRun], baseline: str, arms: list[str], *, n_boot
                 if a is not None and b is not None and None not in (a.values[m.name], b.values[m.name]):
                     diffs.append(a.values[m.name] - b.values[m.name])  # type: ignore[operator]
             summary = stats.paired_summary(diffs) if diffs else None
-            verdict = stats.verdict(summary, m.direction) if summary else (
-                stats.DESCRIPTIVE if m.direction is None else stats.INCONCLUSIVE
-            )
             out.append(Comparison(
                 m, arm, _mean([r.values[m.name] for r in runs if r.arm == arm]), _mean(base_vals),
-                summary, boot.get((arm, m.name)), verdict,
+                summary, boot.get((arm, m.name)), stats.DESCRIPTIVE if direction is None else stats.INCONCLUSIVE,
+                direction,
             ))
+    for key in FINDINGS:
+        for arm in others:
+            mine = [c for c in out if c.metric.finding == key and c.arm == arm]
+            names = [c.metric.name for c in mine]
+            primary = names.index(paper.PRIMARY[key]) if paper.PRIMARY.get(key) in names else 0
+            judged = inference.judge_finding([c.summary for c in mine], [c.direction for c in mine],
+                                             [c.metric.margin for c in mine], primary)
+            for c, j in zip(mine, judged):
+                c.judgement, c.verdict = j, j.verdict
     return out
 
 
@@ -165,9 +179,9 @@ def _signs(c: Comparison) -> str:
     s = c.summary
     if s is None:
         return "–"
-    if c.metric.direction is None:
+    if c.direction is None:
         return f"+{s.positive} −{s.negative} of {s.n}"
-    agree = s.positive if c.metric.direction > 0 else s.negative
+    agree = s.positive if c.direction > 0 else s.negative
     return f"{agree}/{s.n}"
 
 
@@ -175,7 +189,7 @@ def pilot_rows(comparisons: list[Comparison], detect: float) -> list[list[str]]:
     rows = []
     for c in comparisons:
         s = c.summary
-        if c.metric.direction is None or s is None or s.sd is None:
+        if c.direction is None or s is None or s.sd is None:
             continue
         rows.append([c.metric.name, c.arm, _f(s.mean), _f(s.sd), str(stats.seeds_needed(s.sd, detect))])
     return rows
@@ -206,12 +220,16 @@ def write_markdown(
     )
     lines += [
         "",
-        "Δ = arm − baseline per seed, averaged. 95% t-interval: mean ± t(0.975, n−1)·sd/√n. Bootstrap: "
-        f"{n_boot} replicates drawing seeds, then each seed's eval items (one draw per seed shared by the arms); "
+        "Δ = arm − baseline per seed, averaged. t-interval: mean ± t((1+L)/2, n−1)·sd/√n at the level L a metric "
+        "is judged at: 95% for each finding's primary metric (study/paper.py), Holm's step-down level over the "
+        "finding's other metrics that have a paper direction (p (Holm): the adjusted two-sided p). Bootstrap: "
+        f"{n_boot} replicates drawing seeds and eval items (one item draw per replicate shared by every seed when "
+        "the seeds answer the same items, crossed; else one per seed; both arms of a seed on the same items); "
         "metrics not read from the eval matrix keep their run's value (seeds only). Verdict: *established* when "
-        "the t-interval excludes 0 in the paper's direction and at least 5/6 of the seeds agree in sign; "
-        "*contradicted* when the same holds in the opposite direction; *inconclusive* otherwise; "
-        "*descriptive* where the paper states no direction.",
+        "the interval excludes 0 in the paper's direction and at least 5/6 of the seeds agree in sign; "
+        "*contradicted* when the same holds in the opposite direction; *equivalent* (accuracy-type metrics) when "
+        f"two one-sided tests reject a difference of {inference.ACCURACY_MARGIN:g} or more; *inconclusive* "
+        "otherwise; *descriptive* where the paper states no number (or the baseline is not GRPO, the paper's).",
         "",
         "## Arms",
         "",
@@ -235,16 +253,20 @@ def write_markdown(
             lines += [f"### {key}", "", f"Paper: {claim}.", ""]
             rows = []
             for c in mine:
-                paper = {1: f"> {baseline}", -1: f"< {baseline}", None: "–"}[c.metric.direction]
-                s = c.summary
+                direction = {1: f"> {baseline}", -1: f"< {baseline}", None: "–"}[c.direction]
+                s, j = c.summary, c.judgement
+                role = "primary" if j is not None and j.primary else "secondary"
+                level = f"{100 * j.level:.2f}%".replace(".00%", "%") if j is not None else "–"
                 rows.append([
-                    f"`{c.metric.name}`", c.arm, _f(c.arm_mean), _f(c.base_mean),
-                    _f(s.mean) if s else "–", _interval(s.lo, s.hi) if s else "–",
-                    _interval(*c.boot) if c.boot else "–", _signs(c), paper, f"*{c.verdict}*",
+                    f"`{c.metric.name}`", role, c.arm, _f(c.arm_mean), _f(c.base_mean),
+                    _f(s.mean) if s else "–", f"{_interval(j.lo, j.hi) if j else '–'} ({level})",
+                    _interval(*c.boot) if c.boot else "–", _signs(c),
+                    _f(j.p_adjusted) if j is not None and j.p_adjusted is not None else "–", direction,
+                    f"*{c.verdict}*",
                 ])
             lines += _table(
-                ["metric", "arm", "arm mean", f"{baseline} mean", "Δ mean", "95% t-interval",
-                 "95% bootstrap", "sign agrees", "paper", "verdict"],
+                ["metric", "role", "arm", "arm mean", f"{baseline} mean", "Δ mean", "t-interval (level)",
+                 "95% bootstrap", "sign agrees", "p (Holm)", "paper", "verdict"],
                 rows,
             )
             lines.append("")

@@ -1,7 +1,7 @@
 """The study's metrics: one table of metric name -> function over a run directory, each with the
 finding it serves and the sign of (arm - GRPO) the paper reports.
 
-A metric reads a `RunView` (a run directory; its eval matrix, per-step metrics.jsonl and
+Directions come from the paper's numbers (study/paper.py), not from this table. A metric reads a `RunView` (a run directory; its eval matrix, per-step metrics.jsonl and
 drift/stage_<k>.json). Metrics marked `items=True` read only the eval matrix, so the
 hierarchical bootstrap can recompute them on a matrix rebuilt from resampled eval items
 (eval_samples/<label>.json keeps every answer with its score); the others are fixed per run and
@@ -22,6 +22,8 @@ import numpy as np
 from megatron_sdpo.config.schema import DOMAINS
 from megatron_sdpo.diagnostics.forgetting import EvalMatrix, forgetting_metrics, read_eval_matrix
 from megatron_sdpo.outputs.run_dir import RunDir
+from megatron_sdpo.study import paper
+from megatron_sdpo.study.inference import ACCURACY_MARGIN
 
 # The paper's claims (Qwen3-4B; docs: method.md "Findings"), one per finding key.
 FINDINGS: dict[str, str] = {
@@ -154,11 +156,20 @@ def resampled_matrix(view: RunView, draws: dict[str, np.ndarray]) -> EvalMatrix:
 class Metric:
     name: str
     finding: str  # a key of FINDINGS
-    # The sign of (arm - GRPO) the paper reports; None: the paper states no direction (shown, not judged).
-    direction: Optional[int]
     fn: Callable[[RunView], Optional[float]]
     items: bool  # reads only the eval matrix: the bootstrap resamples its eval items
     description: str
+
+    @property
+    def direction(self) -> Optional[int]:
+        """The sign of (arm - GRPO) the paper's numbers give (study/paper.py); None: the paper
+        states none (shown, not judged)."""
+        return paper.direction(self.name, paper.PAPER_BASELINE)
+
+    @property
+    def margin(self) -> Optional[float]:
+        """The equivalence margin: accuracy-type metrics (read from the eval matrix) only."""
+        return ACCURACY_MARGIN if self.items and self.name != "forgetting_noise_floor" else None
 
 
 def _mean(vals: Sequence[Optional[float]]) -> Optional[float]:
@@ -318,61 +329,61 @@ def _bwt(view: RunView, domain: str) -> Optional[float]:
 
 
 METRICS: list[Metric] = [
-    Metric("in_stage_gain", "specialization", 1, in_stage_gain, True,
+    Metric("in_stage_gain", "specialization", in_stage_gain, True,
            "mean over stages of the stage domain's ID accuracy after its stage minus before"),
-    *(Metric(f"in_stage_gain/{d}", "specialization", 1, partial(in_stage_gain, domain=d), True,
+    *(Metric(f"in_stage_gain/{d}", "specialization", partial(in_stage_gain, domain=d), True,
              f"{d} ID accuracy after its stage minus before") for d in DOMAINS),
-    Metric("mid_stage_gain", "specialization", 1, mid_stage_gain, False,
+    Metric("mid_stage_gain", "specialization", mid_stage_gain, False,
            "mean over stages of the stage domain's ID accuracy at its first eval.at_steps eval minus before the stage"),
-    *(Metric(f"mid_stage_gain/{d}", "specialization", 1, partial(mid_stage_gain, domain=d), False,
+    *(Metric(f"mid_stage_gain/{d}", "specialization", partial(mid_stage_gain, domain=d), False,
              f"{d} ID accuracy at the stage's first eval.at_steps eval minus before") for d in DOMAINS),
-    Metric("reward_auc", "specialization", 1, reward_auc, False,
+    Metric("reward_auc", "specialization", reward_auc, False,
            "mean over stages of the mean training reward over the stage's steps"),
-    *(Metric(f"reward_auc/{d}", "specialization", 1, partial(reward_auc, domain=d), False,
+    *(Metric(f"reward_auc/{d}", "specialization", partial(reward_auc, domain=d), False,
              f"mean training reward over the {d} stage's steps") for d in DOMAINS),
-    Metric("backward_transfer", "forgetting", -1, lambda v: v.forgetting["average"]["bwt"], True,
+    Metric("backward_transfer", "forgetting", lambda v: v.forgetting["average"]["bwt"], True,
            "mean over domains but the last of final ID accuracy minus its value just after the domain's stage"),
-    *(Metric(f"backward_transfer/{d}", "forgetting", -1, partial(_bwt, domain=d), True,
+    *(Metric(f"backward_transfer/{d}", "forgetting", partial(_bwt, domain=d), True,
              f"{d} final ID accuracy minus its value just after the {d} stage") for d in DOMAINS),
-    Metric("forgetting", "forgetting", 1, lambda v: v.forgetting["average"]["forgetting"], True,
+    Metric("forgetting", "forgetting", lambda v: v.forgetting["average"]["forgetting"], True,
            "mean over domains but the last of (best ID accuracy from its stage on) minus final"),
-    Metric("forgetting_noise_floor", "forgetting", None, forgetting_noise_floor, True,
+    Metric("forgetting_noise_floor", "forgetting", forgetting_noise_floor, True,
            "what `forgetting` reads with nothing forgotten: binomial SE of the item count × E[max of m normals]"),
-    Metric("final_avg_id", "final_average", -1, lambda v: v.forgetting["final_avg_id"], True,
+    Metric("final_avg_id", "final_average", lambda v: v.forgetting["final_avg_id"], True,
            "mean ID accuracy over domains after the last stage"),
-    *(Metric(f"final_id/{d}", "final_average", -1, partial(_final_id, domain=d), True,
+    *(Metric(f"final_id/{d}", "final_average", partial(_final_id, domain=d), True,
              f"{d} ID accuracy after the last stage") for d in DOMAINS),
-    Metric("ood_change/near", "ood_distance", None, lambda v: _ood(v, "near"), True,
+    Metric("ood_change/near", "ood_distance", lambda v: _ood(v, "near"), True,
            "mean ood_near accuracy, final minus base"),
-    Metric("ood_change/mid", "ood_distance", -1, lambda v: _ood(v, "mid"), True,
+    Metric("ood_change/mid", "ood_distance", lambda v: _ood(v, "mid"), True,
            "mean ood_mid accuracy, final minus base"),
-    Metric("ood_change/far", "ood_distance", None, lambda v: _ood(v, "far"), True,
+    Metric("ood_change/far", "ood_distance", lambda v: _ood(v, "far"), True,
            "mean ood_far accuracy, final minus base"),
     # One domain's OOD sets: the average above can hide a drop in one domain behind a gain in another.
-    *(Metric(f"ood_change/{d}/{dist}", "ood_distance", -1 if dist == "mid" else None,
+    *(Metric(f"ood_change/{d}/{dist}", "ood_distance",
              partial(_ood_domain, domain=d, distance=dist), True, f"{d} ood_{dist} accuracy, final minus base")
       for d in DOMAINS for dist in ("near", "mid", "far")),
-    Metric("ood_mmd/near", "ood_distance", None, lambda v: _ood_mmd(v, "near"), True,
+    Metric("ood_mmd/near", "ood_distance", lambda v: _ood_mmd(v, "near"), True,
            "mean in-stage OOD change of the nearest third of (stage, OOD set) pairs by RBF-MMD"),
-    Metric("ood_mmd/mid", "ood_distance", -1, lambda v: _ood_mmd(v, "mid"), True,
+    Metric("ood_mmd/mid", "ood_distance", lambda v: _ood_mmd(v, "mid"), True,
            "mean in-stage OOD change of the middle third of (stage, OOD set) pairs by RBF-MMD"),
-    Metric("ood_mmd/far", "ood_distance", None, lambda v: _ood_mmd(v, "far"), True,
+    Metric("ood_mmd/far", "ood_distance", lambda v: _ood_mmd(v, "far"), True,
            "mean in-stage OOD change of the farthest third of (stage, OOD set) pairs by RBF-MMD"),
-    Metric("spectral_shift", "drift", 1, lambda v: _last_drift(v, "param_vs_base", "summary", "mean_spectral_shift"),
+    Metric("spectral_shift", "drift", lambda v: _last_drift(v, "param_vs_base", "summary", "mean_spectral_shift"),
            False, "mean spectral shift of the final policy vs the base"),
-    Metric("max_angle_deg", "drift", 1, lambda v: _last_drift(v, "param_vs_base", "summary", "mean_angle_max_deg"),
+    Metric("max_angle_deg", "drift", lambda v: _last_drift(v, "param_vs_base", "summary", "mean_angle_max_deg"),
            False, "mean over matrices of the max principal angle, final policy vs base (degrees)"),
-    Metric("response_cosine", "drift", -1, lambda v: _last_drift(v, "response_cosine_mean"), False,
+    Metric("response_cosine", "drift", lambda v: _last_drift(v, "response_cosine_mean"), False,
            "mean cosine of the final policy's answers' embeddings to the base's"),
-    Metric("excess_kl", "drift", None, lambda v: _last_drift(v, "excess_kl_mean_k3"), False,
+    Metric("excess_kl", "drift", lambda v: _last_drift(v, "excess_kl_mean_k3"), False,
            "excess KL (k3) of the final policy to the base on its own answers"),
-    Metric("boxed_repeat_max", "artifacts", 1, lambda v: _artifact(v, "artifacts/fmt_boxed_repeat_rate", "max"), False,
+    Metric("boxed_repeat_max", "artifacts", lambda v: _artifact(v, "artifacts/fmt_boxed_repeat_rate", "max"), False,
            "max over steps of the share of responses repeating \\boxed"),
-    Metric("boxed_repeat_gain", "artifacts", 1, lambda v: _artifact(v, "artifacts/fmt_boxed_repeat_rate", "gain"),
+    Metric("boxed_repeat_gain", "artifacts", lambda v: _artifact(v, "artifacts/fmt_boxed_repeat_rate", "gain"),
            False, "share of responses repeating \\boxed, last 20% of a stage's steps minus its first 20%, mean over the stages where it occurs (the assay's endpoint)"),
-    Metric("repeated_ngram_late", "artifacts", 1, lambda v: _artifact(v, "artifacts/repeated_ngram_rate", "tail"),
+    Metric("repeated_ngram_late", "artifacts", lambda v: _artifact(v, "artifacts/repeated_ngram_rate", "tail"),
            False, "repeated 4-gram rate over the run's last 20% of steps"),
-    Metric("teacher_artifact_endorsement", "artifacts", 1,
+    Metric("teacher_artifact_endorsement", "artifacts",
            lambda v: _artifact(v, "teacher/artifact_endorsement", "mean"), False,
            "the teacher's log-prob gain over the student on repeated-format-marker tokens minus on the other distilled tokens, mean over the teacher-signal steps that had such tokens (SDPO only)"),
 ]

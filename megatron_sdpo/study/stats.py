@@ -1,6 +1,6 @@
 """Statistics of a multi-seed study: paired differences against a baseline arm, their 95%
-t-interval, a hierarchical bootstrap (seeds, then items), the sign count, the verdict rule and
-the pilot's seed count.
+t-interval, the sign count, the verdict rule and the pilot's seed count (the bootstrap designs,
+equivalence and Holm: study/inference.py).
 
 Pure functions over numbers; no run directories here (study/metrics.py reads those). The
 Student-t and normal quantiles are computed here (regularized incomplete beta by its continued
@@ -19,9 +19,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable, Optional, Sequence, TypeVar
-
-import numpy as np
+from typing import Callable, Optional, Sequence
 
 ESTABLISHED, CONTRADICTED, INCONCLUSIVE, DESCRIPTIVE = "established", "contradicted", "inconclusive", "descriptive"
 # The share of seeds that must agree in sign: 5 of 6.
@@ -160,44 +158,6 @@ def verdict(summary: PairedSummary, direction: Optional[int]) -> str:
     if excludes_opposite and enough_agree(oppose, summary.n):
         return CONTRADICTED
     return INCONCLUSIVE
-
-
-# -- hierarchical bootstrap -----------------------------------------------------------------------
-U = TypeVar("U")
-
-
-def hierarchical_bootstrap(
-    units: Sequence[U],
-    paired_diff: Callable[[U, Optional[np.random.Generator]], "float | np.ndarray"],
-    *,
-    n_boot: int = 1000,
-    level: float = 0.95,
-    seed: int = 0,
-) -> tuple[np.ndarray, np.ndarray]:
-    """Percentile interval of the mean paired difference, resampling seeds and then items.
-
-    `units` are the seeds (one per paired seed). Each replicate draws len(units) seeds with
-    replacement and, for each draw, calls `paired_diff(unit, rng)`, which resamples that seed's
-    items with `rng` (the same item draw for both arms: the pairing) and returns arm - baseline
-    (a number, or an array of them: several metrics at once; NaN where a seed lacks one); the
-    replicate's statistic is the mean over the drawn seeds. A metric that does not read items
-    ignores `rng`, and its bootstrap is over seeds only. Returns (lo, hi), shaped like one
-    `paired_diff` result.
-    """
-    if not units:
-        raise ValueError("hierarchical_bootstrap needs at least one seed")
-    if n_boot < 1:
-        raise ValueError(f"n_boot must be positive, got {n_boot}")
-    rng = np.random.default_rng(seed)
-    n = len(units)
-    reps = []
-    for _ in range(n_boot):
-        picks = rng.integers(0, n, size=n)
-        draws = np.stack([np.asarray(paired_diff(units[i], rng), dtype=np.float64) for i in picks])
-        reps.append(np.nanmean(draws, axis=0))
-    alpha = (1.0 - level) / 2.0
-    lo, hi = np.nanquantile(np.stack(reps), [alpha, 1.0 - alpha], axis=0)
-    return lo, hi
 
 
 # -- pilot ----------------------------------------------------------------------------------------

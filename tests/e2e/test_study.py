@@ -63,11 +63,13 @@ def test_study_is_resumable_after_a_kill_and_judges_the_findings(tmp_path, tiny_
         assert r["mid_stage_gain"] != ""  # eval.at_steps: the math and tooluse stages' step-1 evals
     md = (tmp_path / "st" / "study.md").read_text()
     assert "4 of 4 runs finished" in md
-    line = next(x for x in md.splitlines() if x.startswith("| `final_avg_id` | sdpo_frozen |"))
+    line = next(x for x in md.splitlines() if x.startswith("| `final_avg_id` | primary | sdpo_frozen |"))
     cells = [c.strip() for c in line.strip("|").split("|")]
-    # Two seeds: a t-interval on 1 degree of freedom, a bootstrap interval, a sign count of 2.
-    assert cells[5].startswith("[") and cells[6].startswith("[") and cells[7].endswith("/2"), line
-    assert cells[9] in ("*established*", "*contradicted*", "*inconclusive*"), line
+    # Two seeds: a t-interval on 1 degree of freedom at 95% (the finding's primary), a bootstrap
+    # interval, a sign count of 2.
+    assert cells[6].startswith("[") and cells[6].endswith("(95%)") and cells[7].startswith("["), line
+    assert cells[8].endswith("/2"), line
+    assert cells[11] in ("*established*", "*contradicted*", "*equivalent*", "*inconclusive*"), line
 
     out = finish(cli("study", "short.yaml", "--arms", "grpo,sdpo_frozen", "--pilot", "2", "--detect", "0.1",
                      "--out", "st", cwd=tmp_path))

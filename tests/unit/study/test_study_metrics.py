@@ -107,9 +107,9 @@ def test_resampled_matrix(view):
 
 def test_register_rejects_an_unknown_finding_and_a_duplicate():
     with pytest.raises(ValueError, match="unknown finding"):
-        M.register(M.Metric("x", "nope", 1, lambda v: 0.0, False, ""))
+        M.register(M.Metric("x", "nope", lambda v: 0.0, False, ""))
     with pytest.raises(ValueError, match="already registered"):
-        M.register(M.Metric("forgetting", "forgetting", 1, lambda v: 0.0, False, ""))
+        M.register(M.Metric("forgetting", "forgetting", lambda v: 0.0, False, ""))
 
 
 def test_artifact_metrics_by_hand(tmp_path, make_run):

@@ -4,7 +4,7 @@ import math
 import numpy as np
 import pytest
 
-from megatron_sdpo.study import stats
+from megatron_sdpo.study import inference, stats
 
 # Student-t and normal quantiles as printed in standard tables (5+ significant digits).
 TABLE = [
@@ -116,7 +116,7 @@ def test_two_seeds_established_needs_both_and_the_wide_interval():
 def test_bootstrap_over_seeds_only_by_hand():
     # Two seeds, differences 0.1 and 0.5, nothing to resample within a seed: the mean of two
     # draws is 0.1 (p = 1/4), 0.3 (1/2) or 0.5 (1/4), so the 2.5% and 97.5% points are 0.1 and 0.5.
-    lo, hi = stats.hierarchical_bootstrap([0.1, 0.5], lambda d, rng: d, n_boot=400)
+    lo, hi = inference.bootstrap([0.1, 0.5], lambda d, draws: d, n_boot=400)
     assert (float(lo), float(hi)) == (pytest.approx(0.1), pytest.approx(0.5))
 
 
@@ -128,17 +128,18 @@ def test_bootstrap_resamples_items_within_a_seed_by_hand():
     # within 0.004 (one SE) of 0.949, seven SEs below 0.975.
     arm, base = np.array([1.0, 1, 0, 0]), np.array([0.0, 1, 0, 0])
 
-    def diff(unit, rng):
+    def diff(unit, draws):
         a, b = unit
-        idx = rng.integers(0, len(a), len(a))
+        idx = draws.get("col", len(a))
         return a[idx].mean() - b[idx].mean()
 
-    lo, hi = stats.hierarchical_bootstrap([(arm, base)], diff, n_boot=4000)
-    assert (float(lo), float(hi)) == (0.0, 0.75)
+    for crossed in (True, False):  # one seed: the two designs draw alike
+        lo, hi = inference.bootstrap([(arm, base)], diff, crossed=crossed, n_boot=4000)
+        assert (float(lo), float(hi)) == (0.0, 0.75)
 
 
 def test_bootstrap_returns_one_interval_per_metric():
-    lo, hi = stats.hierarchical_bootstrap([np.array([0.1, 2.0]), np.array([0.5, 2.0])], lambda d, rng: d, n_boot=400)
+    lo, hi = inference.bootstrap([np.array([0.1, 2.0]), np.array([0.5, 2.0])], lambda d, draws: d, n_boot=400)
     assert lo.shape == (2,) and lo[1] == hi[1] == 2.0 and (lo[0], hi[0]) == (pytest.approx(0.1), pytest.approx(0.5))
 
 

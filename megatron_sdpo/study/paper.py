@@ -1,0 +1,86 @@
+"""The paper's direction for each study metric: the sign of (SDPO - GRPO) the paper's own numbers
+give, with those numbers and where they are stated (SDPO-CL, "Denser != Better", Qwen3-4B,
+MATH -> SCIENCE -> TOOLUSE -> CODING; GRPO is its baseline).
+
+A metric gets a direction only from a number the paper states for it: `sdpo` and `grpo` are
+the paper's two values and `relation` how the metric moves with them (+1: the metric is that
+quantity or grows with it; -1: it shrinks with it, e.g. forgetting with the final accuracy), so
+direction = relation * sign(sdpo - grpo). A metric the paper states nothing for is descriptive.
+A comparison against another baseline than GRPO has no paper direction at all.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+PAPER_BASELINE = "grpo"
+
+
+@dataclass(frozen=True)
+class PaperNumber:
+    sdpo: float
+    grpo: float
+    relation: int  # +1 / -1: see the module docstring
+    stated: str  # the numbers as the paper states them
+    source: str  # where
+
+    @property
+    def direction(self) -> int:
+        diff = self.sdpo - self.grpo
+        if diff == 0:
+            raise ValueError(f"{self.stated}: equal values give no direction")
+        return self.relation * (1 if diff > 0 else -1)
+
+
+_MATH_STAGE = "in-domain gain after the MATH stage over the base, SDPO ≈ +73% vs GRPO ≈ +38%"
+_FINAL = "final accuracies after CODING: MATH 34.4 vs 57.3, TOOLUSE 9.9 vs 57.7 (SDPO vs GRPO)"
+_RESULTS = "paper, continual results (forgetting table)"
+_STAGES = "paper, per-stage in-domain gains relative to the base"
+_DRIFT = "paper, drift analysis (Qwen3-4B, frozen teacher)"
+
+PAPER: dict[str, PaperNumber] = {
+    "in_stage_gain/math": PaperNumber(73.0, 38.0, 1, _MATH_STAGE, _STAGES),
+    "mid_stage_gain/math": PaperNumber(73.0, 38.0, 1, _MATH_STAGE + " (the faster specialization)", _STAGES),
+    "in_stage_gain/tooluse": PaperNumber(-25.0, 24.0, 1, "TOOLUSE stage, relative to the base: SDPO₀ ≈ −25% vs "
+                                         "GRPO ≈ +24%", _STAGES),
+    "in_stage_gain/code": PaperNumber(17.0, 21.0, 1, "CODING stage, relative to the base: SDPO₀ +17% vs GRPO "
+                                      "+21%", _STAGES),
+    "backward_transfer": PaperNumber(34.4 + 9.9, 57.3 + 57.7, 1, _FINAL + "; GRPO improves earlier domains", _RESULTS),
+    "backward_transfer/math": PaperNumber(34.4, 57.3, 1, "final MATH 34.4 vs 57.3", _RESULTS),
+    "backward_transfer/tooluse": PaperNumber(9.9, 57.7, 1, "final TOOLUSE 9.9 vs 57.7", _RESULTS),
+    "forgetting": PaperNumber(34.4 + 9.9, 57.3 + 57.7, -1, _FINAL, _RESULTS),
+    "final_avg_id": PaperNumber(34.4 + 9.9, 57.3 + 57.7, 1, _FINAL, _RESULTS),
+    "final_id/math": PaperNumber(34.4, 57.3, 1, "final MATH 34.4 vs 57.3", _RESULTS),
+    "final_id/tooluse": PaperNumber(9.9, 57.7, 1, "final TOOLUSE 9.9 vs 57.7", _RESULTS),
+    "spectral_shift": PaperNumber(4.0, 1.0, 1, "spectral shift ≈ 4× GRPO's", _DRIFT),
+    "max_angle_deg": PaperNumber(2.5, 0.5, 1, "max principal angle ≈ 2.5° vs 0–0.5°", _DRIFT),
+    "response_cosine": PaperNumber(92.5, 96.5, 1, "response cosine to the base 91–94% vs 96–97%", _DRIFT),
+}
+
+# One primary metric per finding (the one its verdict is read from; the others are secondary,
+# Holm-adjusted). For the studies run before this table existed they were chosen after the data.
+PRIMARY: dict[str, str] = {
+    "specialization": "in_stage_gain/math",
+    "forgetting": "backward_transfer",
+    "final_average": "final_avg_id",
+    "ood_distance": "ood_change/mid",
+    "drift": "spectral_shift",
+    "artifacts": "boxed_repeat_gain",
+}
+
+
+def direction(metric: str, baseline: str) -> Optional[int]:
+    """The paper's sign of (arm - baseline) for `metric`; None where the paper states no number or
+    the baseline is not the paper's."""
+    if baseline != PAPER_BASELINE:
+        return None
+    number = PAPER.get(metric)
+    return None if number is None else number.direction
+
+
+def direction_table() -> list[str]:
+    """The directions as docs/studies.md shows them (a test holds the two equal)."""
+    lines = ["| metric | paper (SDPO vs GRPO) | direction of SDPO − GRPO | source |", "|---|---|---|---|"]
+    for name, n in PAPER.items():
+        lines.append(f"| `{name}` | {n.stated} | {'+' if n.direction > 0 else '−'} | {n.source} |")
+    return lines
