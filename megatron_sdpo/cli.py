@@ -157,6 +157,20 @@ def cmd_study(args) -> int:
     return 0
 
 
+def cmd_results(args) -> int:
+    from megatron_sdpo.study import results
+
+    if args.results_command == "export":
+        dest = results.export(Path(args.study_dir), Path(args.to), command=args.study_command or "", note=args.note or "")
+        print(f"exported: {dest} ({dest / results.STUDY_JSON})")
+        return 0
+    if args.bootstrap < 0:
+        raise UserError(f"--bootstrap must be >= 0, got {args.bootstrap}")
+    for path in results.tabulate(Path(args.results_dir), args.baseline or [], n_boot=args.bootstrap):
+        print(f"wrote {path}")
+    return 0
+
+
 def run_eval(cfg, out: str | Path, *, verbose: bool = False) -> dict[str, float]:
     """Evaluate `cfg.model.path` (a RunConfig) on every domain/split of `cfg`; writes
     eval_matrix.csv in `out` (engine logs in `out`/logs/engine.log unless verbose)."""
@@ -311,6 +325,19 @@ def build_parser(drift_arguments: bool = True) -> argparse.ArgumentParser:
     st.add_argument("--quiet", action="store_true")
     st.add_argument("--verbose", action="store_true", help="show the engines' (vLLM, transformers) logs in the terminal")
     st.set_defaults(fn=cmd_study)
+
+    rs = sub.add_parser("results", help="a study's data in the repository: export it, tabulate it")
+    rsub = rs.add_subparsers(dest="results_command", required=True, parser_class=_Parser)
+    rx = rsub.add_parser("export", help="keep what a study's metrics read (kilobytes a run) under results/<name>")
+    rx.add_argument("study_dir", help="a study directory (its runs/<arm>/seed<k>)")
+    rx.add_argument("--to", required=True, help="the results folder to write (e.g. results/tiny_study6)")
+    rx.add_argument("--command", dest="study_command", help="the command that ran the study (recorded)")
+    rx.add_argument("--note", help="a line recorded beside it (e.g. what shared the machine)")
+    rt = rsub.add_parser("tabulate", help="every table of an exported study, one per baseline, in one pass")
+    rt.add_argument("results_dir", help="an exported study (results/<name>)")
+    rt.add_argument("--baseline", action="append", help="an arm to compare the others with (repeatable)")
+    rt.add_argument("--bootstrap", type=int, default=1000, help="bootstrap replicates (0: none)")
+    rs.set_defaults(fn=cmd_results)
 
     e = sub.add_parser("eval", help="evaluate an HF model directory on every domain of a preset", epilog=over)
     e.add_argument("model", help="HF model directory (e.g. RUN/checkpoints/stage_1_math/policy)")

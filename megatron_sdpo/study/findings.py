@@ -52,14 +52,16 @@ def load_runs(entries: list[tuple[str, Optional[int], Path]], wall: dict[str, fl
     return runs
 
 
-def write_csv(path: Path, runs: list[StudyRun]) -> Path:
+def write_csv(path: Path, runs: list[StudyRun], *, relative_to: Optional[Path] = None) -> Path:
+    """study.csv; run directories relative to `relative_to` when given (an exported study)."""
     with path.open("w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["arm", "seed", "run_dir", "wall_s", *(m.name for m in METRICS)])
         for r in runs:
             cells = ["" if r.values[m.name] is None else f"{r.values[m.name]:.6g}" for m in METRICS]
             wall = "" if r.wall_s is None else f"{r.wall_s:.0f}"
-            w.writerow([r.arm, "" if r.seed is None else r.seed, str(r.view.root), wall, *cells])
+            root = r.view.root.relative_to(relative_to) if relative_to is not None else r.view.root
+            w.writerow([r.arm, "" if r.seed is None else r.seed, str(root), wall, *cells])
     return path
 
 

@@ -1,0 +1,148 @@
+"""A study's data in the repository (`results/<study>/`) and the tables generated from it.
+
+`study export STUDY_DIR --to results/<name>` keeps, per run, what the study's metrics read and
+nothing else (kilobytes a run, no checkpoints, no answer texts):
+
+    study.json                   command, commit, machine, date, wall time, arms, seeds
+    study.csv                    run x metric, as the study wrote it
+    timings.jsonl                wall seconds per run
+    runs/<arm>/seed<k>/          eval_matrix.csv, report.md, resolved_config.yaml, ood_distance.json,
+                                 metrics.jsonl (the keys the metrics read), drift/stage_<k>.json
+                                 (the drift summaries), eval_samples/<label>.json (item id and score)
+
+`study tabulate results/<name> --baseline grpo --baseline sdpo_frozen` recomputes every metric
+from those files and writes one table per baseline (`study_vs_<baseline>.md`) in one pass; a
+study's published tables are these files.
+"""
+from __future__ import annotations
+
+import json
+import platform
+import shutil
+import subprocess
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+from megatron_sdpo.errors import UserError
+from megatron_sdpo.outputs.run_dir import RunDir
+from megatron_sdpo.study.findings import compare_arms, load_runs, write_csv, write_markdown
+from megatron_sdpo.study.runner import read_timings
+
+STUDY_JSON = "study.json"
+# metrics.jsonl keys the study's metrics read (study/metrics.py), by name or prefix.
+_METRIC_KEYS = ("stage", "step", "stage_domain", "reward_mean")
+_METRIC_PREFIXES = ("eval/", "artifacts/", "teacher/artifact_endorsement")
+# drift/stage_<k>.json: the summaries the drift metrics read.
+_DRIFT_KEYS = ("param_vs_base", "response_cosine_mean", "excess_kl_mean_k3")
+
+
+def _commit() -> str:
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10,
+                             cwd=Path(__file__).resolve().parent)
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return out.stdout.strip() or "unknown"
+
+
+def _prune_metrics(src: Path, dst: Path) -> None:
+    kept = []
+    for rec in RunDir(src.parent).read_metrics():
+        kept.append({k: v for k, v in rec.items() if k in _METRIC_KEYS or k.startswith(_METRIC_PREFIXES)})
+    dst.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in kept))
+
+
+def _prune_drift(src: Path, dst: Path) -> None:
+    data = json.loads(src.read_text())
+    out: dict[str, Any] = {k: data[k] for k in _DRIFT_KEYS if k in data}
+    if isinstance(out.get("param_vs_base"), dict):
+        out["param_vs_base"] = {"summary": out["param_vs_base"].get("summary", {})}
+    dst.write_text(json.dumps(out, indent=1, sort_keys=True) + "\n")
+
+
+def _prune_samples(src: Path, dst: Path) -> None:
+    cols = json.loads(src.read_text())
+    out = {col: [{"id": s.get("id"), "score": s["score"]} for s in samples] for col, samples in cols.items()}
+    dst.write_text(json.dumps(out, separators=(",", ":")) + "\n")
+
+
+def export_run(src: Path, dst: Path) -> None:
+    """The files of run `src` the study's metrics read, pruned, into `dst`."""
+    rd = RunDir(src)
+    dst.mkdir(parents=True, exist_ok=True)
+    for path in (rd.eval_matrix, rd.report, rd.config, src / "ood_distance.json"):
+        if path.is_file():
+            shutil.copyfile(path, dst / path.name)
+    if rd.metrics.is_file():
+        _prune_metrics(rd.metrics, dst / rd.metrics.name)
+    for sub, prune in ((rd.drift, _prune_drift), (rd.eval_samples, _prune_samples)):
+        files = sorted(sub.glob("*.json")) if sub.is_dir() else []
+        if files:
+            (dst / sub.name).mkdir(exist_ok=True)
+        for f in files:
+            prune(f, dst / sub.name / f.name)
+
+
+def _study_runs(root: Path) -> list[tuple[str, Optional[int], Path]]:
+    """(arm, seed, run directory) of a study laid out as runs/<arm>/seed<k>."""
+    out: list[tuple[str, Optional[int], Path]] = []
+    for seed_dir in sorted(root.glob("runs/*/seed*")):
+        try:
+            seed = int(seed_dir.name.removeprefix("seed"))
+        except ValueError:
+            continue
+        out.append((seed_dir.parent.name, seed, seed_dir))
+    return out
+
+
+def export(study_dir: Path, dest: Path, *, command: str, note: str = "") -> Path:
+    """Export a finished study directory into `dest` (which must not hold another study)."""
+    runs = _study_runs(study_dir)
+    finished = [(a, s, p) for a, s, p in runs if RunDir(p).report.is_file()]
+    if not finished:
+        raise UserError(f"{study_dir}: no finished run under runs/<arm>/seed<k> (is it a study directory?)")
+    if (dest / STUDY_JSON).exists():
+        raise UserError(f"{dest} already holds an exported study; choose another --to")
+    for arm, seed, path in finished:
+        export_run(path, dest / "runs" / arm / f"seed{seed}")
+    for name in ("study.csv", "timings.jsonl"):
+        if (study_dir / name).is_file():
+            shutil.copyfile(study_dir / name, dest / name)
+    wall = read_timings(study_dir / "timings.jsonl")
+    meta: dict[str, Any] = {
+        "command": command,
+        "commit": _commit(),
+        "machine": f"{platform.machine()}, {platform.processor() or 'cpu'}, {platform.system()}",
+        "exported": time.strftime("%Y-%m-%d", time.gmtime()),
+        "wall_s_total": round(sum(wall.values())) if wall else None,
+        "arms": sorted({a for a, _, _ in finished}),
+        "seeds": sorted({s for _, s, _ in finished if s is not None}),
+        "note": note,
+    }
+    (dest / STUDY_JSON).write_text(json.dumps(meta, indent=2) + "\n")
+    return dest
+
+
+def tabulate(results: Path, baselines: list[str], *, n_boot: int = 1000, title: Optional[str] = None) -> list[Path]:
+    """Every table of an exported study against each of `baselines`, in one pass."""
+    meta_path = results / STUDY_JSON
+    if not meta_path.is_file():
+        raise UserError(f"{results}: no {STUDY_JSON} (export a study there with `study export`)")
+    meta = json.loads(meta_path.read_text())
+    arms = list(meta["arms"])
+    unknown = [b for b in baselines if b not in arms]
+    if unknown or not baselines:
+        raise UserError(f"--baseline {', '.join(unknown) or '(none)'}: the study's arms are {', '.join(arms)}")
+    entries = _study_runs(results)
+    runs = load_runs(entries, read_timings(results / "timings.jsonl"))
+    write_csv(results / "study.csv", runs, relative_to=results)
+    out = []
+    for baseline in baselines:
+        comparisons = compare_arms(runs, baseline, arms, n_boot=n_boot)
+        out.append(write_markdown(
+            results / f"study_vs_{baseline}.md", title=title or f"{results.name}: every arm against {baseline}",
+            arms={a: "" for a in arms}, runs=runs, planned=len(entries), baseline=baseline,
+            comparisons=comparisons, n_boot=n_boot,
+        ))
+    return out
