@@ -352,10 +352,11 @@ class DiagnosticsConfig:
     # Alarm when the mean training reward of the last 3 steps falls below this share of its mean
     # over the stage's first 3 steps, and by at least 0.1 (null: off).
     collapse_min_reward_ratio: Optional[float] = 0.5
-    # Every N steps (0: never) score the sampled responses under the teacher too: how much more
-    # likely the teacher (with its context) finds rewarded vs unrewarded responses than the
-    # student did. One extra teacher forward pass on those steps.
-    teacher_signal_every: int = 1
+    # Every N steps of a stage (its first step, then every N; 0: never) score the sampled
+    # responses under the teacher too: how much more likely the teacher (with its context) finds
+    # rewarded vs unrewarded responses than the student did. One extra teacher forward pass of
+    # the whole batch on those steps, which training does not need: sampled, not every step.
+    teacher_signal_every: int = 5
     stop_on_collapse: bool = False
     # CPU threads of each stage's detached drift job (drift_jobs.py; 0: this node's CPUs divided
     # by its trainer processes).
