@@ -40,7 +40,7 @@ from megatron_sdpo.backends.common import (
     reduce_metrics,
     resolve_pad_id,
 )
-from megatron_sdpo.backends.offload import StateOffload
+from megatron_sdpo.backends.offload import StateOffload, needs_training_state
 from megatron_sdpo.backends.varlen import gather_hidden, pack_varlen
 from megatron_sdpo.config.backend_spec import BACKENDS
 from megatron_sdpo.errors import ConfigError
@@ -254,11 +254,11 @@ class HFBackend(Backend):
     def _fp32_copy(p: torch.Tensor, requires_grad: bool) -> torch.Tensor:
         return p.detach().to(torch.float32).clone().requires_grad_(requires_grad)
 
+    @needs_training_state
     def fp32_weights(self, model: str = "policy") -> list[torch.Tensor]:
         """The fp32 truth of `model`'s parameters, in `parameters()` order: the policy's master
         weights / the teacher's EMA shadow when the model runs in bf16 or fp16, else the
         parameters themselves. Live tensors: copy them to keep them."""
-        self.reload_training_state()
         if model == "policy" and self._masters is not None:
             return self._masters
         if model == "teacher" and self._teacher_fp32 is not None:
@@ -443,10 +443,10 @@ class HFBackend(Backend):
         dist.all_gather(chunks, padded.contiguous())
         return torch.cat([c[:s] for c, s in zip(chunks, sizes)])
 
+    @needs_training_state
     def train_step(self, batch: SequenceBatch, loss_fn: LossFn) -> dict[str, float]:
         """One AdamW step on the global batch. Returns {"loss", "grad_norm", "skipped",
         "samples", <loss metrics summed over the global batch>}; identical on every rank."""
-        self.reload_training_state()
         batch, T = checked_batch(batch)
         requires = frozenset(loss_fn.requires)
         normalizer = loss_fn.global_normalizer(batch.tensors)
@@ -519,11 +519,11 @@ class HFBackend(Backend):
         for p, m in zip(self.policy.parameters(), self._masters):
             p.copy_(m)
 
+    @needs_training_state
     def blend_teacher(self, blend: TeacherBlend) -> None:
         """Apply a teacher update (interfaces/blend.py) to the teacher's fp32 truth: its fp32
         shadow with a bf16/fp16 model, then rounded once into the teacher; else its params. The
         policy enters as its fp32 truth (the master weights with a bf16 model)."""
-        self.reload_training_state()
         if blend.is_identity:
             return
         reference = None if self.reference is None else [p.detach() for p in self.reference.parameters()]
@@ -556,9 +556,9 @@ class HFBackend(Backend):
         self.lr, self.weight_decay, self.grad_clip, self.lr_schedule = lr, weight_decay, grad_clip, lr_schedule
         self.optimizer.param_groups[0]["weight_decay"] = weight_decay  # group 1 is never decayed
 
+    @needs_training_state
     def reset_optimizer(self) -> None:
         """Fresh AdamW state (moments and step count), e.g. at a stage boundary."""
-        self.reload_training_state()
         self.optimizer = self._make_optimizer()
 
     def offload_training_state(self) -> int:
@@ -580,14 +580,14 @@ class HFBackend(Backend):
         self._sched = (0, total_steps)
 
     # ------------------------------------------------------------------ checkpoints
+    @needs_training_state
     def save(self, path: str, *, extra: dict | None = None) -> None:
         """Writes policy/ and teacher/ (HF safetensors dirs), reference/ when present,
         optimizer.pt, rng.pt, extra.json and a COMPLETE marker, atomically (rank 0 writes)."""
-        self.reload_training_state()
         hf_checkpoint.save(self, path, extra=extra)
 
+    @needs_training_state
     def load(self, path: str, *, weights_only: bool = False) -> dict:
         """Restores a checkpoint written by `save`; returns its extra dict. weights_only loads
         policy and teacher weights only (stage transitions keep the fresh optimizer/RNG)."""
-        self.reload_training_state()
         return hf_checkpoint.load(self, path, weights_only=weights_only)

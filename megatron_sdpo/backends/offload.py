@@ -12,9 +12,24 @@ at the start of every step, so they are freed and re-allocated without a copy.
 """
 from __future__ import annotations
 
-from typing import Iterable
+import functools
+from typing import Callable, Iterable, TypeVar
 
 import torch
+
+F = TypeVar("F", bound=Callable)
+
+
+def needs_training_state(method: F) -> F:
+    """A backend method that reads or writes the training state (optimizer, main params, grad
+    buffers): the state comes back on the device first (`reload_training_state`), wherever the
+    trainer left it. The one place a backend says so."""
+    @functools.wraps(method)
+    def wrapper(self, *args, **kwargs):
+        self.reload_training_state()
+        return method(self, *args, **kwargs)
+
+    return wrapper  # type: ignore[return-value]
 
 
 def storage_key(t: torch.Tensor) -> tuple[str, int]:

@@ -146,3 +146,30 @@ def tabulate(results: Path, baselines: list[str], *, n_boot: int = 1000, title: 
             comparisons=comparisons, n_boot=n_boot,
         ))
     return out
+
+
+def findings_table(results: Path, baseline: str, arm: str) -> list[str]:
+    """docs/findings.md's table for one exported study: per finding, the paper's claim and
+    number, the primary metric, `arm` minus `baseline` with its 95% t-interval, the verdict and
+    the data folder (t-intervals only: no bootstrap, the same lines on every machine)."""
+    from megatron_sdpo.study import paper
+    from megatron_sdpo.study.findings import FINDINGS, _f, _interval
+
+    runs = load_runs(_study_runs(results), {})
+    arms = sorted({r.arm for r in runs})
+    if baseline not in arms or arm not in arms:
+        raise UserError(f"{results}: arms are {', '.join(arms)}; no {baseline if baseline not in arms else arm}")
+    comps = {c.metric.name: c for c in compare_arms(runs, baseline, [baseline, arm], n_boot=0)}
+    lines = ["| finding (paper) | paper's number | primary metric | Δ " + f"{arm} − {baseline}, 95% t-interval "
+             "| seeds | verdict | data |", "|---|---|---|---|---|---|---|"]
+    for key, claim in FINDINGS.items():
+        name = paper.PRIMARY[key]
+        c = comps.get(name)
+        s = c.summary if c is not None else None
+        number = paper.PAPER[name].stated if name in paper.PAPER else "none stated for this metric"
+        ours = f"{_f(s.mean)} {_interval(s.lo, s.hi)}" if s is not None else "–"
+        seeds = str(s.n) if s is not None else "–"
+        verdict = f"*{c.verdict}*" if c is not None else "–"
+        lines.append(f"| {claim.split(' (')[0]} | {number} | `{name}` | {ours} | {seeds} | {verdict} | "
+                     f"`{results.as_posix()}` |")
+    return lines

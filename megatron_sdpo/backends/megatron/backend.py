@@ -57,7 +57,7 @@ from megatron_sdpo.backends.megatron.parallel import (
     launch_device,
 )
 from megatron_sdpo.backends.megatron.step_loss import StepLoss
-from megatron_sdpo.backends.offload import StateOffload
+from megatron_sdpo.backends.offload import StateOffload, needs_training_state
 from megatron_sdpo.config.backend_spec import BACKENDS
 from megatron_sdpo.errors import ConfigError, require
 from megatron_sdpo.interfaces.backend import REQUIRES, Backend, LossFn, SequenceBatch
@@ -372,12 +372,12 @@ class MegatronBackend(Backend):
         # Returned where the caller keeps its batch tensors.
         return rows.to(mask.device) * mask
 
+    @needs_training_state
     def train_step(self, batch: SequenceBatch, loss_fn: LossFn) -> dict[str, float]:
         """One optimizer step on the global batch. Returns {"loss", "grad_norm", "skipped",
         "samples", <loss metrics summed over the batch>}, identical on every rank."""
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
-        self.reload_training_state()
         batch, T = checked_batch(batch)
         requires = frozenset(loss_fn.requires)
         unknown = requires - REQUIRES
@@ -471,13 +471,13 @@ class MegatronBackend(Backend):
         m = self._model(name)
         return list(getattr(m, "module", m).parameters())
 
+    @needs_training_state
     def blend_teacher(self, blend: TeacherBlend) -> None:
         """Apply a teacher update (interfaces/blend.py) shard-locally: the teacher has the
         policy's layout. With bf16 params it is blended from the optimizer's fp32 main params
         into the fp32 shadow and rounded once (teacher_state.py)."""
         if blend.is_identity:
             return
-        self.reload_training_state()  # the fp32 main params are the student's source
         reference = None if self.reference is None else self._params("reference")
         sources = blend_sources(blend, [p.detach() for p in self._params("policy")], reference)
         if sources is None:
@@ -487,13 +487,13 @@ class MegatronBackend(Backend):
         else:
             blend_(self._params("teacher"), sources, blend)
 
+    @needs_training_state
     def fp32_weights(self, model: str = "policy") -> list[torch.Tensor]:
         """This rank's fp32 truth of `model`'s local shards, in `parameters()` order: the
         teacher's EMA shadow with bf16 params (else its params; NaN where another DP rank owns
         the shadow's elements under the distributed optimizer); for the policy, the params
         with fp32 params, else the optimizer's fp32 main values scattered into full-shape
         tensors (elements this DP rank does not own under the distributed optimizer are NaN)."""
-        self.reload_training_state()
         if model == "teacher" and self.teacher_fp32 is not None:
             return self.teacher_fp32.full()
         if model != "policy" or self.options.precision.params != "bfloat16":
@@ -554,11 +554,11 @@ class MegatronBackend(Backend):
     def training_state_offloaded(self) -> bool:
         return self._offload.active
 
+    @needs_training_state
     def reset_optimizer(self) -> None:
         """Fresh optimizer state (moments, step count) over the same DDP-wrapped policy; the
         LR schedule restarts at step 0 of the same stage length. With bf16 params the fp32 main
         params carry over (a fresh optimizer would re-create them from the bf16 weights)."""
-        self.reload_training_state()
         old = self.optimizer
         self.optimizer = self._make_optimizer()
         if self.options.precision.params == "bfloat16":
@@ -575,16 +575,16 @@ class MegatronBackend(Backend):
         self.lr_schedule.check(total_steps)
         self.scheduler = self._make_scheduler(total_steps)
 
+    @needs_training_state
     def save(self, path: str, *, extra: dict | None = None) -> None:
         """Atomic dist_checkpointing save of policy, teacher, optimizer, RNG, step and `extra`."""
         from megatron_sdpo.backends.megatron.checkpoint import save
 
-        self.reload_training_state()
         save(self, path, extra=extra)
 
+    @needs_training_state
     def load(self, path: str, *, weights_only: bool = False) -> dict:
         """Load a checkpoint written by `save` (any DP size); returns its `extra` dict."""
         from megatron_sdpo.backends.megatron.checkpoint import load
 
-        self.reload_training_state()
         return load(self, path, weights_only=weights_only)
