@@ -96,16 +96,10 @@ def measure(model_dir: str, losses: list[str]) -> dict:
 
 
 def tiny_model(path: str) -> str:
-    """The measured model: q = 2h, a 3.75h gated MLP (fc1 480 wide), vocabulary 718 (768 padded)."""
-    import torch
-    import transformers
+    """The measured model: models/random_qwen3.QWEN3_SHAPED (fc1 480 wide, vocabulary 718, 768 padded)."""
+    from megatron_sdpo.models.random_qwen3 import QWEN3_SHAPED, save_tiny_qwen3
 
-    cfg = transformers.Qwen3Config(vocab_size=718, hidden_size=64, intermediate_size=240, num_hidden_layers=2,
-                                   num_attention_heads=8, num_key_value_heads=2, head_dim=16,
-                                   max_position_embeddings=128, tie_word_embeddings=False)
-    torch.manual_seed(0)
-    transformers.Qwen3ForCausalLM(cfg).save_pretrained(path)
-    return path
+    return save_tiny_qwen3(path, **QWEN3_SHAPED)
 
 
 def _ledger_logits(model_dir: str, name: str, prompt: int, chunk: int) -> int:

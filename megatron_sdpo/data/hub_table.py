@@ -189,6 +189,12 @@ def _aime(name: str) -> Callable[[Rows], Converted]:
     return lambda rows: {f"{name}.jsonl": ([{**r, "source": name} for r in rows], [])}
 
 
+def _reference_set(name: str, license: str, schema: str, files: dict[str, str], split_rule: str) -> HubSet:
+    """A set read from the reference's committed files at the pinned commit, file for file."""
+    return HubSet(name, REFERENCE_REPO, "", (), license, tuple(files.values()), schema, _by_file(files),
+                  files=tuple(files), github=REFERENCE_COMMIT, split_rule=split_rule)
+
+
 TABLE: tuple[HubSet, ...] = (
     HubSet("dapo_math", "BytedTsinghua-SIA/DAPO-Math-17k", "train", ("prompt", "reward_model", "data_source"),
            "Apache-2.0", ("dapo-math-17k.parquet",), "dapo_math", _dapo, unique=_dapo_key,
@@ -206,20 +212,15 @@ TABLE: tuple[HubSet, ...] = (
            "CC-BY-4.0", ("mmlu_redux.jsonl",), "mmlu_redux", _mmlu_redux, config="*",
            split_rule="every subject; `ok` rows, `wrong_groundtruth` rows with their corrected answer, the "
                       "other error types left out"),
-    HubSet("sciknoweval_chem_l3", REFERENCE_REPO, "", (), "MIT (SciKnowEval); split: Apache-2.0 (lasgroup/SDPO)",
-           ("sciknoweval_chem_l3.jsonl", "sciknoweval_chem_l3_test.jsonl"), "sciknoweval",
-           _by_file({"datasets/sciknoweval/chemistry/train.json": "sciknoweval_chem_l3.jsonl",
-                     "datasets/sciknoweval/chemistry/test.json": "sciknoweval_chem_l3_test.jsonl"}),
-           files=("datasets/sciknoweval/chemistry/train.json", "datasets/sciknoweval/chemistry/test.json"),
-           github=REFERENCE_COMMIT,
-           split_rule="the reference's committed split: chemistry, L3, multiple choice; 90/10 with seed 42 in "
-                      "hub order (1,890 / 210)"),
-    HubSet("toolalpaca", REFERENCE_REPO, "", (), "Apache-2.0 (ToolAlpaca; lasgroup/SDPO)",
-           ("toolalpaca_train.jsonl", "toolalpaca_test.jsonl"), "toolalpaca",
-           _by_file({"datasets/tooluse/train.json": "toolalpaca_train.jsonl",
-                     "datasets/tooluse/test.json": "toolalpaca_test.jsonl"}),
-           files=("datasets/tooluse/train.json", "datasets/tooluse/test.json"), github=REFERENCE_COMMIT,
-           split_rule="the reference's committed train / test files (68 test rows)"),
+    _reference_set("sciknoweval_chem_l3", "MIT (SciKnowEval); split: Apache-2.0 (lasgroup/SDPO)", "sciknoweval",
+                   {"datasets/sciknoweval/chemistry/train.json": "sciknoweval_chem_l3.jsonl",
+                    "datasets/sciknoweval/chemistry/test.json": "sciknoweval_chem_l3_test.jsonl"},
+                   "the reference's committed split: chemistry, L3, multiple choice; 90/10 with seed 42 in hub "
+                   "order (1,890 / 210)"),
+    _reference_set("toolalpaca", "Apache-2.0 (ToolAlpaca; lasgroup/SDPO)", "toolalpaca",
+                   {"datasets/tooluse/train.json": "toolalpaca_train.jsonl",
+                    "datasets/tooluse/test.json": "toolalpaca_test.jsonl"},
+                   "the reference's committed train / test files (68 test rows)"),
     HubSet("bfcl_v4_multiple", "bfcl-eval", "", (), "Apache-2.0",
            ("bfcl_v4_multiple.jsonl",), "bfcl_multiple", _one("bfcl_v4_multiple.jsonl"),
            files=("data/BFCL_v4_multiple.json", "data/possible_answer/BFCL_v4_multiple.json"),

@@ -27,6 +27,12 @@ TINY_QWEN3 = dict(
     attention_dropout=0.0,
 )
 
+# Widths that differ from the hidden size as Qwen3-4B's do (q = 8 x 16 = 2h, kv = h / 2, a gated
+# MLP of 3.75h, not 4h), and every layer narrower than the vocabulary (718, padded 768), so a
+# census by width tells the logits from the activations (planning/memory_ledger.py's tests).
+QWEN3_SHAPED = dict(vocab_size=718, hidden_size=64, intermediate_size=240, num_attention_heads=8, num_key_value_heads=2,
+                    head_dim=16, max_position_embeddings=128)
+
 
 def save_tiny_qwen3(path: str | Path, *, seed: int = 0, **overrides) -> str:
     """Build a random `Qwen3ForCausalLM` with `TINY_QWEN3` (plus `overrides`) and save it

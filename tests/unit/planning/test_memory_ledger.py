@@ -130,16 +130,11 @@ def _worker(model_dir: str, ckpt: str) -> dict:
 
 
 def _qwen3_shaped(path: str) -> str:
-    """A tiny Qwen3 whose widths differ from the shipped model's in the ways the 4B's do: q
-    = 8 x 16 = 2h, kv = 2 x 16 = h / 2, a gated MLP of 3.75h (not 4h), QK-norm."""
-    import transformers
+    """A tiny Qwen3 whose widths differ from the hidden size as the 4B's do (q = 2h, a 3.75h gated
+    MLP, QK-norm), every layer narrower than the vocabulary."""
+    from megatron_sdpo.models.random_qwen3 import QWEN3_SHAPED, save_tiny_qwen3
 
-    cfg = transformers.Qwen3Config(vocab_size=718, hidden_size=64, intermediate_size=240, num_hidden_layers=2,
-                                   num_attention_heads=8, num_key_value_heads=2, head_dim=16,
-                                   max_position_embeddings=128, tie_word_embeddings=False)
-    torch.manual_seed(0)
-    transformers.Qwen3ForCausalLM(cfg).save_pretrained(path)
-    return path
+    return save_tiny_qwen3(path, **QWEN3_SHAPED)
 
 
 @pytest.fixture(scope="module", params=[("qwen3_shaped", 1), ("qwen3_shaped", 2), ("shipped", 1)],
