@@ -6,9 +6,10 @@ Verdict with a margin (issue 42), for a paired difference with the paper's direc
 confidence level L (0.95 for a primary metric, Holm's adjusted level for a secondary one):
   established   the L t-interval excludes 0 on the side of s and >= 5/6 of the seeds agree;
   contradicted  the same on the other side;
-  equivalent    (metrics with a margin m only) both one-sided tests at (1 - L) / 2 reject a
-                difference of m or more: the (2L - 1) t-interval lies inside (-m, m) -- the data
-                rule out an effect of the size the margin names, in either direction;
+  equivalent    (metrics with a margin m only) both one-sided tests at 1 - L reject a
+                difference of m or more (TOST): the (2L - 1) t-interval, 90% for a primary,
+                lies inside (-m, m) -- the data rule out an effect of the size the margin
+                names, in either direction;
   inconclusive  otherwise.
 """
 from __future__ import annotations
@@ -71,7 +72,7 @@ def verdict_at(summary: stats.PairedSummary, direction: Optional[int], *, level:
         return stats.ESTABLISHED
     if (hi < 0 if direction > 0 else lo > 0) and stats.enough_agree(oppose, summary.n):
         return stats.CONTRADICTED
-    if margin is not None and tost_equivalent(summary, margin, alpha=(1.0 - level) / 2.0):
+    if margin is not None and tost_equivalent(summary, margin, alpha=1.0 - level):
         return EQUIVALENT
     return stats.INCONCLUSIVE
 

@@ -10,6 +10,7 @@ are bootstrapped over seeds only. A new metric is one `Metric` row in `METRICS` 
 """
 from __future__ import annotations
 
+import gzip
 import json
 import math
 from dataclasses import dataclass
@@ -119,10 +120,16 @@ def load_item_scores(rd: RunDir, rows: list[str]) -> dict[str, dict[str, np.ndar
     out: dict[str, dict[str, np.ndarray]] = {}
     for i, row in enumerate(rows):
         path = rd.eval_samples / f"{stage_label(rows, i)}.json"
-        if not path.is_file():
+        packed = path.with_name(path.name + ".gz")  # an exported study (study/results.py)
+        if path.is_file():
+            text = path.read_text()
+        elif packed.is_file():
+            with gzip.open(packed, "rt", encoding="utf-8") as f:
+                text = f.read()
+        else:
             continue
         cols: dict[str, np.ndarray] = {}
-        for col, samples in json.loads(path.read_text()).items():
+        for col, samples in json.loads(text).items():
             ids = [s.get("id") for s in samples]
             keys = ids if all(x is not None for x in ids) else list(range(len(samples)))
             sums: dict = {}

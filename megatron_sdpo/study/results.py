@@ -6,7 +6,8 @@ nothing else (kilobytes a run, no checkpoints, no answer texts):
     study.json                   command, commit, machine, date, wall time, arms, seeds
     study.csv                    run x metric, as the study wrote it
     timings.jsonl                wall seconds per run
-    runs/<arm>/seed<k>/          eval_matrix.csv, report.md, resolved_config.yaml, ood_distance.json,
+    runs/<arm>/seed<k>/          eval_matrix.csv, report.md (a stub: the run finished),
+                                 resolved_config.yaml, ood_distance.json,
                                  metrics.jsonl (the keys the metrics read), drift/stage_<k>.json
                                  (the drift summaries), eval_samples/<label>.json (item id and score)
 
@@ -16,6 +17,7 @@ study's published tables are these files.
 """
 from __future__ import annotations
 
+import gzip
 import json
 import platform
 import shutil
@@ -31,8 +33,9 @@ from megatron_sdpo.study.runner import read_timings
 
 STUDY_JSON = "study.json"
 # metrics.jsonl keys the study's metrics read (study/metrics.py), by name or prefix.
-_METRIC_KEYS = ("stage", "step", "stage_domain", "reward_mean")
-_METRIC_PREFIXES = ("eval/", "artifacts/", "teacher/artifact_endorsement")
+_METRIC_KEYS = ("stage", "step", "stage_domain", "reward_mean", "artifacts/fmt_boxed_repeat_rate",
+                "artifacts/repeated_ngram_rate", "teacher/artifact_endorsement")
+_METRIC_PREFIXES = ("eval/",)
 # drift/stage_<k>.json: the summaries the drift metrics read.
 _DRIFT_KEYS = ("param_vs_base", "response_cosine_mean", "excess_kl_mean_k3")
 
@@ -62,18 +65,27 @@ def _prune_drift(src: Path, dst: Path) -> None:
 
 
 def _prune_samples(src: Path, dst: Path) -> None:
+    """Item ids and scores only, gzipped (study/metrics.load_item_scores reads <label>.json.gz)."""
     cols = json.loads(src.read_text())
     out = {col: [{"id": s.get("id"), "score": s["score"]} for s in samples] for col, samples in cols.items()}
-    dst.write_text(json.dumps(out, separators=(",", ":")) + "\n")
+    data = (json.dumps(out, separators=(",", ":")) + "\n").encode("utf-8")
+    # mtime 0 and no file name in the header: the same bytes on every export of the same run.
+    with dst.with_name(dst.name + ".gz").open("wb") as raw, \
+            gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0, compresslevel=9) as f:
+        f.write(data)
 
 
 def export_run(src: Path, dst: Path) -> None:
     """The files of run `src` the study's metrics read, pruned, into `dst`."""
     rd = RunDir(src)
     dst.mkdir(parents=True, exist_ok=True)
-    for path in (rd.eval_matrix, rd.report, rd.config, src / "ood_distance.json"):
+    for path in (rd.eval_matrix, rd.config, src / "ood_distance.json"):
         if path.is_file():
             shutil.copyfile(path, dst / path.name)
+    # The marker of a finished run; the report itself (plots, checkpoints) stays with the run.
+    RunDir(dst).report.write_text("# Exported run\n\nWhat the study's metrics read of a finished run "
+                                  "(megatron_sdpo/study/results.py); its report, plots and checkpoints stay with "
+                                  "the original run directory.\n")
     if rd.metrics.is_file():
         _prune_metrics(rd.metrics, dst / rd.metrics.name)
     for sub, prune in ((rd.drift, _prune_drift), (rd.eval_samples, _prune_samples)):
@@ -96,8 +108,9 @@ def _study_runs(root: Path) -> list[tuple[str, Optional[int], Path]]:
     return out
 
 
-def export(study_dir: Path, dest: Path, *, command: str, note: str = "") -> Path:
-    """Export a finished study directory into `dest` (which must not hold another study)."""
+def export(study_dir: Path, dest: Path, *, command: str, note: str = "", commit: Optional[str] = None) -> Path:
+    """Export a finished study directory into `dest` (which must not hold another study);
+    `commit`: the code the runs ran (default: this checkout's HEAD)."""
     runs = _study_runs(study_dir)
     finished = [(a, s, p) for a, s, p in runs if RunDir(p).report.is_file()]
     if not finished:
@@ -112,7 +125,7 @@ def export(study_dir: Path, dest: Path, *, command: str, note: str = "") -> Path
     wall = read_timings(study_dir / "timings.jsonl")
     meta: dict[str, Any] = {
         "command": command,
-        "commit": _commit(),
+        "commit": commit or _commit(),
         "machine": f"{platform.machine()}, {platform.processor() or 'cpu'}, {platform.system()}",
         "exported": time.strftime("%Y-%m-%d", time.gmtime()),
         "wall_s_total": round(sum(wall.values())) if wall else None,

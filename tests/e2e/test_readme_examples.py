@@ -18,6 +18,7 @@ Long examples belong in inline spans or as `--dry-run`.
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -221,6 +222,8 @@ def test_document_fenced_commands_run(tmp_path):
     from megatron_sdpo.cli import parse_args
 
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    # The committed study data `results tabulate` reads (a copy: the command rewrites its tables).
+    shutil.copytree(ROOT / "results", tmp_path / "results")
     seen = set()
     for path in documents():
         for cmd in fenced_commands(path.read_text(), _name(path)):
@@ -264,6 +267,10 @@ def test_document_fenced_commands_run(tmp_path):
                 assert re.search(r"math/id\s+\d\.\d{3}", proc.stdout), proc.stdout[-2000:]
             elif args[0] == "presets":
                 assert "tiny" in proc.stdout.split()
+            elif args[0] == "results" and args[1] == "tabulate":
+                # The tables regenerated from the committed data are the committed tables.
+                for name in re.findall(r"wrote (\S+)", proc.stdout):
+                    assert (tmp_path / name).read_bytes() == (ROOT / name).read_bytes(), name
 
 
 def _anchors(path: Path) -> set[str]:

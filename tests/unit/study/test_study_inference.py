@@ -24,6 +24,13 @@ def test_equivalence_by_two_one_sided_tests():
     assert not inference.tost_equivalent(close, 0.013)  # 0.0140 reaches past a margin of 0.013
     assert inference.verdict_at(close, +1, margin=0.03) == inference.EQUIVALENT
     assert inference.verdict_at(close, +1, margin=None) == stats.INCONCLUSIVE  # no margin: no equivalence
+    # TOST at 5% each side reads the 90% interval, not the 95% one: mean 0.01, sd sqrt(0.003) over
+    # 6 seeds, se = 0.0223607; 90%: 0.01 -+ 2.015048 * 0.0223607 = [-0.0351, 0.0551], inside +-0.056
+    # (but not +-0.054), while the 95% one, 0.01 -+ 2.570582 * 0.0223607 = [-0.0475, 0.0675], is not.
+    wide = stats.paired_summary([0.06, -0.04, 0.06, -0.04, 0.06, -0.04])
+    assert inference.interval_at(wide, 0.9) == (pytest.approx(-0.035057, abs=1e-5), pytest.approx(0.055057, abs=1e-5))
+    assert inference.verdict_at(wide, +1, margin=0.056) == inference.EQUIVALENT
+    assert inference.verdict_at(wide, +1, margin=0.054) == stats.INCONCLUSIVE
     # CASE excludes 0 in the paper's direction: established comes first, whatever the margin.
     assert inference.verdict_at(stats.paired_summary(CASE), +1, margin=0.03) == stats.ESTABLISHED
     assert inference.verdict_at(stats.paired_summary(CASE), -1, margin=0.03) == stats.CONTRADICTED

@@ -1,6 +1,7 @@
 """results/<study>: a study's runs exported to what its metrics read, and every table generated
 from the export alone, one per baseline in one pass, the same bytes each time."""
 import csv
+import gzip
 import json
 
 import pytest
@@ -40,10 +41,14 @@ def test_export_keeps_what_the_metrics_read_and_tabulate_regenerates_them(study,
     assert meta["arms"] == ["grpo", "sdpo_frozen"] and meta["seeds"] == list(range(6)) and meta["wall_s_total"] == 12
     assert not (dest / "runs" / "grpo" / "seed9").exists()
     run = dest / "runs" / "sdpo_frozen" / "seed2"
-    samples = json.loads((run / "eval_samples" / "stage_1_math.json").read_text())
+    with gzip.open(run / "eval_samples" / "stage_1_math.json.gz", "rt") as f:
+        samples = json.load(f)
     assert samples["math/id"][0] == {"id": "math/id-0", "score": 1}  # no answer text
     assert "big" not in (run / "drift" / "stage_2.json").read_text() and "unread" not in (run / "metrics.jsonl").read_text()
     assert sum(f.stat().st_size for f in run.rglob("*") if f.is_file()) < 8_000  # kilobytes a run
+    again = results.export(study, tmp_path / "again", command="megatron-sdpo study x --seeds 0-5")
+    packed = sorted(p.relative_to(dest) for p in dest.rglob("*.gz"))
+    assert packed and all((dest / p).read_bytes() == (again / p).read_bytes() for p in packed)  # the same bytes
 
     # Every metric from the export equals the study's own.
     original = {(r.arm, r.seed): r.values for r in load_runs(
