@@ -59,7 +59,8 @@ def test_strict_preflight_names_each_problem_on_its_own_line(offline_cache, caps
     assert main(["run", "qwen3_4b", "--dry-run", "--strict", "--world-size", "8", "--gpu-memory-gib", "40"]) == 2
     err = capsys.readouterr().err.splitlines()
     assert all(line.startswith("error: ") for line in err), err
-    assert sum("data file not found: data/" in line for line in err) == 20
+    # 20 sources and AIME 2025, the extra file of math's ID eval.
+    assert sum("data file not found: data/" in line for line in err) == 21
     assert sum("model.path 'Qwen/Qwen3-4B': not in the HF cache" in line for line in err) == 1
     assert sum(line.startswith("error: memory plan: phase ") and "40.0 GiB less" in line for line in err) >= 1
     # Without --strict missing data warns and passes (a login node often lacks the job's data);
