@@ -325,7 +325,8 @@ def _toolalpaca(row: dict, index: int, ctx: dict) -> dict:
     if isinstance(row, dict) and "tools" not in row and "functions" not in row and "prompt" in row:
         prompt = str(_get(row, "prompt"))
         try:
-            tools, _ = reference_rows.tool_docs_from_prompt(prompt), reference_rows.tool_question(prompt)
+            tools = reference_rows.tool_docs_from_prompt(prompt)
+            reference_rows.tool_question(prompt)  # the request must be there too
         except reference_rows.ReferenceRowError as exc:
             raise RowError(str(exc)) from None
     else:

@@ -60,21 +60,11 @@ def tost_equivalent(summary: stats.PairedSummary, margin: float, alpha: float = 
 def verdict_at(summary: stats.PairedSummary, direction: Optional[int], *, level: float = 1.0 - ALPHA,
                margin: Optional[float] = None) -> str:
     """The module docstring's verdict at confidence `level`."""
-    if direction is None:
-        return stats.DESCRIPTIVE
-    if direction not in (1, -1):
-        raise ValueError(f"direction must be +1, -1 or None, got {direction!r}")
     lo, hi = interval_at(summary, level)
-    if lo is None or hi is None:
-        return stats.INCONCLUSIVE
-    agree, oppose = (summary.positive, summary.negative) if direction > 0 else (summary.negative, summary.positive)
-    if (lo > 0 if direction > 0 else hi < 0) and stats.enough_agree(agree, summary.n):
-        return stats.ESTABLISHED
-    if (hi < 0 if direction > 0 else lo > 0) and stats.enough_agree(oppose, summary.n):
-        return stats.CONTRADICTED
-    if margin is not None and tost_equivalent(summary, margin, alpha=1.0 - level):
+    sided = stats.sided_verdict(summary, direction, lo, hi)
+    if sided == stats.INCONCLUSIVE and margin is not None and tost_equivalent(summary, margin, alpha=1.0 - level):
         return EQUIVALENT
-    return stats.INCONCLUSIVE
+    return sided
 
 
 def holm_levels(pvalues: Sequence[Optional[float]], alpha: float = ALPHA) -> list[float]:

@@ -144,18 +144,22 @@ def enough_agree(count: int, n: int) -> bool:
 def verdict(summary: PairedSummary, direction: Optional[int]) -> str:
     """The verdict rule of the module docstring; `direction` +1 / -1: the sign of arm - baseline
     the paper reports, None: the paper states none."""
+    return sided_verdict(summary, direction, summary.lo, summary.hi)
+
+
+def sided_verdict(summary: PairedSummary, direction: Optional[int], lo: Optional[float], hi: Optional[float]) -> str:
+    """The rule with the interval [lo, hi] at whatever level the caller judges at (95% above,
+    Holm's levels in study/inference.py)."""
     if direction is None:
         return DESCRIPTIVE
     if direction not in (1, -1):
         raise ValueError(f"direction must be +1, -1 or None, got {direction!r}")
-    if summary.lo is None or summary.hi is None:
+    if lo is None or hi is None:
         return INCONCLUSIVE
     agree, oppose = (summary.positive, summary.negative) if direction > 0 else (summary.negative, summary.positive)
-    excludes_same = summary.lo > 0 if direction > 0 else summary.hi < 0
-    excludes_opposite = summary.hi < 0 if direction > 0 else summary.lo > 0
-    if excludes_same and enough_agree(agree, summary.n):
+    if (lo > 0 if direction > 0 else hi < 0) and enough_agree(agree, summary.n):
         return ESTABLISHED
-    if excludes_opposite and enough_agree(oppose, summary.n):
+    if (hi < 0 if direction > 0 else lo > 0) and enough_agree(oppose, summary.n):
         return CONTRADICTED
     return INCONCLUSIVE
 
