@@ -11,8 +11,13 @@ class WeightedNLL:
     distillation = None  # the LossFn protocol: these losses do not distill
     on_policy = False
 
+    mask_keys = ("loss_mask",)
+
     def global_normalizer(self, tensors):
         return tensors["loss_mask"].sum().clamp_min(1.0)
+
+    def signal_rows(self, tensors):
+        return (tensors["loss_mask"] != 0).any(1) & (tensors["advantages"] != 0)
 
     def __call__(self, outputs, tensors, normalizer):
         m = tensors["loss_mask"]
@@ -27,8 +32,13 @@ class ResponseNLL:
     distillation = None  # the LossFn protocol: these losses do not distill
     on_policy = False
 
+    mask_keys = ("response_mask",)
+
     def global_normalizer(self, tensors):
         return tensors["response_mask"].sum()
+
+    def signal_rows(self, tensors):
+        return (tensors["response_mask"] != 0).any(1)
 
     def __call__(self, outputs, tensors, normalizer):
         return -(outputs["logprobs"] * tensors["response_mask"]).sum() / normalizer, {}

@@ -93,9 +93,24 @@ class GRPOLoss:
         self.requires = frozenset({"logprobs", "ref_logprobs"} if kl_coef > 0 else {"logprobs"})
         self.distillation: DistillationSpec | None = None
 
+    @property
+    def mask_keys(self) -> tuple[str, ...]:
+        return (self.mask_key,)
+
     def global_normalizer(self, tensors: dict[str, torch.Tensor]) -> torch.Tensor:
         """fp32 count of loss tokens in `tensors` (call on the global batch)."""
         return _tensor(tensors, self.mask_key, "GRPOLoss").to(torch.float32).sum()
+
+    def signal_rows(self, tensors: dict[str, torch.Tensor]) -> torch.Tensor:
+        """[B] bool: rows with a loss token whose advantage is not 0. Without the KL term every
+        part of the per-token loss (clip, dual clip, TIS weight) multiplies the advantage, so
+        another row's gradient is exactly 0; with it every row with a loss token counts."""
+        mask = _tensor(tensors, self.mask_key, "GRPOLoss") != 0
+        if self.kl_coef > 0:
+            return mask.any(dim=1)
+        adv = _tensor(tensors, "advantages", "GRPOLoss")
+        adv = adv[:, None] if adv.dim() == 1 else adv
+        return (mask & (adv != 0)).any(dim=1)
 
     def __call__(
         self, outputs: dict[str, torch.Tensor], tensors: dict[str, torch.Tensor], normalizer: torch.Tensor
@@ -201,9 +216,18 @@ class SDPOLoss:
             needs.add("logprobs")
         self.requires = frozenset(needs)
 
+    @property
+    def mask_keys(self) -> tuple[str, ...]:
+        return (self.distillation.mask_key,)
+
     def global_normalizer(self, tensors: dict[str, torch.Tensor]) -> torch.Tensor:
         """fp32 count of distilled tokens in `tensors` (call on the global batch)."""
         return _tensor(tensors, self.distillation.mask_key, "SDPOLoss").to(torch.float32).sum()
+
+    def signal_rows(self, tensors: dict[str, torch.Tensor]) -> torch.Tensor:
+        """[B] bool: rows with a distilled token (no context, chain-of-thought masking or
+        `mask_ratio` can leave a row none; its loss and gradient are then exactly 0)."""
+        return (_tensor(tensors, self.distillation.mask_key, "SDPOLoss") != 0).any(dim=1)
 
     def __call__(
         self, outputs: dict[str, torch.Tensor], tensors: dict[str, torch.Tensor], normalizer: torch.Tensor
@@ -271,9 +295,22 @@ class HybridLoss:
         # whether the loss reads behaviour-policy log-probabilities.
         self.distillation, self.on_policy = sdpo.distillation, grpo.on_policy
 
+    @property
+    def mask_keys(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(self.grpo.mask_keys + self.sdpo.mask_keys))
+
     def global_normalizer(self, tensors: dict[str, torch.Tensor]) -> torch.Tensor:
         """[2] fp32: (GRPO loss-token count, SDPO distilled-token count)."""
         return torch.stack([self.grpo.global_normalizer(tensors), self.sdpo.global_normalizer(tensors)])
+
+    def signal_rows(self, tensors: dict[str, torch.Tensor]) -> torch.Tensor:
+        """[B] bool: rows with a signal in a term whose weight is not 0."""
+        rows = self.grpo.signal_rows(tensors) if self.lam > 0 else None
+        if self.lam < 1:
+            sdpo = self.sdpo.signal_rows(tensors)
+            rows = sdpo if rows is None else rows | sdpo
+        assert rows is not None  # lam is in [0, 1]: at least one term has weight
+        return rows
 
     def __call__(
         self, outputs: dict[str, torch.Tensor], tensors: dict[str, torch.Tensor], normalizer: torch.Tensor

@@ -13,7 +13,7 @@ from megatron_sdpo.errors import ConfigError
 from megatron_sdpo.interfaces.backend import SequenceBatch
 
 # Backend step results that are counts over the mini-batches rather than per-step means.
-_COUNTS = ("skipped", "samples")
+_COUNTS = ("skipped", "samples", "train/rows_skipped")
 
 
 def split_groups(batch: SequenceBatch, n: int, group_size: int) -> list[SequenceBatch]:
@@ -42,7 +42,8 @@ def combine_step_metrics(steps: list[dict[str, float]]) -> dict[str, float]:
     the max / min of `_max` / `_min` metrics, sums of counts, the last lr; plus
     "optimizer_steps"."""
     out: dict[str, float] = {}
-    for name in steps[0]:
+    # A step can lack a metric another reports (a term with no trained row: algorithms/signal.py).
+    for name in dict.fromkeys(n for s in steps for n in s):
         vals = [s[name] for s in steps if name in s]
         if name == "lr":
             out[name] = vals[-1]

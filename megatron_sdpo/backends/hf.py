@@ -231,6 +231,7 @@ class HFBackend(Backend):
             self.blend_teacher(TeacherBlend.init(alpha))
 
         self.world = dist.get_world_size() if dist.is_initialized() else 1
+        self.dp_size = self.world
         self.rank = dist.get_rank() if dist.is_initialized() else 0
         self._head = _ResponseLogits(self.policy, self.logit_temperature)
         # In-process vLLM initializes a world-1 process group of its own: DDP only when there

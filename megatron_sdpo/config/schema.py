@@ -149,6 +149,10 @@ class AlgorithmConfig:
     name: Literal["grpo", "sdpo", "stable_sdpo", "hybrid"] = "grpo"
     prompts_per_step: int = 16
     group_size: int = 8
+    # Rows whose gradient is exactly 0 (GRPO: every advantage 0 and no KL term; SDPO: an empty
+    # distillation mask) leave the forward and backward; the step is the same up to round-off
+    # (algorithms/signal.py).
+    skip_zero_signal: bool = True
     grpo: GRPOConfig = field(default_factory=GRPOConfig)
     sdpo: SDPOConfig = field(default_factory=SDPOConfig)
 

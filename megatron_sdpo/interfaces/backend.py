@@ -125,6 +125,7 @@ class LossFn(Protocol):
     settings; None for a loss that does not distill. `on_policy` is True when the loss takes the
     current policy's detached log-probabilities as the behaviour policy, which holds only for
     one optimizer step per batch (`trainer.minibatch_update` refuses it with several).
+    `signal_rows` and `mask_keys` let the trainer skip rows without signal exactly.
     """
 
     requires: frozenset
@@ -132,6 +133,17 @@ class LossFn(Protocol):
     on_policy: bool
 
     def global_normalizer(self, tensors: dict[str, torch.Tensor]) -> torch.Tensor:
+        ...
+
+    @property
+    def mask_keys(self) -> tuple[str, ...]:
+        """The tensors ([B, T] masks or token weights, [B] row weights) whose 0 drops a token or
+        row from the loss and every metric: zeroing them all makes a row contribute nothing."""
+        ...
+
+    def signal_rows(self, tensors: dict[str, torch.Tensor]) -> torch.Tensor:
+        """[B] bool: False where the row's contribution to the gradient is exactly 0 whatever the
+        model outputs (algorithms/signal.py leaves those rows out of the forward and backward)."""
         ...
 
     def __call__(
@@ -151,10 +163,14 @@ class Backend(Protocol):
     distillation ("logits": it can hand the loss [B, T, V] logits and the loss picks them;
     "shards": its logits stay vocab-sharded, so it computes "topk_logprobs" itself). The loss is
     built for it (`trainer.build_loss`). `device` is where its policy lives (step timers
-    synchronize it when it is a CUDA device)."""
+    synchronize it when it is a CUDA device). `dp_size` is the number of data-parallel ranks a
+    batch is split over."""
 
     topk_source: TopkSource
     device: torch.device
+    # Data-parallel ranks a batch is split over: a skipped step keeps this many rows
+    # (algorithms/signal.py) so that every rank runs the step's collectives.
+    dp_size: int
 
     def logprobs(self, batch: SequenceBatch, *, model: str = "policy") -> torch.Tensor:
         """[B, T] fp32 per-token logprobs of `batch.response_ids` under `model`

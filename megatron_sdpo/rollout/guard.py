@@ -28,13 +28,17 @@ SEQ_WEIGHT = "guard_seq_weight"  # [B] 1 / global batch size
 _SUM_CAP = 80.0
 
 
-def attach_guard_tensors(tensors: dict[str, torch.Tensor], response_mask: torch.Tensor) -> None:
+def attach_guard_tensors(tensors: dict[str, torch.Tensor], response_mask: torch.Tensor, rows: torch.Tensor | None = None) -> None:
     """Adds the per-token and per-sequence weights that make the guard metrics shares of
     global means (the backends sum metric shares over micro-batches and ranks).
-    response_mask: [B, T] 1 on response tokens."""
+    response_mask: [B, T] 1 on response tokens; rows: [B] bool, the rows measured (None: all)."""
     mask = response_mask.to(torch.float32)
+    seq = torch.ones(mask.shape[0], dtype=torch.float32, device=mask.device)
+    if rows is not None:
+        seq = rows.to(device=mask.device, dtype=torch.float32)
+        mask = mask * seq[:, None]
     tensors[TOKEN_WEIGHT] = mask / mask.sum().clamp_min(1.0)
-    tensors[SEQ_WEIGHT] = torch.full((mask.shape[0],), 1.0 / max(mask.shape[0], 1), dtype=torch.float32, device=mask.device)
+    tensors[SEQ_WEIGHT] = seq / seq.sum().clamp_min(1.0)
 
 
 def mismatch_metrics(
@@ -72,8 +76,17 @@ class GuardedLoss:
         self.distillation: DistillationSpec | None = inner.distillation
         self.on_policy: bool = inner.on_policy
 
+    @property
+    def mask_keys(self) -> tuple[str, ...]:
+        # The guard's weights too: a row kept only to run the step (algorithms/signal.py) adds
+        # nothing to its metrics.
+        return tuple(self.inner.mask_keys) + (TOKEN_WEIGHT, SEQ_WEIGHT)
+
     def global_normalizer(self, tensors: dict[str, torch.Tensor]) -> torch.Tensor:
         return self.inner.global_normalizer(tensors)
+
+    def signal_rows(self, tensors: dict[str, torch.Tensor]) -> torch.Tensor:
+        return self.inner.signal_rows(tensors)
 
     def __call__(self, outputs, tensors, normalizer):
         loss, metrics = self.inner(outputs, tensors, normalizer)

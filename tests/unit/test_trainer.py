@@ -114,6 +114,7 @@ class RecordingEngine(RolloutEngine):
 class RecordingBackend:
     topk_source = "logits"  # the Backend capability the trainer builds its loss for
     device = torch.device("cpu")
+    dp_size = 1
 
     def __init__(self, log):
         self.log = log
@@ -340,7 +341,8 @@ def test_with_mini_batches_the_guard_reads_the_rollout_time_policy():
 
     tok = load_tokenizer(ensure_tiny_base())
     records = generate("math", "id", 4, 0)
-    cfg = load_config("tiny", ["algorithm.prompts_per_step=4", "algorithm.grpo.mini_batches=2"])
+    # Every reward is 0 here: skipping would leave no row for the guard to measure.
+    cfg = load_config("tiny", ["algorithm.prompts_per_step=4", "algorithm.grpo.mini_batches=2", "algorithm.skip_zero_signal=false"])
     log = []
     trainer = Trainer(cfg, MiniBatchBackend(log, shift=0.25), RecordingEngine(log), tok)
     out = trainer.step("math", records, seed=0).metrics
@@ -390,6 +392,7 @@ class CapturingBackend:
 
     topk_source = "logits"  # the Backend protocol: where a top-k loss gets its top-k
     device = torch.device("cpu")
+    dp_size = 1
 
     def __init__(self):
         self.trained, self.scored = [], []
@@ -472,7 +475,8 @@ def test_shots_precede_the_student_and_the_teacher_prompts(tok):
     from megatron_sdpo.data.sources import with_shots
     from megatron_sdpo.data.synthetic import generate
 
-    cfg = load_config("tiny_sdpo", ["algorithm.prompts_per_step=1", "algorithm.group_size=2"])
+    # The batch as the trainer builds it (no row left out: the rewarded sample has no context).
+    cfg = load_config("tiny_sdpo", ["algorithm.prompts_per_step=1", "algorithm.group_size=2", "algorithm.skip_zero_signal=false"])
     shot = Shot(user="Zed has 2 pens and gets 3 more. How many pens now?", assistant="2 + 3 = \\boxed{5}")
     records = with_shots(generate("math", "id", 1, 0), [shot])
     engine = ScriptedEngine(lambda p, j: _boxed(records[p]) if j == 0 else "\\boxed{-7}")
@@ -493,7 +497,7 @@ def test_sdpo_step_passes_the_teacher_prompts_and_the_distillation_mask(tok):
     from megatron_sdpo.algorithms.losses import SDPOLoss
     from megatron_sdpo.data.synthetic import generate
 
-    cfg = load_config("tiny_sdpo", ["algorithm.prompts_per_step=1", "algorithm.group_size=2"])
+    cfg = load_config("tiny_sdpo", ["algorithm.prompts_per_step=1", "algorithm.group_size=2", "algorithm.skip_zero_signal=false"])
     records = generate("math", "id", 1, 0)
     engine = ScriptedEngine(lambda p, j: _boxed(records[p]) if j == 0 else "\\boxed{-7}")
     backend = CapturingBackend()
@@ -513,3 +517,24 @@ def test_sdpo_step_passes_the_teacher_prompts_and_the_distillation_mask(tok):
     # The teacher-signal diagnostic (due at step 0): the teacher's -1/4 per token against the
     # unrewarded sample's rollout log-prob of -1 per token.
     assert backend.scored == ["teacher"] and out.metrics["teacher/gain_unrewarded"] == 0.75
+
+
+def test_rows_without_signal_leave_the_train_step(tok):
+    """GRPO with one group all wrong: its rows never reach the backend; the loss keeps the whole
+    batch's normalizer and the guard measures the trained rows."""
+    from megatron_sdpo.algorithms.signal import PresetNormalizer
+    from megatron_sdpo.data.synthetic import generate
+    from megatron_sdpo.rollout.guard import SEQ_WEIGHT, TOKEN_WEIGHT
+
+    cfg = load_config("tiny", ["algorithm.prompts_per_step=2", "algorithm.group_size=4"])
+    assert cfg.algorithm.skip_zero_signal  # the default
+    records = generate("math", "id", 2, 0)
+    engine = ScriptedEngine(lambda p, j: _boxed(records[p]) if p == 0 and j == 0 else "\\boxed{-7}")
+    backend = CapturingBackend()
+    out = Trainer(cfg, backend, engine, tok).step("math", records, seed=17, step=0)
+    ((batch, loss_fn),) = backend.trained
+    assert isinstance(loss_fn, PresetNormalizer) and len(batch) == 4  # the first prompt's group
+    assert float(loss_fn.global_normalizer(batch.tensors)) == 20.0  # all 8 responses' tokens
+    t = batch.tensors
+    assert float(t[TOKEN_WEIGHT].sum()) == pytest.approx(1.0) and float(t[SEQ_WEIGHT].sum()) == pytest.approx(1.0)
+    assert out.metrics["train/rows_skipped"] == 4.0 and out.metrics["samples"] == 8.0

@@ -164,6 +164,7 @@ class MegatronBackend(Backend):
         if self.device.type == "cuda" and torch.cuda.is_available():
             torch.cuda.set_device(self.device)
         self.layout = initialize(parallel, seed=seed)
+        self.dp_size = self.layout.dp
         from megatron.core import parallel_state as ps
 
         self._ps = ps

@@ -51,9 +51,13 @@ def test_guarded_loss_adds_logprobs_and_keeps_the_inner_loss():
         distillation = spec
         on_policy = True
         alpha = 0.5  # not part of the protocol: not forwarded
+        mask_keys = ("distill_mask",)
 
         def global_normalizer(self, tensors):
             return torch.tensor(4.0)
+
+        def signal_rows(self, tensors):
+            return torch.ones(1, dtype=torch.bool)
 
         def __call__(self, outputs, tensors, normalizer):
             return torch.tensor(1.5), {"x": torch.tensor(2.0)}
@@ -65,6 +69,7 @@ def test_guarded_loss_adds_logprobs_and_keeps_the_inner_loss():
     assert g.requires == {"logits", "logprobs"} and isinstance(g, LossFn)
     # The protocol's declarations are forwarded explicitly; nothing else leaks through.
     assert g.distillation is spec and g.on_policy is True and not hasattr(g, "alpha")
+    assert g.mask_keys == ("distill_mask", TOKEN_WEIGHT, SEQ_WEIGHT)
     loss, metrics = g({"logprobs": trainer}, tensors, g.global_normalizer(tensors))
     assert float(loss) == 1.5 and float(metrics["x"]) == 2.0 and "refit/logprob_diff_max" in metrics
 
