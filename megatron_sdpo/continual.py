@@ -5,6 +5,7 @@ backends/ and rollout/, the measurements in diagnostics/.
 """
 from __future__ import annotations
 
+import functools
 import json
 import random
 import shutil
@@ -34,10 +35,16 @@ def step_seed(seed: int, stage: int, step: int) -> int:
     return (seed * 1_000_003 + stage * 10_007 + step) % (2**31 - 1)
 
 
-def train_batch(records: list[dict], *, seed: int, stage: int, step: int, size: int) -> list[dict]:
-    """Records for (stage, step): epochs over a seeded permutation; the data position is the step."""
-    out = []
+def train_batch(records: list[dict], *, seed: int, stage: int, step: int, size: int, round_: int = 0) -> list[dict]:
+    """Records for (stage, step): epochs over a seeded permutation; the data position is the step.
+    Extra generation round `round_` >= 1 (dynamic sampling) draws from its own seeded permutation
+    of (stage, step, round), so a resumed run draws the same prompts."""
     n = len(records)
+    if round_:
+        perm = list(range(n))
+        random.Random(step_seed(seed, stage, 2_000_000 + 1_000 * step + round_)).shuffle(perm)
+        return [records[perm[k % n]] for k in range(size)]
+    out = []
     for k in range(step * size, (step + 1) * size):
         epoch, idx = divmod(k, n)
         perm = list(range(n))
@@ -302,6 +309,7 @@ class ContinualRun:
             out = self.trainer.step(
                 stage.domain, batch, seed=step_seed(cfg.seed, k, step), step=step, label=f"stage {k + 1} step {step + 1}",
                 after_train=lambda: self._teacher_update(self.teacher.after_step(step + 1)),
+                refill=functools.partial(self._refill, records, k, step),
             )
             stats = artifact_stats(
                 out.responses,
@@ -342,6 +350,11 @@ class ContinualRun:
                 )
                 break
         self.monitor.stage_end()
+
+    def _refill(self, records: list[dict], stage: int, step: int, round_: int) -> list[dict]:
+        """The prompts of extra generation round `round_` of (stage, step) (dynamic sampling)."""
+        size = self.stage_cfg.algorithm.prompts_per_step
+        return train_batch(records, seed=self.stage_cfg.seed, stage=stage, step=step, size=size, round_=round_)
 
     def _base_checkpoint(self) -> None:
         """The stage-0 reference for drift: the base model's HF directory."""

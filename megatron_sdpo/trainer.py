@@ -25,6 +25,11 @@ from megatron_sdpo.rollout.guard import attach_guard_tensors
 from megatron_sdpo.stopwatch import PhaseTimes
 
 
+def extra_round_seed(seed: int, round_: int) -> int:
+    """The sampling seed of generation round `round_` of a step whose first round has `seed`."""
+    return seed if round_ == 0 else (seed + 7919 * round_) % (2**31 - 1)
+
+
 def pad_2d(rows: list[list[float]], width: int, value: float = 0.0) -> torch.Tensor:
     """[B, width] fp32 tensor from ragged rows, right-padded with `value`."""
     out = torch.full((len(rows), width), value, dtype=torch.float32)
@@ -198,37 +203,30 @@ class Trainer:
 
     def step(
         self, domain: str, records: list[dict], *, seed: int, step: int = 0, label: str | None = None,
-        after_train: Callable[[], None] | None = None,
+        after_train: Callable[[], None] | None = None, refill: Callable[[int], list[dict]] | None = None,
     ) -> StepOutput:
         """One optimizer step on `records` (prompts_per_step records of one domain); `step`
         (0-based within the stage) schedules the periodic diagnostics; `label` names the step
         in a refit-guard error; `after_train` runs after the optimizer step while the engine
-        still sleeps (the teacher update: its transients never share the device with vLLM).
+        still sleeps (the teacher update: its transients never share the device with vLLM);
+        `refill(r)` gives the prompts of extra generation round r >= 1 when
+        `algorithm.filter_groups` is on (rollout/group_filter.py; None: no extra round).
 
         Engine order: generate (awake) -> sleep (frees weights and KV cache while training) ->
         train -> wake the weights -> refit -> wake the KV cache -> next generate."""
         from megatron_sdpo.algorithms.grpo import group_advantages
-        from megatron_sdpo.rollout.scoring import score_shared
 
         cfg, a = self.cfg, self.cfg.algorithm
         n = a.group_size
         times = PhaseTimes(self.backend.device)
-        with times.phase("rollout"):
-            prompt_ids = record_prompts(self.tokenizer, records)
-            sampling = SamplingConfig(
-                n=n,
-                temperature=cfg.rollout.temperature,
-                top_p=cfg.rollout.top_p,
-                max_new_tokens=cfg.rollout.max_new_tokens,
-                seed=seed,
-            )
-            comps = self.engine.generate(prompt_ids, sampling)
-            self.engine.sleep()
+        dynamic: dict[str, float] = {}
+        if a.filter_groups.enabled:
+            records, prompt_ids, comps, results, dynamic = self._filtered_rollout(domain, records, seed, times, refill)
+        else:
+            prompt_ids, comps, results = self._rollout(domain, records, seed, times, sleep=True)
 
         sample_records = [records[c.prompt_index] for c in comps]
         texts = [c.text for c in comps]
-        with times.phase("reward"):
-            results = score_shared(domain, texts, sample_records, batched_code=cfg.rewards.batched_code)
         rewards = torch.tensor([r.score for r in results], dtype=torch.float32)
         batch = SequenceBatch(
             prompt_ids=[prompt_ids[c.prompt_index] for c in comps],
@@ -279,11 +277,71 @@ class Trainer:
             "response_len": sum(lengths) / max(len(lengths), 1),
             "teacher_context_frac": sum(has_context) / max(len(has_context), 1),
             **sync_stats,
+            **dynamic,
             **times.metrics(),
             **signal,
             **train_metrics,
         }
         return StepOutput(metrics, texts, [c.truncated for c in comps], lengths, has_context)
+
+    def _rollout(self, domain: str, records: list[dict], seed: int, times: PhaseTimes, *, sleep: bool):
+        """One generation round on `records` and its scoring: (prompt ids, completions, results);
+        with `sleep` the engine sleeps as soon as it has generated."""
+        from megatron_sdpo.rollout.scoring import score_shared
+
+        cfg = self.cfg
+        with times.phase("rollout"):
+            prompt_ids = record_prompts(self.tokenizer, records)
+            sampling = SamplingConfig(
+                n=cfg.algorithm.group_size,
+                temperature=cfg.rollout.temperature,
+                top_p=cfg.rollout.top_p,
+                max_new_tokens=cfg.rollout.max_new_tokens,
+                seed=seed,
+            )
+            comps = self.engine.generate(prompt_ids, sampling)
+            if sleep:
+                self.engine.sleep()
+        with times.phase("reward"):
+            results = score_shared(
+                domain, [c.text for c in comps], [records[c.prompt_index] for c in comps], batched_code=cfg.rewards.batched_code
+            )
+        return prompt_ids, comps, results
+
+    def _filtered_rollout(self, domain, records, seed, times, refill):
+        """DAPO's dynamic sampling (rollout/group_filter.py): rounds of generation until the step
+        holds `prompts_per_step` groups with reward variance or the extra rounds run out; returns
+        the chosen groups as (records, prompt ids, completions, results) and `dynamic/` metrics.
+        Every rank scores every sample (score_shared), so all take the same number of rounds."""
+        import dataclasses
+        import time
+
+        from megatron_sdpo.rollout.group_filter import Group, GroupPool, informative
+
+        n, fg = self.cfg.algorithm.group_size, self.cfg.algorithm.filter_groups
+        pool = GroupPool(want=len(records))
+        extra_s = 0.0
+        for r in range(fg.max_extra_rounds + 1):
+            if r and (pool.full or refill is None):
+                break
+            start = time.perf_counter()
+            recs = records if r == 0 else refill(r)
+            ids, comps, results = self._rollout(domain, recs, extra_round_seed(seed, r), times, sleep=False)
+            groups = []
+            for j, (rec, p) in enumerate(zip(recs, ids)):
+                mine = comps[j * n : (j + 1) * n]
+                if [c.prompt_index for c in mine] != [j] * n:
+                    raise RuntimeError(f"the engine returned samples out of prompt order (prompt {j})")
+                groups.append(Group(rec, p, mine, results[j * n : (j + 1) * n]))
+            pool.add(groups, informative([res.score for res in results], n))
+            if r:
+                extra_s += time.perf_counter() - start
+        with times.phase("rollout"):
+            self.engine.sleep()
+        chosen = pool.batch()
+        comps = [dataclasses.replace(c, prompt_index=i) for i, g in enumerate(chosen) for c in g.completions]
+        metrics = {**pool.metrics(n), "dynamic/extra_seconds": extra_s}
+        return [g.record for g in chosen], [g.prompt_ids for g in chosen], comps, [x for g in chosen for x in g.results], metrics
 
     @contextlib.contextmanager
     def training_state_on_device(self) -> Iterator[None]:

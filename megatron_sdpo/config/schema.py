@@ -144,6 +144,14 @@ class SDPOConfig:
 
 
 @dataclass
+class FilterGroupsConfig:
+    # DAPO's dynamic sampling (rollout/group_filter.py): groups whose rewards all agree leave
+    # the batch and up to `max_extra_rounds` more rounds of prompts refill it.
+    enabled: bool = False
+    max_extra_rounds: int = 2
+
+
+@dataclass
 class AlgorithmConfig:
     # What each name implies (teacher, advantages, mask): config/algorithm_spec.py.
     name: Literal["grpo", "sdpo", "stable_sdpo", "hybrid"] = "grpo"
@@ -153,6 +161,7 @@ class AlgorithmConfig:
     # distillation mask) leave the forward and backward; the step is the same up to round-off
     # (algorithms/signal.py).
     skip_zero_signal: bool = True
+    filter_groups: FilterGroupsConfig = field(default_factory=FilterGroupsConfig)
     grpo: GRPOConfig = field(default_factory=GRPOConfig)
     sdpo: SDPOConfig = field(default_factory=SDPOConfig)
 

@@ -60,6 +60,8 @@ def _check(cfg: RunConfig) -> None:
     _validate_context(a.sdpo.context, "algorithm.sdpo.context")
     if a.grpo.mini_batches < 1:
         raise ConfigError("algorithm.grpo.mini_batches must be >= 1")
+    if a.filter_groups.max_extra_rounds < 0:
+        raise ConfigError(f"algorithm.filter_groups.max_extra_rounds must be >= 0, got {a.filter_groups.max_extra_rounds}")
     if a.grpo.mini_batches > 1 and not spec.supports_mini_batches:
         raise ConfigError("algorithm.grpo.mini_batches > 1 needs algorithm.name=grpo")
     if a.prompts_per_step % a.grpo.mini_batches:

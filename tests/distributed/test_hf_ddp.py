@@ -1,7 +1,10 @@
 """HFBackend under torch DDP (gloo, 2 spawned processes) gives world-1 results.
 
 Seven samples split 4 / 3 over the ranks and 2-sample micro-batches: loss, grad norm, the
-gradient (Adam's first moment) and gathered logprobs must match a single process.
+gradient (Adam's first moment) and gathered logprobs must match a single process. Then two steps
+with rows without signal skipped (algorithms/signal.py): one row with signal (the other rank
+runs a placeholder) and none (both do): no rank hangs in the gradient all-reduce, and the steps
+match the single process's.
 """
 import faulthandler
 import os
@@ -14,6 +17,7 @@ import torch.multiprocessing as mp
 
 from megatron_sdpo.interfaces.backend import SequenceBatch
 from megatron_sdpo.models.random_qwen3 import save_tiny_qwen3
+from megatron_sdpo.trainer import minibatch_update
 
 from backend_losses import WeightedNLL
 
@@ -41,7 +45,15 @@ def run_backend(model_dir: str, micro_batch_size: int) -> dict:
     metrics = backend.train_step(batch, WeightedNLL())
     moments = {k: backend.optimizer.state[p]["exp_avg"].clone() for k, p in backend.policy.named_parameters()}
     params = {k: v.detach().clone() for k, v in backend.policy.state_dict().items()}
-    return {"metrics": metrics, "logprobs": logprobs, "moments": moments, "params": params}
+    skipped = []
+    for signal_rows in ([3], []):
+        b = make_batch(1)
+        keep = torch.zeros(len(b))
+        keep[signal_rows] = 1.0
+        b.tensors["advantages"] = b.tensors["advantages"] * keep
+        skipped.append(minibatch_update(backend, b, WeightedNLL(), mini_batches=1, group_size=1, skip=True))
+    after = {k: v.detach().clone() for k, v in backend.policy.state_dict().items()}
+    return {"metrics": metrics, "logprobs": logprobs, "moments": moments, "params": params, "skipped": skipped, "after": after}
 
 
 def _worker(rank: int, world: int, model_dir: str, init_file: str, out_dir: str) -> None:
@@ -88,6 +100,13 @@ def test_ddp_world2_matches_world1(tmp_path, assert_adam_first_step_close):
             # exp_avg = (1 - beta1) * g after one step.
             g_r, g_1 = r["moments"][k] / 0.1, single["moments"][k] / 0.1
             assert_adam_first_step_close(r["params"][k], p, g_r, g_1, lr=1e-3, what=k)
+        for got, want in zip(r["skipped"], single["skipped"]):
+            assert got["train/rows_skipped"] == want["train/rows_skipped"]
+            assert got["loss"] == pytest.approx(want["loss"], rel=1e-4, abs=1e-12)
+            assert got["grad_norm"] == pytest.approx(want["grad_norm"], rel=1e-4, abs=1e-12)
+    assert [m["train/rows_skipped"] for m in single["skipped"]] == [6.0, 7.0]
+    assert single["skipped"][0]["grad_norm"] > 0 and single["skipped"][1]["grad_norm"] == 0.0
     # DDP keeps the replicas identical.
     for k in ranks[0]["params"]:
         assert torch.equal(ranks[0]["params"][k], ranks[1]["params"][k])
+        assert torch.equal(ranks[0]["after"][k], ranks[1]["after"][k])
