@@ -3,8 +3,9 @@
     python tools/bench_limit.py --models tiny,smollm2-135m-instruct --algorithms grpo,sdpo \
         --rounds 3 --out bench_limit.csv
 
-Per (model, algorithm) it builds the run's HF backend and loss (`load_config` of the tiny
-presets with `model.path` set, so packing, shared prompts, micro-batch and dtype are a run's),
+Per (model, algorithm) it builds the run's HF backend and loss (`load_config` of the model's
+preset, `tiny` or `smollm2_real`, with the algorithm set, so packing, shared prompts,
+micro-batch and dtype are a run's; `--micro-batch` overrides the micro-batch),
 a batch of `--prompts` x `--samples` synthetic math prompts in the chat template with random
 responses of `--new-tokens` / 2 .. `--new-tokens` tokens (SDPO: every sample has a teacher
 prompt, the prompt plus a sibling's response; GRPO: advantages of both signs, so no row is
@@ -64,7 +65,11 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def make_case(model: str, algorithm: str, prompts: int, samples: int, new_tokens: int, seed: int = 0):
+# The preset whose backend settings (micro-batch, dtype) a model's runs use.
+PRESETS = {"tiny": "tiny", "smollm2-135m-instruct": "smollm2_real"}
+
+
+def make_case(model: str, algorithm: str, prompts: int, samples: int, new_tokens: int, micro_batch: int | None = None, seed: int = 0):
     """(backend, loss, batch, cfg) of one arm."""
     from megatron_sdpo import builders
     from megatron_sdpo.algorithms.grpo import group_advantages
@@ -74,8 +79,10 @@ def make_case(model: str, algorithm: str, prompts: int, samples: int, new_tokens
     from megatron_sdpo.interfaces.backend import SequenceBatch
     from megatron_sdpo.trainer import build_loss
 
-    preset = "tiny_grpo" if algorithm == "grpo" else "tiny_sdpo"
-    cfg = load_config(preset, [f"model.path={model}", f"algorithm.prompts_per_step={prompts}", f"algorithm.group_size={samples}"])
+    overrides = [f"model.path={model}", f"algorithm.name={algorithm}", f"algorithm.prompts_per_step={prompts}", f"algorithm.group_size={samples}"]
+    if micro_batch is not None:
+        overrides.append(f"backend.micro_batch_size={micro_batch}")
+    cfg = load_config(PRESETS.get(model, "tiny"), overrides)
     path = builders.resolve_model_path(cfg)
     tok = builders.load_tokenizer(path)
     backend = builders.make_backend(cfg, path, tok)
@@ -171,6 +178,7 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--micro-batch", type=int, default=None, help="samples per forward/backward (default: the preset's)")
     ap.add_argument("--out", default="-")
     ap.add_argument("--json", default=None, help="also write the profiles' breakdown here")
     args = ap.parse_args()
@@ -183,7 +191,7 @@ def main() -> None:
     cases = [(m, a) for m in args.models.split(",") for a in args.algorithms.split(",")]
     peaks: dict[torch.dtype, float] = {}
     for model, algorithm in cases:
-        backend, loss, batch, cfg = make_case(model, algorithm, args.prompts, args.samples, args.new_tokens)
+        backend, loss, batch, cfg = make_case(model, algorithm, args.prompts, args.samples, args.new_tokens, args.micro_batch)
         dtype = backend.dtype
         if dtype not in peaks:
             peaks[dtype] = peak_matmul_flops(dtype, device)
@@ -192,6 +200,7 @@ def main() -> None:
         params = {
             "model": model, "algorithm": algorithm, "dtype": str(dtype).removeprefix("torch."), "device": device.type,
             "threads": args.threads, "prompts": args.prompts, "samples": args.samples, "new_tokens": args.new_tokens,
+            "micro_batch": backend.micro_batch_size,
         }
         arm = f"{model}_{algorithm}"
         timed_step(backend, loss, batch)  # warm-up

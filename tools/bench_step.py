@@ -47,7 +47,7 @@ TRL = ("trl_grpo", "trl_sdpo")
 DEFAULT_ARMS = OURS + TRL
 ARMS = OURS + EAGER + TRL
 LR, CLIP_LOW, CLIP_HIGH, EMA_RATE, ALPHA = 1e-4, 0.2, 0.28, 0.05, 0.5
-UNITS = {"s_per_step": "s", "steps_timed": "steps", "peak_rss_mb": "MiB", "peak_tree_rss_mb": "MiB", "wall_s": "s"}
+UNITS = {"s_per_step": "s", "ms_per_token": "ms", "rows_skipped_frac": "ratio", "steps_timed": "steps", "peak_rss_mb": "MiB", "peak_tree_rss_mb": "MiB", "wall_s": "s"}
 WORKLOAD = ("steps", "warmup", "prompts", "samples", "new_tokens", "threads", "dataset", "micro_batch")
 
 
@@ -136,7 +136,11 @@ def run_ours(args, arm: str, work: Path) -> dict:
     rollouts = [r["time/rollout"] for r in timed if isinstance(r.get("time/rollout"), (int, float))]
     if rollouts:
         phases["time/rollout_mean"] = sum(rollouts) / len(rollouts)
-    return {"times": step_times(stamps), "phases": phases}
+    # Completion tokens per step (the samples' mean length x samples) and rows left out of the
+    # train step (algorithms/signal.py), step by step.
+    tokens = [r["response_len"] * args.prompts * args.samples for r in records]
+    skipped = [r.get("train/rows_skipped", 0.0) / r["samples"] for r in records if r.get("samples")]
+    return {"times": step_times(stamps), "phases": phases, "tokens": tokens, "rows_skipped": skipped}
 
 
 def trl_dataset(args):
@@ -191,6 +195,7 @@ def run_trl(args, arm: str, work: Path) -> dict:
         )
     stamps: list[float] = []
     per_step: list[dict] = []
+    tokens: list[float] = []
     current: dict[str, float] = {}
     from trl.extras import profiling
 
@@ -212,13 +217,17 @@ def run_trl(args, arm: str, work: Path) -> dict:
             per_step.append(dict(current))
             current.clear()
 
+        def on_log(self, args_, state, control, logs=None, **k):
+            if logs and "completions/mean_length" in logs:
+                tokens.append(logs["completions/mean_length"] * batch)
+
     trainer = Trainer(
         model=model, reward_funcs=math_reward, args=Config(**common), train_dataset=trl_dataset(args),
         processing_class=load_tokenizer(model), callbacks=[Clock()],
     )
     trainer.train()
     phases = phase_medians(per_step[args.warmup:], lambda k: k.startswith("profiling/"))
-    return {"times": step_times(stamps), "phases": phases}
+    return {"times": step_times(stamps), "phases": phases, "tokens": tokens}
 
 
 def worker(args) -> None:
@@ -247,8 +256,18 @@ def run_arm(args, arm: str) -> dict:
            "TOKENIZERS_PARALLELISM": "false"}
     out, peak_rss = run_child(cmd, env=env)
     timed = out["times"][args.warmup:]
+    extra = {}
+    tokens = out.get("tokens", [])[args.warmup:]
+    if len(tokens) == len(timed) and sum(tokens) > 0:
+        # Whole timed steps over the completion tokens they generated: a step that samples
+        # shorter answers is cheaper for that reason alone.
+        extra["ms_per_token"] = 1000 * sum(timed) / sum(tokens)
+    skipped = out.get("rows_skipped", [])[args.warmup:]
+    if skipped:
+        extra["rows_skipped_frac"] = sum(skipped) / len(skipped)
     return {"s_per_step": median(timed), "steps_timed": len(timed), "peak_rss_mb": peak_rss / 2**20,
-            "peak_tree_rss_mb": out["peak_tree_rss_mb"], "wall_s": out["wall_s"], "load_avg": load, **out["phases"]}
+            "peak_tree_rss_mb": out["peak_tree_rss_mb"], "wall_s": out["wall_s"], "load_avg": load, **extra,
+            **out["phases"]}
 
 
 def trl_peer(arm: str) -> str:
@@ -319,7 +338,7 @@ def main(argv=None) -> None:
           f"{args.new_tokens} new tokens, {args.threads} threads, steps {args.warmup + 1}-{args.steps} timed; "
           f"load average {load:.1f} on {os.cpu_count()} CPUs")
     bench = measure(args)
-    print_summary(bench.write(), metrics=("s_per_step", "peak_rss_mb", "peak_tree_rss_mb", "load_avg"))
+    print_summary(bench.write(), metrics=("s_per_step", "ms_per_token", "rows_skipped_frac", "peak_rss_mb", "peak_tree_rss_mb", "load_avg"))
     print(f"wrote {args.out}")
     if not any(r["metric"] == "s_per_step" for r in bench.rows):
         sys.exit(1)

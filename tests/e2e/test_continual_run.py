@@ -1,4 +1,7 @@
-"""The main job end to end on the tiny model: outputs, resume after a kill, compare."""
+"""The main job end to end on the tiny model: outputs, resume after a kill, compare.
+
+The small run samples dynamically (algorithm.filter_groups, one extra round at most), so the
+resumed runs also show that the extra rounds' prompts and seeds follow the position."""
 import csv
 import json
 import os
@@ -20,7 +23,7 @@ domains:
   science: {eval: {id: {n: 8}, ood_near: {n: 4}, ood_mid: {n: 4}, ood_far: {n: 4}}}
   tooluse: {eval: {id: {n: 12}, ood_near: {n: 4}, ood_mid: {n: 4}, ood_far: {n: 4}}}
   code: {eval: {id: {n: 8}, ood_near: {n: 4}, ood_mid: {n: 4}, ood_far: {n: 4}}}
-algorithm: {prompts_per_step: 6, group_size: 4}
+algorithm: {prompts_per_step: 6, group_size: 4, filter_groups: {enabled: true, max_extra_rounds: 1}}
 rollout: {engine: hf, max_new_tokens: 24}
 eval: {max_new_tokens: 24}
 checkpoint: {save_every: 2}
@@ -133,6 +136,10 @@ def test_sigterm_saves_the_last_step_and_resume_matches_uninterrupted(full_run, 
         (m["stage"], m["step"], m["reward_mean"]) for m in theirs
     ]
     assert [m["loss"] for m in ours] == pytest.approx([m["loss"] for m in theirs], abs=1e-6)
+    # The resumed stage drew the same extra rounds; some step needed one.
+    dyn = ("dynamic/rounds", "dynamic/extra_rollouts", "dynamic/kept_groups", "train/rows_skipped")
+    assert [[m.get(k) for k in dyn] for m in ours] == [[m.get(k) for k in dyn] for m in theirs]
+    assert any(m["dynamic/rounds"] > 1 for m in theirs)
 
 
 COMPARE = """
