@@ -157,14 +157,6 @@ def _backend_worker(model_dir: str, layouts: list) -> list:
     return results
 
 
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    from test_megatron_convert import tiny_hf
-
-    d = tmp_path_factory.mktemp("tiny-qwen3")
-    tiny_hf("qwen3", False).save_pretrained(str(d))
-    return str(d)
-
 
 @pytest.fixture(scope="module")
 def refs(model_dir):

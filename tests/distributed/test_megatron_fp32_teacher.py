@@ -106,14 +106,6 @@ def _resume_worker(model_dir: str, path: str) -> dict:
     return same
 
 
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    from test_megatron_convert import tiny_hf
-
-    d = tmp_path_factory.mktemp("tiny-qwen3")
-    tiny_hf("qwen3", False).save_pretrained(str(d))
-    return str(d)
-
 
 def _check(r: dict) -> None:
     assert r["dtype"] == "torch.bfloat16"

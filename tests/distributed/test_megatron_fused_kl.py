@@ -58,14 +58,6 @@ def _worker(model_dir: str, cases: list) -> list:
     return out
 
 
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    from test_megatron_convert import tiny_hf
-
-    d = tmp_path_factory.mktemp("tiny-qwen3-fused")
-    tiny_hf("qwen3", False).save_pretrained(str(d))
-    return str(d)
-
 
 def test_fused_kernel_matches_the_logits_path_one_step(model_dir):
     from safetensors.torch import load_file

@@ -55,14 +55,6 @@ def _worker(model_dir: str, cases: list) -> list:
     return out
 
 
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    from test_megatron_convert import tiny_hf
-
-    d = tmp_path_factory.mktemp("tiny-qwen3-chunks")
-    tiny_hf("qwen3", False).save_pretrained(str(d))
-    return str(d)
-
 
 def test_chunked_loss_statistics_match_the_whole_micro_batch(model_dir):
     from safetensors.torch import load_file

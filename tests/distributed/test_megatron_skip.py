@@ -59,14 +59,6 @@ def _worker(model_dir: str, distributed_optimizer: bool) -> dict:
     return out
 
 
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    from test_megatron_convert import tiny_hf
-
-    d = tmp_path_factory.mktemp("tiny-qwen3")
-    tiny_hf("qwen3", False).save_pretrained(str(d))
-    return str(d)
-
 
 @pytest.mark.parametrize("distributed_optimizer", [False, True], ids=["plain-optimizer", "distributed-optimizer"])
 def test_dp2_skipping_keeps_losses_gradients_and_the_policy(model_dir, distributed_optimizer):
