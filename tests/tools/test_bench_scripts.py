@@ -88,8 +88,8 @@ def test_bench_sandbox_csv_on_stdout(tmp_path):
     assert "per_program" in proc.stderr  # progress and the summary table stay off the CSV
 
 
-@pytest.mark.parametrize("script", ["bench_kl.py", "bench_pack.py", "bench_refit.py", "bench_rollout.py",
-                                    "bench_sandbox.py", "bench_step.py"])
+@pytest.mark.parametrize("script", ["bench_kl.py", "bench_limit.py", "bench_pack.py", "bench_refit.py",
+                                    "bench_rollout.py", "bench_sandbox.py", "bench_step.py"])
 def test_help(tmp_path, script):
     proc = run(tmp_path, script, "--help", timeout=120)
     assert "usage:" in proc.stdout
