@@ -118,7 +118,7 @@ def _train_step(backend: Backend, batch: SequenceBatch, loss_fn: LossFn, skip: b
     out = backend.train_step(sub, loss)
     out["samples"] = float(sel.rows)
     out["train/rows_skipped"] = float(sel.rows_skipped)
-    return dropped_metrics(out, trained_rows=sel.rows - sel.rows_skipped)
+    return dropped_metrics(out, trained_rows=len(sel.kept))
 
 
 def _old_logprobs(backend: Backend, batch: SequenceBatch, loss_fn: LossFn, skip: bool) -> dict[str, float]:
@@ -129,22 +129,20 @@ def _old_logprobs(backend: Backend, batch: SequenceBatch, loss_fn: LossFn, skip:
 
     t = batch.tensors
     sel = select_signal_rows(batch, loss_fn, min_rows=backend.dp_size) if skip else None
+    weights = dict(t)
     if sel is None:
         t["old_logprobs"] = backend.logprobs(batch, model="policy").detach()
-        scored = None
     else:
         lp = backend.logprobs(sel.batch, model="policy").detach()
-        rows = torch.tensor([i for i, s in enumerate(loss_fn.signal_rows(t).tolist()) if s], dtype=torch.long)
         old = torch.zeros(len(batch), batch.max_response_len, dtype=lp.dtype, device=lp.device)
-        old[rows, : lp.shape[1]] = lp[sel.trained.to(lp.device)]
+        old[sel.kept, : lp.shape[1]] = lp[sel.trained.to(lp.device)]
         t["old_logprobs"] = old
-        scored = torch.zeros(len(batch), dtype=torch.bool)
-        scored[rows] = True
-    if TOKEN_WEIGHT not in t or (scored is not None and not bool(scored.any())):
+        if TOKEN_WEIGHT in t:
+            scored = torch.zeros(len(batch), dtype=torch.bool)
+            scored[sel.kept] = True
+            attach_guard_tensors(weights, batch.response_mask(), rows=scored)
+    if TOKEN_WEIGHT not in t or (sel is not None and not sel.kept):
         return {}
-    weights = dict(t)
-    if scored is not None:
-        attach_guard_tensors(weights, batch.response_mask(), rows=scored)
     old = t["old_logprobs"]
     guard = mismatch_metrics(old, t["rollout_logprobs"].to(old.device), weights[TOKEN_WEIGHT].to(old.device), weights[SEQ_WEIGHT].to(old.device))
     return {k: float(v) for k, v in guard.items()}

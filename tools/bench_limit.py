@@ -118,10 +118,8 @@ def model_flops(backend, batch, *, teacher: bool) -> float:
     cfg = backend.policy.config
     H, L, V = cfg.hidden_size, cfg.num_hidden_layers, cfg.vocab_size
     matrix = sum(p.numel() for n, p in backend.policy.named_parameters() if p.ndim == 2 and "embed" not in n and "lm_head" not in n)
-    kv = getattr(cfg, "num_key_value_heads", cfg.num_attention_heads)
     head = getattr(cfg, "head_dim", None) or H // cfg.num_attention_heads
     width = cfg.num_attention_heads * head
-    del kv
 
     def forward(prompts, responses) -> float:
         shared = backend.share_prompts

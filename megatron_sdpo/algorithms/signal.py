@@ -39,17 +39,19 @@ class Selection:
     """What the backend trains instead of a mini-batch.
 
     batch: the rows with signal, in order, and the placeholders; per-token tensors cut to its
-        longest response. trained: [len(batch)] bool, False on placeholders.
+        longest response. trained: [len(batch)] bool, False on placeholders. kept: the trained
+        rows' indices in the mini-batch.
     rows: the mini-batch's rows. normalizer: the mini-batch's loss normalizer."""
 
     batch: SequenceBatch
     trained: torch.Tensor
+    kept: list[int]
     rows: int
     normalizer: torch.Tensor
 
     @property
     def rows_skipped(self) -> int:
-        return self.rows - int(self.trained.sum())
+        return self.rows - len(self.kept)
 
 
 def select_signal_rows(batch: SequenceBatch, loss_fn: LossFn, *, min_rows: int = 1) -> Selection | None:
@@ -82,7 +84,7 @@ def select_signal_rows(batch: SequenceBatch, loss_fn: LossFn, *, min_rows: int =
             v = torch.where(keep_rows, v, torch.zeros((), dtype=v.dtype, device=v.device))
         tensors[name] = v
     sub.tensors = tensors
-    return Selection(sub, trained, len(batch), loss_fn.global_normalizer(batch.tensors))
+    return Selection(sub, trained, keep, len(batch), loss_fn.global_normalizer(batch.tensors))
 
 
 class PresetNormalizer:
