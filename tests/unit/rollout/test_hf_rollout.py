@@ -176,3 +176,73 @@ def test_generation_threads_are_set_for_the_call_and_restored(model_dir, monkeyp
     assert [c.token_ids for c in one] == [c.token_ids for c in default]
     with pytest.raises(ConfigError, match="threads"):
         HFRolloutEngine(model_dir, threads=0)
+
+
+def test_finished_rows_leave_the_decoding_batch_with_the_same_samples(model_dir, monkeypatch):
+    """Rows whose answer ended leave the forward batch (compact_below): the same tokens as
+    decoding every row to the end, and the same log-probs to fp32 round-off. The uniforms are
+    drawn per chunk row whatever the batch holds, so a token could only differ where a uniform
+    lies within round-off (~1e-6) of a cumulative-probability boundary: ~1e-4 over these ~100
+    tokens, and fixed for a given machine (a seeded draw)."""
+    from transformers import DynamicCache
+
+    cfg = SamplingConfig(n=4, max_new_tokens=12, seed=5)
+    probe = HFRolloutEngine(model_dir, seed=3).generate(PROMPTS, cfg)
+    common = max(set(t for c in probe for t in c.token_ids), key=lambda t: sum(t in c.token_ids for c in probe))
+    selections = []
+    real_select = DynamicCache.batch_select_indices
+    monkeypatch.setattr(DynamicCache, "batch_select_indices", lambda self, idx: (selections.append(len(idx)), real_select(self, idx))[1])
+    runs = {}
+    for share in (0.0, 0.75, 1.0):  # never, at a quarter finished, at every finished row
+        engine = HFRolloutEngine(model_dir, seed=3, eos_token_ids=[common])
+        engine.compact_below = share
+        selections.clear()
+        runs[share] = (engine.generate(PROMPTS, cfg), list(selections))
+    never, _ = runs[0.0]
+    lengths = sorted({len(c.token_ids) for c in never})
+    assert len(lengths) >= 3 and any(c.truncated for c in never) and any(not c.truncated for c in never)
+    # The prefill's expansion to one row per sample is the only selection without compaction.
+    assert runs[0.0][1] == [len(PROMPTS) * 4]
+    assert len(runs[1.0][1]) > len(runs[0.75][1]) > 1
+    assert runs[0.75][1] == sorted(runs[0.75][1], reverse=True)
+    for share in (0.75, 1.0):
+        comps, _ = runs[share]
+        assert [c.token_ids for c in comps] == [c.token_ids for c in never]
+        assert [c.truncated for c in comps] == [c.truncated for c in never]
+        for a, b in zip(comps, never):
+            torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-5, rtol=0)
+
+
+def test_decoding_attention_reads_grouped_heads_in_place():
+    """decode_sdpa equals transformers' SDPA attention (which repeats the KV heads) on one query
+    token per row with a padding mask, and is transformers' own path for longer queries."""
+    from types import SimpleNamespace
+
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    from megatron_sdpo.rollout.decoding import decode_sdpa
+
+    g = torch.Generator().manual_seed(0)
+    module = SimpleNamespace(num_key_value_groups=3, is_causal=True)
+    for q_len in (1, 5):
+        q = torch.randn(6, 6, q_len, 16, generator=g)
+        k, v = torch.randn(6, 2, 9, 16, generator=g), torch.randn(6, 2, 9, 16, generator=g)
+        mask = torch.ones(6, 1, q_len, 9, dtype=torch.bool)
+        for row in range(6):
+            mask[row, :, :, :row] = False  # left padding of `row` tokens
+        mask = mask & torch.ones(q_len, 9, dtype=torch.bool).tril(9 - q_len)
+        ours, _ = decode_sdpa(module, q, k, v, mask, scaling=0.25)
+        ref, _ = sdpa_attention_forward(module, q, k, v, mask, scaling=0.25)
+        assert ours.shape == ref.shape == (6, q_len, 6, 16)
+        # Softmax-weighted sums of the same fp32 values in another order: a few ulps of |v| ~ 3.
+        torch.testing.assert_close(ours, ref, atol=1e-5, rtol=1e-5)
+
+
+def test_the_engine_decodes_with_the_grouped_head_attention_on_cpu_only(model_dir):
+    from megatron_sdpo.rollout.decoding import NAME, use_decode_sdpa
+
+    engine = HFRolloutEngine(model_dir, seed=0)
+    assert engine.model.config._attn_implementation == NAME
+    engine.model.set_attn_implementation("eager")
+    assert not use_decode_sdpa(engine.model)  # eager stays eager
+    assert engine.model.config._attn_implementation == "eager"
