@@ -48,12 +48,22 @@ def encode_prompt(tokenizer: Any, message: str, history: Turns = ()) -> list[int
 def encode_prompts(
     tokenizer: Any, messages: Sequence[str], histories: Sequence[Turns] | None = None
 ) -> list[list[int]]:
-    """`encode_prompt` over `messages`; `histories[i]` (None: none) precedes `messages[i]`."""
+    """`encode_prompt` over `messages`; `histories[i]` (None: none) precedes `messages[i]`.
+    Each distinct (history, message) is rendered once: a batch repeats them (SDPO's teacher
+    prompts, where the failed samples of a group are re-prompted with the same sibling)."""
     if histories is None:
-        return [encode_prompt(tokenizer, m) for m in messages]
-    if len(histories) != len(messages):
+        histories = [()] * len(messages)
+    elif len(histories) != len(messages):
         raise ValueError(f"{len(messages)} messages but {len(histories)} histories")
-    return [encode_prompt(tokenizer, m, h) for m, h in zip(messages, histories)]
+    done: dict[tuple, list[int]] = {}
+    out = []
+    for m, h in zip(messages, histories):
+        turns = h or ()
+        key = (m, tuple(tuple(sorted(t.items())) for t in turns))
+        if key not in done:
+            done[key] = encode_prompt(tokenizer, m, turns)
+        out.append(list(done[key]))  # a list per prompt: callers may change theirs
+    return out
 
 
 def record_prompts(tokenizer: Any, records: Sequence[Mapping[str, Any]]) -> list[list[int]]:

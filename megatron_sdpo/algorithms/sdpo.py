@@ -15,7 +15,13 @@ import math
 
 import torch
 
-from megatron_sdpo.algorithms.divergence import generalized_jsd
+from megatron_sdpo.algorithms.divergence import (
+    combine_jsd_parts,
+    generalized_jsd,
+    jsd_grad_scale,
+    jsd_logit_grad,
+    jsd_part_sums,
+)
 from megatron_sdpo.algorithms.reduction import as_normalizer, check_same_shape, masked_sum
 from megatron_sdpo.errors import ConfigError
 
@@ -88,22 +94,52 @@ def token_distillation_loss(
     if temperature != 1.0:
         s = s / temperature
         t = t / temperature
-    logp_s_full = torch.log_softmax(s, dim=-1).clamp_min(_LOGP_FLOOR)
     logp_t_full = torch.log_softmax(t, dim=-1).clamp_min(_LOGP_FLOOR)
 
     norm = as_normalizer(mask.to(torch.float32).sum() if normalizer is None else normalizer, s)
     if topk is None:
-        loss, metrics = reduce_token_loss(generalized_jsd(logp_s_full, logp_t_full, float(alpha)), mask, is_weights, norm)
+        per_token, student_entropy = _FullVocabularyJSD.apply(s, logp_t_full, float(alpha))
+        loss, metrics = reduce_token_loss(per_token, mask, is_weights, norm)
     else:
+        logp_s_full = torch.log_softmax(s, dim=-1).clamp_min(_LOGP_FLOOR)
         ids = logp_s_full.detach().topk(topk, dim=-1).indices
         loss, metrics = topk_distillation_loss(
             logp_s_full.gather(-1, ids), logp_t_full.gather(-1, ids), mask,
             alpha=alpha, add_tail=add_tail, is_weights=is_weights, normalizer=norm,
         )
+        student_entropy = _entropy(logp_s_full.detach())
     with torch.no_grad():
-        metrics["sdpo/student_entropy"] = masked_sum(_entropy(logp_s_full), mask) / norm
+        metrics["sdpo/student_entropy"] = masked_sum(student_entropy, mask) / norm
         metrics["sdpo/teacher_entropy"] = masked_sum(_entropy(logp_t_full), mask) / norm
     return loss, metrics
+
+
+class _FullVocabularyJSD(torch.autograd.Function):
+    """(D_alpha per token, the student's entropy per token) from fp32 student logits z [..., V]
+    and teacher log-probabilities b [..., V] (floored, no gradient).
+
+    The value is `generalized_jsd` of the floored log-softmax; the backward is the closed form
+    `jsd_grad_scale * jsd_logit_grad` (the gradient the fused kernels use) instead of autograd's
+    chain through the mixture's logaddexp, the two expectations and the log-softmax: one
+    elementwise pass over [..., V] where autograd kept and walked about ten (the loss's forward
+    and backward 0.8x the time at 64 x 32 tokens x 718 ids, 2 threads). Flooring a log-probability changes its gradient
+    from autograd's 0 to s * (...), and s = exp(floor) is 0 in fp32: the same gradient."""
+
+    @staticmethod
+    def forward(ctx, z: torch.Tensor, b: torch.Tensor, alpha: float):
+        a = torch.log_softmax(z, dim=-1).clamp_min(_LOGP_FLOOR)
+        p_s, p_q = jsd_part_sums(a, b, alpha)
+        ctx.save_for_backward(a, b, p_s)
+        ctx.alpha = alpha
+        entropy = _entropy(a)
+        ctx.mark_non_differentiable(entropy)
+        return combine_jsd_parts(p_s, p_q, alpha), entropy
+
+    @staticmethod
+    def backward(ctx, grad, _grad_entropy):
+        a, b, p_s = ctx.saved_tensors
+        scale = grad.unsqueeze(-1) * jsd_grad_scale(ctx.alpha)
+        return jsd_logit_grad(a, b, ctx.alpha, p_s.unsqueeze(-1)).mul_(scale), None, None
 
 
 def reduce_token_loss(

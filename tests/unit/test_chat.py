@@ -43,6 +43,21 @@ def test_record_prompts_read_each_record_history(tok):
         encode_prompts(tok, ["a", "b"], [TURNS])
 
 
+def test_repeated_prompts_are_rendered_once_and_returned_as_separate_lists(tok, monkeypatch):
+    import megatron_sdpo.chat as chat
+
+    calls = []
+    real = chat.encode_prompt
+    monkeypatch.setattr(chat, "encode_prompt", lambda t, m, h=(): (calls.append((m, len(h))), real(t, m, h))[1])
+    other = [TURNS[0], {"role": "assistant", "content": "\\boxed{6}"}]
+    msgs, hists = ["a?", "a?", "a?", "b?", "a?"], [TURNS, TURNS, other, TURNS, None]
+    got = encode_prompts(tok, msgs, hists)
+    assert got == [real(tok, m, h or ()) for m, h in zip(msgs, hists)]
+    assert calls == [("a?", 2), ("a?", 2), ("b?", 2), ("a?", 0)]  # the history is part of the key
+    got[0].append(-1)
+    assert got[1][-1] != -1
+
+
 # The generation-prompt part of Qwen3's chat template: with enable_thinking false it closes an
 # empty reasoning block, so the model answers without thinking.
 QWEN3_STYLE = (
