@@ -22,7 +22,6 @@ from typing import Any, Iterator, cast
 import numpy as np
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch import nn
 
 from megatron_sdpo.backends import hf_checkpoint
@@ -40,8 +39,9 @@ from megatron_sdpo.backends.common import (
     reduce_metrics,
     resolve_pad_id,
 )
+from megatron_sdpo.backends.hf_logits import ResponseLogits, masked_token_logprobs, topk_logprobs
 from megatron_sdpo.backends.offload import StateOffload, needs_training_state
-from megatron_sdpo.backends.varlen import gather_hidden, pack_varlen
+from megatron_sdpo.backends.varlen import pack_varlen
 from megatron_sdpo.config.backend_spec import BACKENDS
 from megatron_sdpo.errors import ConfigError
 from megatron_sdpo.interfaces.backend import REQUIRES, Backend, LossFn, SequenceBatch
@@ -61,76 +61,6 @@ def _resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
     if dtype not in _DTYPES:
         raise ConfigError(f"dtype must be one of {sorted(_DTYPES)}, got {dtype!r}")
     return _DTYPES[dtype]
-
-
-class _ResponseLogits(nn.Module):
-    """Runs the decoder and the output projection on the response columns only, in fp32.
-
-    Taking hidden states P-1 .. P+T-2 before the output projection avoids computing logits
-    over the prompt, and doing the projection in fp32 avoids rounding bf16 GEMM outputs before
-    the log-softmax. DDP wraps this module so the backward hooks see every parameter used."""
-
-    def __init__(self, lm: nn.Module, temperature: float = 1.0):
-        super().__init__()
-        self.lm = lm
-        # Every model's logits are divided by the rollout's sampling temperature (as verl and TRL
-        # do), so trainer log-probs are those of the distribution the engine sampled from.
-        self.temperature = float(temperature)
-        cfg = lm.config
-        for unsupported in ("final_logit_softcapping", "logit_scale"):
-            if getattr(cfg, unsupported, None) not in (None, 1.0):
-                raise ConfigError(
-                    f"model config sets {unsupported}; the HF backend's fp32 output projection "
-                    "does not implement it"
-                )
-
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        attention_mask: torch.Tensor | None,
-        position_ids: torch.Tensor,
-        select: int | torch.Tensor,
-        hidden_only: bool = False,
-    ) -> torch.Tensor:
-        """[R, L] ids/positions -> [B, T, V] fp32 logits / temperature predicting the response
-        tokens (or, with hidden_only, the [B, T, H] final hidden states that predict them: the
-        kernels that take them divide by the temperature themselves). `select` is T
-        for the padded layout (the responses end every row; `attention_mask` [R, L]) or, for
-        the packed layout, its [B, T] `hidden_index` (`attention_mask` None: the positions
-        delimit the samples; or, with shared prompts, the layout's [R, 1, L, L] mask in the
-        form the model's attention implementation takes, see `_attention_mask`)."""
-        lm = cast(Any, self.lm)  # a transformers PreTrainedModel
-        decoder = getattr(lm, lm.base_model_prefix)
-        hidden = decoder(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            position_ids=position_ids,
-            use_cache=False,
-        ).last_hidden_state
-        if isinstance(select, torch.Tensor):
-            h = gather_hidden(hidden, select)
-        else:
-            L = hidden.shape[1]
-            h = hidden[:, L - select - 1 : L - 1]
-        if hidden_only:
-            return h
-        head = lm.get_output_embeddings()
-        bias = None if head.bias is None else head.bias.float()
-        logits = F.linear(h.float(), head.weight.float(), bias)
-        return logits if self.temperature == 1.0 else logits / self.temperature
-
-
-def _topk_logprobs(logits: torch.Tensor, t_logits: torch.Tensor, spec: DistillationSpec) -> tuple[torch.Tensor, torch.Tensor]:
-    """[B, T, V] student / teacher logits -> [B, T, k] full-vocabulary log-probs of the
-    student's top-k ids (k and temperature from the spec): megatron's vocab-parallel
-    selection over a single shard, so both backends pick the ids the same way."""
-    from megatron_sdpo.backends.megatron.vocab_parallel import topk_logprobs
-
-    if spec.topk is None:
-        raise ValueError("top-k log-probs need spec.topk")
-    temp = spec.temperature
-    top_s, top_t, _ = topk_logprobs(logits.float() / temp, t_logits.float() / temp, spec.topk, 0, logits.shape[-1], None)
-    return top_s, top_t
 
 
 class HFBackend(Backend):
@@ -233,7 +163,7 @@ class HFBackend(Backend):
         self.world = dist.get_world_size() if dist.is_initialized() else 1
         self.dp_size = self.world
         self.rank = dist.get_rank() if dist.is_initialized() else 0
-        self._head = _ResponseLogits(self.policy, self.logit_temperature)
+        self._head = ResponseLogits(self.policy, self.logit_temperature)
         # In-process vLLM initializes a world-1 process group of its own: DDP only when there
         # is data parallelism to do.
         if self.world > 1:
@@ -309,22 +239,32 @@ class HFBackend(Backend):
 
     # ------------------------------------------------------------------ forward
     def _run(
-        self, module: nn.Module, prompts: list[list[int]], responses: list[list[int]], T: int, hidden_only: bool = False
+        self, module: nn.Module, prompts: list[list[int]], responses: list[list[int]], T: int, hidden_only: bool = False,
+        keep: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """-> ([b, T, V] fp32 logits predicting each response token, or with hidden_only their
         [b, T, H] hidden states; [b, T] response ids), through the packed layout with
-        `packing`, else the padded one."""
-        if not isinstance(module, (_ResponseLogits, nn.parallel.DistributedDataParallel)):
-            module = _ResponseLogits(module, self.logit_temperature)
+        `packing`, else the padded one; with `keep` ([b, T] bool) the first output holds only
+        those positions ([N, V] / [N, H], ResponseLogits)."""
+        if not isinstance(module, (ResponseLogits, nn.parallel.DistributedDataParallel)):
+            module = ResponseLogits(module, self.logit_temperature)
         if self.packing:
             vb = pack_varlen(
                 prompts, responses, response_len=T, pad_id=self.pad_token_id, row_tokens=self.pack_row_tokens,
                 share_prompts=self.share_prompts, device=self.device,
             )
             mask = self._attention_mask(vb.attention_mask)
-            return module(vb.input_ids, mask, vb.position_ids, vb.hidden_index, hidden_only), vb.response_ids
+            return module(vb.input_ids, mask, vb.position_ids, vb.hidden_index, hidden_only, keep=keep), vb.response_ids
         pk = pack(prompts, responses, response_len=T, pad_id=self.pad_token_id)
-        return module(pk.input_ids, pk.attention_mask, pk.position_ids, T, hidden_only), pk.response_ids
+        return module(pk.input_ids, pk.attention_mask, pk.position_ids, T, hidden_only, keep=keep), pk.response_ids
+
+    def _logprobs(self, module: nn.Module, prompts: list[list[int]], responses: list[list[int]], T: int) -> torch.Tensor:
+        """[b, T] fp32 log-probs of the response tokens, 0 on padding columns: the output
+        projection and the log-softmax run on the real tokens only (T is the longest response
+        of the batch; on the tiny math workload a third of the columns are real)."""
+        keep = torch.arange(T, device=self.device) < torch.tensor([len(r) for r in responses], device=self.device)[:, None]
+        logits, targets = self._run(module, prompts, responses, T, keep=keep)
+        return masked_token_logprobs(logits, targets, keep)
 
     def _teacher_logits(self, mb: SequenceBatch, T: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The teacher's [b, T, V] logits of `mb`'s responses after its teacher prompts (call
@@ -373,7 +313,7 @@ class HFBackend(Backend):
         if "fused_kl" in requires:
             out["fused_kl"] = self._fused_kl(mb, T, module, distillation_of(loss_fn, "fused_kl"))
         topk = requires & {"topk_logprobs", "teacher_topk_logprobs"}
-        if requires & {"logprobs", "entropy", "logits"} or topk:
+        if requires & {"entropy", "logits"} or topk:
             logits, targets = self._run(module, mb.prompt_ids, mb.response_ids, T)
             if "logits" in requires:
                 out["logits"] = logits
@@ -381,7 +321,12 @@ class HFBackend(Backend):
                 out["logprobs"] = token_logprobs(logits, targets)
             if "entropy" in requires:
                 out["entropy"] = token_entropy(logits)
-        if requires & _TEACHER_NEEDS:
+        elif "logprobs" in requires:
+            out["logprobs"] = self._logprobs(module, mb.prompt_ids, mb.response_ids, T)
+        if requires & _TEACHER_NEEDS == {"teacher_logprobs"} and self.teacher_logit_mix is None:
+            with torch.no_grad(), self.teacher_clock.measure():
+                out["teacher_logprobs"] = self._logprobs(self._model("teacher"), mb.teacher_prompts(), mb.response_ids, T)
+        elif requires & _TEACHER_NEEDS:
             with torch.no_grad(), self.teacher_clock.measure():
                 t_logits, targets = self._teacher_logits(mb, T)
             if "teacher_logits" in requires:
@@ -390,11 +335,10 @@ class HFBackend(Backend):
                 out["teacher_logprobs"] = token_logprobs(t_logits, targets)
             if topk:
                 spec = distillation_of(loss_fn, "topk_logprobs")
-                out["topk_logprobs"], out["teacher_topk_logprobs"] = _topk_logprobs(logits, t_logits, spec)
+                out["topk_logprobs"], out["teacher_topk_logprobs"] = topk_logprobs(logits, t_logits, spec)
         if "ref_logprobs" in requires:
             with torch.no_grad():
-                r_logits, targets = self._run(self._model("reference"), mb.prompt_ids, mb.response_ids, T)
-            out["ref_logprobs"] = token_logprobs(r_logits, targets)
+                out["ref_logprobs"] = self._logprobs(self._model("reference"), mb.prompt_ids, mb.response_ids, T)
         return out
 
 
@@ -426,11 +370,12 @@ class HFBackend(Backend):
         with torch.no_grad():
             for mb_idx in self._micro_batches(list(range(len(sub)))):
                 mb = sub.select(mb_idx)
-                if model == "teacher":
+                if model == "teacher" and self.teacher_logit_mix is not None:
                     logits, targets = self._teacher_logits(mb, T)
+                    rows.append(token_logprobs(logits, targets))
                 else:
-                    logits, targets = self._run(module, mb.prompt_ids, mb.response_ids, T)
-                rows.append(token_logprobs(logits, targets))
+                    prompts = mb.teacher_prompts() if model == "teacher" else mb.prompt_ids
+                    rows.append(self._logprobs(module, prompts, mb.response_ids, T))
         local = torch.cat(rows) * sub.tensors["response_mask"]
         if self.world == 1:
             return local

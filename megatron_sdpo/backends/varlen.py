@@ -190,8 +190,7 @@ def pack_varlen(
 
 
 def gather_hidden(hidden: torch.Tensor, hidden_index: torch.Tensor) -> torch.Tensor:
-    """[R, W, H] hidden states of packed rows, [B, T] flat indices -> [B, T, H] (a gather:
-    its backward scatters the response positions' gradients back into the rows)."""
+    """[R, W, H] hidden states of packed rows, flat indices of any shape ([B, T]; [N]) -> that
+    shape + [H] (a gather: its backward scatters the positions' gradients back into the rows)."""
     R, W, H = hidden.shape
-    B, T = hidden_index.shape
-    return hidden.reshape(R * W, H).index_select(0, hidden_index.reshape(-1)).view(B, T, H)
+    return hidden.reshape(R * W, H).index_select(0, hidden_index.reshape(-1)).view(*hidden_index.shape, H)

@@ -129,6 +129,29 @@ def test_packed_outputs_equal_padded(model_dir, layout, row_tokens, mbs):
         torch.testing.assert_close(out[1][k] * m, out[0][k] * m, atol=tol, rtol=0, msg=k)
 
 
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+def test_logprobs_on_the_response_tokens_only_equal_those_of_the_full_logits(model_dir, layout):
+    """Without logits or entropy among the needs, log-probs (policy, teacher, reference) come from
+    the output projection of the real response tokens only: the same values there, 0 on the
+    padding columns, and the same gradient."""
+    batch = odd_batch(3) if layout == "packed" else grouped_batch(3)
+    be = backend(model_dir, layout, 0, mbs=len(batch))
+    T, mask = batch.max_response_len, batch.response_mask()
+    weights = torch.randn(mask.shape, generator=torch.Generator().manual_seed(1)) * mask
+    runs = []
+    for requires in ({"logprobs", "teacher_logprobs", "ref_logprobs"}, {"logprobs", "teacher_logprobs", "ref_logprobs", "logits", "teacher_logits"}):
+        be.policy.zero_grad(set_to_none=True)
+        out = be._outputs(batch, T, frozenset(requires), be._head)
+        (out["logprobs"] * weights).sum().backward()
+        runs.append((out, {n: p.grad.clone() for n, p in be.policy.named_parameters() if p.grad is not None}))
+    (fast, g_fast), (full, g_full) = runs
+    tol = logprob_tol(float(full["logits"].abs().max()))
+    for k in ("logprobs", "teacher_logprobs", "ref_logprobs"):
+        assert torch.all(fast[k][mask == 0] == 0), k
+        torch.testing.assert_close(fast[k] * mask, full[k] * mask, atol=tol, rtol=0, msg=k)
+    assert_grads_close(g_fast, g_full, 2 * REL)
+
+
 LOSSES = {
     "grpo_kl": lambda: GRPOLoss(on_policy=True, kl_coef=0.1),
     "sdpo_full": lambda: SDPOLoss(alpha=0.5, topk=None, is_clip=2.0),
