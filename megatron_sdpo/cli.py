@@ -203,6 +203,30 @@ def cmd_eval(args) -> int:
     return 0
 
 
+def cmd_probe(args) -> int:
+    """`probe MODEL [PRESET] --domain D`: does the self-teacher pass where the student fails?"""
+    import json
+
+    from megatron_sdpo.config import load_config
+    from megatron_sdpo.study.competence import format_probe, run_probe
+
+    if args.prompts < 1 or (args.samples is not None and args.samples < 2):
+        raise UserError("megatron-sdpo probe: --prompts must be >= 1 and --samples >= 2 (a sibling is another sample)")
+    cfg = load_config(args.config, args.overrides + [f"model.path={args.model}"])
+    out_dir = Path(args.out or _default_out(f"probe-{args.domain}"))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    route_engine_logs(out_dir, verbose=args.verbose)
+    out = run_probe(cfg, args.domain, split=args.split, prompts=args.prompts, samples=args.samples,
+                    gains=not args.no_gains, work_dir=str(out_dir / ".rollout"))
+    out["command"] = "megatron-sdpo probe " + " ".join(sys.argv[2:] if len(sys.argv) > 2 else [])
+    (out_dir / "probe.json").write_text(json.dumps(out, indent=1) + "\n")
+    table = format_probe(out)
+    (out_dir / "probe.md").write_text(table + "\n")
+    print(table)
+    print(f"wrote {out_dir / 'probe.json'} ({out['seconds']:.0f} s)")
+    return 0
+
+
 def cmd_drift(args) -> int:
     from megatron_sdpo.diagnostics.drift import report_drift
 
@@ -258,7 +282,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 # Commands that take `key.path=value` overrides: they may stand anywhere among the options.
-_TAKES_OVERRIDES = ("run", "compare", "study", "eval")
+_TAKES_OVERRIDES = ("run", "compare", "study", "eval", "probe")
 
 
 def build_parser(drift_arguments: bool = True) -> argparse.ArgumentParser:
@@ -347,6 +371,18 @@ def build_parser(drift_arguments: bool = True) -> argparse.ArgumentParser:
     e.add_argument("--out")
     e.add_argument("--verbose", action="store_true", help="show the engines' (vLLM, transformers) logs in the terminal")
     e.set_defaults(fn=cmd_eval)
+
+    pb = sub.add_parser("probe", help="the self-teacher's competence: pass rates with each kind of context", epilog=over)
+    pb.add_argument("model", help="HF model directory or packaged model name (e.g. RUN/checkpoints/stage_1_math/policy)")
+    pb.add_argument("config", nargs="?", help="preset name or YAML file (default: tiny)")
+    pb.add_argument("--domain", required=True, help="the domain whose prompts are probed")
+    pb.add_argument("--split", default="train", help="train (default) or one of the domain's eval splits")
+    pb.add_argument("--prompts", type=int, default=200, help="prompts probed (the split's first; default 200)")
+    pb.add_argument("--samples", type=int, help="student samples per prompt (default: the preset's group size)")
+    pb.add_argument("--no-gains", action="store_true", help="skip the log-probability gains (no trainer backend)")
+    pb.add_argument("--out", help="output directory (default: runs/probe-<domain>-<time>)")
+    pb.add_argument("--verbose", action="store_true", help="show the engines' (vLLM, transformers) logs in the terminal")
+    pb.set_defaults(fn=cmd_probe)
 
     d = sub.add_parser("drift", help="parameter drift between two HF checkpoints")
     if drift_arguments:

@@ -1,0 +1,286 @@
+"""Is the self-teacher competent? SDPO's precondition, measured on one model, preset and domain.
+
+SDPO assumes that the model re-prompted with privileged context (a successful sibling, the
+verifier's feedback on a failed attempt, or both) is a better policy than the student on the same
+prompt. The probe samples the student on P prompts (n samples each, the preset's rollout
+sampling), builds every kind of context the preset's templates can write from those samples, as
+the trainer does, samples the same model once per context, and scores everything with the
+domain's verifier:
+
+    student pass rate          per prompt, the share of its n samples the verifier accepts
+    teacher pass rate (kind)   per prompt, the share of its re-prompted samples accepted, over
+                               the prompts with at least one context of that kind
+    difference                 per prompt teacher - student, a t interval over those prompts
+                               (stats.paired_summary)
+    copies                     re-prompted answers equal to the quoted sibling's response
+                               (whitespace aside): a pass that reads its answer off the context
+    gain (rewarded/unrewarded) per sample with a context, the mean per-token log-probability of
+                               its own response under the teacher prompt minus under the student
+                               prompt; their gap is the trainer's `teacher/gain_gap`
+
+Kinds: "sibling" (a successful sibling other than the sample itself, the first one), "feedback"
+(the verifier's feedback on the sample's failed attempt), "both" (a failed sample with both).
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Callable, Sequence
+
+from megatron_sdpo.algorithms.context import ContextTemplates, build_teacher_contexts, truncate_context_ids
+from megatron_sdpo.chat import encode_prompts, record_prompts
+from megatron_sdpo.rollout.base import SamplingConfig
+from megatron_sdpo.study.stats import paired_summary
+
+KINDS = ("sibling", "feedback", "both")
+
+Score = Callable[[list[str], list[dict]], list]  # (texts, records) -> RewardResults
+Logprobs = Callable[[list[list[int]], list[list[int]]], list[list[float]]]  # (prompts, responses) -> per token
+
+
+def kind_templates(base: ContextTemplates, kind: str) -> ContextTemplates:
+    """The preset's templates writing one kind of context only."""
+    if kind == "sibling":
+        return dataclasses.replace(base, use_solution=True, use_feedback=False)
+    if kind == "feedback":
+        return dataclasses.replace(base, use_solution=False, use_feedback=True)
+    if kind == "both":
+        return dataclasses.replace(base, use_solution=True, use_feedback=True, feedback_only_without_solution=False)
+    raise ValueError(f"unknown context kind {kind!r}; choose from {', '.join(KINDS)}")
+
+
+def first_sibling(rewards: Sequence[float], group_size: int, threshold: float) -> list[int | None]:
+    """Per sample, the first other sample of its group with reward >= threshold (None: none):
+    the sibling `build_teacher_contexts` quotes without an rng."""
+    out: list[int | None] = []
+    for i in range(len(rewards)):
+        start = (i // group_size) * group_size
+        ok = [j for j in range(start, start + group_size) if j != i and rewards[j] >= threshold]
+        out.append(ok[0] if ok else None)
+    return out
+
+
+def _normalized(text: str) -> str:
+    return " ".join(text.split())
+
+
+def _interval(diffs: list[float]) -> dict:
+    if not diffs:
+        return {"n": 0, "mean": None, "lo": None, "hi": None}
+    s = paired_summary(diffs)
+    return {"n": s.n, "mean": s.mean, "lo": s.lo, "hi": s.hi}
+
+
+def probe(
+    engine,
+    tokenizer,
+    records: list[dict],
+    *,
+    samples: int,
+    sampling: SamplingConfig,
+    templates: ContextTemplates,
+    score: Score,
+    feedbacks: Callable[[list, list[bool]], list[str | None]] | None = None,
+    logprobs: Logprobs | None = None,
+    max_context_tokens: int | None = None,
+    truncation: str = "left",
+) -> dict:
+    """The probe's table (module docstring) for `records` (one domain's prompts).
+
+    engine: a RolloutEngine; score: the domain's verifier over (texts, records); feedbacks: the
+    teacher's feedback texts from (results, truncated) (None: each result's own feedback);
+    logprobs: per-token log-probabilities of responses after prompts (None: no gains)."""
+    if samples < 2:
+        raise ValueError("samples must be >= 2: a sibling is another sample of the same prompt")
+    t0 = time.perf_counter()
+    n_prompts = len(records)
+    prompt_ids = record_prompts(tokenizer, records)
+    student = engine.generate(prompt_ids, dataclasses.replace(sampling, n=samples))
+    recs = [records[c.prompt_index] for c in student]
+    texts = [c.text for c in student]
+    results = score(texts, recs)
+    threshold = templates.success_threshold
+    rewards = [float(r.score) for r in results]
+    passed = [r >= threshold for r in rewards]
+    fb = feedbacks(results, [c.truncated for c in student]) if feedbacks else [r.feedback for r in results]
+    student_pass = [sum(passed[k * samples : (k + 1) * samples]) / samples for k in range(n_prompts)]
+    sibling_of = first_sibling(rewards, samples, threshold)
+    out: dict = {
+        "prompts": n_prompts, "samples_per_prompt": samples, "student_pass": sum(student_pass) / max(n_prompts, 1),
+        "kinds": {},
+    }
+    pr = _Probe(engine, tokenizer, recs, student, student_pass, sibling_of, passed, samples, threshold, score, logprobs,
+                prompt_ids, max_context_tokens, truncation)
+    for k_index, kind in enumerate(KINDS):
+        contexts = build_teacher_contexts(
+            [r["prompt"] for r in recs], texts, rewards, fb, group_size=samples, templates=kind_templates(templates, kind),
+        )
+        if kind == "both":  # a failed sample with a sibling *and* feedback; the rest is another kind
+            contexts = [c if (sibling_of[i] is not None and not passed[i] and fb[i]) else None for i, c in enumerate(contexts)]
+        seed = None if sampling.seed is None else sampling.seed + 1 + k_index
+        out["kinds"][kind] = _kind_row(pr, kind, contexts, dataclasses.replace(sampling, n=1, seed=seed))
+    out["seconds"] = time.perf_counter() - t0
+    return out
+
+
+@dataclasses.dataclass
+class _Probe:
+    """What every kind's row reads: the student's samples and how they scored."""
+
+    engine: object
+    tokenizer: object
+    recs: list  # the record of each sample
+    student: list  # Completions, samples of a prompt consecutive
+    student_pass: list  # per prompt
+    sibling_of: list  # per sample: the quoted sibling's index or None
+    passed: list  # per sample
+    samples: int
+    threshold: float
+    score: Score
+    logprobs: Logprobs | None
+    prompt_ids: list  # per prompt
+    max_context_tokens: int | None
+    truncation: str
+
+
+def _kind_row(pr: _Probe, kind: str, contexts: list[str | None], sampling: SamplingConfig) -> dict:
+    """One kind's numbers over the samples that have its context."""
+    rows = [i for i, c in enumerate(contexts) if c is not None]
+    prompts_with = sorted({i // pr.samples for i in rows})
+    row: dict = {"samples": len(rows), "prompts": len(prompts_with), "prompt_share": len(prompts_with) / max(len(pr.student_pass), 1)}
+    if not rows:
+        return {**row, "teacher_pass": None, "student_pass": None, "difference": _interval([]), "copies": 0, "copy_share": None}
+    teacher_ids = [
+        truncate_context_ids(ids, pr.max_context_tokens, pr.truncation)
+        for ids in encode_prompts(pr.tokenizer, [str(contexts[i]) for i in rows], [pr.recs[i].get("history", ()) for i in rows])
+    ]
+    answers = pr.engine.generate(teacher_ids, sampling)  # type: ignore[attr-defined]
+    results = pr.score([a.text for a in answers], [pr.recs[i] for i in rows])
+    per_prompt: dict[int, list[bool]] = {}
+    for i, r in zip(rows, results):
+        per_prompt.setdefault(i // pr.samples, []).append(float(r.score) >= pr.threshold)
+    t_pass = {p: sum(v) / len(v) for p, v in per_prompt.items()}
+    copies = 0
+    if kind != "feedback":
+        copies = sum(
+            1 for i, a in zip(rows, answers)
+            if pr.sibling_of[i] is not None and _normalized(a.text) == _normalized(pr.student[pr.sibling_of[i]].text)
+        )
+    row.update(
+        teacher_pass=sum(t_pass.values()) / len(t_pass),
+        student_pass=sum(pr.student_pass[p] for p in prompts_with) / len(prompts_with),
+        difference=_interval([t_pass[p] - pr.student_pass[p] for p in prompts_with]),
+        copies=copies,
+        copy_share=copies / len(rows),
+    )
+    if pr.logprobs is not None:
+        row.update(_gains(pr, rows, teacher_ids))
+    return row
+
+
+def _gains(pr: _Probe, rows: list[int], teacher_ids: list[list[int]]) -> dict:
+    """Mean per-token log-probability gain of each sample's own response under its teacher
+    prompt over its student prompt, averaged over the accepted and the rejected samples."""
+    assert pr.logprobs is not None
+    responses = [list(pr.student[i].token_ids) for i in rows]
+    with_ctx = pr.logprobs(teacher_ids, responses)
+    without = pr.logprobs([pr.prompt_ids[pr.student[i].prompt_index] for i in rows], responses)
+    gains: dict[bool, list[float]] = {True: [], False: []}
+    for i, t, s, resp in zip(rows, with_ctx, without, responses):
+        if resp:
+            gains[bool(pr.passed[i])].append(sum(a - b for a, b in zip(t, s)) / len(resp))
+    rewarded = sum(gains[True]) / len(gains[True]) if gains[True] else None
+    unrewarded = sum(gains[False]) / len(gains[False]) if gains[False] else None
+    gap = None if rewarded is None or unrewarded is None else rewarded - unrewarded
+    return {"gain_rewarded": rewarded, "gain_unrewarded": unrewarded, "gain_gap": gap}
+
+
+# -- the command -------------------------------------------------------------------------------
+def probe_records(cfg, domain: str, split: str, prompts: int) -> list[dict]:
+    """The first `prompts` records of `domain`'s train split or of one of its eval splits, as a
+    run shows them (the domain's worked examples as earlier turns)."""
+    from megatron_sdpo.data.sources import load_source
+    from megatron_sdpo.errors import ConfigError
+    from megatron_sdpo.evaluation import load_eval_sets
+
+    if domain not in cfg.domains:
+        raise ConfigError(f"unknown domain {domain!r} for this preset; it has {', '.join(cfg.domains)}")
+    d = cfg.domains[domain]
+    if split == "train":
+        records = load_source(d.train, domain, "train", seed=cfg.seed, shots=d.shots)
+    elif split in d.eval:
+        records = load_eval_sets(cfg)[f"{domain}/{split}"]
+    else:
+        raise ConfigError(f"unknown split {split!r} of {domain}; choose train or {', '.join(d.eval)}")
+    return records[:prompts]
+
+
+def run_probe(cfg, domain: str, *, split: str = "train", prompts: int = 200, samples: int | None = None,
+              gains: bool = True, work_dir: str) -> dict:
+    """The probe of `cfg.model.path` on `domain` with the preset's rollout sampling and context
+    templates; `samples` defaults to the preset's group size."""
+    from megatron_sdpo import builders
+    from megatron_sdpo.algorithms.context import templates_for
+    from megatron_sdpo.chat import set_template_kwargs
+    from megatron_sdpo.interfaces.backend import SequenceBatch
+    from megatron_sdpo.rewards import score_batch
+
+    records = probe_records(cfg, domain, split, prompts)
+    model_path = builders.resolve_model_path(cfg)
+    tokenizer = set_template_kwargs(builders.load_tokenizer(model_path), cfg.model.chat_template_kwargs)
+    engine = builders.make_rollout(cfg, model_path, tokenizer, work_dir)
+    ctx = cfg.algorithm.sdpo.context
+    feedbacks = None
+    if domain == "math" and ctx.math_feedback == "format":
+        from megatron_sdpo.rewards.math import format_feedback
+
+        def feedbacks(results, truncated):  # the trainer's format-only feedback (trainer._attach_teacher)
+            return [format_feedback(r, t) for r, t in zip(results, truncated)]
+
+    logprobs = None
+    if gains:
+        backend = builders.make_backend(cfg, model_path, tokenizer)
+
+        def logprobs(prompt_ids, responses):
+            lp = backend.logprobs(SequenceBatch(prompt_ids, responses))
+            return [lp[i, : len(r)].tolist() for i, r in enumerate(responses)]
+
+    sampling = SamplingConfig(
+        temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p, max_new_tokens=cfg.rollout.max_new_tokens, seed=cfg.seed,
+    )
+    templates = templates_for(ctx, domain)
+    out = probe(
+        engine, tokenizer, records, samples=samples or cfg.algorithm.group_size, sampling=sampling, templates=templates,
+        score=lambda texts, recs: score_batch(domain, texts, recs, batched_code=cfg.rewards.batched_code),
+        feedbacks=feedbacks, logprobs=logprobs, max_context_tokens=ctx.max_context_tokens, truncation=ctx.truncation,
+    )
+    builds = {"sibling": templates.use_solution, "feedback": templates.use_feedback,
+              "both": templates.use_solution and templates.use_feedback}
+    for kind, row in out["kinds"].items():
+        row["preset_builds"] = builds[kind]
+    return {"model": str(cfg.model.path), "domain": domain, "split": split, **out}
+
+
+def _num(x, digits: int = 3) -> str:
+    return "–" if x is None else f"{x:.{digits}f}"
+
+
+def format_probe(out: dict) -> str:
+    """The probe's table in markdown."""
+    lines = [
+        f"{out['domain']} ({out['split']}), {out['prompts']} prompts x {out['samples_per_prompt']} samples: "
+        f"student pass rate {_num(out['student_pass'])}",
+        "",
+        "| context | built by the preset | prompts with it | teacher pass | student pass, same prompts | "
+        "difference [95% CI] | copies of the sibling | gain rewarded | gain unrewarded | gap |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for kind, r in out["kinds"].items():
+        d = r["difference"]
+        diff = "–" if d["mean"] is None else f"{d['mean']:+.3f} [{_num(d['lo'])}, {_num(d['hi'])}]"
+        lines.append(
+            f"| {kind} | {'yes' if r.get('preset_builds', True) else 'no'} | {r['prompts']} ({r['prompt_share']:.0%}) | "
+            f"{_num(r['teacher_pass'])} | {_num(r['student_pass'])} | {diff} | {r['copies']} of {r['samples']} | "
+            f"{_num(r.get('gain_rewarded'))} | {_num(r.get('gain_unrewarded'))} | {_num(r.get('gain_gap'))} |"
+        )
+    return "\n".join(lines)

@@ -1,0 +1,161 @@
+"""The competence probe on a hand-built case: a stub model whose pass rates with and without each
+kind of context are known, a verifier that accepts one string, and log-probabilities chosen so
+that the teacher's gains are known exactly."""
+import math
+import random
+import re
+
+import pytest
+
+from megatron_sdpo.algorithms.context import ContextTemplates
+from megatron_sdpo.rewards.result import RewardResult
+from megatron_sdpo.rollout.base import Completion, SamplingConfig
+from megatron_sdpo.study.competence import KINDS, first_sibling, kind_templates, probe
+
+P_STUDENT, P_SIBLING, P_FEEDBACK = 0.2, 0.9, 0.5
+SOLUTION, FEEDBACK = "Here is a correct solution", "Feedback on an earlier attempt"
+
+
+class CharTokenizer:
+    """One id per character; no chat template, so prompts are the raw text."""
+
+    chat_template = None
+
+    def __call__(self, text, add_special_tokens=True):
+        return {"input_ids": [ord(c) for c in text]}
+
+    def decode(self, ids, skip_special_tokens=True):
+        return "".join(chr(i) for i in ids)
+
+
+class StubModel:
+    """Answers "step N: \\boxed{X}" ([ans=X] in the prompt) with a probability set by the context in the
+    prompt, else "\\boxed{0}"; with `copy`, a prompt quoting a solution gets that solution back."""
+
+    def __init__(self, copy: bool = False):
+        self.copy = copy
+
+    def generate(self, prompt_ids, sampling: SamplingConfig):
+        rng = random.Random(sampling.seed)
+        out = []
+        for i, ids in enumerate(prompt_ids):
+            text = "".join(chr(t) for t in ids)
+            gold = re.search(r"\[ans=(\d+)\]", text).group(1)
+            p = P_SIBLING if SOLUTION in text else P_FEEDBACK if FEEDBACK in text else P_STUDENT
+            for _ in range(sampling.n):
+                # A working line of its own: two correct answers are not copies of each other.
+                answer = f"step {rng.randrange(10**9)}: " + (f"\\boxed{{{gold}}}" if rng.random() < p else "\\boxed{0}")
+                if self.copy and SOLUTION in text:
+                    answer = text.split(":\n", 1)[1].split("\n\n", 1)[0]
+                ids_out = [ord(c) for c in answer]
+                out.append(Completion(i, ids_out, [-1.0] * len(ids_out), answer, truncated=False))
+        return out
+
+
+def verifier(texts, records):
+    return [
+        RewardResult(1.0, "") if t.strip().endswith(f"\\boxed{{{r['answer']}}}") else RewardResult(0.0, "Wrong answer.")
+        for t, r in zip(texts, records)
+    ]
+
+
+def records(n: int):
+    return [{"prompt": f"Question {k} [ans={k + 1}]", "answer": str(k + 1)} for k in range(n)]
+
+
+def run(n_prompts=300, samples=4, **kw):
+    return probe(
+        StubModel(kw.pop("copy", False)), CharTokenizer(), records(n_prompts), samples=samples,
+        sampling=SamplingConfig(temperature=1.0, max_new_tokens=8, seed=3), templates=ContextTemplates(),
+        score=verifier, **kw,
+    )
+
+
+def within(value, p, m):
+    """|value - p| within 6 standard errors of a mean of m Bernoulli(p) (or of m per-prompt
+    means of at least one such draw each): a correct probe misses with probability ~2e-9."""
+    return abs(value - p) <= 6 * math.sqrt(p * (1 - p) / m)
+
+
+def test_pass_rates_and_context_shares_are_the_stub_models():
+    out = run()
+    n = 4
+    assert out["prompts"] == 300 and out["samples_per_prompt"] == n
+    assert within(out["student_pass"], P_STUDENT, 300 * n)
+    k = out["kinds"]
+    assert set(k) == set(KINDS)
+    for kind, p in (("sibling", P_SIBLING), ("feedback", P_FEEDBACK), ("both", P_SIBLING)):
+        assert within(k[kind]["teacher_pass"], p, k[kind]["prompts"]), kind
+        d = k[kind]["difference"]
+        assert d["n"] == k[kind]["prompts"] and d["lo"] < d["mean"] < d["hi"]
+        assert d["mean"] == pytest.approx(k[kind]["teacher_pass"] - k[kind]["student_pass"])
+        assert k[kind]["copies"] == 0
+    # A prompt has a sibling context when one of its n samples passes; feedback when one fails;
+    # both when it has one of each.
+    share = {"sibling": 1 - (1 - P_STUDENT) ** n, "feedback": 1 - P_STUDENT**n,
+             "both": 1 - (1 - P_STUDENT) ** n - P_STUDENT**n}
+    for kind, p in share.items():
+        assert within(k[kind]["prompt_share"], p, 300), kind
+    # The sibling's interval lies above 0 (0.9 against at most ~0.4), feedback's too (0.5 vs 0.2).
+    assert k["sibling"]["difference"]["lo"] > 0.3 and k["feedback"]["difference"]["lo"] > 0.1
+
+
+def test_copies_of_the_quoted_sibling_are_counted():
+    k = run(n_prompts=60, copy=True)["kinds"]
+    assert k["sibling"]["copy_share"] == 1.0 and k["sibling"]["teacher_pass"] == 1.0
+    assert k["both"]["copy_share"] == 1.0
+    assert k["feedback"]["copies"] == 0
+
+
+def test_gains_are_those_of_the_log_probabilities():
+    """Per token: -1 after a student prompt; after a context -0.5 for an accepted response and -2
+    for a rejected one: gains +0.5 and -1.0, gap 1.5 (the feedback kind has rejected samples only)."""
+
+    def logprobs(prompts, responses):
+        out = []
+        for p, r in zip(prompts, responses):
+            text, resp = "".join(map(chr, p)), "".join(map(chr, r))
+            if SOLUTION in text or FEEDBACK in text:
+                gold = re.search(r"ans=(\d+)", text).group(1)
+                good = resp.endswith("\\boxed{" + gold + "}")
+                out.append([-0.5 if good else -2.0] * len(r))
+            else:
+                out.append([-1.0] * len(r))
+        return out
+
+    k = run(n_prompts=40, logprobs=logprobs)["kinds"]
+    assert k["sibling"]["gain_rewarded"] == pytest.approx(0.5)
+    assert k["sibling"]["gain_unrewarded"] == pytest.approx(-1.0)
+    assert k["sibling"]["gain_gap"] == pytest.approx(1.5)
+    assert k["feedback"]["gain_rewarded"] is None and k["feedback"]["gain_gap"] is None
+    assert k["feedback"]["gain_unrewarded"] == pytest.approx(-1.0)
+
+
+def test_the_quoted_sibling_is_the_first_other_accepted_sample():
+    assert first_sibling([1, 0, 1, 0, 0, 0], 3, 0.5) == [2, 0, 0, None, None, None]
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="samples must be >= 2"):
+        run(n_prompts=2, samples=1)
+    with pytest.raises(ValueError, match="unknown context kind"):
+        kind_templates(ContextTemplates(), "hint")
+
+
+def test_the_probe_command_on_the_tiny_base(tmp_path, capsys):
+    import json
+
+    from megatron_sdpo.cli import main
+
+    out = tmp_path / "probe"
+    assert main(["probe", "tiny", "--domain", "math", "--prompts", "3", "--samples", "2", "--out", str(out),
+                 "rollout.engine=hf", "rollout.max_new_tokens=8"]) == 0
+    data = json.loads((out / "probe.json").read_text())
+    assert data["prompts"] == 3 and data["samples_per_prompt"] == 2 and set(data["kinds"]) == set(KINDS)
+    assert data["kinds"]["feedback"]["preset_builds"] is False  # the tiny preset gives math no feedback
+    assert "| sibling |" in (out / "probe.md").read_text()
+    assert main(["probe", "tiny", "--domain", "poetry", "--out", str(out)]) == 2
+    assert "unknown domain 'poetry'" in capsys.readouterr().err
+    assert main(["probe", "tiny", "--domain", "math", "--samples", "1"]) == 2
+    assert main(["probe", "tiny", "--domain", "math", "--split", "dev", "--out", str(out)]) == 2
+    assert "unknown split 'dev'" in capsys.readouterr().err
