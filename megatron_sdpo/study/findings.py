@@ -127,17 +127,21 @@ def _bootstrap(
 def compare_arms(runs: list[StudyRun], baseline: str, arms: list[str], *, n_boot: int = 1000) -> list[Comparison]:
     """Every metric of every arm against `baseline`, paired by seed; per finding and arm, the
     primary metric judged at 95% and the secondaries at Holm's levels (study/inference.py),
-    with the paper's directions where `baseline` is the paper's (study/paper.py)."""
+    with the paper's directions where `baseline` is the paper's and the arm is not GRPO
+    (study/paper.py)."""
     by_seed: dict[int, dict[str, StudyRun]] = {}
     for r in runs:
         by_seed.setdefault(r.seed if r.seed is not None else 0, {})[r.arm] = r
     others = [a for a in arms if a != baseline]
     boot = _bootstrap(by_seed, baseline, others, n_boot) if n_boot > 0 else {}
+    # The paper's directions are SDPO's against GRPO: a GRPO arm against the GRPO baseline (the
+    # paper's 4-step recipe against one step) is described, not judged.
+    grpo_arms = {r.arm for r in runs if r.view.algorithm == "grpo"}
     out = []
     for m in METRICS:
         base_vals = [r.values[m.name] for r in runs if r.arm == baseline]
-        direction = paper.direction(m.name, baseline)
         for arm in others:
+            direction = None if arm in grpo_arms else paper.direction(m.name, baseline)
             diffs = []
             for group in by_seed.values():
                 a, b = group.get(arm), group.get(baseline)

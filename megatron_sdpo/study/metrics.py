@@ -90,6 +90,16 @@ class RunView:
         return load_item_scores(self.run_dir, self.matrix.rows)
 
     @cached_property
+    def algorithm(self) -> Optional[str]:
+        """`algorithm.name` of the run's resolved config (None without one)."""
+        if not self.run_dir.config.exists():
+            return None
+        from megatron_sdpo.config.presets import parse_yaml
+
+        cfg = parse_yaml(self.run_dir.config.read_text()) or {}
+        return (cfg.get("algorithm") or {}).get("name")
+
+    @cached_property
     def item_counts(self) -> dict[str, int]:
         """Items per eval column: counted in the saved answers, else the configured `n`."""
         counts: dict[str, int] = {}
