@@ -218,7 +218,10 @@ def cmd_probe(args) -> int:
     route_engine_logs(out_dir, verbose=args.verbose)
     out = run_probe(cfg, args.domain, split=args.split, prompts=args.prompts, samples=args.samples,
                     gains=not args.no_gains, work_dir=str(out_dir / ".rollout"))
-    out["command"] = "megatron-sdpo probe " + " ".join(sys.argv[2:] if len(sys.argv) > 2 else [])
+    options = [f"--domain {args.domain}", f"--split {args.split}", f"--prompts {args.prompts}",
+               *([f"--samples {args.samples}"] if args.samples else []), *(["--no-gains"] if args.no_gains else []),
+               f"--out {out_dir}"]
+    out["command"] = " ".join(["megatron-sdpo probe", args.model, args.config, *options, *args.overrides])
     (out_dir / "probe.json").write_text(json.dumps(out, indent=1) + "\n")
     table = format_probe(out)
     (out_dir / "probe.md").write_text(table + "\n")

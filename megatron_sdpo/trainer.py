@@ -422,17 +422,18 @@ class Trainer:
     ) -> list[bool]:
         """Teacher prompts (successful sibling and/or feedback) and the distillation mask;
         `truncated` marks responses cut at max_new_tokens (None: none was)."""
-        from megatron_sdpo.algorithms.context import build_teacher_contexts, templates_for, truncate_context_ids
+        from megatron_sdpo.algorithms.context import (
+            build_teacher_contexts,
+            teacher_feedbacks,
+            templates_for,
+            truncate_context_ids,
+        )
         from megatron_sdpo.algorithms.sdpo import distill_mask, random_token_keep
 
         s = self.cfg.algorithm.sdpo
         templates = templates_for(s.context, domain)
-        feedbacks = [r.feedback for r in results]
-        if domain == "math" and s.context.math_feedback == "format":
-            from megatron_sdpo.rewards.math import format_feedback
-
-            cut = truncated if truncated is not None else [False] * len(results)
-            feedbacks = [format_feedback(r, t) for r, t in zip(results, cut)]
+        cut = truncated if truncated is not None else [False] * len(results)
+        feedbacks = teacher_feedbacks(s.context, domain, results, cut)
         contexts = build_teacher_contexts(
             [r["prompt"] for r in records],
             texts,

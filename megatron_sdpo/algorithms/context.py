@@ -171,19 +171,17 @@ def build_teacher_contexts(
         raise ValueError(f"{n} samples do not split into groups of {group_size}")
     gen = _as_rng(rng)
     success = [float(r) >= templates.success_threshold for r in rewards]
+    quoted = quoted_siblings(success, group_size, gen) if templates.use_solution else [None] * n
     # Strip each successful response once, not once per sibling that quotes it.
     cleaned: dict[int, str] = {}
     contexts: list[str | None] = []
     for i in range(n):
-        start = (i // group_size) * group_size
         solution = None
-        if templates.use_solution:
-            siblings = [j for j in range(start, start + group_size) if j != i and success[j]]
-            if siblings:
-                j = siblings[0] if gen is None else gen.choice(siblings)
-                if j not in cleaned:
-                    cleaned[j] = strip_thinking(responses[j]) if templates.strip_thinking else responses[j]
-                solution = cleaned[j] or None
+        j = quoted[i]
+        if j is not None:
+            if j not in cleaned:
+                cleaned[j] = strip_thinking(responses[j]) if templates.strip_thinking else responses[j]
+            solution = cleaned[j] or None
         feedback = None
         if templates.use_feedback and not success[i] and feedbacks[i]:
             if solution is None or not templates.feedback_only_without_solution:
@@ -193,6 +191,30 @@ def build_teacher_contexts(
         else:
             contexts.append(build_teacher_message(prompts[i], solution, feedback, templates))
     return contexts
+
+
+def quoted_siblings(success: list[bool], group_size: int, rng: random.Random | int | None = None) -> list[int | None]:
+    """Per sample, the successful sibling its teacher prompt quotes: another successful sample of
+    its group (consecutive groups of `group_size`), the first one, or one chosen by `rng`; None
+    where there is none. Draws from `rng` sample by sample, in order."""
+    gen = _as_rng(rng)
+    out: list[int | None] = []
+    for i in range(len(success)):
+        start = (i // group_size) * group_size
+        siblings = [j for j in range(start, start + group_size) if j != i and success[j]]
+        out.append(None if not siblings else siblings[0] if gen is None else gen.choice(siblings))
+    return out
+
+
+def teacher_feedbacks(context, domain: str, results: list, truncated: list[bool]) -> list[str | None]:
+    """The feedback texts the teacher prompt may quote, per scored sample: each result's own, or
+    with `algorithm.sdpo.context.math_feedback: format` on math the reference's format-only
+    feedback (`truncated`: the responses cut at max_new_tokens)."""
+    if domain == "math" and context.math_feedback == "format":
+        from megatron_sdpo.rewards.math import format_feedback
+
+        return [format_feedback(r, t) for r, t in zip(results, truncated)]
+    return [r.feedback for r in results]
 
 
 def templates_for(context, domain: str) -> ContextTemplates:

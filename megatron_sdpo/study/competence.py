@@ -25,11 +25,16 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
-from megatron_sdpo.algorithms.context import ContextTemplates, build_teacher_contexts, truncate_context_ids
+from megatron_sdpo.algorithms.context import (
+    ContextTemplates,
+    build_teacher_contexts,
+    quoted_siblings,
+    truncate_context_ids,
+)
 from megatron_sdpo.chat import encode_prompts, record_prompts
-from megatron_sdpo.rollout.base import SamplingConfig
+from megatron_sdpo.rollout.base import RolloutEngine, SamplingConfig
 from megatron_sdpo.study.stats import paired_summary
 
 KINDS = ("sibling", "feedback", "both")
@@ -50,14 +55,8 @@ def kind_templates(base: ContextTemplates, kind: str) -> ContextTemplates:
 
 
 def first_sibling(rewards: Sequence[float], group_size: int, threshold: float) -> list[int | None]:
-    """Per sample, the first other sample of its group with reward >= threshold (None: none):
-    the sibling `build_teacher_contexts` quotes without an rng."""
-    out: list[int | None] = []
-    for i in range(len(rewards)):
-        start = (i // group_size) * group_size
-        ok = [j for j in range(start, start + group_size) if j != i and rewards[j] >= threshold]
-        out.append(ok[0] if ok else None)
-    return out
+    """Per sample, the sibling `build_teacher_contexts` quotes without an rng (None: none)."""
+    return quoted_siblings([r >= threshold for r in rewards], group_size)
 
 
 def _normalized(text: str) -> str:
@@ -127,8 +126,8 @@ def probe(
 class _Probe:
     """What every kind's row reads: the student's samples and how they scored."""
 
-    engine: object
-    tokenizer: object
+    engine: RolloutEngine
+    tokenizer: Any
     recs: list  # the record of each sample
     student: list  # Completions, samples of a prompt consecutive
     student_pass: list  # per prompt
@@ -154,7 +153,7 @@ def _kind_row(pr: _Probe, kind: str, contexts: list[str | None], sampling: Sampl
         truncate_context_ids(ids, pr.max_context_tokens, pr.truncation)
         for ids in encode_prompts(pr.tokenizer, [str(contexts[i]) for i in rows], [pr.recs[i].get("history", ()) for i in rows])
     ]
-    answers = pr.engine.generate(teacher_ids, sampling)  # type: ignore[attr-defined]
+    answers = pr.engine.generate(teacher_ids, sampling)
     results = pr.score([a.text for a in answers], [pr.recs[i] for i in rows])
     per_prompt: dict[int, list[bool]] = {}
     for i, r in zip(rows, results):
@@ -220,7 +219,7 @@ def run_probe(cfg, domain: str, *, split: str = "train", prompts: int = 200, sam
     """The probe of `cfg.model.path` on `domain` with the preset's rollout sampling and context
     templates; `samples` defaults to the preset's group size."""
     from megatron_sdpo import builders
-    from megatron_sdpo.algorithms.context import templates_for
+    from megatron_sdpo.algorithms.context import teacher_feedbacks, templates_for
     from megatron_sdpo.chat import set_template_kwargs
     from megatron_sdpo.interfaces.backend import SequenceBatch
     from megatron_sdpo.rewards import score_batch
@@ -230,12 +229,9 @@ def run_probe(cfg, domain: str, *, split: str = "train", prompts: int = 200, sam
     tokenizer = set_template_kwargs(builders.load_tokenizer(model_path), cfg.model.chat_template_kwargs)
     engine = builders.make_rollout(cfg, model_path, tokenizer, work_dir)
     ctx = cfg.algorithm.sdpo.context
-    feedbacks = None
-    if domain == "math" and ctx.math_feedback == "format":
-        from megatron_sdpo.rewards.math import format_feedback
 
-        def feedbacks(results, truncated):  # the trainer's format-only feedback (trainer._attach_teacher)
-            return [format_feedback(r, t) for r, t in zip(results, truncated)]
+    def feedbacks(results, truncated):  # as the trainer writes them (trainer._attach_teacher)
+        return teacher_feedbacks(ctx, domain, results, truncated)
 
     logprobs = None
     if gains:
