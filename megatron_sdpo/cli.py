@@ -24,6 +24,35 @@ def _algorithm_overrides(name: str) -> list[str]:
     return [f"algorithm.name={name}"] + ([f"teacher.mode={spec.teacher_mode}"] if spec.teacher_mode else [])
 
 
+def _launch_window(launch, args) -> list[str]:
+    """The dry run's launch environment: the stop signal's lead against the grace a stop needs,
+    the sockets' interface across nodes; with --launch-env the file the sbatch body sources.
+    With --strict a lead shorter than the grace is an error, else a warning."""
+    import os
+
+    from megatron_sdpo import network
+    from megatron_sdpo.planning import stop_grace
+
+    lead, source = stop_grace.signal_lead(Path(args.job_script) if args.job_script else None)
+    print(f"stop signal: {lead} s before the kill ({source})" if lead is not None else f"stop signal: lead unknown ({source})")
+    for line in network.choose(dict(os.environ)):
+        print(f"network: {line}")
+    print(f"network: NCCL_NVLS_ENABLE={os.environ.get('NCCL_NVLS_ENABLE', '(NCCL default: on where supported)')}")
+    problem = stop_grace.lead_error(lead, source, launch.stop) if lead is not None and launch.stop is not None else None
+    if args.launch_env:
+        Path(args.launch_env).write_text(stop_grace.env_lines(lead, launch.stop))
+    if problem and not args.strict:
+        print(f"warning: {problem}")
+        return []
+    errors = [problem] if problem else []
+    if args.strict and not stop_grace.torchrun_has_shutdown_timeout():
+        import torch
+
+        errors.append(f"torchrun of torch {torch.__version__} has no --shutdown-timeout (the stop's grace; "
+                      "torch >= 2.11): install a newer torch")
+    return errors
+
+
 def _default_out(name: str) -> str:
     return str(Path("runs") / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}")
 
@@ -47,11 +76,14 @@ def cmd_run(args) -> int:
 
         # A phase over the device's memory fails any dry run; --strict adds what the allocation must hold.
         errors = preflight_errors(cfg, launch) if args.strict else launch.memory_errors()
+        errors += _launch_window(launch, args)
         for line in errors:
             print(f"error: {line}", file=sys.stderr)
         return 2 if errors else 0
     if args.strict:
         raise UserError("--strict is for --dry-run (the cluster preflight)")
+    if args.job_script or args.launch_env:
+        raise UserError("--job-script and --launch-env are for --dry-run (the cluster preflight)")
     if args.world_size is not None:
         raise UserError("--world-size is for --dry-run; a run takes its world from the launcher (torchrun)")
     out = args.out or _default_out(cfg.name)
@@ -164,6 +196,17 @@ def cmd_results(args) -> int:
         dest = results.export(Path(args.study_dir), Path(args.to), command=args.study_command or "", note=args.note or "",
                               commit=args.commit)
         print(f"exported: {dest} ({dest / results.STUDY_JSON})")
+        return 0
+    if args.results_command == "render":
+        for doc in map(Path, args.docs):
+            if not doc.is_file():
+                raise UserError(f"{doc}: no such file")
+            text = doc.read_text()
+            new = results.render_blocks(text)
+            n = len(results.blocks(text))
+            if new != text:
+                doc.write_text(new)
+            print(f"{doc}: {n} generated block(s), {'rewritten' if new != text else 'unchanged'}")
         return 0
     if args.bootstrap < 0:
         raise UserError(f"--bootstrap must be >= 0, got {args.bootstrap}")
@@ -316,6 +359,14 @@ def build_parser(drift_arguments: bool = True) -> argparse.ArgumentParser:
     )
     r.add_argument("--world-size", type=int, help="ranks to plan for with --dry-run (default: WORLD_SIZE, else 1)")
     r.add_argument(
+        "--job-script", help="with --dry-run: the sbatch script whose #SBATCH --signal lead the stop grace must fit "
+        "(SDPO_STOP_LEAD_S wins: a --signal given to sbatch on its command line)",
+    )
+    r.add_argument(
+        "--launch-env", help="with --dry-run: write the launch environment (the stop lead and the save's reserve) "
+        "to this file, for the sbatch body to source",
+    )
+    r.add_argument(
         "--gpu-memory-gib", type=float, default=H100_USABLE_GIB,
         help="usable memory per GPU as torch reports it, for --dry-run's memory ledger (default: an H100-80GB's)",
     )
@@ -354,7 +405,7 @@ def build_parser(drift_arguments: bool = True) -> argparse.ArgumentParser:
     st.add_argument("--verbose", action="store_true", help="show the engines' (vLLM, transformers) logs in the terminal")
     st.set_defaults(fn=cmd_study)
 
-    rs = sub.add_parser("results", help="a study's data in the repository: export it, tabulate it")
+    rs = sub.add_parser("results", help="a study's data in the repository: export it, tabulate it, render the documents' tables")
     rsub = rs.add_subparsers(dest="results_command", required=True, parser_class=_Parser)
     rx = rsub.add_parser("export", help="keep what a study's metrics read (kilobytes a run) under results/<name>")
     rx.add_argument("study_dir", help="a study directory (its runs/<arm>/seed<k>)")
@@ -366,6 +417,8 @@ def build_parser(drift_arguments: bool = True) -> argparse.ArgumentParser:
     rt.add_argument("results_dir", help="an exported study (results/<name>)")
     rt.add_argument("--baseline", action="append", help="an arm to compare the others with (repeatable)")
     rt.add_argument("--bootstrap", type=int, default=1000, help="bootstrap replicates (0: none)")
+    rr = rsub.add_parser("render", help="rewrite a document's generated tables (findings-table, metrics-table) from results/")
+    rr.add_argument("docs", nargs="+", help="markdown files with generated blocks (e.g. docs/findings.md)")
     rs.set_defaults(fn=cmd_results)
 
     e = sub.add_parser("eval", help="evaluate an HF model directory on every domain of a preset", epilog=over)

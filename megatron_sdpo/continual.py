@@ -26,7 +26,7 @@ from megatron_sdpo.interfaces.blend import TeacherBlend
 from megatron_sdpo.outputs.drift_jobs import DriftJobs
 from megatron_sdpo.outputs.monitor import RunMonitor
 from megatron_sdpo.outputs.run_dir import RunDir
-from megatron_sdpo.stop_request import StopRequest, StopRequested
+from megatron_sdpo.stop_request import StepAbandoned, StopRequest, StopRequested, StopWindow
 from megatron_sdpo.trainer import Trainer
 
 
@@ -89,6 +89,7 @@ class ContinualRun:
         self.resume = resume
         self.monitor = RunMonitor(self.run_dir, cfg, quiet=quiet, write=self.main)
         self.drift_jobs = DriftJobs(self.run_dir, threads=cfg.diagnostics.threads or None, log=self.monitor.log)
+        self.last_saved: tuple[str, int, int] | None = None  # (name, stage, steps done) of the last save
 
     # -- set-up -----------------------------------------------------------------------------
     def _setup(self) -> None:
@@ -164,12 +165,15 @@ class ContinualRun:
     def _save(self, name: str, stage: int, step: int) -> Path:
         path = self.run_dir.checkpoints / name
         extra = {"stage": stage, "step": step, "teacher": self.teacher.state_dict(), "name": name}
+        start = time.perf_counter()
         with self.trainer.training_state_on_device():
             self.backend.save(str(path), extra=extra)
         if self.main:
             (self.run_dir.checkpoints / "latest").write_text(name)
             self._prune()
         ranks.barrier()
+        self.window.observe_save(time.perf_counter() - start)
+        self.last_saved = (name, stage, step)
         return path
 
     def _prune(self) -> None:
@@ -192,6 +196,7 @@ class ContinualRun:
         self._stage_settings(int(extra["stage"]))
         self.teacher.load_state_dict(extra["teacher"])
         stage, step = int(extra["stage"]), int(extra["step"])
+        self.last_saved = (str(extra["name"]), stage, step)
         if self.main:
             self.run_dir.truncate_metrics(lambda r: (r["stage"], r["step"]) <= (stage, step))
         if not self.cfg.backend.offload_training_state:
@@ -204,6 +209,7 @@ class ContinualRun:
         """The whole run; StopRequested after saving when the scheduler asked it to stop
         (stop_request.py)."""
         self.stop = StopRequest()
+        self.window = StopWindow.from_env()
         try:
             return self._run()
         finally:
@@ -281,6 +287,29 @@ class ContinualRun:
         self.monitor.close()
         raise StopRequested(signum, checkpoint)
 
+    def _between_phases(self, left: tuple[str, ...]) -> None:
+        """Inside a step: abandon it when the ranks agree to stop and it cannot finish within the
+        job's lead (stop_request.StopWindow); one small collective, only under such a job."""
+        if not self.window.active:
+            return
+        vote = bool(self.stop.received) and self.window.abandon(self.stop.since_signal_s(), left)
+        signum, abandon = self.stop.agreed_with(vote)
+        if signum and abandon:
+            raise StepAbandoned(signum)
+
+    def _abandoned(self, signum: int, k: int, step: int) -> None:
+        """Stop at the last completed step: its state is the one in memory (the abandoned step
+        changed nothing yet); at a stage's first step that is the checkpoint already written."""
+        if step == 0:
+            name = self.last_saved[0] if self.last_saved else None
+        elif self.last_saved is not None and self.last_saved[1:] == (k, step):
+            name = self.last_saved[0]
+        else:
+            name = f"step_{k}_{step:06d}"
+            self._save(name, k, step)
+        self.monitor.log(f"stop: stage {k + 1} step {step + 1} abandoned, it could not finish within the lead")
+        self._stopped(signum, name)
+
     def _teacher_update(self, blend: TeacherBlend) -> None:
         if self.trainer.uses_teacher and not blend.is_identity:
             self.backend.blend_teacher(blend)
@@ -306,11 +335,19 @@ class ContinualRun:
             batch = train_batch(
                 records, seed=cfg.seed, stage=k, step=step, size=cfg.algorithm.prompts_per_step
             )
-            out = self.trainer.step(
-                stage.domain, batch, seed=step_seed(cfg.seed, k, step), step=step, label=f"stage {k + 1} step {step + 1}",
-                after_train=lambda: self._teacher_update(self.teacher.after_step(step + 1)),
-                refill=functools.partial(self._refill, records, k, step),
-            )
+            try:
+                out = self.trainer.step(
+                    stage.domain, batch, seed=step_seed(cfg.seed, k, step), step=step,
+                    label=f"stage {k + 1} step {step + 1}",
+                    after_train=lambda: self._teacher_update(self.teacher.after_step(step + 1)),
+                    refill=functools.partial(self._refill, records, k, step),
+                    between_phases=self._between_phases,
+                )
+            except StepAbandoned as exc:
+                self._abandoned(exc.signum, k, step)
+            late = self.window.observe_step(out.metrics)
+            if late:
+                self.monitor.log(late)
             stats = artifact_stats(
                 out.responses,
                 truncated=out.truncated,

@@ -28,6 +28,14 @@ def init_if_launched(timeout_minutes: float = 30.0) -> None:
         missing = [k for k in ("RANK", "MASTER_ADDR", "MASTER_PORT") if k not in os.environ]
         if missing:
             raise ConfigError(f"WORLD_SIZE > 1 but {missing} are not set (launch with torchrun)")
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", launched_world_size()))
+        if local < launched_world_size():
+            # Across nodes: the sockets leave by the route to MASTER_ADDR (network.py).
+            from megatron_sdpo.network import choose
+
+            lines = choose()
+            if os.environ.get("LOCAL_RANK", "0") == "0":
+                print(f"[node of rank {os.environ['RANK']}] " + "; ".join(lines), flush=True)
         backend = "nccl" if torch.cuda.is_available() else "gloo"
         if backend == "nccl":
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))

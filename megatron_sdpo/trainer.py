@@ -202,6 +202,7 @@ class Trainer:
     def step(
         self, domain: str, records: list[dict], *, seed: int, step: int = 0, label: str | None = None,
         after_train: Callable[[], None] | None = None, refill: Callable[[int], list[dict]] | None = None,
+        between_phases: Callable[[tuple[str, ...]], None] | None = None,
     ) -> StepOutput:
         """One optimizer step on `records` (prompts_per_step records of one domain); `step`
         (0-based within the stage) schedules the periodic diagnostics; `label` names the step
@@ -209,6 +210,9 @@ class Trainer:
         still sleeps (the teacher update: its transients never share the device with vLLM);
         `refill(r)` gives the prompts of extra generation round r >= 1 when
         `algorithm.filter_groups` is on (rollout/group_filter.py; None: no extra round).
+        `between_phases(left)` runs before the teacher and before the train phase with the
+        phases still to come; it may raise StepAbandoned (stop_request.py): nothing the step
+        changes is changed before the first optimizer step.
 
         Engine order: generate (awake) -> sleep (frees weights and KV cache while training) ->
         train -> wake the weights -> refit -> wake the KV cache -> next generate."""
@@ -236,6 +240,8 @@ class Trainer:
         batch.tensors["loss_mask"] = response_mask
         attach_guard_tensors(batch.tensors, response_mask)
         has_context = [False] * len(comps)
+        if between_phases is not None:
+            between_phases(("teacher", "train", "sync") if self.algorithm.uses_teacher else ("train", "sync"))
         if self.algorithm.uses_advantages:
             batch.tensors["advantages"] = group_advantages(rewards, group_size=n, norm_by_std=a.grpo.norm_by_std)
         signal: dict[str, float] = {}
@@ -248,6 +254,8 @@ class Trainer:
                 every = cfg.diagnostics.teacher_signal_every if cfg.diagnostics.enabled else 0
                 if every and step % every == 0:
                     signal = self._teacher_signal(batch, rewards)
+            if between_phases is not None:
+                between_phases(("train", "sync"))
         with times.phase("train"):
             train_metrics = self._update(batch)
             if after_train is not None:

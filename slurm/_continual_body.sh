@@ -16,11 +16,19 @@
 # No training logic lives here: a preflight `python -m megatron_sdpo run PRESET ... --dry-run`
 # (config, layout for this allocation, data, memory; no weights) on one node, then every rank runs
 # `python -m megatron_sdpo run PRESET ...`.
-# Stopping: the job asks for USR1 ten minutes before its time limit (the #SBATCH --signal of the
-# wrappers). Either signal (USR1, or TERM from scancel or preemption) is passed on to the ranks as
-# SIGTERM; each rank finishes its step, the run saves a checkpoint at that step and exits (the
-# ranks agree on the step: megatron_sdpo/stop_request.py); torchrun waits STOP_GRACE_S seconds
-# (default 540) for that before it kills them. Only then, after USR1, does the job requeue itself;
+# Stopping: the job asks for USR1 a lead before its time limit (the #SBATCH --signal of the
+# wrappers, whose path they export as SDPO_JOB_SCRIPT). The preflight computes the grace a stop
+# needs (a step, the save of one node's ranks at checkpoint.write_gib_per_s, a margin), fails when
+# the lead is shorter, and writes the lead and the save's reserve to a file this script sources
+# (SDPO_STOP_LEAD_S, SDPO_STOP_RESERVE_S: megatron_sdpo/planning/stop_grace.py). Either signal
+# (USR1, or TERM from scancel or preemption) is passed on to the ranks as SIGTERM; the ranks agree
+# to stop (megatron_sdpo/stop_request.py), finish their step when it fits the lead, else abandon it
+# before its optimizer step, save the last completed step and exit; torchrun waits the lead
+# (STOP_GRACE_S, default 540, when no lead is known) before it kills them. torchrun has
+# --shutdown-timeout from torch 2.11 (pytorch/pytorch#172596); the preflight checks it.
+# Networking: each rank sets NCCL_SOCKET_IFNAME and GLOO_SOCKET_IFNAME, unless given, to the
+# interface of its route to MASTER_ADDR (megatron_sdpo/network.py, from SDPO_NODES);
+# the preflight prints node 0's choice. Only then, after USR1, does the job requeue itself;
 # a plain TERM stays cancelled, and preemption requeues through --requeue. The requeued job keeps
 # its id, finds the run directory with its resolved_config.yaml and passes --resume, so training
 # continues from the step it stopped at.
@@ -63,6 +71,8 @@ if [[ -z "${MASTER_ADDR}" ]]; then
   exit 1
 fi
 MASTER_PORT="${MASTER_PORT:-$((20000 + SLURM_JOB_ID % 20000))}"
+SDPO_NODES="${NODES[*]}"
+export SDPO_NODES
 GPUS_PER_NODE="${GPUS_PER_NODE:-${SLURM_GPUS_ON_NODE:-8}}"
 STOP_GRACE_S="${STOP_GRACE_S:-540}"
 export MASTER_ADDR MASTER_PORT
@@ -127,19 +137,28 @@ echo "$(date '+%F %T') job ${SLURM_JOB_ID} (restart ${SLURM_RESTART_COUNT:-0}): 
 # one node: a bad override, layout or data schema, a data file missing, a model the ranks could not
 # load or a memory plan over the GPU stops the job here, before any rank loads weights.
 WORLD=$((SLURM_JOB_NUM_NODES * GPUS_PER_NODE))
+# In the submit directory (mounted in a container too): the preflight writes it, this script reads it.
+mkdir -p "${SLURM_SUBMIT_DIR}/logs"
+LAUNCH_ENV="${SLURM_SUBMIT_DIR}/logs/launch-${SLURM_JOB_ID}.env"
+rm -f "${LAUNCH_ENV}"
 preflight=0
 srun --nodes=1 --ntasks=1 ${CONTAINER_ARGS[@]+"${CONTAINER_ARGS[@]}"} \
-  python -m megatron_sdpo run "${PRESET}" "$@" --dry-run --strict --world-size "${WORLD}" || preflight=$?
+  python -m megatron_sdpo run "${PRESET}" "$@" --dry-run --strict --world-size "${WORLD}" \
+    ${SDPO_JOB_SCRIPT:+--job-script "${SDPO_JOB_SCRIPT}"} --launch-env "${LAUNCH_ENV}" || preflight=$?
 if ((preflight != 0)); then
   echo "$(date '+%F %T') preflight (--dry-run) failed with status ${preflight}; nothing launched"
   exit "${preflight}"
+fi
+if [[ -f "${LAUNCH_ENV}" ]]; then
+  # shellcheck source=/dev/null
+  source "${LAUNCH_ENV}"
 fi
 
 # srun in the background: bash runs a trap only between commands, and `wait` is interruptible.
 srun "${SRUN_ARGS[@]}" \
   torchrun --nnodes="${SLURM_JOB_NUM_NODES}" --nproc-per-node="${GPUS_PER_NODE}" \
     --rdzv-backend=c10d --rdzv-endpoint="${MASTER_ADDR}:${MASTER_PORT}" --rdzv-id="${SLURM_JOB_ID}" \
-    --max-restarts=0 --shutdown-timeout="${STOP_GRACE_S}" --no-python \
+    --max-restarts=0 --shutdown-timeout="${SDPO_STOP_LEAD_S:-${STOP_GRACE_S}}" --no-python \
   python -m megatron_sdpo run "${PRESET}" "$@" --out "${RUN_DIR}" ${RESUME:+"${RESUME}"} --quiet &
 SRUN_PID=$!
 

@@ -19,9 +19,11 @@
 #SBATCH --output=logs/%x-%j.out
 #SBATCH --open-mode=append
 #SBATCH --requeue
-# USR1 ten minutes before the time limit: the run finishes its step (one rollout of 256
-# samples and an optimizer step) and saves (15.0 GiB per rank, 120 GiB per save on 8 ranks: `run PRESET --dry-run`
-# prints it). Raise it where the filesystem writes slower than ~1 GiB/s per node.
+# USR1 ten minutes before the time limit. A stop needs its step, the save and a margin: 495 s
+# by `run qwen3_4b --dry-run` (a step planned at 330 s with every answer at 12,288 tokens, then
+# 120 GiB per node at checkpoint.write_gib_per_s = 1 GiB/s); the preflight fails when the lead is
+# shorter and names the lead to use. A --signal given to sbatch on the command line: set
+# SDPO_STOP_LEAD_S to it too (the job cannot read it).
 #SBATCH --signal=B:USR1@600
 
 set -euo pipefail
@@ -33,4 +35,6 @@ if [[ ! -f "${BODY}" ]]; then
   echo "error: ${BODY} not found; submit from the repository root (sbatch slurm/continual_4b.sh)" >&2
   exit 2
 fi
+# The body reads this script's #SBATCH --signal lead (the preflight checks the stop grace against it).
+export SDPO_JOB_SCRIPT="$0"
 exec bash "${BODY}" qwen3_4b "$@"

@@ -19,10 +19,12 @@
 #SBATCH --output=logs/%x-%j.out
 #SBATCH --open-mode=append
 #SBATCH --requeue
-# USR1 ten minutes before the time limit: the run finishes its step (one rollout of 256
-# samples and an optimizer step) and saves (13.6 GiB per rank, 218 GiB per save on 16 ranks: `run PRESET --dry-run`
-# prints it). Raise it where the filesystem writes slower than ~1 GiB/s per node.
-#SBATCH --signal=B:USR1@600
+# USR1 twelve minutes before the time limit. A stop needs its step, the save and a margin: 637 s
+# by `run olmo3_7b --dry-run` (a step planned at 470 s with every answer at 12,288 tokens, then
+# 109 GiB per node at checkpoint.write_gib_per_s = 1 GiB/s); the preflight fails when the lead is
+# shorter and names the lead to use. A --signal given to sbatch on the command line: set
+# SDPO_STOP_LEAD_S to it too (the job cannot read it).
+#SBATCH --signal=B:USR1@720
 
 set -euo pipefail
 # sbatch runs a copy of this file from Slurm's spool directory, so the body is found from the
@@ -33,4 +35,6 @@ if [[ ! -f "${BODY}" ]]; then
   echo "error: ${BODY} not found; submit from the repository root (sbatch slurm/continual_7b.sh)" >&2
   exit 2
 fi
+# The body reads this script's #SBATCH --signal lead (the preflight checks the stop grace against it).
+export SDPO_JOB_SCRIPT="$0"
 exec bash "${BODY}" olmo3_7b "$@"

@@ -350,6 +350,8 @@ class LoggingConfig:
 class CheckpointConfig:
     save_every: int = 10  # steps; 0 = only at stage ends
     keep_last: int = 2
+    # What one node's filesystem writes, for the time a stop's save needs (planning/stop_grace.py).
+    write_gib_per_s: float = 1.0
 
 
 @dataclass

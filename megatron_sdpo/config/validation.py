@@ -60,6 +60,8 @@ def _check(cfg: RunConfig) -> None:
     _validate_context(a.sdpo.context, "algorithm.sdpo.context")
     if a.grpo.mini_batches < 1:
         raise ConfigError("algorithm.grpo.mini_batches must be >= 1")
+    if not cfg.checkpoint.write_gib_per_s > 0:
+        raise ConfigError(f"checkpoint.write_gib_per_s must be > 0, got {cfg.checkpoint.write_gib_per_s}")
     if a.filter_groups.max_extra_rounds < 0:
         raise ConfigError(f"algorithm.filter_groups.max_extra_rounds must be >= 0, got {a.filter_groups.max_extra_rounds}")
     if a.grpo.mini_batches > 1 and not spec.supports_mini_batches:

@@ -22,9 +22,10 @@ from megatron_sdpo.config.algorithm_spec import algorithm_spec
 from megatron_sdpo.config.backend_spec import backend_spec
 from megatron_sdpo.config.schema import RunConfig, eval_samples_per_item
 from megatron_sdpo.errors import ConfigError, DataError, UserError
-from megatron_sdpo.planning import memory_ledger
+from megatron_sdpo.planning import memory_ledger, stop_grace
 from megatron_sdpo.planning.kv_capacity import KVCapacity, kv_bytes_per_token
 from megatron_sdpo.planning.memory_ledger import GIB, H100_USABLE_GIB, Ledger, LedgerInputs
+from megatron_sdpo.planning.stop_grace import StopBudget
 
 if TYPE_CHECKING:
     from megatron_sdpo.weights.plan import ModelSpec
@@ -215,6 +216,7 @@ class LaunchPlan:
     data: list[DataCheck] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    stop: StopBudget | None = None  # the grace a stop needs (planning/stop_grace.py); None without a ledger
 
     def memory_errors(self) -> list[str]:
         """One line per phase of the ledger over the device's usable memory."""
@@ -256,6 +258,8 @@ class LaunchPlan:
             lines += self.ledger.render(self.gpu_memory_bytes)
         if self.kv is not None:
             lines += self.kv.lines()
+        if self.stop is not None:
+            lines.append(self.stop.line())
         return lines
 
 
@@ -329,12 +333,34 @@ def plan(cfg: RunConfig, world_size: int | None = None, *, gpu_memory_gib: float
     ledger = memory_ledger.build(ledger_inputs(cfg, spec, layout.tp, layout.pp, layout.dp, rtp, device_bytes)) if spec is not None else None
     kv = kv_capacity(cfg, spec, ledger, rtp, replicas, per_replica, device_bytes)
     warnings += kv.warnings(replicas) if kv is not None else []
+    stop = stop_budget(cfg, arch, ledger, kv, world_size, samples) if arch is not None and ledger is not None else None
     return LaunchPlan(
         preset=cfg.name, world_size=world_size, world_source=world_source, tp=layout.tp, pp=layout.pp,
         dp=layout.dp, sequence_parallel=sp, rollout_engine=cfg.rollout.engine, rollout_tp=rtp,
         rollout_tp_source=rtp_source, replicas=replicas, prompts_per_replica=per_replica, samples_per_step=samples,
         samples_per_dp_rank=per_dp, micro_batches=micro, arch=arch, ledger=ledger, kv=kv,
-        gpu_memory_bytes=device_bytes, data=data, notes=notes, warnings=warnings,
+        gpu_memory_bytes=device_bytes, data=data, notes=notes, warnings=warnings, stop=stop,
+    )
+
+
+def stop_budget(cfg: RunConfig, arch: Arch, ledger: Ledger, kv: KVCapacity | None, world: int,
+                samples: int) -> StopBudget:
+    """The grace a stop needs on this layout, before any step is measured: the planned step
+    (every answer at max_model_len), the save of one node's ranks, the refit after it."""
+    a = cfg.algorithm
+    extra = int(algorithm_spec(a.name).uses_teacher) + int(a.grpo.kl_coef > 0) + int(a.grpo.mini_batches > 1)
+    engine_bytes = kv.engine_weight_bytes if kv is not None else 2 * arch.params
+    step_s, source = stop_grace.planned_step_seconds(
+        params=arch.params, world=world, samples=samples, max_len=cfg.rollout.max_model_len,
+        new_tokens=cfg.rollout.max_new_tokens, waves=kv.waves(kv.rollout_seqs) if kv is not None else 1,
+        wave_seqs=min(kv.rollout_seqs, kv.sequences) if kv is not None else 0,
+        kv_bytes_per_token=kv.per_token if kv is not None else 0, engine_weight_bytes=engine_bytes,
+        extra_forwards=extra,
+    )
+    return stop_grace.planned_budget(
+        step_s=step_s, step_source=source, checkpoint_bytes_per_rank=ledger.checkpoint_bytes,
+        ranks_per_node=stop_grace.ranks_per_node(world), write_gib_s=cfg.checkpoint.write_gib_per_s,
+        refit_bytes_per_rank=engine_bytes, offloaded=cfg.backend.offload_training_state,
     )
 
 

@@ -360,6 +360,11 @@ class VLLMRolloutEngine(RolloutEngine):
                 # and NeMo-RL set it under a colocated launcher).
                 disable_custom_all_reduce=True,
             )
+            if on_gpu:
+                # vLLM syncs the replicas' batch padding at every engine step; with async scheduling
+                # (its default under this executor) over gloo, which crosses nodes at every decode
+                # step. NCCL carries it instead (docs/cluster.md, "What crosses nodes").
+                parallel.update(disable_nccl_for_dp_synchronization=False)
         if not on_gpu:
             # No partial prefills, so vLLM never rewinds a per-request generator (CPU
             # generators have no offset); a whole prompt must then fit one step's token budget.

@@ -20,6 +20,7 @@ from __future__ import annotations
 import gzip
 import json
 import platform
+import re
 import shutil
 import subprocess
 import time
@@ -186,3 +187,57 @@ def findings_table(results: Path, baseline: str, arm: str) -> list[str]:
         lines.append(f"| {claim.split(' (')[0]} | {number} | `{name}` | {ours} | {seeds} | {verdict} | "
                      f"`{results.as_posix()}` |")
     return lines
+
+
+def metrics_table(results: Path, baseline: str, arm: str, metrics: list[str]) -> list[str]:
+    """docs/findings.md's table of chosen metrics for one exported study: both arms' means,
+    `arm` minus `baseline` with the interval at the level the metric is judged at (95% for a
+    primary or a metric without a paper direction, Holm's level otherwise), the seeds' signs
+    and the verdict (t-intervals only, as `findings_table`)."""
+    from megatron_sdpo.study.findings import _f, _interval, _signs
+
+    runs = load_runs(_study_runs(results), {})
+    arms = sorted({r.arm for r in runs})
+    if baseline not in arms or arm not in arms:
+        raise UserError(f"{results}: arms are {', '.join(arms)}; no {baseline if baseline not in arms else arm}")
+    comps = {c.metric.name: c for c in compare_arms(runs, baseline, [baseline, arm], n_boot=0)}
+    unknown = [m for m in metrics if m not in comps]
+    if unknown:
+        raise UserError(f"{results}: no metric {', '.join(unknown)} (study/metrics.py names them)")
+    lines = [f"| metric | {arm} | {baseline} | Δ, interval (level) | seeds | verdict |", "|---|---|---|---|---|---|"]
+    for name in metrics:
+        c = comps[name]
+        j = c.judgement
+        if c.summary is None:
+            ours = "–"
+        elif j is not None:
+            ours = f"{_f(c.summary.mean)} {_interval(j.lo, j.hi)} ({100 * j.level:.1f}%)"
+        else:
+            ours = f"{_f(c.summary.mean)} {_interval(c.summary.lo, c.summary.hi)} (95.0%)"
+        lines.append(f"| `{name}` | {_f(c.arm_mean)} | {_f(c.base_mean)} | {ours} | {_signs(c)} | *{c.verdict}* |")
+    return lines
+
+
+# A generated block names its data; `render_blocks` rewrites what lies between its markers.
+_BLOCK = re.compile(r"(<!-- (findings|metrics)-table: ([^>]*?) -->\n)(.*?)(\n<!-- /\2-table -->)", re.S)
+
+
+def _block_lines(kind: str, args: str) -> list[str]:
+    parts = args.split()
+    if kind == "findings" and len(parts) == 3:
+        return findings_table(Path(parts[0]), parts[1], parts[2])
+    if kind == "metrics" and len(parts) == 4:
+        return metrics_table(Path(parts[0]), parts[1], parts[2], parts[3].split(","))
+    want = "FOLDER BASELINE ARM" + (" METRIC,METRIC,..." if kind == "metrics" else "")
+    raise UserError(f"<!-- {kind}-table: {args} -->: expected <!-- {kind}-table: {want} -->")
+
+
+def blocks(text: str) -> list[tuple[str, str, str]]:
+    """The generated blocks of a document: (kind, arguments, current text)."""
+    return [(m.group(2), m.group(3), m.group(4)) for m in _BLOCK.finditer(text)]
+
+
+def render_blocks(text: str) -> str:
+    """`text` with every generated block rewritten from its committed data (paths relative to
+    the working directory)."""
+    return _BLOCK.sub(lambda m: m.group(1) + "\n".join(_block_lines(m.group(2), m.group(3))) + m.group(5), text)

@@ -221,3 +221,68 @@ def test_a_stage_of_zero_steps_keeps_its_model_and_gets_a_row(small_yaml, tmp_pa
     assert rows[2][1:] == rows[3][1:]  # greedy eval of the same weights
     assert (run / "checkpoints" / "stage_2_tooluse" / "COMPLETE").is_file()
     assert (run / "drift" / "stage_2.json").is_file()
+
+
+SLOW_ROLLOUT = """
+import pathlib, sys, time
+from megatron_sdpo import trainer
+_rollout = trainer.Trainer._rollout
+def _slow(self, *args, **kwargs):
+    flag = pathlib.Path("slow")
+    if flag.exists():  # the test's injected delay: a step longer than the job's lead allows
+        pathlib.Path("in_rollout").touch()
+        time.sleep(float(flag.read_text()))
+    return _rollout(self, *args, **kwargs)
+trainer.Trainer._rollout = _slow
+from megatron_sdpo.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("lead, reserve, abandoned", [(30, 40, True), (600, 10, False)])
+def test_a_stop_mid_step_saves_the_last_step_the_lead_allows(full_run, small_yaml, tmp_path, lead, reserve, abandoned):
+    """The time-limit signal arrives in a slowed rollout. With a lead the step cannot fit (the
+    rest of the step plus the save's reserve exceed it) the step is abandoned before its
+    optimizer step and the last completed step is saved, well within the lead; a resumed run
+    equals the uninterrupted one. With a long lead the step finishes and is the checkpoint."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "SDPO_STOP_LEAD_S": str(lead), "SDPO_STOP_RESERVE_S": str(reserve)}
+    proc = subprocess.Popen([sys.executable, "-c", SLOW_ROLLOUT, "run", str(small_yaml), "--out", "run", "--quiet"],
+                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    metrics = tmp_path / "run" / "metrics.jsonl"
+    deadline = time.time() + 900
+    while not (metrics.exists() and '"stage": 1' in metrics.read_text()):
+        assert proc.poll() is None, "the run ended before it could be signalled"
+        assert time.time() < deadline, "stage 2 never started"
+        time.sleep(0.1)
+    (tmp_path / "slow").write_text("6")
+    while not (tmp_path / "in_rollout").exists():
+        assert proc.poll() is None and time.time() < deadline, "no slowed rollout"
+        time.sleep(0.02)
+    before = [json.loads(x) for x in metrics.read_text().splitlines()]
+    t0 = time.monotonic()
+    proc.send_signal(signal.SIGUSR1)  # Slurm's time-limit signal, mid-rollout
+    out, _ = proc.communicate(timeout=120)
+    took = time.monotonic() - t0
+    assert proc.returncode == 128 + signal.SIGUSR1, out[-3000:]
+    assert "stopped by SIGUSR1" in out and "Traceback" not in out
+    done = [json.loads(x) for x in metrics.read_text().splitlines()]
+    latest = (tmp_path / "run" / "checkpoints" / "latest").read_text().strip()
+    assert latest == f"step_1_{done[-1]['step']:06d}" and done[-1]["stage"] == 1, (latest, done[-1])
+    assert (tmp_path / "run" / "checkpoints" / latest / "COMPLETE").is_file()
+    if not abandoned:
+        assert len(done) == len(before) + 1 and "abandoned" not in out  # the slowed step finished
+        return
+    assert len(done) == len(before), "the abandoned step left a record"
+    assert f"stage 2 step {len(before) - before.index(next(m for m in before if m['stage'] == 1)) + 1} abandoned" in out, out[-2000:]
+    assert took < lead, f"the stop took {took:.1f} s, more than the {lead} s lead"
+    (tmp_path / "slow").unlink()
+    out = finish(cli("run", str(small_yaml), "--out", "run", "--resume", "--quiet", cwd=tmp_path))
+    assert f"resumed from {latest}" in out
+    assert (tmp_path / "run" / "eval_matrix.csv").read_text() == (full_run / "eval_matrix.csv").read_text()
+    ours = [json.loads(x) for x in metrics.read_text().splitlines()]
+    theirs = [json.loads(x) for x in (full_run / "metrics.jsonl").read_text().splitlines()]
+    assert [(m["stage"], m["step"], m["reward_mean"]) for m in ours] == [
+        (m["stage"], m["step"], m["reward_mean"]) for m in theirs
+    ]
+    assert [m["loss"] for m in ours] == pytest.approx([m["loss"] for m in theirs], abs=1e-6)

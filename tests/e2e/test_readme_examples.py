@@ -224,6 +224,8 @@ def test_document_fenced_commands_run(tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     # The committed study data `results tabulate` reads (a copy: the command rewrites its tables).
     shutil.copytree(ROOT / "results", tmp_path / "results")
+    (tmp_path / "docs").mkdir()
+    shutil.copy(ROOT / "docs" / "findings.md", tmp_path / "docs" / "findings.md")
     seen = set()
     for path in documents():
         for cmd in fenced_commands(path.read_text(), _name(path)):
@@ -270,6 +272,9 @@ def test_document_fenced_commands_run(tmp_path):
             elif args[0] == "results" and args[1] == "tabulate":
                 # The tables regenerated from the committed data are the committed tables.
                 for name in re.findall(r"wrote (\S+)", proc.stdout):
+                    assert (tmp_path / name).read_bytes() == (ROOT / name).read_bytes(), name
+            elif args[0] == "results" and args[1] == "render":
+                for name in args[2:]:
                     assert (tmp_path / name).read_bytes() == (ROOT / name).read_bytes(), name
 
 

@@ -23,9 +23,18 @@ JOB_ID = 4242
 
 FAKE_SRUN = """#!/bin/bash
 # Records its argv (one per line, then a separator) and, if asked, runs until signalled. The
-# preflight (--dry-run) returns at once with FAKE_PREFLIGHT_RC.
+# preflight (--dry-run) returns at once with FAKE_PREFLIGHT_RC, or with FAKE_PREFLIGHT_REAL runs
+# its command (the real dry run).
 { printf '%s\\n' "$@"; echo '--END--'; } >> "$FAKE_LOG"
-for a in "$@"; do [[ "$a" == --dry-run ]] && exit "${FAKE_PREFLIGHT_RC:-0}"; done
+for a in "$@"; do
+  if [[ "$a" == --dry-run ]]; then
+    if [[ -n "${FAKE_PREFLIGHT_REAL:-}" ]]; then
+      while [[ "$1" != python ]]; do shift; done
+      exec "$@"
+    fi
+    exit "${FAKE_PREFLIGHT_RC:-0}"
+  fi
+done
 SLEEP_PID=""
 trap 'echo "srun got TERM" >> "$FAKE_LOG"; [[ -n "$SLEEP_PID" ]] && kill "$SLEEP_PID"; exit 143' TERM
 if [[ -n "${FAKE_SRUN_SLEEP:-}" ]]; then
@@ -161,6 +170,7 @@ def test_first_launch_then_requeued_launch_resumes(fake_slurm):
     assert pre[pre.index("python"):] == [
         "python", "-m", "megatron_sdpo", "run", "olmo3_7b", "algorithm.sdpo.alpha=0.25",
         "logging.wandb_mode=offline", "--dry-run", "--strict", "--world-size", "16",
+        "--job-script", str(_spooled(SCRIPTS["olmo3_7b"], env)), "--launch-env", str(tmp / "logs" / f"launch-{JOB_ID}.env"),
     ]
     # The requeued job (same id) finds the run the first attempt started and resumes it.
     run_dir.mkdir(parents=True)
@@ -267,3 +277,41 @@ def test_submitted_from_outside_the_repository_is_a_one_line_error(fake_slurm):
     assert proc.returncode == 2 and "submit from the repository root" in proc.stderr
     assert proc.stderr.strip().count("\n") == 0
     assert _all_srun_calls(log) == []
+
+
+def _with_lead(script: Path, lead: int, tmp: Path) -> Path:
+    variant = tmp / f"{script.stem}-{lead}.sh"
+    variant.write_text(re.sub(r"^#SBATCH --signal=\S+$", f"#SBATCH --signal=B:USR1@{lead}", script.read_text(), flags=re.M))
+    return variant
+
+
+def test_the_preflight_prints_the_grace_and_interfaces_and_fails_a_short_lead(fake_slurm):
+    tmp, env, log = fake_slurm
+    shim = tmp / "bin" / "python"  # this interpreter (its environment), as `python` on PATH
+    shim.write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
+    shim.chmod(0o755)
+    env = {**env, "FAKE_PREFLIGHT_REAL": "1", "PYTHONPATH": str(REPO)}
+    proc = _run(SCRIPTS["olmo3_7b"], env)
+    # The job's model and data are not on this machine: the preflight fails on them, not on the lead.
+    assert "stop grace: " in proc.stdout and "stop signal: 720 s before the kill (slurm_script: #SBATCH --signal USR1@720)" in proc.stdout, proc.stdout[-3000:]
+    assert [ln for ln in proc.stdout.splitlines() if ln.startswith("network: NCCL_SOCKET_IFNAME")], proc.stdout[-2000:]
+    assert "network: NCCL_NVLS_ENABLE=0" in proc.stdout
+    assert "stop signal lead" not in proc.stderr and _srun_calls(log) == []
+    short = _run(_with_lead(SCRIPTS["olmo3_7b"], 300, tmp), env)
+    lines = [ln for ln in short.stderr.splitlines() if "stop signal lead" in ln]
+    assert len(lines) == 1 and lines[0].startswith("error: stop signal lead 300 s"), short.stderr[-3000:]
+    assert re.search(r"--signal=B:USR1@\d+", lines[0]) and short.returncode == 2 and _srun_calls(log) == []
+
+
+def test_the_launch_env_reaches_torchrun_and_the_ranks(fake_slurm):
+    tmp, env, log = fake_slurm
+    # The preflight (faked here) writes the launch environment; the body sources it.
+    (tmp / "logs").mkdir()
+    fake_pre = tmp / "bin" / "srun"
+    text = fake_pre.read_text().replace(
+        'exit "${FAKE_PREFLIGHT_RC:-0}"',
+        'printf "export SDPO_STOP_LEAD_S=720\\nexport SDPO_STOP_RESERVE_S=170\\n" > "${@: -1}"; exit 0')
+    fake_pre.write_text(text)
+    assert _run(SCRIPTS["olmo3_7b"], env).returncode == 0
+    (argv,) = _srun_calls(log)
+    assert "--shutdown-timeout=720" in argv
