@@ -98,8 +98,25 @@ def test_killed_and_resumed_run_matches_uninterrupted(full_run, small_yaml, tmp_
     os.killpg(proc.pid, signal.SIGKILL)  # mid-stage 2: no chance to clean up
     proc.wait()
     assert not (tmp_path / "run" / "report.md").exists()
+    resume_matches_uninterrupted(full_run, small_yaml, tmp_path, "step_1_000002")
+
+
+def wait_for_stage_2(proc, tmp_path):
+    """Wait until the run in tmp_path/run has logged a step of stage 2; its metrics.jsonl."""
+    metrics = tmp_path / "run" / "metrics.jsonl"
+    deadline = time.time() + 900
+    while not (metrics.exists() and '"stage": 1' in metrics.read_text()):
+        assert proc.poll() is None, "the run ended before it could be signalled"
+        assert time.time() < deadline, "stage 2 never started"
+        time.sleep(0.1)
+    return metrics
+
+
+def resume_matches_uninterrupted(full_run, small_yaml, tmp_path, latest):
+    """Resume the stopped run in tmp_path/run from `latest`: its eval matrix, rewards and losses
+    are the uninterrupted run's; returns both runs' metrics records."""
     out = finish(cli("run", str(small_yaml), "--out", "run", "--resume", "--quiet", cwd=tmp_path))
-    assert "resumed from step_1_000002" in out
+    assert f"resumed from {latest}" in out
     assert (tmp_path / "run" / "eval_matrix.csv").read_text() == (full_run / "eval_matrix.csv").read_text()
     ours = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     theirs = [json.loads(x) for x in (full_run / "metrics.jsonl").read_text().splitlines()]
@@ -107,17 +124,13 @@ def test_killed_and_resumed_run_matches_uninterrupted(full_run, small_yaml, tmp_
         (m["stage"], m["step"], m["reward_mean"]) for m in theirs
     ]
     assert [m["loss"] for m in ours] == pytest.approx([m["loss"] for m in theirs], abs=1e-6)
+    return ours, theirs
 
 
 @pytest.mark.slow
 def test_sigterm_saves_the_last_step_and_resume_matches_uninterrupted(full_run, small_yaml, tmp_path):
     proc = cli("run", str(small_yaml), "--out", "run", "--quiet", cwd=tmp_path)
-    metrics = tmp_path / "run" / "metrics.jsonl"
-    deadline = time.time() + 900
-    while not (metrics.exists() and '"stage": 1' in metrics.read_text()):
-        assert proc.poll() is None, "the run ended before it could be signalled"
-        assert time.time() < deadline, "stage 2 never started"
-        time.sleep(0.1)
+    metrics = wait_for_stage_2(proc, tmp_path)
     proc.send_signal(signal.SIGTERM)  # mid-stage 2, as Slurm or torchrun would
     out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 128 + signal.SIGTERM, out[-3000:]
@@ -127,15 +140,7 @@ def test_sigterm_saves_the_last_step_and_resume_matches_uninterrupted(full_run, 
     # The checkpoint is the last completed step's, not the last periodic one.
     assert latest == f"step_1_{done[-1]['step']:06d}" and done[-1]["stage"] == 1, (latest, done[-1])
     assert (tmp_path / "run" / "checkpoints" / latest / "COMPLETE").is_file()
-    out = finish(cli("run", str(small_yaml), "--out", "run", "--resume", "--quiet", cwd=tmp_path))
-    assert f"resumed from {latest}" in out
-    assert (tmp_path / "run" / "eval_matrix.csv").read_text() == (full_run / "eval_matrix.csv").read_text()
-    ours = [json.loads(x) for x in metrics.read_text().splitlines()]
-    theirs = [json.loads(x) for x in (full_run / "metrics.jsonl").read_text().splitlines()]
-    assert [(m["stage"], m["step"], m["reward_mean"]) for m in ours] == [
-        (m["stage"], m["step"], m["reward_mean"]) for m in theirs
-    ]
-    assert [m["loss"] for m in ours] == pytest.approx([m["loss"] for m in theirs], abs=1e-6)
+    ours, theirs = resume_matches_uninterrupted(full_run, small_yaml, tmp_path, latest)
     # The resumed stage drew the same extra rounds; some step needed one.
     dyn = ("dynamic/rounds", "dynamic/extra_rollouts", "dynamic/kept_groups", "train/rows_skipped")
     assert [[m.get(k) for k in dyn] for m in ours] == [[m.get(k) for k in dyn] for m in theirs]
@@ -249,12 +254,8 @@ def test_a_stop_mid_step_saves_the_last_step_the_lead_allows(full_run, small_yam
     env = {**os.environ, "OMP_NUM_THREADS": "1", "SDPO_STOP_LEAD_S": str(lead), "SDPO_STOP_RESERVE_S": str(reserve)}
     proc = subprocess.Popen([sys.executable, "-c", SLOW_ROLLOUT, "run", str(small_yaml), "--out", "run", "--quiet"],
                             cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-    metrics = tmp_path / "run" / "metrics.jsonl"
+    metrics = wait_for_stage_2(proc, tmp_path)
     deadline = time.time() + 900
-    while not (metrics.exists() and '"stage": 1' in metrics.read_text()):
-        assert proc.poll() is None, "the run ended before it could be signalled"
-        assert time.time() < deadline, "stage 2 never started"
-        time.sleep(0.1)
     (tmp_path / "slow").write_text("6")
     while not (tmp_path / "in_rollout").exists():
         assert proc.poll() is None and time.time() < deadline, "no slowed rollout"
@@ -277,12 +278,4 @@ def test_a_stop_mid_step_saves_the_last_step_the_lead_allows(full_run, small_yam
     assert f"stage 2 step {len(before) - before.index(next(m for m in before if m['stage'] == 1)) + 1} abandoned" in out, out[-2000:]
     assert took < lead, f"the stop took {took:.1f} s, more than the {lead} s lead"
     (tmp_path / "slow").unlink()
-    out = finish(cli("run", str(small_yaml), "--out", "run", "--resume", "--quiet", cwd=tmp_path))
-    assert f"resumed from {latest}" in out
-    assert (tmp_path / "run" / "eval_matrix.csv").read_text() == (full_run / "eval_matrix.csv").read_text()
-    ours = [json.loads(x) for x in metrics.read_text().splitlines()]
-    theirs = [json.loads(x) for x in (full_run / "metrics.jsonl").read_text().splitlines()]
-    assert [(m["stage"], m["step"], m["reward_mean"]) for m in ours] == [
-        (m["stage"], m["step"], m["reward_mean"]) for m in theirs
-    ]
-    assert [m["loss"] for m in ours] == pytest.approx([m["loss"] for m in theirs], abs=1e-6)
+    resume_matches_uninterrupted(full_run, small_yaml, tmp_path, latest)
