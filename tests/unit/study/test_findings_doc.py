@@ -18,7 +18,7 @@ def _blocks():
 
 def test_findings_md_cites_its_data():
     kinds = {kind for kind, _, _ in _blocks()}
-    assert "findings" in kinds, kinds
+    assert kinds == {"findings", "metrics"}, kinds
     for _, args, _ in _blocks():
         assert (ROOT / args.split()[0] / "study.json").is_file(), args
 
