@@ -28,6 +28,8 @@ from typing import Any, Mapping, Optional, Sequence
 import torch
 import torch.distributed as dist
 
+from megatron_sdpo.errors import UserError
+
 SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 DUPLICATE_S = 2.0
 LEAD_ENV = "SDPO_STOP_LEAD_S"  # seconds from the stop signal to the kill (the sbatch --signal lead)
@@ -122,7 +124,7 @@ class StopWindow:
             try:
                 return float(value)
             except ValueError:
-                raise ValueError(f"{key}={value!r} is not a number of seconds") from None
+                raise UserError(f"{key}={value!r} is not a number of seconds") from None
 
         return cls(number(LEAD_ENV), number(RESERVE_ENV) or 0.0)
 

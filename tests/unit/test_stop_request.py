@@ -87,7 +87,9 @@ def test_the_window_finishes_a_step_that_fits_and_abandons_one_that_does_not():
     # A step that no longer fits the lead with its reserve is said once.
     late = w.observe_step({"time/step": 60.0})
     assert late is not None and "a step took 60 s" in late and w.observe_step({"time/step": 70.0}) is None
-    with pytest.raises(ValueError, match="SDPO_STOP_LEAD_S='x'"):
+    from megatron_sdpo.errors import UserError
+
+    with pytest.raises(UserError, match="SDPO_STOP_LEAD_S='x'"):
         StopWindow.from_env({"SDPO_STOP_LEAD_S": "x"})
 
 
