@@ -32,23 +32,29 @@ def _address_of(name: str) -> Optional[str]:
     return socket.inet_ntoa(packed[20:24])
 
 
-def route_interface(master_addr: str) -> tuple[Optional[str], str]:
-    """(interface, how it was found) of this node's route to `master_addr`; (None, why) when
-    the address does not resolve or no interface holds the route's source address."""
+def _route(addr: str) -> tuple[Optional[str], Optional[str], str]:
+    """(interface, source address, how) of this node's route to `addr`."""
     try:
-        target = socket.gethostbyname(master_addr)
+        target = socket.gethostbyname(addr)
     except OSError as exc:
-        return None, f"MASTER_ADDR {master_addr!r} does not resolve here ({exc.strerror or exc})"
+        return None, None, f"MASTER_ADDR {addr!r} does not resolve here ({exc.strerror or exc})"
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
         try:
             s.connect((target, 9))  # UDP: nothing is sent; the kernel picks the route and source
         except OSError as exc:
-            return None, f"no route to {target} ({exc.strerror or exc})"
+            return None, None, f"no route to {target} ({exc.strerror or exc})"
         source = s.getsockname()[0]
     for _, name in socket.if_nameindex():
         if _address_of(name) == source:
-            return name, f"route to {master_addr} ({target}) from {source}"
-    return None, f"no interface holds {source}, the route's source address to {target}"
+            return name, source, f"route to {addr} ({target}) from {source}"
+    return None, source, f"no interface holds {source}, the route's source address to {target}"
+
+
+def route_interface(master_addr: str) -> tuple[Optional[str], str]:
+    """(interface, how it was found) of this node's route to `master_addr`; (None, why) when
+    the address does not resolve or no interface holds the route's source address."""
+    name, _, how = _route(master_addr)
+    return name, how
 
 
 def choose(env: MutableMapping[str, str] = os.environ) -> list[str]:
@@ -60,11 +66,11 @@ def choose(env: MutableMapping[str, str] = os.environ) -> list[str]:
         return [f"{k}={v} (given)" for k, v in given.items()]
     if not master:
         return [f"{k}={given.get(k, '(library default)')} (no MASTER_ADDR: a single-node launch)" for k in VARIABLES]
-    name, how = route_interface(master)
-    if name is not None and " from 127." in how:
+    name, source, how = _route(master)
+    if name is not None and source is not None and source.startswith("127."):
         for peer in env.get(NODES_ENV, "").split():
-            other, other_how = route_interface(peer)
-            if other is not None and " from 127." not in other_how:
+            other, other_source, other_how = _route(peer)
+            if other is not None and other_source is not None and not other_source.startswith("127."):
                 name, how = other, f"{other_how}; {master} is a loopback address here"
                 break
         else:

@@ -162,6 +162,15 @@ def tabulate(results: Path, baselines: list[str], *, n_boot: int = 1000, title: 
     return out
 
 
+def _comparisons(results: Path, baseline: str, arm: str) -> dict:
+    """`arm` against `baseline` in an exported study, every metric by name (t-intervals only)."""
+    runs = load_runs(_study_runs(results), {})
+    arms = sorted({r.arm for r in runs})
+    if baseline not in arms or arm not in arms:
+        raise UserError(f"{results}: arms are {', '.join(arms)}; no {baseline if baseline not in arms else arm}")
+    return {c.metric.name: c for c in compare_arms(runs, baseline, [baseline, arm], n_boot=0)}
+
+
 def findings_table(results: Path, baseline: str, arm: str) -> list[str]:
     """docs/findings.md's table for one exported study: per finding, the paper's claim and
     number, the primary metric, `arm` minus `baseline` with its 95% t-interval, the verdict and
@@ -169,11 +178,7 @@ def findings_table(results: Path, baseline: str, arm: str) -> list[str]:
     from megatron_sdpo.study import paper
     from megatron_sdpo.study.findings import FINDINGS, _f, _interval
 
-    runs = load_runs(_study_runs(results), {})
-    arms = sorted({r.arm for r in runs})
-    if baseline not in arms or arm not in arms:
-        raise UserError(f"{results}: arms are {', '.join(arms)}; no {baseline if baseline not in arms else arm}")
-    comps = {c.metric.name: c for c in compare_arms(runs, baseline, [baseline, arm], n_boot=0)}
+    comps = _comparisons(results, baseline, arm)
     lines = ["| finding (paper) | paper's number | primary metric | Δ " + f"{arm} − {baseline}, 95% t-interval "
              "| seeds | verdict | data |", "|---|---|---|---|---|---|---|"]
     for key, claim in FINDINGS.items():
@@ -196,11 +201,7 @@ def metrics_table(results: Path, baseline: str, arm: str, metrics: list[str]) ->
     and the verdict (t-intervals only, as `findings_table`)."""
     from megatron_sdpo.study.findings import _f, _interval, _signs
 
-    runs = load_runs(_study_runs(results), {})
-    arms = sorted({r.arm for r in runs})
-    if baseline not in arms or arm not in arms:
-        raise UserError(f"{results}: arms are {', '.join(arms)}; no {baseline if baseline not in arms else arm}")
-    comps = {c.metric.name: c for c in compare_arms(runs, baseline, [baseline, arm], n_boot=0)}
+    comps = _comparisons(results, baseline, arm)
     unknown = [m for m in metrics if m not in comps]
     if unknown:
         raise UserError(f"{results}: no metric {', '.join(unknown)} (study/metrics.py names them)")
