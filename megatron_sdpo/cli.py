@@ -100,7 +100,8 @@ def cmd_run(args) -> int:
         if run.main:
             print(f"{exc}: {out}", file=sys.stderr)
         return 128 + exc.signum  # what the signal's default action would have given
-    print(f"run directory: {out}")
+    if run.main:
+        print(f"run directory: {out}")
     return 0
 
 

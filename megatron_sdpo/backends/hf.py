@@ -39,7 +39,7 @@ from megatron_sdpo.backends.common import (
     reduce_metrics,
     resolve_pad_id,
 )
-from megatron_sdpo.backends.hf_logits import ResponseLogits, masked_token_logprobs, topk_logprobs
+from megatron_sdpo.backends.hf_logits import ResponseLogits, layer_masks, masked_token_logprobs, topk_logprobs
 from megatron_sdpo.backends.offload import StateOffload, needs_training_state
 from megatron_sdpo.backends.varlen import pack_varlen
 from megatron_sdpo.config.backend_spec import BACKENDS
@@ -49,6 +49,7 @@ from megatron_sdpo.interfaces.blend import TeacherBlend, blend_, copy_
 from megatron_sdpo.interfaces.distillation import DistillationSpec, TopkSource, distillation_of
 from megatron_sdpo.interfaces.layout import pack, token_entropy, token_logprobs
 from megatron_sdpo.interfaces.schedule import LRSchedule
+from megatron_sdpo.models.hf_model import load_causal_lm
 from megatron_sdpo.stopwatch import Stopwatch
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -97,8 +98,6 @@ class HFBackend(Backend):
         teacher_init: tuple[str, float] | None = None,
         teacher_logit_mix: float | None = None,
     ):
-        from transformers import AutoModelForCausalLM
-
         check_backend_args(model_path, lr=lr, micro_batch_size=micro_batch_size, logit_temperature=logit_temperature)
         # Divides every model's logits (policy, teacher, reference): the rollout temperature.
         self.logit_temperature = float(logit_temperature)
@@ -132,7 +131,7 @@ class HFBackend(Backend):
         random.seed(seed)
         np.random.seed(seed)
 
-        self.policy = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=self.dtype)
+        self.policy = load_causal_lm(self.model_path, self.dtype)
         self.policy.eval()
         self.pad_token_id = resolve_pad_id(pad_token_id, self.policy.config)
         if self.share_prompts:
@@ -229,13 +228,21 @@ class HFBackend(Backend):
                 f"{impl!r}: set backend.share_prompts=false"
             )
 
-    def _attention_mask(self, allowed: torch.Tensor | None) -> torch.Tensor | None:
-        """The shared layout's [R, 1, W, W] bool mask (True = attend) as the attention
-        implementation takes a prepared 4D mask: SDPA a bool mask, eager an additive one."""
-        if allowed is None or self.policy.config._attn_implementation == "sdpa":
-            return allowed
+    def _attention_mask(
+        self, allowed: torch.Tensor | None, positions: torch.Tensor
+    ) -> torch.Tensor | dict[str, torch.Tensor] | None:
+        """The shared layout's [R, 1, W, W] bool mask (True = attend), windowed per layer type
+        (hf_logits.layer_masks), as the attention implementation takes a prepared 4D mask: SDPA
+        a bool mask, eager an additive one."""
+        if allowed is None:
+            return None
+        masks = layer_masks(allowed, positions, self.policy.config)
+        if self.policy.config._attn_implementation == "sdpa":
+            return masks
         zero = torch.zeros((), dtype=self.dtype, device=allowed.device)
-        return zero.masked_fill(~allowed, torch.finfo(self.dtype).min)
+        if isinstance(masks, dict):
+            return {k: zero.masked_fill(~m, torch.finfo(self.dtype).min) for k, m in masks.items()}
+        return zero.masked_fill(~masks, torch.finfo(self.dtype).min)
 
     # ------------------------------------------------------------------ forward
     def _run(
@@ -253,7 +260,7 @@ class HFBackend(Backend):
                 prompts, responses, response_len=T, pad_id=self.pad_token_id, row_tokens=self.pack_row_tokens,
                 share_prompts=self.share_prompts, device=self.device,
             )
-            mask = self._attention_mask(vb.attention_mask)
+            mask = self._attention_mask(vb.attention_mask, vb.position_ids)
             return module(vb.input_ids, mask, vb.position_ids, vb.hidden_index, hidden_only, keep=keep), vb.response_ids
         pk = pack(prompts, responses, response_len=T, pad_id=self.pad_token_id)
         return module(pk.input_ids, pk.attention_mask, pk.position_ids, T, hidden_only, keep=keep), pk.response_ids

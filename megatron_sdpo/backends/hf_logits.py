@@ -38,7 +38,7 @@ class ResponseLogits(nn.Module):
     def forward(
         self,
         input_ids: torch.Tensor,
-        attention_mask: torch.Tensor | None,
+        attention_mask: torch.Tensor | dict[str, torch.Tensor] | None,
         position_ids: torch.Tensor,
         select: int | torch.Tensor,
         hidden_only: bool = False,
@@ -50,7 +50,8 @@ class ResponseLogits(nn.Module):
         for the padded layout (the responses end every row; `attention_mask` [R, L]) or, for
         the packed layout, its [B, T] `hidden_index` (`attention_mask` None: the positions
         delimit the samples; or, with shared prompts, the layout's [R, 1, L, L] mask in the
-        form the model's attention implementation takes, see `_attention_mask`). With `keep`
+        form the model's attention implementation takes, per layer type where layers slide:
+        `layer_masks`). With `keep`
         ([B, T] bool) only those positions, row-major: [N, V] (or [N, H]); a batch's T is its
         longest response, so the projection then skips the other responses' padding columns."""
         lm = cast(Any, self.lm)  # a transformers PreTrainedModel
@@ -75,6 +76,28 @@ class ResponseLogits(nn.Module):
         logits = F.linear(h.float(), head.weight.float(), bias)
         return logits if self.temperature == 1.0 else logits / self.temperature
 
+
+def layer_masks(allowed: torch.Tensor, positions: torch.Tensor, config) -> torch.Tensor | dict[str, torch.Tensor]:
+    """The shared layout's [R, 1, W, W] bool mask (True = attend) as the model's layers take it.
+
+    A prepared 4D mask reaches the attention functions as given: transformers applies no
+    sliding window of its own to it. So where layers slide, their mask is cut to the window
+    here, in the samples' own positions (`positions`, [R, W]): query i sees key j iff
+    i - window < j <= i (masking_utils.sliding_window_overlay, as vLLM and the megatron
+    backend's window_fields). Models that mix layer types take {layer type: mask}; a model
+    whose every layer slides (no layer_types) takes the one windowed mask."""
+    window = getattr(config, "sliding_window", None)
+    types = set(getattr(config, "layer_types", None) or ())
+    slides = "sliding_attention" in types if types else bool(getattr(config, "use_sliding_window", True))
+    if not window or not slides:
+        return allowed
+    near = (positions[:, None, :, None] - positions[:, None, None, :]) < window
+    if not types:
+        return allowed & near
+    unknown = types - {"full_attention", "sliding_attention"}
+    if unknown:
+        raise ConfigError(f"share_prompts: layer types {sorted(unknown)} have no mask here; set backend.share_prompts=false")
+    return {"full_attention": allowed, "sliding_attention": allowed & near}
 
 def topk_logprobs(logits: torch.Tensor, t_logits: torch.Tensor, spec: DistillationSpec) -> tuple[torch.Tensor, torch.Tensor]:
     """[B, T, V] student / teacher logits -> [B, T, k] full-vocabulary log-probs of the

@@ -15,12 +15,13 @@ import torch
 
 from megatron_sdpo.diagnostics.response_drift import Embedder, MiniLMEmbedder, excess_kl, response_drift
 from megatron_sdpo.errors import CheckpointError
+from megatron_sdpo.models.hf_model import load_causal_lm
 
 
 def load_hf_policy(path: str | Path):
     """(model, tokenizer) from an HF checkpoint dir, fp32, eval mode; CheckpointError if the
     directory lacks a loadable model or tokenizer."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
     from megatron_sdpo.models.hf_dir import check_hf_model_dir
 
@@ -32,7 +33,7 @@ def load_hf_policy(path: str | Path):
             f"response drift needs a tokenizer saved in {path}: {' '.join(str(exc).split())}"
         ) from None
     try:
-        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32)
+        model = load_causal_lm(str(path), torch.float32)
     except Exception as exc:
         raise CheckpointError(f"cannot load model from {path}: {' '.join(str(exc).split())}") from None
     return model.eval(), tok

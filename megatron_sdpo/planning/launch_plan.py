@@ -23,6 +23,7 @@ from megatron_sdpo.config.backend_spec import backend_spec
 from megatron_sdpo.config.schema import RunConfig, eval_samples_per_item
 from megatron_sdpo.errors import ConfigError, DataError, UserError
 from megatron_sdpo.planning import memory_ledger, stop_grace
+from megatron_sdpo.planning.engine_class import EngineClass, engine_class
 from megatron_sdpo.planning.kv_capacity import KVCapacity, kv_bytes_per_token
 from megatron_sdpo.planning.memory_ledger import GIB, H100_USABLE_GIB, Ledger, LedgerInputs
 from megatron_sdpo.planning.stop_grace import StopBudget
@@ -217,6 +218,8 @@ class LaunchPlan:
     notes: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     stop: StopBudget | None = None  # the grace a stop needs (planning/stop_grace.py); None without a ledger
+    engine: EngineClass | None = None  # the vLLM class and its TP collectives (planning/engine_class.py)
+    max_new_tokens: int = 0
 
     def memory_errors(self) -> list[str]:
         """One line per phase of the ledger over the device's usable memory."""
@@ -258,6 +261,9 @@ class LaunchPlan:
             lines += self.ledger.render(self.gpu_memory_bytes)
         if self.kv is not None:
             lines += self.kv.lines()
+        if self.engine is not None:
+            waves = self.kv.waves(self.kv.rollout_seqs) if self.kv is not None else 1
+            lines.append(self.engine.line(arch.layers, self.max_new_tokens * max(waves, 1), self.rollout_tp))
         if self.stop is not None:
             lines.append(self.stop.line())
         return lines
@@ -333,35 +339,45 @@ def plan(cfg: RunConfig, world_size: int | None = None, *, gpu_memory_gib: float
     ledger = memory_ledger.build(ledger_inputs(cfg, spec, layout.tp, layout.pp, layout.dp, rtp, device_bytes)) if spec is not None else None
     kv = kv_capacity(cfg, spec, ledger, rtp, replicas, per_replica, device_bytes)
     warnings += kv.warnings(replicas) if kv is not None else []
-    stop = stop_budget(cfg, arch, ledger, kv, world_size, samples) if arch is not None and ledger is not None else None
+    engine = engine_class(spec) if spec is not None and cfg.rollout.engine in ("vllm", "auto") else None
+    stop = stop_budget(cfg, arch, ledger, kv, world_size, samples, engine, rtp) if arch is not None and ledger is not None else None
     return LaunchPlan(
         preset=cfg.name, world_size=world_size, world_source=world_source, tp=layout.tp, pp=layout.pp,
         dp=layout.dp, sequence_parallel=sp, rollout_engine=cfg.rollout.engine, rollout_tp=rtp,
         rollout_tp_source=rtp_source, replicas=replicas, prompts_per_replica=per_replica, samples_per_step=samples,
         samples_per_dp_rank=per_dp, micro_batches=micro, arch=arch, ledger=ledger, kv=kv,
-        gpu_memory_bytes=device_bytes, data=data, notes=notes, warnings=warnings, stop=stop,
+        gpu_memory_bytes=device_bytes, data=data, notes=notes, warnings=warnings, stop=stop, engine=engine,
+        max_new_tokens=cfg.rollout.max_new_tokens,
     )
 
 
 def stop_budget(cfg: RunConfig, arch: Arch, ledger: Ledger, kv: KVCapacity | None, world: int,
-                samples: int) -> StopBudget:
+                samples: int, engine: EngineClass | None = None, rollout_tp: int = 1) -> StopBudget:
     """The grace a stop needs on this layout, before any step is measured: the planned step
-    (every answer at max_model_len), the save of one node's ranks, the refit after it."""
+    (every answer at max_model_len, the engine's TP collectives included), the save of one
+    node's ranks, the refit after it."""
     a = cfg.algorithm
     extra = int(algorithm_spec(a.name).uses_teacher) + int(a.grpo.kl_coef > 0) + int(a.grpo.mini_batches > 1)
     engine_bytes = kv.engine_weight_bytes if kv is not None else 2 * arch.params
+    waves = kv.waves(kv.rollout_seqs) if kv is not None else 1
     step_s, source = stop_grace.planned_step_seconds(
         params=arch.params, world=world, samples=samples, max_len=cfg.rollout.max_model_len,
-        new_tokens=cfg.rollout.max_new_tokens, waves=kv.waves(kv.rollout_seqs) if kv is not None else 1,
+        new_tokens=cfg.rollout.max_new_tokens, waves=waves,
         wave_seqs=min(kv.rollout_seqs, kv.sequences) if kv is not None else 0,
         kv_bytes_per_token=kv.per_token if kv is not None else 0, engine_weight_bytes=engine_bytes,
         extra_forwards=extra,
+        collectives_s=engine.decode_seconds(arch.layers, decode_steps(cfg, waves), rollout_tp) if engine else 0.0,
     )
     return stop_grace.planned_budget(
         step_s=step_s, step_source=source, checkpoint_bytes_per_rank=ledger.checkpoint_bytes,
         ranks_per_node=stop_grace.ranks_per_node(world), write_gib_s=cfg.checkpoint.write_gib_per_s,
         refit_bytes_per_rank=engine_bytes, offloaded=cfg.backend.offload_training_state,
     )
+
+
+def decode_steps(cfg: RunConfig, waves: int) -> int:
+    """A step's engine decode steps when every answer runs to the length limit."""
+    return cfg.rollout.max_new_tokens * max(waves, 1)
 
 
 def kv_capacity(cfg: RunConfig, spec: ModelSpec | None, ledger: Ledger | None, rollout_tp: int, replicas: int,

@@ -69,16 +69,17 @@ class StopBudget:
 
 def planned_step_seconds(*, params: int, world: int, samples: int, max_len: int, new_tokens: int, waves: int,
                          wave_seqs: int, kv_bytes_per_token: int, engine_weight_bytes: int,
-                         extra_forwards: int) -> tuple[float, str]:
+                         extra_forwards: int, collectives_s: float = 0.0) -> tuple[float, str]:
     """One step's seconds when every answer runs to the length limit: train (fwd + bwd, 6 N
     FLOPs a token, plus 2 N for each extra forward: teacher, reference, old log-probs) at
     TRAIN_MFU of the world's peak, and decoding that reads the engine's weights and the wave's
     KV cache (`wave_seqs` sequences of mean length max_len - new_tokens / 2) once per token and
-    wave at DECODE_HBM_SHARE of HBM bandwidth."""
+    wave at DECODE_HBM_SHARE of HBM bandwidth, plus `collectives_s` of the engine's TP
+    collectives (planning/engine_class.py)."""
     tokens = samples * max_len
     train = (6 + 2 * extra_forwards) * params * tokens / (world * PEAK_FLOPS * TRAIN_MFU)
     per_token = engine_weight_bytes + wave_seqs * (max_len - new_tokens / 2) * kv_bytes_per_token
-    decode = new_tokens * max(waves, 1) * per_token / (HBM_BYTES_S * DECODE_HBM_SHARE)
+    decode = new_tokens * max(waves, 1) * per_token / (HBM_BYTES_S * DECODE_HBM_SHARE) + collectives_s
     return train + decode, (f"planned: rollout {decode:.0f} s + train {train:.0f} s, every answer at "
                             f"{max_len} tokens, MFU {TRAIN_MFU:.2f}")
 

@@ -27,6 +27,7 @@ import torch
 
 from megatron_sdpo.errors import ConfigError, DataError
 from megatron_sdpo.interfaces.layout import left_pad, position_ids_from_mask
+from megatron_sdpo.models.hf_model import load_causal_lm
 from megatron_sdpo.rollout.base import Completion, RolloutEngine, SamplingConfig, torch_threads
 from megatron_sdpo.rollout.decoding import use_decode_sdpa
 
@@ -134,8 +135,6 @@ class HFRolloutEngine(RolloutEngine):
         device: str = "cpu",
         threads: int | None = None,
     ):
-        from transformers import AutoModelForCausalLM
-
         if dtype not in _DTYPES:
             raise ConfigError(f"dtype must be one of {sorted(_DTYPES)}, got {dtype!r}")
         if not Path(model_path, "config.json").is_file():
@@ -147,8 +146,7 @@ class HFRolloutEngine(RolloutEngine):
         self.threads = threads  # torch threads while generating (None: the process's)
         self.model_path = str(model_path)
         self.device = torch.device(device)
-        # transformers types .to through a decorator whose signature loses `self`.
-        self.model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=_DTYPES[dtype]).to(self.device)  # type: ignore[arg-type]
+        self.model = load_causal_lm(self.model_path, _DTYPES[dtype]).to(self.device)
         self.model.eval()
         self.model.requires_grad_(False)
         use_decode_sdpa(self.model)

@@ -227,7 +227,6 @@ def run_probe(cfg, domain: str, *, split: str = "train", prompts: int = 200, sam
     records = probe_records(cfg, domain, split, prompts)
     model_path = builders.resolve_model_path(cfg)
     tokenizer = set_template_kwargs(builders.load_tokenizer(model_path), cfg.model.chat_template_kwargs)
-    engine = builders.make_rollout(cfg, model_path, tokenizer, work_dir)
     ctx = cfg.algorithm.sdpo.context
 
     def feedbacks(results, truncated):  # as the trainer writes them (trainer._attach_teacher)
@@ -235,11 +234,14 @@ def run_probe(cfg, domain: str, *, split: str = "train", prompts: int = 200, sam
 
     logprobs = None
     if gains:
+        # Before the engine, as in a run: models.hf_model says why the order matters.
         backend = builders.make_backend(cfg, model_path, tokenizer)
 
         def logprobs(prompt_ids, responses):
             lp = backend.logprobs(SequenceBatch(prompt_ids, responses))
             return [lp[i, : len(r)].tolist() for i, r in enumerate(responses)]
+
+    engine = builders.make_rollout(cfg, model_path, tokenizer, work_dir)
 
     sampling = SamplingConfig(
         temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p, max_new_tokens=cfg.rollout.max_new_tokens, seed=cfg.seed,

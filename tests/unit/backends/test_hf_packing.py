@@ -23,6 +23,7 @@ from megatron_sdpo.algorithms.losses import GRPOLoss, SDPOLoss
 from megatron_sdpo.backends.hf import HFBackend
 from megatron_sdpo.errors import ConfigError
 from megatron_sdpo.interfaces.backend import SequenceBatch
+from megatron_sdpo.models.random_olmo3 import TINY_OLMO3, save_tiny_olmo3
 from megatron_sdpo.models.random_qwen3 import TINY_QWEN3, save_tiny_qwen3
 
 from rounding import assert_grads_close, forward_rel
@@ -102,7 +103,10 @@ def test_packed_logprobs_equal_each_sample_run_alone(model_dir, layout, row_toke
     batch = odd_batch(0) if layout == "packed" else grouped_batch(0)
     be = backend(model_dir, layout, row_tokens, mbs=5)
     be.policy.set_attn_implementation(attn)
-    lp = be.logprobs(batch)
+    _assert_each_sample_alone(be.logprobs(batch), batch, model_dir, REL)
+
+
+def _assert_each_sample_alone(lp: torch.Tensor, batch: SequenceBatch, model_dir: str, rel: float) -> None:
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     for i, (p, r) in enumerate(zip(batch.prompt_ids, batch.response_ids)):
         assert torch.all(lp[i, len(r) :] == 0)
@@ -111,7 +115,29 @@ def test_packed_logprobs_equal_each_sample_run_alone(model_dir, layout, row_toke
         with torch.no_grad():
             logits = model(torch.tensor([p + r])).logits[0, len(p) - 1 : -1]
         ref = torch.log_softmax(logits, -1).gather(-1, torch.tensor(r)[:, None])[:, 0]
-        torch.testing.assert_close(lp[i, : len(r)], ref, atol=logprob_tol(float(logits.abs().max())), rtol=0)
+        torch.testing.assert_close(lp[i, : len(r)], ref, atol=rel * float(logits.abs().max()), rtol=0)
+
+
+# Olmo-3's layers: three of four attend within a window of 4 tokens, far below a sample's
+# length (up to 23), so a layout whose mask drops the window is off by O(1).
+OLMO_WINDOW = 4
+REL_OLMO = forward_rel(TINY_OLMO3, seq_len=32)
+
+
+@pytest.fixture(scope="module")
+def olmo_dir(tmp_path_factory):
+    return save_tiny_olmo3(tmp_path_factory.mktemp("olmo3"), seed=5, sliding_window=OLMO_WINDOW)
+
+
+@pytest.mark.parametrize("layout, attn", [("padded", "sdpa"), ("packed", "sdpa"), ("shared", "sdpa"), ("shared", "eager")])
+def test_sliding_window_layers_keep_their_window_in_every_layout(olmo_dir, layout, attn):
+    """The shared layout hands transformers a prepared mask, which it applies as given to every
+    layer: the sliding layers' window must be in it (hf_logits.layer_masks)."""
+    batch = grouped_batch(0)
+    pack, share = LAYOUTS[layout]
+    be = HFBackend(olmo_dir, lr=1e-3, micro_batch_size=5, packing=pack, share_prompts=share, pack_row_tokens=9)
+    be.policy.set_attn_implementation(attn)
+    _assert_each_sample_alone(be.logprobs(batch), batch, olmo_dir, REL_OLMO)
 
 
 @pytest.mark.parametrize("layout, row_tokens, mbs", [("packed", 0, 3), ("packed", 9, 7), ("packed", 0, 1),

@@ -1,0 +1,59 @@
+"""A tiny random Olmo-3 causal LM for tests (no download): Olmo-3-7B's architecture at toy size.
+
+What makes Olmo-3 differ from the Qwen3 the other tests use is all kept: norms after attention
+and MLP instead of before, a full-width QK-norm, three sliding-window layers to one
+full-attention layer, YaRN (factor 8, as the 7B) on the full-attention layers only, and as
+many key-value heads as query heads. The window and YaRN's original length are small, so both
+change the outputs of sequences of a few dozen tokens. vLLM's CPU attention needs head_dim >= 32.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+TINY_OLMO3 = dict(
+    vocab_size=304,
+    hidden_size=128,
+    intermediate_size=256,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    num_key_value_heads=4,
+    max_position_embeddings=512,
+    layer_types=["sliding_attention", "sliding_attention", "sliding_attention", "full_attention"],
+    sliding_window=16,
+    rope_theta=500000.0,
+    rope_scaling={"rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": 32},
+    rms_norm_eps=1e-6,
+    tie_word_embeddings=False,
+    bos_token_id=None,
+    eos_token_id=2,
+    pad_token_id=0,
+)
+
+
+def save_tiny_olmo3(path: str | Path, *, seed: int = 0, **overrides) -> str:
+    """Build a random `Olmo3ForCausalLM` with `TINY_OLMO3` (plus `overrides`) and save it
+    (safetensors, fp32) to `path`; returns the directory as a string."""
+    from transformers import Olmo3Config, Olmo3ForCausalLM
+
+    cfg = Olmo3Config(**{**TINY_OLMO3, **overrides})
+    state = torch.random.get_rng_state()
+    torch.manual_seed(seed)
+    try:
+        model = Olmo3ForCausalLM(cfg).float()
+        with torch.no_grad():
+            # Norm gains away from 1 (a misplaced norm then changes the outputs) and a wider
+            # output layer (sampled tokens and log-probs informative), as in random_qwen3.
+            for n, p in model.named_parameters():
+                if n.endswith("norm.weight"):
+                    p.copy_(1.0 + 0.3 * torch.randn_like(p))
+            model.lm_head.weight.normal_(0.0, 0.5)
+    finally:
+        torch.random.set_rng_state(state)
+    model.generation_config.eos_token_id = cfg.eos_token_id
+    model.generation_config.pad_token_id = cfg.pad_token_id
+    out = Path(path)
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(str(out))
+    return str(out)
