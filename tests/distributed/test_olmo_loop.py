@@ -18,7 +18,6 @@ import shutil
 import sys
 
 import pytest
-
 from test_rollout_replicas import _metrics, _run
 
 pytest.importorskip("vllm")
