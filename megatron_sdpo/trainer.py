@@ -247,13 +247,13 @@ class Trainer:
         signal: dict[str, float] = {}
         if self.algorithm.uses_teacher:
             with times.phase("teacher"):
-                has_context = self._attach_teacher(
+                has_context, signal = self._attach_teacher(
                     batch, sample_records, texts, rewards, results, seed, domain=domain,
                     truncated=[c.truncated for c in comps],
                 )
                 every = cfg.diagnostics.teacher_signal_every if cfg.diagnostics.enabled else 0
                 if every and step % every == 0:
-                    signal = self._teacher_signal(batch, rewards)
+                    signal.update(self._teacher_signal(batch, rewards))
             if between_phases is not None:
                 between_phases(("train", "sync"))
         with times.phase("train"):
@@ -392,6 +392,15 @@ class Trainer:
                 out[f"teacher/gain_{name}"] = float(gain[sel].mean())
         if len(out) == 2:
             out["teacher/gain_gap"] = out["teacher/gain_rewarded"] - out["teacher/gain_unrewarded"]
+        # Where GRPO has no signal (every sample of the group rewarded) SDPO still distils: the
+        # sampled-token estimate of KL(student || teacher) on those groups' tokens with a
+        # context, whatever a safeguard left of the mask.
+        n = self.cfg.algorithm.group_size
+        has = torch.tensor([t is not None for t in (batch.teacher_prompt_ids or [None] * len(batch))])
+        solved = (rewards.view(-1, n) >= 1.0).all(dim=1).repeat_interleave(n) if len(rewards) % n == 0 else has & False
+        sel = batch.response_mask() * (solved & has).to(torch.float32)[:, None]
+        if bool(sel.any()):
+            out["teacher/kl_all_success"] = float(((batch.tensors["rollout_logprobs"] - teacher) * sel).sum() / sel.sum())
         out.update(self._artifact_endorsement(batch, teacher - batch.tensors["rollout_logprobs"], mask > 0))
         return out
 
@@ -427,9 +436,10 @@ class Trainer:
 
     def _attach_teacher(
         self, batch, records, texts, rewards, results, seed, *, domain: str, truncated: list[bool] | None = None
-    ) -> list[bool]:
-        """Teacher prompts (successful sibling and/or feedback) and the distillation mask;
-        `truncated` marks responses cut at max_new_tokens (None: none was)."""
+    ) -> tuple[list[bool], dict[str, float]]:
+        """Teacher prompts (successful sibling and/or feedback) and the distillation mask, its
+        safeguards applied: (which samples have a context, the safeguards' metrics); `truncated`
+        marks responses cut at max_new_tokens (None: none was)."""
         from megatron_sdpo.algorithms.context import (
             build_teacher_contexts,
             teacher_feedbacks,
@@ -476,4 +486,27 @@ class Trainer:
         # density); mask_ratio 0 leaves the mask as it is.
         keep = random_token_keep(tuple(mask.shape), s.mask_ratio, seed)
         batch.tensors[self.algorithm.distill_mask_key] = mask * has[:, None] * keep
-        return [bool(h) for h in has]
+        return [bool(h) for h in has], self._safeguard(batch, rewards, has)
+
+    def _safeguard(self, batch: SequenceBatch, rewards: torch.Tensor, has: torch.Tensor) -> dict[str, float]:
+        """The distillation mask's safeguards (algorithms/safeguards.py), where configured; their
+        metrics go to the step's (`sdpo/gate_mean` over samples with a context, `sdpo/agree_frac`
+        of the tokens the mask held before)."""
+        from megatron_sdpo.algorithms.safeguards import agreement_mask, contrast_weights
+
+        s, n, key = self.cfg.algorithm.sdpo, self.cfg.algorithm.group_size, self.algorithm.distill_mask_key
+        metrics: dict[str, float] = {}
+        if s.contrast_gate is not None:
+            w = contrast_weights(rewards, group_size=n, s0=s.contrast_gate)
+            batch.tensors[key] = batch.tensors[key] * w[:, None]
+            if bool(has.any()):
+                metrics["sdpo/gate_mean"] = float(w[has > 0].mean())
+        if s.agreement_mask:
+            before = batch.tensors[key]
+            teacher = self.backend.logprobs(batch, model="teacher")
+            agree = agreement_mask(teacher, batch.tensors["rollout_logprobs"], rewards, group_size=n)
+            batch.tensors[key] = before * agree
+            held = float((before != 0).sum())
+            if held:
+                metrics["sdpo/agree_frac"] = float((batch.tensors[key] != 0).sum()) / held
+        return metrics

@@ -139,6 +139,13 @@ class SDPOConfig:
     # Share of response tokens dropped at random from the distillation loss (the paper code's
     # `mask_ratio`, a density ablation), drawn per step from the step's seed. 0: none dropped.
     mask_ratio: float = 0.0
+    # Safeguards of the distillation (algorithms/safeguards.py; off by default). contrast_gate
+    # s0: a prompt's distillation weight is min(1, std(group rewards) / s0), 0 the binary gate
+    # (no reward contrast, no distillation); null off. agreement_mask: a token is distilled only
+    # where the teacher's log-ratio over the student on the sampled token has the sign of the
+    # sample's group-relative advantage (one more teacher forward a step).
+    contrast_gate: Optional[float] = None
+    agreement_mask: bool = False
     hybrid_lambda: float = 0.5  # hybrid: lambda * GRPO + (1 - lambda) * SDPO
     context: ContextConfig = field(default_factory=ContextConfig)
 

@@ -57,6 +57,8 @@ def _check(cfg: RunConfig) -> None:
         raise ConfigError("algorithm.sdpo.hybrid_lambda must be in [0, 1]")
     if not 0.0 <= a.sdpo.mask_ratio < 1.0:
         raise ConfigError(f"algorithm.sdpo.mask_ratio must be in [0, 1) (1 would distil no token), got {a.sdpo.mask_ratio:g}")
+    if a.sdpo.contrast_gate is not None and not a.sdpo.contrast_gate >= 0:
+        raise ConfigError(f"algorithm.sdpo.contrast_gate must be >= 0 (0: the binary gate) or null, got {a.sdpo.contrast_gate:g}")
     _validate_context(a.sdpo.context, "algorithm.sdpo.context")
     if a.grpo.mini_batches < 1:
         raise ConfigError("algorithm.grpo.mini_batches must be >= 1")

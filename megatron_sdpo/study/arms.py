@@ -70,6 +70,23 @@ BUILTIN_ARMS: dict[str, Arm] = {
             description="SDPO₀ without verifier feedback in any domain (the feedback factor)",
         ),
         Arm(
+            "sdpo_gate",
+            ("algorithm.name=sdpo", "teacher.mode=frozen", "algorithm.sdpo.contrast_gate=0"),
+            description="SDPO₀ with the binary contrast gate: no distillation in a group whose rewards all agree "
+            "(algorithms/safeguards.py; set algorithm.sdpo.contrast_gate=s0 for the graded gate)",
+        ),
+        Arm(
+            "sdpo_agree",
+            ("algorithm.name=sdpo", "teacher.mode=frozen", "algorithm.sdpo.agreement_mask=true"),
+            description="SDPO₀ with the advantage-agreement mask: a token is distilled only where the teacher's "
+            "log-ratio has the sign of the sample's advantage",
+        ),
+        Arm(
+            "hybrid_frozen",
+            ("algorithm.name=hybrid", "teacher.mode=frozen"),
+            description="the λ-hybrid, λ GRPO + (1 − λ) SDPO₀ (algorithm.sdpo.hybrid_lambda, 0.5), frozen teacher",
+        ),
+        Arm(
             "sdpo_old_defaults",
             ("algorithm.name=sdpo", "teacher.mode=ema", "teacher.ema_rate=0.05", "teacher.reset_at_stage=none",
              "algorithm.sdpo.context.feedback_domains=[math,science,tooluse,code]",

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from megatron_sdpo.algorithms.context import (
@@ -282,3 +283,38 @@ def format_probe(out: dict) -> str:
             f"{_num(r.get('gain_rewarded'))} | {_num(r.get('gain_unrewarded'))} | {_num(r.get('gain_gap'))} |"
         )
     return "\n".join(lines)
+
+
+def _delta(row: dict) -> str:
+    d = row["difference"]
+    return "–" if d["mean"] is None else f"{d['mean']:+.3f} [{d['lo']:+.3f}, {d['hi']:+.3f}]"
+
+
+def probe_table(folder: Path) -> list[str]:
+    """docs/findings.md's table of an exported set of probes: `folder`/probes.json lists them
+    (name `<domain>_before` / `<domain>_after`: the checkpoint that starts / ends the domain's
+    stage) with their wall times; each probe's numbers are in `folder`/<name>.json."""
+    import json
+
+    from megatron_sdpo.errors import UserError
+
+    try:
+        index = json.loads((folder / "probes.json").read_text())
+        probes = {name: (meta, json.loads((folder / f"{name}.json").read_text()))
+                  for name, meta in index["probes"].items()}
+    except (OSError, ValueError, KeyError) as exc:
+        raise UserError(f"{folder}: not a folder of exported probes ({' '.join(str(exc).split())})") from None
+    lines = ["| domain | checkpoint | student pass | sibling: prompts, teacher vs student, Δ [95% CI] | copies | "
+             "feedback: Δ [95% CI] | both: Δ [95% CI] | gain gap (sibling) | wall |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for name, (meta, out) in probes.items():
+        k = out["kinds"]
+        sib = k["sibling"]
+        when = {"before": "stage start", "after": "stage end"}.get(name.rsplit("_", 1)[-1], name)
+        lines.append(
+            f"| {out['domain']} | {when} | {_num(out['student_pass'])} | {sib['prompts']} ({sib['prompt_share']:.0%}), "
+            f"{_num(sib['teacher_pass'])} vs {_num(sib['student_pass'])}, {_delta(sib)} | "
+            f"{sib['copies']} of {sib['samples']} | {_delta(k['feedback'])} | {_delta(k['both'])} | "
+            f"{_num(sib.get('gain_gap'))} | {meta['wall_s']} s |"
+        )
+    return lines

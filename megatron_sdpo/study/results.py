@@ -220,7 +220,7 @@ def metrics_table(results: Path, baseline: str, arm: str, metrics: list[str]) ->
 
 
 # A generated block names its data; `render_blocks` rewrites what lies between its markers.
-_BLOCK = re.compile(r"(<!-- (findings|metrics)-table: ([^>]*?) -->\n)(.*?)(\n<!-- /\2-table -->)", re.S)
+_BLOCK = re.compile(r"(<!-- (findings|metrics|probe)-table: ([^>]*?) -->\n)(.*?)(\n<!-- /\2-table -->)", re.S)
 
 
 def _block_lines(kind: str, args: str) -> list[str]:
@@ -229,7 +229,11 @@ def _block_lines(kind: str, args: str) -> list[str]:
         return findings_table(Path(parts[0]), parts[1], parts[2])
     if kind == "metrics" and len(parts) == 4:
         return metrics_table(Path(parts[0]), parts[1], parts[2], parts[3].split(","))
-    want = "FOLDER BASELINE ARM" + (" METRIC,METRIC,..." if kind == "metrics" else "")
+    if kind == "probe" and len(parts) == 1:
+        from megatron_sdpo.study.competence import probe_table
+
+        return probe_table(Path(parts[0]))
+    want = "FOLDER" if kind == "probe" else "FOLDER BASELINE ARM" + (" METRIC,METRIC,..." if kind == "metrics" else "")
     raise UserError(f"<!-- {kind}-table: {args} -->: expected <!-- {kind}-table: {want} -->")
 
 

@@ -249,7 +249,7 @@ def test_attach_teacher_follows_the_domain_feedback_policy_and_the_token_cap():
         trainer.cfg = load_config("tiny_sdpo", ["algorithm.group_size=2", *overrides])
         b = SequenceBatch([[1, 2]] * 2, [[5], [6]])
         b.tensors["loss_mask"] = b.response_mask()
-        has = trainer._attach_teacher(b, records, texts, torch.zeros(2), results, 0, domain=domain)
+        has, _ = trainer._attach_teacher(b, records, texts, torch.zeros(2), results, 0, domain=domain)
         return has, b
 
     assert attach("math")[0] == [False, False]  # the reference's policy: no feedback outside code
@@ -266,7 +266,7 @@ def _attach(trainer, preset_overrides, domain, results, *, truncated=None, rewar
     b = SequenceBatch([[1, 2]] * 2, [[5, 6, 7], [6, 7, 8]])
     b.tensors["loss_mask"] = b.response_mask()
     rewards = torch.zeros(2) if rewards is None else rewards
-    has = trainer._attach_teacher(b, [{"prompt": "Compute 2+2."}] * 2, list(texts), rewards, results, 7,
+    has, _ = trainer._attach_teacher(b, [{"prompt": "Compute 2+2."}] * 2, list(texts), rewards, results, 7,
                                   domain=domain, truncated=truncated)
     return has, b
 

@@ -159,3 +159,26 @@ def test_the_probe_command_on_the_tiny_base(tmp_path, capsys):
     assert main(["probe", "tiny", "--domain", "math", "--samples", "1"]) == 2
     assert main(["probe", "tiny", "--domain", "math", "--split", "dev", "--out", str(out)]) == 2
     assert "unknown split 'dev'" in capsys.readouterr().err
+
+
+def test_the_probe_table_is_read_from_an_exported_folder(tmp_path):
+    """findings.md's probe block: one row per probe in probes.json's order, the stage start /
+    end from the probe's name, its wall time; a folder without probes is a one-line error."""
+    import json
+
+    from megatron_sdpo.errors import UserError
+    from megatron_sdpo.study.competence import probe_table
+
+    out = run(n_prompts=40)
+    (tmp_path / "math_before.json").write_text(json.dumps({**out, "domain": "math"}))
+    (tmp_path / "math_after.json").write_text(json.dumps({**out, "domain": "math"}))
+    (tmp_path / "probes.json").write_text(json.dumps({"probes": {"math_before": {"wall_s": 12}, "math_after": {"wall_s": 9}}}))
+    lines = probe_table(tmp_path)
+    assert len(lines) == 4 and lines[0].startswith("| domain | checkpoint | student pass |")
+    sib = out["kinds"]["sibling"]
+    assert lines[2].startswith(f"| math | stage start | {out['student_pass']:.3f} | {sib['prompts']} (")
+    assert lines[2].endswith(" | 12 s |") and lines[3].startswith("| math | stage end |")
+    assert f"| {sib['copies']} of {sib['samples']} |" in lines[2]
+    (tmp_path / "probes.json").unlink()
+    with pytest.raises(UserError, match="not a folder of exported probes"):
+        probe_table(tmp_path)

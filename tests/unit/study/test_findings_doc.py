@@ -1,6 +1,7 @@
 """docs/findings.md's generated blocks equal what the committed study data give: each block names
-its results folder, baseline and arm (and, for a metrics table, its metrics), and is regenerated
-here from those files alone (`results render docs/findings.md` rewrites them)."""
+its results folder, baseline and arm (and, for a metrics table, its metrics; a probe table only
+its folder), and is regenerated here from those files alone (`results render docs/findings.md`
+rewrites them)."""
 from pathlib import Path
 
 import pytest
@@ -18,9 +19,9 @@ def _blocks():
 
 def test_findings_md_cites_its_data():
     kinds = {kind for kind, _, _ in _blocks()}
-    assert kinds == {"findings", "metrics"}, kinds
-    for _, args, _ in _blocks():
-        assert (ROOT / args.split()[0] / "study.json").is_file(), args
+    assert kinds == {"findings", "metrics", "probe"}, kinds
+    for kind, args, _ in _blocks():
+        assert (ROOT / args.split()[0] / ("probes.json" if kind == "probe" else "study.json")).is_file(), args
 
 
 @pytest.mark.parametrize("kind, args, text", _blocks())
