@@ -150,6 +150,28 @@ class ContinualRun:
         ranks.barrier()  # the stage diagnostics of every rank read these samples back
         return accs
 
+    def _base_row(self) -> dict[str, float]:
+        """The base model's row: from `eval.base_row_cache` where a run with the same model,
+        items and settings left it (the main rank decides for all), else evaluated (and left
+        there)."""
+        from megatron_sdpo.outputs.base_rows import BaseRows, row_key
+
+        if not self.cfg.eval.base_row_cache:
+            return self._evaluate("base", None)
+        cache, key = BaseRows(self.cfg.eval.base_row_cache), row_key(self.cfg, self.model_path, self.eval_sets)
+        hit = ranks.from_main(cache.load(key) if self.main else None)
+        if hit is None:
+            accs = self._evaluate("base", None)
+            if self.main:
+                cache.store(key, accs, json.loads((self.run_dir.eval_samples / "base.json").read_text()))
+            return accs
+        accs, samples = hit
+        if self.main:
+            (self.run_dir.eval_samples / "base.json").write_text(json.dumps(samples, indent=1))
+            self.monitor.log(f"base eval row from {self.cfg.eval.base_row_cache} (key {key})")
+        ranks.barrier()
+        return accs
+
     def _mid_stage_eval(self, domain: str) -> dict[str, float]:
         """eval.at_steps: the stage domain's in-domain accuracy now (every rank, as `_evaluate`;
         the engine holds this step's weights)."""
@@ -235,7 +257,7 @@ class ContinualRun:
             self.drift_jobs.resume_pending()
         rows = rows[: start_stage + 1]
         if not rows:
-            rows.append(("base", self._evaluate("base", None)))
+            rows.append(("base", self._base_row()))
             self._write_matrix(rows)
         self._base_checkpoint()
         for k in range(start_stage, len(cfg.stages)):

@@ -50,6 +50,16 @@ def is_main() -> bool:
     return rank() == 0
 
 
+def from_main(value):
+    """`value` as the main rank holds it, on every rank (one broadcast; the value itself without
+    a process group): a decision every rank must share, made where the files are written."""
+    if not (dist.is_initialized() and dist.get_world_size() > 1):
+        return value
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
 def barrier() -> None:
     if dist.is_initialized() and dist.get_world_size() > 1:
         dist.barrier()

@@ -342,6 +342,10 @@ class EvalConfig:
     # in-domain split, into that step's metrics record (`eval/<domain>/id`): how fast a method
     # specializes, beside the stage-end eval matrix. The stage's last step is the matrix's row.
     at_steps: list[int] = field(default_factory=list)
+    # A directory shared by runs whose base row is the same (outputs/base_rows.py): the row is
+    # read from there when a run with the same model, items and settings wrote it, else evaluated
+    # and written there. `study` sets it to OUT/base_rows. null: every run evaluates its own.
+    base_row_cache: Optional[str] = None
 
 
 @dataclass

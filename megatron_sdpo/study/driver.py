@@ -38,10 +38,13 @@ class Study:
     def specs(self) -> list[RunSpec]:
         """One run per (arm, seed), each config loaded and validated now (fail before training)."""
         layout = self.layout or study_layout(self.out)
+        # Every run's base row is the same where the evaluation is greedy: evaluated once
+        # (outputs/base_rows.py); the study's own overrides come after and may change it.
+        shared = [f"eval.base_row_cache={(self.out / 'base_rows').resolve()}", *self.overrides]
         out = []
         for arm in self.arms:
             for seed in self.seeds:
-                ref, ovs = arm_overrides(arm, self.preset, self.overrides, seed)
+                ref, ovs = arm_overrides(arm, self.preset, shared, seed)
                 out.append(RunSpec(arm.name, seed, ref, tuple(ovs), layout(arm.name, seed)))
         return out
 
