@@ -220,7 +220,7 @@ def metrics_table(results: Path, baseline: str, arm: str, metrics: list[str]) ->
 
 
 # A generated block names its data; `render_blocks` rewrites what lies between its markers.
-_BLOCK = re.compile(r"(<!-- (findings|metrics|probe)-table: ([^>]*?) -->\n)(.*?)(\n<!-- /\2-table -->)", re.S)
+_BLOCK = re.compile(r"(<!-- (findings|metrics|probe|safeguard)-table: ([^>]*?) -->\n)(.*?)(\n<!-- /\2-table -->)", re.S)
 
 
 def _block_lines(kind: str, args: str) -> list[str]:
@@ -233,7 +233,12 @@ def _block_lines(kind: str, args: str) -> list[str]:
         from megatron_sdpo.study.competence import probe_table
 
         return probe_table(Path(parts[0]))
-    want = "FOLDER" if kind == "probe" else "FOLDER BASELINE ARM" + (" METRIC,METRIC,..." if kind == "metrics" else "")
+    if kind == "safeguard" and len(parts) == 1:
+        from megatron_sdpo.study import preregistered
+
+        runs = load_runs(_study_runs(Path(parts[0])), {})
+        return preregistered.table([(r.arm, r.seed if r.seed is not None else 0, r.values) for r in runs])
+    want = "FOLDER" if kind in ("probe", "safeguard") else "FOLDER BASELINE ARM" + (" METRIC,METRIC,..." if kind == "metrics" else "")
     raise UserError(f"<!-- {kind}-table: {args} -->: expected <!-- {kind}-table: {want} -->")
 
 

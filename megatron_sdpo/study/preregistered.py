@@ -1,0 +1,123 @@
+"""The safeguard study's pre-registered analysis (docs/studies.md, "Pre-registration: safeguarded
+self-distillation on SmolLM2-135M"), committed with the design before any confirmatory run.
+
+Per run, the primary endpoint E is the mean of `ood_change/math/near` and `ood_change/math/far`.
+Paired by seed:
+
+- the gate: E(SDPO₀) − E(GRPO) < 0 with a one-sided paired t-test p < 0.05; if not, no safeguard
+  is judged;
+- the primary, per variant V: D_V = E(V) − E(SDPO₀), H₁ D_V > 0, one-sided paired t-tests over
+  the family of the variants, Holm-adjusted p < 0.025 and at least ⌈7n/8⌉ of n seeds with
+  D_V > 0; the smallest effect that matters is half of the measured gap E(GRPO) − E(SDPO₀);
+- the co-primary (for a V that passes): `in_stage_gain/math` of V above 0 (one-sided p < 0.025)
+  and non-inferior to SDPO₀'s with margin 0.05 (the lower one-sided 97.5% bound of the paired
+  difference above −0.05).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+from megatron_sdpo.study import stats
+from megatron_sdpo.study.inference import holm_adjusted
+
+NEAR, FAR, GAIN = "ood_change/math/near", "ood_change/math/far", "in_stage_gain/math"
+REFERENCE, BASELINE = "sdpo_frozen", "grpo"
+VARIANTS = ("sdpo_gate", "sdpo_agree", "hybrid_frozen")
+GATE_ALPHA, ALPHA, MARGIN = 0.05, 0.025, 0.05
+
+
+@dataclass(frozen=True)
+class Outcome:
+    arm: str
+    n: int
+    mean: float  # D_V
+    p_holm: float
+    positive: int
+    needed: int
+    primary: str  # "passed", "passed, below the effect that matters", "failed"
+    gain_mean: Optional[float] = None
+    gain_p: Optional[float] = None
+    noninferior_lo: Optional[float] = None
+    co_primary: Optional[str] = None  # None where the primary failed
+
+
+def one_sided_p(summary: stats.PairedSummary) -> float:
+    """p of the paired t-test of H₁ mean > 0 (1 with fewer than 2 seeds)."""
+    if summary.sd is None:
+        return 1.0
+    if summary.sd == 0.0:
+        return 0.0 if summary.mean > 0 else 1.0
+    t = summary.mean / (summary.sd / math.sqrt(summary.n))
+    return 1.0 - stats.t_cdf(t, summary.n - 1)
+
+
+def _endpoint(values: dict[str, Optional[float]]) -> Optional[float]:
+    near, far = values.get(NEAR), values.get(FAR)
+    return None if near is None or far is None else (near + far) / 2.0
+
+
+def _paired(runs: Sequence[tuple[str, int, dict]], arm: str, ref: str, metric) -> list[float]:
+    """metric(arm) − metric(ref) over the seeds that have both (metric: values -> float)."""
+    by_seed: dict[int, dict[str, dict]] = {}
+    for a, seed, values in runs:
+        by_seed.setdefault(seed, {})[a] = values
+    out = []
+    for seed in sorted(by_seed):
+        row = by_seed[seed]
+        if arm in row and ref in row:
+            x, y = metric(row[arm]), metric(row[ref])
+            if x is not None and y is not None:
+                out.append(x - y)
+    return out
+
+
+def analyse(runs: Sequence[tuple[str, int, dict]]) -> dict:
+    """The gate and each variant's verdicts from (arm, seed, metric values) of every run."""
+    gap_diffs = _paired(runs, BASELINE, REFERENCE, _endpoint)  # E(GRPO) − E(SDPO₀)
+    if len(gap_diffs) < 2:
+        raise ValueError(f"the gate needs {BASELINE} and {REFERENCE} on at least 2 seeds, got {len(gap_diffs)}")
+    gap = stats.paired_summary(gap_diffs)
+    gate_p = one_sided_p(gap)  # SDPO₀ below GRPO <=> the gap above 0
+    gate = {"n": gap.n, "gap": gap.mean, "p": gate_p, "passed": gap.mean > 0 and gate_p < GATE_ALPHA}
+    present = [v for v in VARIANTS if _paired(runs, v, REFERENCE, _endpoint)]
+    if not gate["passed"] or not present:
+        return {"gate": gate, "outcomes": []}
+    summaries = [stats.paired_summary(_paired(runs, v, REFERENCE, _endpoint)) for v in present]
+    adjusted = holm_adjusted([one_sided_p(s) for s in summaries])
+    outcomes = []
+    for v, s, p in zip(present, summaries, adjusted):
+        needed = math.ceil(7 * s.n / 8)
+        passed = p < ALPHA and s.positive >= needed
+        primary = ("passed" if s.mean >= gap.mean / 2 else "passed, below the effect that matters") if passed else "failed"
+        out = Outcome(v, s.n, s.mean, p, s.positive, needed, primary)
+        if passed:
+            gains = [g for a, _, vals in runs if a == v and (g := vals.get(GAIN)) is not None]
+            g = stats.paired_summary(gains) if gains else None
+            d = stats.paired_summary(_paired(runs, v, REFERENCE, lambda vals: vals.get(GAIN)))
+            g_p = one_sided_p(g) if g is not None else 1.0
+            lo = d.lo if d.lo is not None else -math.inf  # the two-sided 95% lower bound
+            co = "passed" if g_p < ALPHA and lo > -MARGIN else "failed"
+            out = Outcome(v, s.n, s.mean, p, s.positive, needed, primary,
+                          g.mean if g is not None else None, g_p, lo, co)
+        outcomes.append(out)
+    return {"gate": gate, "outcomes": outcomes}
+
+
+def table(runs: Sequence[tuple[str, int, dict]]) -> list[str]:
+    """The pre-registered verdicts as markdown lines (docs/findings.md's safeguard block)."""
+    result = analyse(runs)
+    g = result["gate"]
+    lines = [f"Gate: E({BASELINE}) − E({REFERENCE}) = {g['gap']:+.3f} over {g['n']} seeds, one-sided p = {g['p']:.4f}: "
+             + ("passed" if g["passed"] else "not passed; no safeguard is judged"), ""]
+    if not result["outcomes"]:
+        return lines
+    lines += ["| variant | D = E(variant) − E(SDPO₀) | Holm p | seeds D > 0 (needed) | primary | in-stage math gain, p | "
+              "gain − SDPO₀'s, 95% lower bound | co-primary |", "|---|---|---|---|---|---|---|---|"]
+    for o in result["outcomes"]:
+        gain = "–" if o.gain_mean is None else f"{o.gain_mean:+.3f}, {o.gain_p:.4f}"
+        lo = "–" if o.noninferior_lo is None else f"{o.noninferior_lo:+.3f}"
+        lines.append(f"| `{o.arm}` | {o.mean:+.3f} | {o.p_holm:.4f} | {o.positive} of {o.n} ({o.needed}) | "
+                     f"*{o.primary}* | {gain} | {lo} | {o.co_primary or '–'} |")
+    return lines
