@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import torch
+from megatron_sdpo.models.random_qwen3 import save_random
 
 TINY_OLMO3 = dict(
     vocab_size=304,
@@ -33,27 +33,8 @@ TINY_OLMO3 = dict(
 
 
 def save_tiny_olmo3(path: str | Path, *, seed: int = 0, **overrides) -> str:
-    """Build a random `Olmo3ForCausalLM` with `TINY_OLMO3` (plus `overrides`) and save it
-    (safetensors, fp32) to `path`; returns the directory as a string."""
+    """Build a random `Olmo3ForCausalLM` with `TINY_OLMO3` (plus `overrides`), its norm gains
+    away from 1, and save it (safetensors, fp32) to `path`; returns the directory as a string."""
     from transformers import Olmo3Config, Olmo3ForCausalLM
 
-    cfg = Olmo3Config(**{**TINY_OLMO3, **overrides})
-    state = torch.random.get_rng_state()
-    torch.manual_seed(seed)
-    try:
-        model = Olmo3ForCausalLM(cfg).float()
-        with torch.no_grad():
-            # Norm gains away from 1 (a misplaced norm then changes the outputs) and a wider
-            # output layer (sampled tokens and log-probs informative), as in random_qwen3.
-            for n, p in model.named_parameters():
-                if n.endswith("norm.weight"):
-                    p.copy_(1.0 + 0.3 * torch.randn_like(p))
-            model.lm_head.weight.normal_(0.0, 0.5)
-    finally:
-        torch.random.set_rng_state(state)
-    model.generation_config.eos_token_id = cfg.eos_token_id
-    model.generation_config.pad_token_id = cfg.pad_token_id
-    out = Path(path)
-    out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(str(out))
-    return str(out)
+    return save_random(Olmo3ForCausalLM, Olmo3Config(**{**TINY_OLMO3, **overrides}), path, seed=seed, norms=True)

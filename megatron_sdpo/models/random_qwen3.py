@@ -34,19 +34,20 @@ QWEN3_SHAPED = dict(vocab_size=718, hidden_size=64, intermediate_size=240, num_a
                     head_dim=16, max_position_embeddings=128)
 
 
-def save_tiny_qwen3(path: str | Path, *, seed: int = 0, **overrides) -> str:
-    """Build a random `Qwen3ForCausalLM` with `TINY_QWEN3` (plus `overrides`) and save it
-    (safetensors, fp32) to `path`; returns the directory as a string."""
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-
-    cfg = Qwen3Config(**{**TINY_QWEN3, **overrides})
+def save_random(model_cls, cfg, path: str | Path, *, seed: int, norms: bool = False) -> str:
+    """Build `model_cls(cfg)` in fp32 from `seed` (the global RNG left as it was) and save it
+    (safetensors) to `path`; returns the directory as a string. The default init (std 0.02)
+    gives near-uniform next-token distributions: a wider output layer makes sampled tokens and
+    log-probs informative in tests. `norms`: norm gains drawn around 1 (a misplaced norm then
+    changes the outputs)."""
     state = torch.random.get_rng_state()
     torch.manual_seed(seed)
     try:
-        model = Qwen3ForCausalLM(cfg).float()
-        # The default init (std 0.02) gives near-uniform next-token distributions; a wider
-        # output layer makes sampled tokens and logprobs informative in tests.
+        model = model_cls(cfg).float()
         with torch.no_grad():
+            for n, p in model.named_parameters():
+                if norms and n.endswith("norm.weight"):
+                    p.copy_(1.0 + 0.3 * torch.randn_like(p))
             model.lm_head.weight.normal_(0.0, 0.5)
     finally:
         torch.random.set_rng_state(state)
@@ -56,3 +57,11 @@ def save_tiny_qwen3(path: str | Path, *, seed: int = 0, **overrides) -> str:
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(str(out))
     return str(out)
+
+
+def save_tiny_qwen3(path: str | Path, *, seed: int = 0, **overrides) -> str:
+    """Build a random `Qwen3ForCausalLM` with `TINY_QWEN3` (plus `overrides`) and save it
+    (safetensors, fp32) to `path`; returns the directory as a string."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    return save_random(Qwen3ForCausalLM, Qwen3Config(**{**TINY_QWEN3, **overrides}), path, seed=seed)
