@@ -140,11 +140,16 @@ class ContinualRun:
     def _evaluate(self, label: str, checkpoint: str | None) -> dict[str, float]:
         """One eval-matrix row; a stop signal is honoured between its sets (`checkpoint` is what
         a resumed run starts from, None before the first save: it redoes this row)."""
+        return self._keep_row(label, *self._eval_row(checkpoint))
+
+    def _eval_row(self, checkpoint: str | None) -> tuple[dict[str, float], dict[str, list[dict]]]:
         self.engine.wake()
-        accs, samples = evaluate_config(
+        return evaluate_config(
             self.engine, self.tokenizer, self.eval_sets, self.cfg, seed=step_seed(self.cfg.seed, 99, 0),
             between=lambda: self._stop_if_asked(checkpoint),
         )
+
+    def _keep_row(self, label: str, accs: dict[str, float], samples: dict[str, list[dict]]) -> dict[str, float]:
         if self.main:
             (self.run_dir.eval_samples / f"{label}.json").write_text(json.dumps(samples, indent=1))
         ranks.barrier()  # the stage diagnostics of every rank read these samples back
@@ -159,18 +164,14 @@ class ContinualRun:
         if not self.cfg.eval.base_row_cache:
             return self._evaluate("base", None)
         cache, key = BaseRows(self.cfg.eval.base_row_cache), row_key(self.cfg, self.model_path, self.eval_sets)
-        hit = ranks.from_main(cache.load(key) if self.main else None)
-        if hit is None:
-            accs = self._evaluate("base", None)
+        row = ranks.from_main(cache.load(key) if self.main else None)
+        if row is None:
+            row = self._eval_row(None)
             if self.main:
-                cache.store(key, accs, json.loads((self.run_dir.eval_samples / "base.json").read_text()))
-            return accs
-        accs, samples = hit
-        if self.main:
-            (self.run_dir.eval_samples / "base.json").write_text(json.dumps(samples, indent=1))
+                cache.store(key, *row)
+        elif self.main:
             self.monitor.log(f"base eval row from {self.cfg.eval.base_row_cache} (key {key})")
-        ranks.barrier()
-        return accs
+        return self._keep_row("base", *row)
 
     def _mid_stage_eval(self, domain: str) -> dict[str, float]:
         """eval.at_steps: the stage domain's in-domain accuracy now (every rank, as `_evaluate`;

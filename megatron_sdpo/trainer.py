@@ -397,7 +397,7 @@ class Trainer:
         # context, whatever a safeguard left of the mask.
         n = self.cfg.algorithm.group_size
         has = torch.tensor([t is not None for t in (batch.teacher_prompt_ids or [None] * len(batch))])
-        solved = (rewards.view(-1, n) >= 1.0).all(dim=1).repeat_interleave(n) if len(rewards) % n == 0 else has & False
+        solved = (rewards.view(-1, n) >= 1.0).all(dim=1).repeat_interleave(n) if len(rewards) % n == 0 else torch.zeros_like(has)
         sel = batch.response_mask() * (solved & has).to(torch.float32)[:, None]
         if bool(sel.any()):
             out["teacher/kl_all_success"] = float(((batch.tensors["rollout_logprobs"] - teacher) * sel).sum() / sel.sum())

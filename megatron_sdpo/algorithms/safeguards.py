@@ -33,11 +33,11 @@ def contrast_weights(rewards: torch.Tensor, *, group_size: int, s0: float) -> to
     if s0 < 0:
         raise ConfigError(f"algorithm.sdpo.contrast_gate must be >= 0 (0: the binary gate), got {s0:g}")
     groups = rewards.to(torch.float32).view(-1, group_size)
-    # A group of one sample has no spread: weight 0, as its GRPO advantage.
-    std = groups.std(dim=1, unbiased=True) if group_size > 1 else groups.new_zeros(groups.shape[0])
-    # Equal rewards give a std of exactly 0 only up to round-off of the mean: test the spread.
-    spread = (groups.amax(dim=1) > groups.amin(dim=1)).to(torch.float32)
-    w = spread if s0 == 0 else torch.clamp(std / s0, max=1.0) * spread
+    # Equal rewards give a std of exactly 0 only up to round-off of the mean: test the spread
+    # (a group of one sample has none: weight 0, as its GRPO advantage).
+    w = (groups.amax(dim=1) > groups.amin(dim=1)).to(torch.float32)
+    if s0 > 0 and group_size > 1:
+        w = w * torch.clamp(groups.std(dim=1, unbiased=True) / s0, max=1.0)
     return w.repeat_interleave(group_size)
 
 

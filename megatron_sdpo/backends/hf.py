@@ -240,9 +240,8 @@ class HFBackend(Backend):
         if self.policy.config._attn_implementation == "sdpa":
             return masks
         zero = torch.zeros((), dtype=self.dtype, device=allowed.device)
-        if isinstance(masks, dict):
-            return {k: zero.masked_fill(~m, torch.finfo(self.dtype).min) for k, m in masks.items()}
-        return zero.masked_fill(~masks, torch.finfo(self.dtype).min)
+        additive = lambda m: zero.masked_fill(~m, torch.finfo(self.dtype).min)  # noqa: E731
+        return {k: additive(m) for k, m in masks.items()} if isinstance(masks, dict) else additive(masks)
 
     # ------------------------------------------------------------------ forward
     def _run(

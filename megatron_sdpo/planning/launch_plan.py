@@ -219,7 +219,7 @@ class LaunchPlan:
     warnings: list[str] = field(default_factory=list)
     stop: StopBudget | None = None  # the grace a stop needs (planning/stop_grace.py); None without a ledger
     engine: EngineClass | None = None  # the vLLM class and its TP collectives (planning/engine_class.py)
-    max_new_tokens: int = 0
+    decode_steps: int = 0  # a step's engine decode steps, every answer at the length limit
 
     def memory_errors(self) -> list[str]:
         """One line per phase of the ledger over the device's usable memory."""
@@ -262,8 +262,7 @@ class LaunchPlan:
         if self.kv is not None:
             lines += self.kv.lines()
         if self.engine is not None:
-            waves = self.kv.waves(self.kv.rollout_seqs) if self.kv is not None else 1
-            lines.append(self.engine.line(arch.layers, self.max_new_tokens * max(waves, 1), self.rollout_tp))
+            lines.append(self.engine.line(arch.layers, self.decode_steps, self.rollout_tp))
         if self.stop is not None:
             lines.append(self.stop.line())
         return lines
@@ -347,7 +346,7 @@ def plan(cfg: RunConfig, world_size: int | None = None, *, gpu_memory_gib: float
         rollout_tp_source=rtp_source, replicas=replicas, prompts_per_replica=per_replica, samples_per_step=samples,
         samples_per_dp_rank=per_dp, micro_batches=micro, arch=arch, ledger=ledger, kv=kv,
         gpu_memory_bytes=device_bytes, data=data, notes=notes, warnings=warnings, stop=stop, engine=engine,
-        max_new_tokens=cfg.rollout.max_new_tokens,
+        decode_steps=decode_steps(cfg, kv.waves(kv.rollout_seqs) if kv is not None else 1),
     )
 
 
