@@ -25,8 +25,9 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from megatron_sdpo.algorithms.context import (
     ContextTemplates,
@@ -157,13 +158,13 @@ def _kind_row(pr: _Probe, kind: str, contexts: list[str | None], sampling: Sampl
     answers = pr.engine.generate(teacher_ids, sampling)
     results = pr.score([a.text for a in answers], [pr.recs[i] for i in rows])
     per_prompt: dict[int, list[bool]] = {}
-    for i, r in zip(rows, results):
+    for i, r in zip(rows, results, strict=True):
         per_prompt.setdefault(i // pr.samples, []).append(float(r.score) >= pr.threshold)
     t_pass = {p: sum(v) / len(v) for p, v in per_prompt.items()}
     copies = 0
     if kind != "feedback":
         copies = sum(
-            1 for i, a in zip(rows, answers)
+            1 for i, a in zip(rows, answers, strict=True)
             if pr.sibling_of[i] is not None and _normalized(a.text) == _normalized(pr.student[pr.sibling_of[i]].text)
         )
     row.update(
@@ -186,9 +187,9 @@ def _gains(pr: _Probe, rows: list[int], teacher_ids: list[list[int]]) -> dict:
     with_ctx = pr.logprobs(teacher_ids, responses)
     without = pr.logprobs([pr.prompt_ids[pr.student[i].prompt_index] for i in rows], responses)
     gains: dict[bool, list[float]] = {True: [], False: []}
-    for i, t, s, resp in zip(rows, with_ctx, without, responses):
+    for i, t, s, resp in zip(rows, with_ctx, without, responses, strict=True):
         if resp:
-            gains[bool(pr.passed[i])].append(sum(a - b for a, b in zip(t, s)) / len(resp))
+            gains[bool(pr.passed[i])].append(sum(a - b for a, b in zip(t, s, strict=True)) / len(resp))
     rewarded = sum(gains[True]) / len(gains[True]) if gains[True] else None
     unrewarded = sum(gains[False]) / len(gains[False]) if gains[False] else None
     gap = None if rewarded is None or unrewarded is None else rewarded - unrewarded
@@ -292,8 +293,9 @@ def _delta(row: dict) -> str:
 
 def probe_table(folder: Path) -> list[str]:
     """docs/findings.md's table of an exported set of probes: `folder`/probes.json lists them
-    (name `<domain>_before` / `<domain>_after`: the checkpoint that starts / ends the domain's
-    stage) with their wall times; each probe's numbers are in `folder`/<name>.json."""
+    with their wall times and, where a name is not `<domain>_before` / `<domain>_after` (the
+    checkpoint that starts / ends the domain's stage), the checkpoint in words ("checkpoint");
+    each probe's numbers are in `folder`/<name>.json."""
     import json
 
     from megatron_sdpo.errors import UserError
@@ -310,7 +312,7 @@ def probe_table(folder: Path) -> list[str]:
     for name, (meta, out) in probes.items():
         k = out["kinds"]
         sib = k["sibling"]
-        when = {"before": "stage start", "after": "stage end"}.get(name.rsplit("_", 1)[-1], name)
+        when = meta.get("checkpoint") or {"before": "stage start", "after": "stage end"}.get(name.rsplit("_", 1)[-1], name)
         lines.append(
             f"| {out['domain']} | {when} | {_num(out['student_pass'])} | {sib['prompts']} ({sib['prompt_share']:.0%}), "
             f"{_num(sib['teacher_pass'])} vs {_num(sib['student_pass'])}, {_delta(sib)} | "

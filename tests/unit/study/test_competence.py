@@ -55,7 +55,7 @@ class StubModel:
 def verifier(texts, records):
     return [
         RewardResult(1.0, "") if t.strip().endswith(f"\\boxed{{{r['answer']}}}") else RewardResult(0.0, "Wrong answer.")
-        for t, r in zip(texts, records)
+        for t, r in zip(texts, records, strict=True)
     ]
 
 
@@ -113,7 +113,7 @@ def test_gains_are_those_of_the_log_probabilities():
 
     def logprobs(prompts, responses):
         out = []
-        for p, r in zip(prompts, responses):
+        for p, r in zip(prompts, responses, strict=True):
             text, resp = "".join(map(chr, p)), "".join(map(chr, r))
             if SOLUTION in text or FEEDBACK in text:
                 gold = re.search(r"ans=(\d+)", text).group(1)
@@ -163,7 +163,8 @@ def test_the_probe_command_on_the_tiny_base(tmp_path, capsys):
 
 def test_the_probe_table_is_read_from_an_exported_folder(tmp_path):
     """findings.md's probe block: one row per probe in probes.json's order, the stage start /
-    end from the probe's name, its wall time; a folder without probes is a one-line error."""
+    end from the probe's name (or its stated checkpoint), its wall time; a folder without probes
+    is a one-line error."""
     import json
 
     from megatron_sdpo.errors import UserError
@@ -179,6 +180,11 @@ def test_the_probe_table_is_read_from_an_exported_folder(tmp_path):
     assert lines[2].startswith(f"| math | stage start | {out['student_pass']:.3f} | {sib['prompts']} (")
     assert lines[2].endswith(" | 12 s |") and lines[3].startswith("| math | stage end |")
     assert f"| {sib['copies']} of {sib['samples']} |" in lines[2]
+    # A checkpoint that is not a stage's own start or end says what it is.
+    (tmp_path / "tooluse_after_math.json").write_text(json.dumps({**out, "domain": "tooluse"}))
+    (tmp_path / "probes.json").write_text(json.dumps({"probes": {"tooluse_after_math": {
+        "wall_s": 7, "checkpoint": "after math (tool use's start)"}}}))
+    assert probe_table(tmp_path)[2].startswith("| tooluse | after math (tool use's start) |")
     (tmp_path / "probes.json").unlink()
     with pytest.raises(UserError, match="not a folder of exported probes"):
         probe_table(tmp_path)
