@@ -2,7 +2,8 @@
 template."""
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 Turns = Sequence[Mapping[str, str]]
 
@@ -57,7 +58,7 @@ def encode_prompts(
         raise ValueError(f"{len(messages)} messages but {len(histories)} histories")
     done: dict[tuple, list[int]] = {}
     out = []
-    for m, h in zip(messages, histories):
+    for m, h in zip(messages, histories, strict=True):
         turns = h or ()
         key = (m, tuple(tuple(sorted(t.items())) for t in turns))
         if key not in done:

@@ -337,6 +337,10 @@ class ContinualRun:
         if self.trainer.uses_teacher and not blend.is_identity:
             self.backend.blend_teacher(blend)
 
+    def _after_train(self, step: int) -> None:
+        """After the optimizer step of (0-based) step `step`: the teacher's per-step update."""
+        self._teacher_update(self.teacher.after_step(step + 1))
+
     def _train_stage(self, k: int, first: int) -> None:
         cfg, stage = self.stage_cfg, self.cfg.stages[k]
         records = self.train_sets[stage.domain]
@@ -362,7 +366,7 @@ class ContinualRun:
                 out = self.trainer.step(
                     stage.domain, batch, seed=step_seed(cfg.seed, k, step), step=step,
                     label=f"stage {k + 1} step {step + 1}",
-                    after_train=lambda: self._teacher_update(self.teacher.after_step(step + 1)),
+                    after_train=functools.partial(self._after_train, step),
                     refill=functools.partial(self._refill, records, k, step),
                     between_phases=self._between_phases,
                 )

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Callable
 
 from megatron_sdpo.chat import record_prompts
 from megatron_sdpo.config.schema import eval_samples_per_item
@@ -74,7 +74,7 @@ def evaluate(
         accs[key] = sum(scores) / len(scores)
         samples[key] = [
             {"id": rec.get("id"), "response": c.text, "score": r.score, "truncated": c.truncated}
-            for rec, c, r in zip(recs, comps, results)
+            for rec, c, r in zip(recs, comps, results, strict=True)
         ]
     return accs, samples
 
@@ -92,7 +92,7 @@ def _score(records: list[dict], texts: list[str], batched_code: bool) -> list:
     for domain in dict.fromkeys(r["domain"] for r in records):
         idx = [i for i, r in enumerate(records) if r["domain"] == domain]
         results = score_shared(domain, [texts[i] for i in idx], [records[i] for i in idx], batched_code=batched_code)
-        for i, r in zip(idx, results):
+        for i, r in zip(idx, results, strict=True):
             out[i] = r
     return out
 

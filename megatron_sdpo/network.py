@@ -16,14 +16,14 @@ import fcntl
 import os
 import socket
 import struct
-from typing import MutableMapping, Optional
+from collections.abc import MutableMapping
 
 VARIABLES = ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
 NODES_ENV = "SDPO_NODES"
 _SIOCGIFADDR = 0x8915
 
 
-def _address_of(name: str) -> Optional[str]:
+def _address_of(name: str) -> str | None:
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
         try:
             packed = fcntl.ioctl(s.fileno(), _SIOCGIFADDR, struct.pack("256s", name[:15].encode()))
@@ -32,7 +32,7 @@ def _address_of(name: str) -> Optional[str]:
     return socket.inet_ntoa(packed[20:24])
 
 
-def _route(addr: str) -> tuple[Optional[str], Optional[str], str]:
+def _route(addr: str) -> tuple[str | None, str | None, str]:
     """(interface, source address, how) of this node's route to `addr`."""
     try:
         target = socket.gethostbyname(addr)
@@ -50,7 +50,7 @@ def _route(addr: str) -> tuple[Optional[str], Optional[str], str]:
     return None, source, f"no interface holds {source}, the route's source address to {target}"
 
 
-def route_interface(master_addr: str) -> tuple[Optional[str], str]:
+def route_interface(master_addr: str) -> tuple[str | None, str]:
     """(interface, how it was found) of this node's route to `master_addr`; (None, why) when
     the address does not resolve or no interface holds the route's source address."""
     name, _, how = _route(master_addr)

@@ -23,7 +23,8 @@ import os
 import signal
 import threading
 import time
-from typing import Any, Mapping, Optional, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -62,7 +63,7 @@ class StopRequest:
         self._received_at = 0.0
         self._previous: dict[int, Any] = {}  # what signal.signal returned: a handler, SIG_DFL, None
 
-    def install(self) -> "StopRequest":
+    def install(self) -> StopRequest:
         if threading.current_thread() is threading.main_thread():
             for s in SIGNALS:
                 self._previous[s] = signal.signal(s, self._handle)
@@ -109,15 +110,15 @@ class StopWindow:
     the lead. Without a lead (no Slurm time limit known) a step always finishes; without a
     measured step yet, a step with a stop pending is abandoned (its checkpoint is the safe one)."""
 
-    def __init__(self, lead_s: Optional[float], reserve_s: float = 0.0):
+    def __init__(self, lead_s: float | None, reserve_s: float = 0.0):
         self.lead_s, self.reserve_s = lead_s, reserve_s
-        self.last_phases: Optional[dict[str, float]] = None
+        self.last_phases: dict[str, float] | None = None
         self.last_save_s = 0.0
         self._warned = False
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str] = os.environ) -> "StopWindow":
-        def number(key: str) -> Optional[float]:
+    def from_env(cls, env: Mapping[str, str] = os.environ) -> StopWindow:
+        def number(key: str) -> float | None:
             value = env.get(key)
             if not value:
                 return None
@@ -135,7 +136,7 @@ class StopWindow:
     def reserve(self) -> float:
         return max(self.reserve_s, self.last_save_s + MARGIN_MIN_S if self.last_save_s else 0.0)
 
-    def observe_step(self, metrics: Mapping[str, float]) -> Optional[str]:
+    def observe_step(self, metrics: Mapping[str, float]) -> str | None:
         """Record a completed step's phase times; a line (once) when the step and the reserve
         no longer fit the lead: a stop will then fall back to the last completed step."""
         self.last_phases = {k[len("time/"):]: float(v) for k, v in metrics.items() if k.startswith("time/")}

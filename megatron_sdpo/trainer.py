@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import contextlib
 import random
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Callable, Iterator
 
 import torch
 
@@ -334,7 +334,7 @@ class Trainer:
             recs = records if r == 0 else refill(r)
             ids, comps, results = self._rollout(domain, recs, extra_round_seed(seed, r), times, sleep=False)
             groups = []
-            for j, (rec, p) in enumerate(zip(recs, ids)):
+            for j, (rec, p) in enumerate(zip(recs, ids, strict=True)):
                 mine = comps[j * n : (j + 1) * n]
                 if [c.prompt_index for c in mine] != [j] * n:
                     raise RuntimeError(f"the engine returned samples out of prompt order (prompt {j})")
@@ -422,7 +422,7 @@ class Trainer:
                 continue
             pieces = [self.tokenizer.decode([t]) for t in ids]
             per_token = [format_repeat_mask(pieces, tok) for tok in repeated]
-            masks.append([any(flags) for flags in zip(*per_token)])
+            masks.append([any(flags) for flags in zip(*per_token, strict=True)])
         rows, width = distilled.shape
         artifact = mask_tensor(masks, (rows, width)).to(distilled.device)
         e = artifact_endorsement(gain, artifact, distilled.float())
@@ -467,7 +467,7 @@ class Trainer:
                 self.tokenizer,
                 [ctx for ctx in contexts if ctx is not None],
                 # The teacher sees the student's earlier turns too: only its last turn gains context.
-                [rec.get("history", ()) for rec, ctx in zip(records, contexts) if ctx is not None],
+                [rec.get("history", ()) for rec, ctx in zip(records, contexts, strict=True) if ctx is not None],
             )
         ]
         it = iter(encoded)

@@ -28,8 +28,8 @@ def skip_batch(which: int, vocab: int = 131):
     for grp in range(rewards.shape[0]):
         p = ids(3 + 2 * grp)
         rs = [ids(int(n)) for n in torch.randint(1, 7, (GROUP,), generator=g)]
-        win = next((r for r, x in zip(rs, rewards[grp]) if x >= 1), None)
-        for r, x in zip(rs, rewards[grp]):
+        win = next((r for r, x in zip(rs, rewards[grp], strict=True) if x >= 1), None)
+        for r, x in zip(rs, rewards[grp], strict=True):
             prompts.append(p)
             responses.append(r)
             teacher.append(p + ids(2) + win if win is not None and x < 1 else None)

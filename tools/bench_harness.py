@@ -36,8 +36,8 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 FIELDS = ["bench", "arm", "round", "metric", "value", "unit", "params", "note"]
 SUMMARY_FIELDS = ["bench", "arm", "metric", "median", "min", "max", "rounds", "unit", "baseline", "ratio",

@@ -125,7 +125,7 @@ def model_flops(backend, batch, *, teacher: bool) -> float:
         shared = backend.share_prompts
         total = 0.0
         seen: set = set()
-        for p, r in zip(prompts, responses):
+        for p, r in zip(prompts, responses, strict=True):
             new_prompt = not (shared and tuple(p) in seen)
             seen.add(tuple(p))
             tokens = (len(p) if new_prompt else 0) + len(r)

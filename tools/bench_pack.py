@@ -62,7 +62,7 @@ def model_tokens(batch, mbs: int, packing: bool, row_tokens: int, share: bool = 
     total = real = 0
     for s in range(0, len(batch), mbs):
         p, r = batch.prompt_ids[s : s + mbs], batch.response_ids[s : s + mbs]
-        real += sum(len(a) + len(b) for a, b in zip(p, r))
+        real += sum(len(a) + len(b) for a, b in zip(p, r, strict=True))
         if packing:
             vb = pack_varlen(p, r, response_len=batch.max_response_len, pad_id=0, row_tokens=row_tokens, share_prompts=share)
             total += vb.input_ids.numel()

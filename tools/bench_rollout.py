@@ -74,8 +74,8 @@ def start_engines(bench: Bench, params: dict, kinds: list[str], make, first_call
     """The engines, their start-up and first-call times recorded (round 1: they happen once)."""
     engines = {}
     for kind in kinds:
-        start_s, _ = timed(lambda: engines.__setitem__(kind, make(kind)))
-        first_s, _ = timed(lambda: first_call(engines[kind]))
+        start_s, _ = timed(lambda kind=kind: engines.__setitem__(kind, make(kind)))
+        first_s, _ = timed(lambda kind=kind: first_call(engines[kind]))
         bench.record(kind, 1, {"startup_s": start_s, "first_generate_s": first_s}, params)
     return engines
 

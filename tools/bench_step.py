@@ -69,7 +69,7 @@ def trl_missing() -> str | None:
 # -- workers (one arm, in its own process) ------------------------------------------------------
 def step_times(stamps: list[float]) -> list[float]:
     """Per-step seconds from [start, end of step 1, end of step 2, ...]."""
-    return [b - a for a, b in zip(stamps, stamps[1:])]
+    return [b - a for a, b in zip(stamps, stamps[1:], strict=False)]
 
 
 def phase_medians(records: list[dict], keep) -> dict[str, float]:

@@ -147,7 +147,7 @@ def _report(got: dict, model_dir: str, losses: list[str], out: Path | None) -> i
     print("|---|" + "---|" * len(POINTS))
     for name in losses:
         peaks = got["peaks"][name]
-        ledger = {k: _ledger_logits(model_dir, name, p, c) for k, (p, c) in zip(keys, POINTS)}
+        ledger = {k: _ledger_logits(model_dir, name, p, c) for k, (p, c) in zip(keys, POINTS, strict=True)}
         rows.append({"loss": name, "peaks": peaks, "ledger": ledger,
                      "ledger_over_peak": {k: round(ledger[k] / peaks[k], 3) for k in keys}})
         print(f"| {name} | " + " | ".join(f"{peaks[k]:,} / {rows[-1]['ledger_over_peak'][k]}x" for k in keys) + " |")

@@ -213,7 +213,7 @@ def teacher_feedbacks(context, domain: str, results: list, truncated: list[bool]
     if domain == "math" and context.math_feedback == "format":
         from megatron_sdpo.rewards.math import format_feedback
 
-        return [format_feedback(r, t) for r, t in zip(results, truncated)]
+        return [format_feedback(r, t) for r, t in zip(results, truncated, strict=True)]
     return [r.feedback for r in results]
 
 

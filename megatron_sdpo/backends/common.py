@@ -147,5 +147,5 @@ def reduce_metrics(
         vals = vals.contiguous()
         if world > 1:
             dist.all_reduce(vals, op=_REDUCE_OPS[op], group=group)
-        out.update(zip(group_names, vals.tolist()))
+        out.update(zip(group_names, vals.tolist(), strict=True))
     return out

@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import copy
 import random
+from collections.abc import Iterator
 from contextlib import nullcontext
-from pathlib import Path
-from typing import Any, Iterator, cast
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -25,9 +25,6 @@ import torch.distributed as dist
 from torch import nn
 
 from megatron_sdpo.backends import hf_checkpoint
-from megatron_sdpo.backends.checkpoint import (
-    load_hf_weights,
-)
 from megatron_sdpo.backends.common import (
     MetricSums,
     blend_sources,
@@ -40,17 +37,17 @@ from megatron_sdpo.backends.common import (
     resolve_pad_id,
 )
 from megatron_sdpo.backends.hf_logits import ResponseLogits, layer_masks, masked_token_logprobs, topk_logprobs
+from megatron_sdpo.backends.hf_teacher import HFTeacher
 from megatron_sdpo.backends.offload import StateOffload, needs_training_state
 from megatron_sdpo.backends.varlen import pack_varlen
 from megatron_sdpo.config.backend_spec import BACKENDS
 from megatron_sdpo.errors import ConfigError
 from megatron_sdpo.interfaces.backend import REQUIRES, Backend, LossFn, SequenceBatch
-from megatron_sdpo.interfaces.blend import TeacherBlend, blend_, copy_
+from megatron_sdpo.interfaces.blend import TeacherBlend
 from megatron_sdpo.interfaces.distillation import DistillationSpec, TopkSource, distillation_of
 from megatron_sdpo.interfaces.layout import pack, token_entropy, token_logprobs
 from megatron_sdpo.interfaces.schedule import LRSchedule
 from megatron_sdpo.models.hf_model import load_causal_lm
-from megatron_sdpo.stopwatch import Stopwatch
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _TEACHER_NEEDS = {"teacher_logits", "teacher_logprobs", "topk_logprobs", "teacher_topk_logprobs"}
@@ -121,11 +118,6 @@ class HFBackend(Backend):
         self.share_prompts = self.packing if share_prompts is None else bool(share_prompts)
         self.seed = seed
         self.step = 0
-        # Trust-region teacher (lasgroup/SDPO TrustRegionTeacher): the teacher's logits are
-        # lerp(teacher, student, mix) on the teacher's input, the student's under no_grad.
-        if teacher_logit_mix is not None and not 0.0 <= teacher_logit_mix <= 1.0:
-            raise ConfigError(f"teacher_logit_mix must be in [0, 1], got {teacher_logit_mix}")
-        self.teacher_logit_mix = teacher_logit_mix
 
         torch.manual_seed(seed)
         random.seed(seed)
@@ -137,23 +129,19 @@ class HFBackend(Backend):
         if self.share_prompts:
             self._check_mask_support(self.policy.config)
 
-        self.teacher = self._frozen_copy() if with_teacher else None
-        # Time in the teacher's forward inside train_step, reported as "time/teacher_forward".
         self.device = next(self.policy.parameters()).device
         self._offload = StateOffload(self.device)
-        self.teacher_clock = Stopwatch(self.device)
+        # The teacher (model, fp32 shadow, trust-region mix, forward clock): hf_teacher.py.
+        self.teacher_state = (HFTeacher(self._frozen_copy(), self.device, logit_mix=teacher_logit_mix)
+                              if with_teacher else None)
         self.reference = self._frozen_copy() if with_reference else None
         # State updated by small steps lives in fp32 whatever the model dtype: with a bf16/fp16
         # model AdamW updates fp32 master copies of the policy (cast into the model after each
-        # step) and the EMA teacher is an fp32 shadow (cast into the teacher used for forwards).
-        # At lr 1e-5 or an EMA rate of 0.05 most bf16 weights would otherwise never change.
+        # step); at lr 1e-5 most bf16 weights would otherwise never change.
         self._masters: list[torch.Tensor] | None = None
-        self._teacher_fp32: list[torch.Tensor] | None = None
         if self.dtype != torch.float32:
             self._masters = [self._fp32_copy(p, p.requires_grad) for p in self.policy.parameters()]
-            if self.teacher is not None:
-                self._teacher_fp32 = [self._fp32_copy(p, False) for p in self.teacher.parameters()]
-        if teacher_init is not None and self.teacher is not None:
+        if teacher_init is not None and self.teacher_state is not None:
             # The paper code's teacher initialisation: checkpoint * alpha + student * (1 - alpha).
             path, alpha = teacher_init
             self.teacher_from_path(path)
@@ -173,6 +161,19 @@ class HFBackend(Backend):
             self._train_module = self._head
         self.optimizer = self._make_optimizer()
 
+    @property
+    def teacher(self) -> nn.Module | None:
+        """The teacher model its forwards run (None without a teacher)."""
+        return None if self.teacher_state is None else self.teacher_state.model
+
+    @property
+    def _teacher(self) -> HFTeacher:
+        return cast(HFTeacher, named_model("teacher", {"teacher": self.teacher_state}))
+
+    def _teacher_seconds(self) -> float:
+        """Seconds in the teacher's forwards since the last call (0 without a teacher)."""
+        return 0.0 if self.teacher_state is None else self.teacher_state.clock.take()
+
     # ------------------------------------------------------------------ setup helpers
     def _frozen_copy(self) -> nn.Module:
         m = copy.deepcopy(self.policy)
@@ -191,8 +192,8 @@ class HFBackend(Backend):
         parameters themselves. Live tensors: copy them to keep them."""
         if model == "policy" and self._masters is not None:
             return self._masters
-        if model == "teacher" and self._teacher_fp32 is not None:
-            return self._teacher_fp32
+        if model == "teacher":
+            return self._teacher.fp32_weights()
         return [p.detach() for p in self._model(model).parameters()]
 
     def _optimized_params(self) -> list[torch.Tensor]:
@@ -278,10 +279,11 @@ class HFBackend(Backend):
         mix) of both models' logits on that same input (linear, so the temperature division
         commutes with it)."""
         prompts = mb.teacher_prompts()
-        t_logits, targets = self._run(self._model("teacher"), prompts, mb.response_ids, T)
-        if self.teacher_logit_mix is not None:
+        mix = self._teacher.logit_mix
+        t_logits, targets = self._run(self._teacher.model, prompts, mb.response_ids, T)
+        if mix is not None:
             s_logits, _ = self._run(self.policy, prompts, mb.response_ids, T)
-            t_logits = torch.lerp(t_logits, s_logits, self.teacher_logit_mix)
+            t_logits = torch.lerp(t_logits, s_logits, mix)
         return t_logits, targets
 
     def _fused_kl(self, mb: SequenceBatch, T: int, module: nn.Module, spec: DistillationSpec) -> torch.Tensor:
@@ -289,13 +291,13 @@ class HFBackend(Backend):
         [b, T, V] logits of neither model are ever built."""
         from megatron_sdpo_kernels import ChunkSizes, fused_linear_kl
 
-        if self.teacher_logit_mix is not None:
+        if self._teacher.logit_mix is not None:
             raise ConfigError("the trust-region teacher mixes logits, which the fused kernel never builds: set kernel.fused_kl=false")
         heads = [cast(Any, m).get_output_embeddings() for m in (self.policy, self._model("teacher"))]
         if any(h.bias is not None for h in heads):
             raise ConfigError("kernel.fused_kl needs an LM head without bias")
         h_s, _ = self._run(module, mb.prompt_ids, mb.response_ids, T, hidden_only=True)
-        with torch.no_grad(), self.teacher_clock.measure():
+        with torch.no_grad(), self._teacher.clock.measure():
             h_t, _ = self._run(self._model("teacher"), mb.teacher_prompts(), mb.response_ids, T, hidden_only=True)
         mask = mb.tensors[spec.mask_key] > 0
         b, _, H = h_s.shape
@@ -329,11 +331,11 @@ class HFBackend(Backend):
                 out["entropy"] = token_entropy(logits)
         elif "logprobs" in requires:
             out["logprobs"] = self._logprobs(module, mb.prompt_ids, mb.response_ids, T)
-        if requires & _TEACHER_NEEDS == {"teacher_logprobs"} and self.teacher_logit_mix is None:
-            with torch.no_grad(), self.teacher_clock.measure():
+        if requires & _TEACHER_NEEDS == {"teacher_logprobs"} and self._teacher.logit_mix is None:
+            with torch.no_grad(), self._teacher.clock.measure():
                 out["teacher_logprobs"] = self._logprobs(self._model("teacher"), mb.teacher_prompts(), mb.response_ids, T)
         elif requires & _TEACHER_NEEDS:
-            with torch.no_grad(), self.teacher_clock.measure():
+            with torch.no_grad(), self._teacher.clock.measure():
                 t_logits, targets = self._teacher_logits(mb, T)
             if "teacher_logits" in requires:
                 out["teacher_logits"] = t_logits
@@ -376,7 +378,7 @@ class HFBackend(Backend):
         with torch.no_grad():
             for mb_idx in self._micro_batches(list(range(len(sub)))):
                 mb = sub.select(mb_idx)
-                if model == "teacher" and self.teacher_logit_mix is not None:
+                if model == "teacher" and self._teacher.logit_mix is not None:
                     logits, targets = self._teacher_logits(mb, T)
                     rows.append(token_logprobs(logits, targets))
                 else:
@@ -393,7 +395,7 @@ class HFBackend(Backend):
         padded[: local.shape[0]] = local
         chunks = [torch.empty_like(padded) for _ in range(self.world)]
         dist.all_gather(chunks, padded.contiguous())
-        return torch.cat([c[:s] for c, s in zip(chunks, sizes)])
+        return torch.cat([c[:s] for c, s in zip(chunks, sizes, strict=True)])
 
     @needs_training_state
     def train_step(self, batch: SequenceBatch, loss_fn: LossFn) -> dict[str, float]:
@@ -407,7 +409,7 @@ class HFBackend(Backend):
         ddp = cast(Any, self._train_module) if self.world > 1 else None  # DistributedDataParallel
 
         sums = MetricSums()
-        self.teacher_clock.take()  # only this step's teacher forwards count
+        self._teacher_seconds()  # only this step's teacher forwards count
         self.optimizer.zero_grad(set_to_none=True)
         for k, mb_idx in enumerate(micro):
             sync = ddp is None or k == len(micro) - 1
@@ -422,7 +424,7 @@ class HFBackend(Backend):
 
         if self._masters is not None:
             # Gradients go to the fp32 masters (clip, norm and AdamW all in fp32).
-            for p, m in zip(self.policy.parameters(), self._masters):
+            for p, m in zip(self.policy.parameters(), self._masters, strict=True):
                 m.grad = None if p.grad is None else p.grad.to(torch.float32)
                 p.grad = None
         params = [p for p in self._optimized_params() if p.requires_grad]
@@ -446,7 +448,7 @@ class HFBackend(Backend):
             "samples": float(len(batch)),
             "lr": self.optimizer.param_groups[0]["lr"],
             # This rank's seconds in the teacher's forward (the trainer books them as teacher time).
-            "time/teacher_forward": self.teacher_clock.take(),
+            "time/teacher_forward": self._teacher_seconds(),
         }
         # One collective per reduction kind (sum, max, min), each over a packed tensor.
         result.update(reduce_metrics(sums, sorted(sums.values)))
@@ -468,7 +470,7 @@ class HFBackend(Backend):
     def _masters_to_model(self) -> None:
         if self._masters is None:
             raise RuntimeError("no fp32 master weights: the policy's own parameters are fp32")
-        for p, m in zip(self.policy.parameters(), self._masters):
+        for p, m in zip(self.policy.parameters(), self._masters, strict=True):
             p.copy_(m)
 
     @needs_training_state
@@ -483,10 +485,7 @@ class HFBackend(Backend):
         if sources is None:
             self.teacher_from_base()
             return
-        teacher = [p.detach() for p in self._model("teacher").parameters()]
-        blend_(self._teacher_fp32 if self._teacher_fp32 is not None else teacher, sources, blend)
-        if self._teacher_fp32 is not None:
-            copy_(teacher, self._teacher_fp32)
+        self._teacher.blend(blend, sources)
 
     def teacher_from_base(self) -> None:
         """Teacher <- the base model (the HF directory this backend was built from)."""
@@ -494,10 +493,7 @@ class HFBackend(Backend):
 
     def teacher_from_path(self, path: str) -> None:
         """Teacher <- the weights of the HF model directory `path` (the student's layout)."""
-        teacher = self._model("teacher")
-        load_hf_weights(teacher, Path(path))
-        if self._teacher_fp32 is not None:
-            copy_(self._teacher_fp32, [p.detach() for p in teacher.parameters()])
+        self._teacher.load(path)
 
     def configure_optimizer(self, *, lr: float, weight_decay: float, grad_clip: float, lr_schedule: LRSchedule) -> None:
         """New optimizer settings (a stage's): the peak lr and schedule take effect at the next

@@ -46,7 +46,7 @@ def save(be, path: str, *, extra: dict | None = None) -> None:
                 torch.save(
                     {
                         "masters": [m.detach() for m in be._masters],
-                        "teacher": be._teacher_fp32,
+                        "teacher": None if be.teacher_state is None else be.teacher_state.shadow,
                     },
                     tmp / "fp32_state.pt",
                 )
@@ -69,9 +69,8 @@ def _load_fp32_state(be, root: Path) -> None:
     state = torch_load(f) if f.is_file() else {}
     masters = state.get("masters") or [p.detach() for p in be.policy.parameters()]
     copy_(be._masters, masters)
-    if be._teacher_fp32 is not None:
-        shadow = state.get("teacher") or [p.detach() for p in be.teacher.parameters()]
-        copy_(be._teacher_fp32, shadow)
+    if be.teacher_state is not None:
+        be.teacher_state.resync(state.get("teacher"))
 
 def _copy_tokenizer(be, dest: Path) -> None:
     for f in _TOKENIZER_FILES:

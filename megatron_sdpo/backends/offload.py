@@ -13,7 +13,8 @@ at the start of every step, so they are freed and re-allocated without a copy.
 from __future__ import annotations
 
 import functools
-from typing import Callable, Iterable, TypeVar
+from collections.abc import Callable, Iterable
+from typing import TypeVar
 
 import torch
 
@@ -83,7 +84,7 @@ class StateOffload:
         if pin:
             torch.cuda.current_stream(self.device).synchronize()  # copies done before the frees
         freed = 0
-        for s, host in self._copied:
+        for s, _host in self._copied:
             freed += s.nbytes()
             s.resize_(0)
         for s, n in self._dropped:

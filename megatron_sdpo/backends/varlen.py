@@ -117,7 +117,7 @@ def pack_varlen(
     if row_tokens < 0 or multiple < 1 or width < 0:
         raise DataError(f"row_tokens and width must be >= 0 and multiple >= 1, got {row_tokens}, {width}, {multiple}")
     T = response_len
-    for i, (p, r) in enumerate(zip(prompts, responses)):
+    for i, (p, r) in enumerate(zip(prompts, responses, strict=True)):
         if not p:
             raise DataError(f"prompt {i} is empty: every sample needs at least one prompt token")
         if len(r) > T:

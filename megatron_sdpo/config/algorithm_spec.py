@@ -7,7 +7,6 @@ lives in config/ because config validation reads it and config imports nothing a
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
 
 from megatron_sdpo.errors import ConfigError
 
@@ -21,12 +20,12 @@ class AlgorithmSpec:
     uses_advantages: bool
     # Batch tensor that masks the distilled tokens; None without distillation. The hybrid keeps
     # `loss_mask` for its GRPO term and distils only under `sdpo_mask`.
-    distill_mask_key: Optional[str]
+    distill_mask_key: str | None
     # Several optimizer steps per rollout batch (algorithm.grpo.mini_batches > 1).
     supports_mini_batches: bool
     # teacher.mode the algorithm is defined with: `compare` sets it, validation requires it
     # where `requires_teacher_mode`; None: the config's own teacher.mode.
-    teacher_mode: Optional[str] = None
+    teacher_mode: str | None = None
     requires_teacher_mode: bool = False
 
 

@@ -10,7 +10,7 @@ teacher); `builders.py` is the one place a name picks a class. The tri-state key
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, Optional
+from typing import Literal
 
 from megatron_sdpo.config.schema import BackendConfig
 from megatron_sdpo.errors import ConfigError
@@ -43,7 +43,7 @@ class BackendSpec:
     teacher_init: bool
     trust_region_teacher: bool
 
-    def packing(self, b: BackendConfig) -> Optional[bool]:
+    def packing(self, b: BackendConfig) -> bool | None:
         """`backend.packing` resolved: on or off, or None where the backend decides from the
         model's layers."""
         if b.packing is not None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal, Optional
+from typing import Any, Literal
 
 from megatron_sdpo.interfaces.domains import DOMAINS as DOMAINS  # the one definition, re-exported
 
@@ -89,11 +89,11 @@ class GRPOConfig:
     clip_low: float = 0.2
     clip_high: float = 0.28
     kl_coef: float = 0.0  # k3 KL to the base model; > 0 keeps a frozen reference copy
-    tis_cap: Optional[float] = 2.0  # truncated IS for rollout/trainer mismatch; null = off
+    tis_cap: float | None = 2.0  # truncated IS for rollout/trainer mismatch; null = off
     # Optimizer steps per rollout batch (whole prompt groups each); > 1: old log-probs of the
     # rollout-time policy are computed once, so the ratio moves and the clip acts.
     mini_batches: int = 1
-    dual_clip: Optional[float] = None  # dual-clip bound c > 1 for negative advantages; null = off
+    dual_clip: float | None = None  # dual-clip bound c > 1 for negative advantages; null = off
 
 
 @dataclass
@@ -106,12 +106,12 @@ class ContextConfig:
     feedback_only_without_solution: bool = True
     sibling: Literal["first", "random"] = "first"  # which successful sibling is quoted
     success_threshold: float = 0.5
-    max_solution_chars: Optional[int] = None  # null: the whole sibling (the token cap applies)
-    max_feedback_chars: Optional[int] = 1000
+    max_solution_chars: int | None = None  # null: the whole sibling (the token cap applies)
+    max_feedback_chars: int | None = 1000
     # The tokenized re-prompt is cut to this many tokens (the reference: 10,240), keeping its
     # end ("left": the instruction and the demonstration's end survive) or its start ("right":
     # the reference's `reprompt_truncation: right`).
-    max_context_tokens: Optional[int] = 10240
+    max_context_tokens: int | None = 10240
     truncation: Literal["left", "right"] = "left"
     strip_thinking: bool = True
     solution_template: str = "Here is a correct solution:\n{solution}\n\n"
@@ -120,7 +120,7 @@ class ContextConfig:
     # The whole message as one template with the fields {prompt}, {solution} and {feedback}
     # (each block already formatted, "" when absent): the reference's `reprompt_template`.
     # null: prompt + "\n\n" + blocks + `instruction`.
-    reprompt_template: Optional[str] = None
+    reprompt_template: str | None = None
     # Math feedback: "all" (the verifier's, naming a wrong answer too) or "format" (only a
     # missing / empty \boxed{} or a truncated response, in the reference's words: its math
     # reward's default `format_feedback`). Used only where math is in feedback_domains.
@@ -130,7 +130,7 @@ class ContextConfig:
 @dataclass
 class SDPOConfig:
     alpha: float = 0.5  # 0 forward KL(teacher||student), 1 reverse KL, else generalized JSD
-    topk: Optional[int] = None  # student top-k ids (+ tail bucket); null = full vocabulary
+    topk: int | None = None  # student top-k ids (+ tail bucket); null = full vocabulary
     add_tail: bool = True
     is_clip: float = 2.0
     variant: Literal["logits", "sampled"] = "logits"  # sampled: reverse KL on sampled tokens
@@ -144,7 +144,7 @@ class SDPOConfig:
     # (no reward contrast, no distillation); null off. agreement_mask: a token is distilled only
     # where the teacher's log-ratio over the student on the sampled token has the sign of the
     # sample's group-relative advantage (one more teacher forward a step).
-    contrast_gate: Optional[float] = None
+    contrast_gate: float | None = None
     agreement_mask: bool = False
     hybrid_lambda: float = 0.5  # hybrid: lambda * GRPO + (1 - lambda) * SDPO
     context: ContextConfig = field(default_factory=ContextConfig)
@@ -191,7 +191,7 @@ class TeacherConfig:
     # Teacher initialisation (the paper code's `teacher_path` / `teacher_init_alpha`): at the
     # run's start the teacher is init_alpha * (this HF model directory) + (1 - init_alpha) *
     # student instead of a copy of the student. null: a copy.
-    init_path: Optional[str] = None
+    init_path: str | None = None
     init_alpha: float = 1.0
 
 
@@ -201,7 +201,7 @@ class RefitGuardConfig:
     # refit that loaded the wrong weights gives O(1); fp32 on CPU gives ~1e-6, bf16 ~1e-2).
     # null: log the mismatch metrics only. Needs top_p 1 (the backends score at the rollout
     # temperature, not within the top-p nucleus).
-    max_mismatch: Optional[float] = 0.5
+    max_mismatch: float | None = 0.5
 
 
 @dataclass
@@ -232,7 +232,7 @@ class RolloutConfig:
     # torch intra-op threads while the engine generates (and, for vLLM, reloads weights; null:
     # the process's count). Decoding is many small ops; on a busy CPU one thread avoids OpenMP
     # spin-wait at each of them (dev/LOG.md, tools/bench_rollout.py).
-    threads: Optional[int] = None
+    threads: int | None = None
     # vLLM: reuse a prompt's KV blocks across its n samples and across prompts with a common
     # prefix (the chat template's system text); reset at every refit.
     prefix_caching: bool = True
@@ -287,7 +287,7 @@ class BackendConfig:
     # sequences in megatron: backends/megatron/packed.py) instead of the padded
     # [B, longest prompt + longest response] rectangle. null: on, except with megatron on a
     # model whose layers take the padded layout only (Olmo), where true is a ConfigError.
-    packing: Optional[bool] = None
+    packing: bool | None = None
     # Row capacity of the HF backend's packed layout in tokens (0: one row per micro-batch;
     # megatron packs one row per micro-batch, its THD attention needs no bound). SDPA and eager
     # attention with a block-diagonal mask cost row length squared: on the tiny run rows of 256
@@ -298,7 +298,7 @@ class BackendConfig:
     # prompt's tokens are run once per group instead of once per sample. HF backend only (THD
     # segments cannot state that mask). null: on wherever packing is with the HF backend; true
     # without packing or with megatron is a ConfigError.
-    share_prompts: Optional[bool] = None
+    share_prompts: bool | None = None
     stage_start: Literal["weights_only", "keep_optimizer"] = "weights_only"
     # Gradients and optimizer state leave the device after each optimizer step and the teacher
     # update, and come back at the next train step: the rollout engine's weights and KV cache
@@ -334,7 +334,7 @@ class EvalConfig:
     avg_k: int = 0  # > 0 and greedy false: avg@k, k samples per item, mean accuracy
     # Sampling of avg@k (the reference validates at 0.6 / 0.95 with n = 4). null temperature:
     # the rollout's.
-    temperature: Optional[float] = None
+    temperature: float | None = None
     top_p: float = 1.0
     max_new_tokens: int = 32
     batch_size: int = 64
@@ -345,7 +345,7 @@ class EvalConfig:
     # A directory shared by runs whose base row is the same (outputs/base_rows.py): the row is
     # read from there when a run with the same model, items and settings wrote it, else evaluated
     # and written there. `study` sets it to OUT/base_rows. null: every run evaluates its own.
-    base_row_cache: Optional[str] = None
+    base_row_cache: str | None = None
 
 
 @dataclass
@@ -374,10 +374,10 @@ class DiagnosticsConfig:
     collapse_repeat_threshold: float = 0.5  # share of responses with repeated format tokens
     # Alarm when the mean response length falls below this share of its value at the stage start
     # (null: off).
-    collapse_min_length_ratio: Optional[float] = 0.6
+    collapse_min_length_ratio: float | None = 0.6
     # Alarm when the mean training reward of the last 3 steps falls below this share of its mean
     # over the stage's first 3 steps, and by at least 0.1 (null: off).
-    collapse_min_reward_ratio: Optional[float] = 0.5
+    collapse_min_reward_ratio: float | None = 0.5
     # Every N steps of a stage (its first step, then every N; 0: never) score the sampled
     # responses under the teacher too: how much more likely the teacher (with its context) finds
     # rewarded vs unrewarded responses than the student did. One extra teacher forward pass of

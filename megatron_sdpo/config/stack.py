@@ -12,8 +12,8 @@ from __future__ import annotations
 import importlib.metadata
 import os
 import warnings
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Callable, Iterable
 
 from packaging.version import Version
 

@@ -21,8 +21,9 @@ import gzip
 import importlib.metadata
 import importlib.util
 import json
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 from megatron_sdpo.data.code_tests import Unconvertible, humaneval_cases, mbpp_cases
 from megatron_sdpo.data.dataset_files import DatasetFile, hold_out, last_boxed, question_key
@@ -336,7 +337,7 @@ def drop_failing_references(item: DatasetFile) -> None:
     # The rows carry "tests" and "fn_name" exactly as the loader passes them to the verifier.
     results = score_code_batch([r["reference_solution"] for r in item.rows], item.rows, batched=True)
     kept = []
-    for row, result in zip(item.rows, results):
+    for row, result in zip(item.rows, results, strict=True):
         if result.score == 1.0:
             kept.append(row)
         else:

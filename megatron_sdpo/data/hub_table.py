@@ -18,9 +18,10 @@ import json
 import pickle
 import random
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from megatron_sdpo.data.dataset_files import DatasetFile, question_key
 from megatron_sdpo.data.reference_rows import REFERENCE_COMMIT, REFERENCE_REPO

@@ -13,8 +13,9 @@ import random
 import re
 import warnings
 import zlib
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 from megatron_sdpo.data import reference_rows
 from megatron_sdpo.data.records import LETTERS, validate_record
@@ -472,7 +473,7 @@ def _dolci_code(row: dict, index: int, ctx: dict) -> dict:
         outs = raw.get("outputs")
         if not isinstance(outs, list) or len(outs) != len(raw["inputs"]):
             raise RowError("'tests.inputs' and 'tests.outputs' must be lists of equal length")
-        raw = [{"input": i, "output": o} for i, o in zip(raw["inputs"], outs)]
+        raw = [{"input": i, "output": o} for i, o in zip(raw["inputs"], outs, strict=True)]
     tests = _check_tests(raw, "tests")
     if not tests:
         raise RowError("no test cases")

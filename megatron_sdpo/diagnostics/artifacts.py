@@ -9,9 +9,9 @@ from __future__ import annotations
 import json
 import logging
 import math
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Sequence
 
 from megatron_sdpo.errors import ConfigError, DataError
 
@@ -69,13 +69,13 @@ def artifact_stats(
     truncated: Sequence[bool] | None = None,
     token_lengths: Sequence[int] | None = None,
     teacher_mask: Sequence[bool] | None = None,
-    config: ArtifactConfig = ArtifactConfig(),
+    config: ArtifactConfig | None = None,
 ) -> dict[str, float]:
     """Per-batch (or per-eval) artifact statistics of N response strings.
 
     truncated [N]: stopped at max length (from the rollout engine); token_lengths [N]:
     response lengths in tokens; teacher_mask [N]: the sample had a teacher context. Each is
-    optional; its metrics are omitted when not given.
+    optional; its metrics are omitted when not given. config: ArtifactConfig() when None.
 
     Keys (all floats): n, repeated_ngram_rate (mean over responses with >= ngram words; NaN if
     none), repeated_ngram_any (share of responses with any repeated n-gram), empty_rate
@@ -89,6 +89,7 @@ def artifact_stats(
     for name, seq in (("truncated", truncated), ("token_lengths", token_lengths), ("teacher_mask", teacher_mask)):
         if seq is not None and len(seq) != n:
             raise DataError(f"artifact_stats: {name} has {len(seq)} entries for {n} responses")
+    config = ArtifactConfig() if config is None else config
     rates = [repeated_ngram_rate(r, config.ngram) for r in responses]
     measured = [r for r in rates if r is not None]
     out: dict[str, float] = {
@@ -185,9 +186,10 @@ class CollapseMonitor:
     """
 
     def __init__(
-        self, config: CollapseConfig = CollapseConfig(), *, marker_path: str | Path | None = None, label: str = ""
+        self, config: CollapseConfig | None = None, *, marker_path: str | Path | None = None, label: str = ""
     ):
-        self.config = config
+        # A fresh default each: the config is a mutable dataclass kept on the monitor.
+        self.config = CollapseConfig() if config is None else config
         self.marker_path = Path(marker_path) if marker_path is not None else None
         self.label = label
         self.events: list[dict] = []

@@ -71,7 +71,7 @@ def plot_drift(result: dict, out_dir: str | Path) -> list[str]:
             fig, axes = plt.subplots(
                 nrows, ncols, figsize=(3.2 * ncols, 2.6 * nrows + 0.8), dpi=110, sharex=True, sharey=True, squeeze=False
             )
-            for ax, kind in zip(axes.flat, kinds):
+            for ax, kind in zip(axes.flat, kinds, strict=False):
                 xs = [i for i in idx if kind in layers[str(i)]]
                 ys = [layers[str(i)][kind][key] for i in xs]
                 ax.plot(xs, ys, marker="o", markersize=3, linewidth=1.4, color="#4c72b0")
@@ -97,7 +97,7 @@ def plot_drift(result: dict, out_dir: str | Path) -> list[str]:
             ("mean_spectral_shift", "spectral shift (mean)"),
             ("mean_angle_mean_deg", "subspace angle, degrees (mean)"),
         )
-        for ax, (key, label) in zip(axes, panels):
+        for ax, (key, label) in zip(axes, panels, strict=True):
             vals = [by_type[n][key] if by_type[n][key] is not None else math.nan for n in names]
             bars = ax.barh(names, vals, color="#4c72b0")
             ax.bar_label(bars, fmt="%.3g", fontsize=7, padding=2)

@@ -76,7 +76,7 @@ def read_eval_matrix(path: str | Path) -> EvalMatrix:
         if name in values:
             raise DataError(f"{path}:{lineno}: duplicate stage row {name!r}")
         row: dict[str, float | None] = {}
-        for col, cell in zip(columns, cells[1:]):
+        for col, cell in zip(columns, cells[1:], strict=True):
             cell = cell.strip()
             if cell == "" or cell.lower() in ("nan", "none", "null"):
                 row[col] = None

@@ -14,7 +14,7 @@ the runs' stage drift records.
 from __future__ import annotations
 
 import math
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 from megatron_sdpo.diagnostics.forgetting import EvalMatrix
 
@@ -31,7 +31,7 @@ def kl_at_gain(curve: Curve, level: float) -> float | None:
         return None
     if pts[0][0] >= level:
         return pts[0][1] if pts[0][0] == level else None
-    for (g0, k0), (g1, k1) in zip(pts, pts[1:]):
+    for (g0, k0), (g1, k1) in zip(pts, pts[1:], strict=False):
         if g1 >= level > g0:
             return k0 + (level - g0) / (g1 - g0) * (k1 - k0)
     return None

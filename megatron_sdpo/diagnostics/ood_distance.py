@@ -19,8 +19,9 @@ import json
 import math
 import os
 import random
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import torch
 
@@ -93,7 +94,7 @@ def _ols_slope(xs: list[float], ys: list[float]) -> float | None:
     sxx = sum((x - mx) ** 2 for x in xs)
     if sxx == 0.0:
         return None
-    return sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx
+    return sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sxx
 
 
 def _mean(vals: list[float]) -> float | None:

@@ -17,7 +17,8 @@ from __future__ import annotations
 import math
 import re
 from collections import defaultdict
-from typing import Any, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import torch
 
@@ -140,21 +141,25 @@ def _aggregate(records: list[dict], metrics: Sequence[str]) -> dict:
     return out
 
 
+def _grouped(records: list[dict]) -> tuple[dict[str, list[dict]], dict[int, list[dict]]]:
+    """Per-tensor records by layer type and by layer index (a record of no layer: by type only)."""
+    by_type: dict[str, list[dict]] = defaultdict(list)
+    by_layer: dict[int, list[dict]] = defaultdict(list)
+    for rec in records:
+        by_type[rec["type"]].append(rec)
+        if rec["layer"] is not None:
+            by_layer[rec["layer"]].append(rec)
+    return by_type, by_layer
+
+
 def aggregate_drift(matrices: list[dict], vectors: list[dict]) -> dict:
     """Group per-tensor records by layer type and by layer index.
 
     Returns {"by_type": {type: stats}, "by_layer": {index: {type: stats, "all": stats}},
     "vectors_by_type": {type: stats}, "summary": stats over all matrices}.
     """
-    by_type: dict[str, list[dict]] = defaultdict(list)
-    by_layer: dict[int, list[dict]] = defaultdict(list)
-    for rec in matrices:
-        by_type[rec["type"]].append(rec)
-        if rec["layer"] is not None:
-            by_layer[rec["layer"]].append(rec)
-    vec_type: dict[str, list[dict]] = defaultdict(list)
-    for rec in vectors:
-        vec_type[rec["type"]].append(rec)
+    by_type, by_layer = _grouped(matrices)
+    vec_type, _ = _grouped(vectors)
     layers = {}
     for idx in sorted(by_layer):
         recs = by_layer[idx]
@@ -325,12 +330,7 @@ def update_mask_overlap(
             "chance": recs[0]["chance"] if recs else math.nan,
         }
 
-    by_type: dict[str, list[dict]] = defaultdict(list)
-    by_layer: dict[int, list[dict]] = defaultdict(list)
-    for r in records:
-        by_type[r["type"]].append(r)
-        if r["layer"] is not None:
-            by_layer[r["layer"]].append(r)
+    by_type, by_layer = _grouped(records)
     labels = [s.label for s in uniq]
     return {
         "update1": [labels[slots[0]], labels[slots[1]]],
@@ -488,7 +488,7 @@ def norm_drift(references: Mapping[str, SourceLike], b: SourceLike) -> dict:
         matrices += 1
         kind = layer_type(name)
         c = cur.to(torch.float64)
-        for lab, ref in zip(labels, tensors[:-1]):
+        for lab, ref in zip(labels, tensors[:-1], strict=True):
             if ref.shape != cur.shape:
                 raise CheckpointError(f"{name}: shape {tuple(ref.shape)} in {lab} but {tuple(cur.shape)} now")
             r = ref.to(torch.float64)

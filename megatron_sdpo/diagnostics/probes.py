@@ -8,8 +8,8 @@ this is a diagnostic on a handful of prompts, not a rollout engine.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import torch
 
@@ -88,7 +88,7 @@ def response_logprobs(model, prompt_ids: list[list[int]], response_ids: list[lis
     T = max((len(r) for r in response_ids), default=0)
     lp = torch.zeros(len(prompt_ids), max(T, 1), dtype=torch.float32)
     mask = torch.zeros_like(lp)
-    for i, (p, r) in enumerate(zip(prompt_ids, response_ids)):
+    for i, (p, r) in enumerate(zip(prompt_ids, response_ids, strict=True)):
         if not r:
             continue
         x = torch.tensor([p + r])

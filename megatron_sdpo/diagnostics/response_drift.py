@@ -16,7 +16,8 @@ Any object with ``encode(texts) -> Tensor [N, D]`` can stand in (see `Embedder`)
 """
 from __future__ import annotations
 
-from typing import Protocol, Sequence, runtime_checkable
+from collections.abc import Sequence
+from typing import Protocol, runtime_checkable
 
 import torch
 

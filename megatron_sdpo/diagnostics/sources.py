@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Iterable, Iterator, Mapping, Protocol, Sequence, Union, cast, runtime_checkable
+from typing import Protocol, cast, runtime_checkable
 
 import torch
 
@@ -40,7 +41,7 @@ class TensorSource(Protocol):
         """The full tensor `name` (a fresh CPU tensor in its stored dtype)."""
 
 
-SourceLike = Union[str, os.PathLike, TensorSource, Mapping[str, torch.Tensor], Iterable[tuple[str, torch.Tensor]]]
+SourceLike = str | os.PathLike | TensorSource | Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]]
 
 
 def _one_line(exc: BaseException) -> str:
@@ -222,7 +223,7 @@ class AlignedTensors:
                 if all(item is None for item in maybe):
                     return
                 if any(item is None for item in maybe):
-                    ended = [self.labels[i] for i, item in zip(streams, maybe) if item is None]
+                    ended = [self.labels[i] for i, item in zip(streams, maybe, strict=True) if item is None]
                     raise CheckpointError(f"tensor stream(s) {', '.join(ended)} ended before the others")
                 items = cast(list[tuple[str, torch.Tensor]], maybe)
                 del maybe
@@ -230,9 +231,9 @@ class AlignedTensors:
                 if len(names) != 1:
                     raise CheckpointError(
                         "tensor streams are out of step: got "
-                        + ", ".join(f"{self.labels[i]}={n}" for i, (n, _) in zip(streams, items))
+                        + ", ".join(f"{self.labels[i]}={n}" for i, (n, _) in zip(streams, items, strict=True))
                     )
-                yield items[0][0], {i: t for i, (_, t) in zip(streams, items)}
+                yield items[0][0], {i: t for i, (_, t) in zip(streams, items, strict=True)}
                 del items  # else the previous step's tensors live while the next are produced
 
         for name, got in driver():

@@ -19,7 +19,7 @@ span several tokens and tokenize differently in context, and token ids for n-gra
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 
@@ -77,7 +77,7 @@ def token_artifact_masks(
     token. pieces[i] and ids[i] describe the same response and must have equal lengths."""
     if len(pieces) != len(ids):
         raise DataError(f"token artifacts: {len(pieces)} piece lists for {len(ids)} responses")
-    for i, (p, t) in enumerate(zip(pieces, ids)):
+    for i, (p, t) in enumerate(zip(pieces, ids, strict=True)):
         if len(p) != len(t):
             raise DataError(f"token artifacts: response {i} has {len(p)} pieces for {len(t)} token ids")
     out: dict[str, list[list[bool]]] = {}
@@ -88,7 +88,7 @@ def token_artifact_masks(
         [any(out[k][i][j] for k in fmt_keys) for j in range(len(pieces[i]))] for i in range(len(pieces))
     ]
     out["ngram"] = [repeated_ngram_mask(t, ngram) for t in ids]
-    out["any"] = [[f or g for f, g in zip(fa, ng)] for fa, ng in zip(out["format_any"], out["ngram"])]
+    out["any"] = [[f or g for f, g in zip(fa, ng, strict=True)] for fa, ng in zip(out["format_any"], out["ngram"], strict=True)]
     return out
 
 

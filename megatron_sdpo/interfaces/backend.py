@@ -14,8 +14,9 @@ response columns then line up token for token between student and teacher.
 """
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Iterator, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 import torch
 
@@ -76,9 +77,9 @@ class SequenceBatch:
         prompt where it has no teacher context (its distillation mask is 0 there; this only keeps
         the batch rectangular)."""
         tp = self.teacher_prompt_ids or [None] * len(self)
-        return [t if t is not None else p for t, p in zip(tp, self.prompt_ids)]
+        return [t if t is not None else p for t, p in zip(tp, self.prompt_ids, strict=True)]
 
-    def checked(self) -> "SequenceBatch":
+    def checked(self) -> SequenceBatch:
         """This batch with "response_mask" [B, T] added (if absent), after checking that every
         tensor has B rows and every per-token tensor the global T columns (DataError if not)."""
         from megatron_sdpo.errors import DataError
@@ -93,7 +94,7 @@ class SequenceBatch:
                 raise DataError(f"tensor {k!r} has {v.shape[1]} columns; the batch's longest response has {T}")
         return SequenceBatch(self.prompt_ids, self.response_ids, self.teacher_prompt_ids, tensors)
 
-    def select(self, idx: list[int]) -> "SequenceBatch":
+    def select(self, idx: list[int]) -> SequenceBatch:
         """Sub-batch with samples `idx`; per-token tensors keep the global T so shapes agree."""
         sub = {}
         for k, v in self.tensors.items():

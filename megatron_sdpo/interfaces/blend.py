@@ -8,8 +8,8 @@ the seam type the backends share with the teacher schedules (algorithms/teacher.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Iterable, Mapping
 
 import torch
 
@@ -33,23 +33,23 @@ class TeacherBlend:
             raise ValueError(f"a teacher blend needs weights >= 0 that sum to 1, got {self}")
 
     @classmethod
-    def ema(cls, rate: float) -> "TeacherBlend":
+    def ema(cls, rate: float) -> TeacherBlend:
         """theta_T <- (1 - rate) theta_T + rate theta_S."""
         return cls(policy=rate, teacher=1.0 - rate)
 
     @classmethod
-    def copy(cls) -> "TeacherBlend":
+    def copy(cls) -> TeacherBlend:
         """theta_T <- theta_S."""
         return cls(policy=1.0, teacher=0.0)
 
     @classmethod
-    def init(cls, alpha: float) -> "TeacherBlend":
+    def init(cls, alpha: float) -> TeacherBlend:
         """theta_T <- alpha theta_T + (1 - alpha) theta_S: the teacher initialisation of the
         paper's code (`teacher_init_alpha`), applied once the teacher holds the checkpoint."""
         return cls(policy=1.0 - alpha, teacher=alpha)
 
     @classmethod
-    def base(cls) -> "TeacherBlend":
+    def base(cls) -> TeacherBlend:
         """theta_T <- the base model."""
         return cls(teacher=0.0, reference=1.0)
 
@@ -66,10 +66,10 @@ def _pairs(name_a: str, a: Iterable[torch.Tensor], name_b: str, b: Iterable[torc
     la, lb = list(a), list(b)
     if len(la) != len(lb):
         raise ValueError(f"{name_a} has {len(la)} tensors but {name_b} has {len(lb)}: the layouts differ")
-    for k, (x, y) in enumerate(zip(la, lb)):
+    for k, (x, y) in enumerate(zip(la, lb, strict=True)):
         if x.shape != y.shape:
             raise ValueError(f"tensor {k}: {name_a} has shape {tuple(x.shape)} but {name_b} has {tuple(y.shape)}")
-    return list(zip(la, lb))
+    return list(zip(la, lb, strict=True))
 
 
 @torch.no_grad()

@@ -24,9 +24,9 @@ import random
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import torch
 
@@ -354,14 +354,14 @@ def accuracy(model, tokenizer, records: list[dict], *, greedy: bool, seed: int =
 
     responses = sample_responses(model, tokenizer, [r["prompt"] for r in records], greedy=greedy, seed=seed,
                                  max_new_tokens=max_new_tokens)
-    return sum(score(r["domain"], y, r).score for r, y in zip(records, responses)) / max(1, len(records))
+    return sum(score(r["domain"], y, r).score for r, y in zip(records, responses, strict=True)) / max(1, len(records))
 
 
 @torch.no_grad()
 def mean_response_logprob(model, tokenizer, prompts: list[str], responses: list[str]) -> torch.Tensor:
     """[N] fp32 mean per-token logprob of each response (EOS included) after its user message."""
     out = []
-    for p, r in zip(prompts, responses):
+    for p, r in zip(prompts, responses, strict=True):
         pi, ri = chat_prompt_ids(tokenizer, p), response_ids(tokenizer, r)
         ids = torch.tensor([pi + ri])
         logp = torch.log_softmax(model(input_ids=ids).logits[0, len(pi) - 1 : -1].float(), -1)

@@ -14,7 +14,7 @@ import hashlib
 import json
 import os
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from megatron_sdpo.config.construction import to_dict
 
@@ -49,7 +49,7 @@ class BaseRows:
     def __init__(self, root: str | Path) -> None:
         self.root = Path(root)
 
-    def load(self, key: str) -> Optional[tuple[dict[str, float], dict[str, list[dict]]]]:
+    def load(self, key: str) -> tuple[dict[str, float], dict[str, list[dict]]] | None:
         """(accuracies, samples) of `key`'s row, None when no run wrote it (or it does not parse:
         then it is evaluated again and rewritten)."""
         try:

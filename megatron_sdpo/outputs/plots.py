@@ -15,6 +15,13 @@ def _plt():
     return plt
 
 
+def _save(plt, fig, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def eval_heatmap(rows: list[tuple[str, dict]], path: Path, title: str) -> Path:
     """Heat map of the eval matrix: rows = after stage, columns = domain/split, cells annotated."""
     plt = _plt()
@@ -32,10 +39,7 @@ def eval_heatmap(rows: list[tuple[str, dict]], path: Path, title: str) -> Path:
                 ax.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize=7, color="white" if v < 0.6 else "black")
     fig.colorbar(im, ax=ax, label="accuracy")
     ax.set_title(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, path)
 
 
 def reward_curves(metrics: list[dict], path: Path, title: str) -> Path:
@@ -43,7 +47,7 @@ def reward_curves(metrics: list[dict], path: Path, title: str) -> Path:
     plt = _plt()
     stages = sorted({(m["stage"], m["stage_domain"]) for m in metrics})
     fig, axes = plt.subplots(1, max(len(stages), 1), figsize=(3.2 * max(len(stages), 1), 3), sharey=True, squeeze=False)
-    for ax, (stage, domain) in zip(axes[0], stages):
+    for ax, (stage, domain) in zip(axes[0], stages, strict=False):
         ms = [m for m in metrics if m["stage"] == stage]
         ax.plot([m["step"] for m in ms], [m["reward_mean"] for m in ms], marker=".", lw=1)
         ax.set_title(f"stage {stage + 1}: {domain}")
@@ -51,10 +55,7 @@ def reward_curves(metrics: list[dict], path: Path, title: str) -> Path:
         ax.set_ylim(-0.02, 1.02)
     axes[0][0].set_ylabel("mean reward")
     fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, path)
 
 
 def drift_per_layer(drift: list[dict], path: Path, title: str) -> Path | None:
@@ -82,10 +83,7 @@ def drift_per_layer(drift: list[dict], path: Path, title: str) -> Path | None:
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.legend(fontsize=7)
     fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, path)
 
 
 def artifact_curves(metrics: list[dict], path: Path, title: str) -> Path:
@@ -110,10 +108,7 @@ def artifact_curves(metrics: list[dict], path: Path, title: str) -> Path:
     ax.set_ylim(-0.02, 1.02)
     ax.legend(fontsize=7, ncol=3)
     ax.set_title(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, path)
 
 
 def run_plots(run_dir: RunDir, s: dict) -> list[Path]:
@@ -150,7 +145,7 @@ def compare_plots(out: Path, summaries: dict[str, dict], runs: dict[str, Path]) 
         fg = summaries[algo]["forgetting"]["columns"]
         stage_domains = [d["domain"] for d in drift]
         forget = [(fg.get(f"{d}/id") or {}).get("forgetting") for d in stage_domains]
-        pts = [(x, y) for x, y in zip(xs, forget) if x is not None and y is not None]
+        pts = [(x, y) for x, y in zip(xs, forget, strict=True) if x is not None and y is not None]
         if pts:
             a2.scatter([p[0] for p in pts], [p[1] for p in pts], label=algo)
     a1.set_xticks([j + 0.4 - width / 2 for j in range(len(domains))], domains)
@@ -162,11 +157,7 @@ def compare_plots(out: Path, summaries: dict[str, dict], runs: dict[str, Path]) 
     a2.set_ylabel("forgetting of that stage's domain")
     a2.set_title("Rotation vs forgetting")
     a2.legend(fontsize=8)
-    fig.tight_layout()
-    p1 = out / "compare.png"
-    fig.savefig(p1, dpi=110)
-    plt.close(fig)
-    pngs = [p1]
+    pngs = [_save(plt, fig, out / "compare.png")]
     for algo, path in runs.items():
         rows = RunDir(path).read_eval_matrix()
         if rows:

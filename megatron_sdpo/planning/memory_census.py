@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import math
 import weakref
-from typing import Any, Callable, Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -103,7 +104,7 @@ class SavedTensors:
             self.shapes.setdefault(k, tuple(t.shape))
         return t
 
-    def __enter__(self) -> "SavedTensors":
+    def __enter__(self) -> SavedTensors:
         self._hooks.__enter__()
         return self
 

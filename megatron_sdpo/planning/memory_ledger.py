@@ -87,7 +87,7 @@ class LedgerInputs:
     response: int = 0  # response tokens per row (rollout.max_new_tokens; 0: the whole row)
     loss_chunk_tokens: int = 0  # the loss's statistics over this many response tokens at a time (0: all)
     # The loss's vocabulary-wide tensors at their peak (logit_counts()).
-    logit_counts: "LogitCounts" = None  # type: ignore[assignment]
+    logit_counts: LogitCounts = None  # type: ignore[assignment]
     bucket_bytes: int = 64 << 20  # refit bucket cap
     device_bytes: int = 0  # usable device memory (0: unknown, the refit takes bucket_bytes)
     probe_rows: int = 8

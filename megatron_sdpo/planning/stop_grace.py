@@ -23,7 +23,6 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
 
 from megatron_sdpo.errors import UserError
 from megatron_sdpo.stop_request import LEAD_ENV, MARGIN_MIN_S, RESERVE_ENV
@@ -105,7 +104,7 @@ def ranks_per_node(world: int) -> int:
     return min(world, 8)
 
 
-def signal_lead(job_script: Optional[Path]) -> tuple[Optional[int], str]:
+def signal_lead(job_script: Path | None) -> tuple[int | None, str]:
     """(seconds between the stop signal and the kill, where that came from): SDPO_STOP_LEAD_S
     when set (a `--signal` given to sbatch on the command line, which the job cannot read), else
     the job script's `#SBATCH --signal` line; (None, why) when neither says."""
@@ -128,7 +127,7 @@ def signal_lead(job_script: Optional[Path]) -> tuple[Optional[int], str]:
     return (int(lead) if lead else SLURM_DEFAULT_LEAD_S), f"{job_script.name}: #SBATCH --signal {sig}@{lead or '(default 60)'}"
 
 
-def lead_error(lead: int, source: str, budget: StopBudget) -> Optional[str]:
+def lead_error(lead: int, source: str, budget: StopBudget) -> str | None:
     """One line when the lead cannot hold the planned grace."""
     if lead >= budget.total_s:
         return None
@@ -138,7 +137,7 @@ def lead_error(lead: int, source: str, budget: StopBudget) -> Optional[str]:
             f"(rollout.max_model_len) or raise checkpoint.write_gib_per_s where the filesystem is faster")
 
 
-def env_lines(lead: Optional[int], budget: Optional[StopBudget]) -> str:
+def env_lines(lead: int | None, budget: StopBudget | None) -> str:
     """The launch environment the sbatch body sources after the preflight: the lead (torchrun's
     shutdown timeout) and the reserve the run keeps for its save when it decides whether to
     finish a step."""

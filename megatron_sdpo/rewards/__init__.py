@@ -7,8 +7,9 @@ or a broken sandbox (SandboxError), which are the caller's problems, not the mod
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Sequence
 from functools import partial
-from typing import Callable, Sequence, TypeVar, cast
+from typing import TypeVar, cast
 
 from megatron_sdpo.errors import UserError
 from megatron_sdpo.interfaces.domains import DOMAINS
@@ -84,10 +85,10 @@ def score_batch(domain: str, responses: list[str], records: list[dict], *,
         # Every boxed answer of the batch goes to the math-verify worker in one request.
         from megatron_sdpo.rewards.math import check_math_batch, prepare_math
 
-        prepared = [_guarded_one(domain, partial(prepare_math, t, r)) for t, r in zip(texts, records)]
+        prepared = [_guarded_one(domain, partial(prepare_math, t, r)) for t, r in zip(texts, records, strict=True)]
         return _results(_guarded(domain, lambda: check_math_batch(prepared), len(prepared)))
     fn = _scorer(domain)
-    return _results([_guarded_one(domain, partial(fn, t, r)) for t, r in zip(texts, records)])
+    return _results([_guarded_one(domain, partial(fn, t, r)) for t, r in zip(texts, records, strict=True)])
 
 
 def _guarded_one(domain: str, fn: Callable[[], _R]) -> _R | RewardResult:

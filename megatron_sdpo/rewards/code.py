@@ -9,10 +9,10 @@ from __future__ import annotations
 import json
 import math
 import re
-import threading
 from typing import Any, cast
 
 from megatron_sdpo.errors import DataError
+from megatron_sdpo.rewards.process_wide import ProcessWide
 from megatron_sdpo.rewards.result import RewardResult, clip_text
 from megatron_sdpo.rewards.sandbox import CaseOutcome, Program, Sandbox
 
@@ -22,17 +22,12 @@ _MAX_CODE_CHARS = 50_000
 _FENCED = re.compile(r"```[ \t]*(python3?|py)?[ \t]*\n(.*?)(?:```|\Z)", re.DOTALL | re.IGNORECASE)
 _SHOW = 300  # characters of input / expected / got shown in feedback
 
-_sandbox: Sandbox | None = None
-_sandbox_lock = threading.Lock()
+_SANDBOX = ProcessWide(Sandbox)
 
 
 def default_sandbox() -> Sandbox:
     """The process-wide sandbox with default limits (created on first use)."""
-    global _sandbox
-    with _sandbox_lock:
-        if _sandbox is None:
-            _sandbox = Sandbox()
-        return _sandbox
+    return _SANDBOX.get()
 
 
 def extract_code(response: str) -> str | None:
@@ -80,7 +75,7 @@ def _values_equal(a: Any, b: Any) -> bool:
     if isinstance(a, (int, float)) and isinstance(b, (int, float)):
         return math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-9)
     if isinstance(a, list) and isinstance(b, list):
-        return len(a) == len(b) and all(_values_equal(x, y) for x, y in zip(a, b))
+        return len(a) == len(b) and all(_values_equal(x, y) for x, y in zip(a, b, strict=True))
     if isinstance(a, dict) and isinstance(b, dict):
         return a.keys() == b.keys() and all(_values_equal(a[k], b[k]) for k in a)
     return a == b
@@ -125,7 +120,7 @@ def _feedback(index: int, case: dict, outcome: CaseOutcome, timeout_s: float) ->
 
 
 def _result(cases: list[dict], outcomes: list[CaseOutcome], timeout_s: float) -> RewardResult:
-    passed = [_passed(c, o) for c, o in zip(cases, outcomes)]
+    passed = [_passed(c, o) for c, o in zip(cases, outcomes, strict=True)]
     details = {"passed": sum(passed), "total": len(cases),
                "pass_fraction": sum(passed) / len(cases),
                "statuses": [o.status for o in outcomes]}
@@ -144,7 +139,7 @@ def score_code_batch(responses: list[str], records: list[dict], *, sandbox: Sand
     sandbox = sandbox or default_sandbox()
     results: list[RewardResult | None] = [None] * len(responses)
     jobs: list[tuple[int, list[dict], Program]] = []
-    for i, (response, record) in enumerate(zip(responses, records)):
+    for i, (response, record) in enumerate(zip(responses, records, strict=True)):
         cases, fn_name = _tests(record)
         code = extract_code(response)
         if code is None:
@@ -162,7 +157,7 @@ def score_code_batch(responses: list[str], records: list[dict], *, sandbox: Sand
     if jobs:
         # A SandboxError (the sandbox itself broke) propagates: it is never the model's fault.
         outcomes = sandbox.run_batch([p for _, _, p in jobs], batched=batched)
-        for (i, cases, _), program_outcomes in zip(jobs, outcomes):
+        for (i, cases, _), program_outcomes in zip(jobs, outcomes, strict=True):
             results[i] = _result(cases, program_outcomes, sandbox.limits.timeout_s)
     return results  # type: ignore[return-value]
 

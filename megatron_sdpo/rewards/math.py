@@ -19,6 +19,7 @@ import threading
 import time
 from dataclasses import dataclass
 
+from megatron_sdpo.rewards.process_wide import ProcessWide
 from megatron_sdpo.rewards.result import RewardResult, clip_text
 
 __all__ = ["extract_boxed", "MathVerifier", "score_math", "score_math_batch", "prepare_math", "check_math_batch"]
@@ -156,16 +157,7 @@ class MathVerifier:
                     f.close()
 
 
-_default: MathVerifier | None = None
-_default_lock = threading.Lock()
-
-
-def _default_verifier() -> MathVerifier:
-    global _default
-    with _default_lock:
-        if _default is None:
-            _default = MathVerifier()
-        return _default
+_VERIFIER = ProcessWide(MathVerifier)
 
 
 @dataclass
@@ -218,7 +210,7 @@ def check_math_batch(prepared: list[RewardResult | _Pending],
     """Results for `prepare_math` outputs: every pending answer of the batch goes to the
     worker in one request (MathVerifier.check_many)."""
     pending = [p for p in prepared if isinstance(p, _Pending)]
-    checked = iter((verifier or _default_verifier()).check_many([(p.gold, p.answer) for p in pending])
+    checked = iter((verifier or _VERIFIER.get()).check_many([(p.gold, p.answer) for p in pending])
                    if pending else [])
     return [_finish(p, next(checked)) if isinstance(p, _Pending) else p for p in prepared]
 
@@ -227,7 +219,7 @@ def score_math_batch(responses: list[str], records: list[dict], *, reveal_gold: 
                      verifier: MathVerifier | None = None) -> list[RewardResult]:
     """score_math of each (response, record) pair, with one worker request for the batch."""
     return check_math_batch([prepare_math(r, rec, reveal_gold=reveal_gold)
-                             for r, rec in zip(responses, records)], verifier)
+                             for r, rec in zip(responses, records, strict=True)], verifier)
 
 
 

@@ -210,7 +210,7 @@ class Sandbox:
                 todo.append(i)
         if todo:
             report = self._launch([programs[i] for i in todo], mode)
-            for i, outcomes in zip(todo, report):
+            for i, outcomes in zip(todo, report, strict=True):
                 results[i] = outcomes
         return results  # type: ignore[return-value]
 

@@ -2,8 +2,9 @@
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Iterable, Iterator, Protocol, Sequence
+from typing import Protocol
 
 import torch
 

@@ -52,7 +52,7 @@ class GroupPool:
     def add(self, groups: list[Group], keep: list[bool]) -> None:
         self.rounds += 1
         self.generated += sum(len(g.completions) for g in groups)
-        for g, k in zip(groups, keep):
+        for g, k in zip(groups, keep, strict=True):
             (self.kept if k else self.dropped).append(g)
 
     @property

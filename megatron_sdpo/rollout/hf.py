@@ -20,8 +20,8 @@ longest answer of the chunk ends.
 """
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Iterable, Sequence
 
 import torch
 

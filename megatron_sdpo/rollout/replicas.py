@@ -10,8 +10,8 @@ process would produce, in the same order; the trainer then takes its data-parall
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import torch.distributed as dist
 
@@ -36,7 +36,7 @@ class ReplicaLayout:
             )
 
     @classmethod
-    def of_launch(cls, tp: int) -> "ReplicaLayout":
+    def of_launch(cls, tp: int) -> ReplicaLayout:
         """The layout of this process in the torchrun / srun launch (world 1 outside one)."""
         world = int(os.environ.get("WORLD_SIZE", "1"))
         if world == 1 and tp > 1:
@@ -75,7 +75,7 @@ def merge_shares(shares: list[list[Completion]], bounds: list[tuple[int, int]]) 
     if len(shares) != len(bounds):
         raise ValueError(f"{len(shares)} shares for {len(bounds)} replicas")
     out: list[Completion] = []
-    for comps, (start, end) in zip(shares, bounds):
+    for comps, (start, end) in zip(shares, bounds, strict=True):
         for c in comps:
             if not 0 <= c.prompt_index < end - start:
                 raise ValueError(f"completion of prompt {c.prompt_index} outside its share [0, {end - start})")

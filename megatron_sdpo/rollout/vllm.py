@@ -48,8 +48,9 @@ import hashlib
 import os
 import re
 import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Sequence, cast
+from typing import Any, cast
 
 import torch
 
@@ -94,7 +95,7 @@ def checksums_to_host(sums: dict[str, torch.Tensor]) -> dict[str, tuple[float, f
         return {}
     # Stacked where they were computed: one transfer (all on one device: the sender's or the worker's).
     values = torch.stack(list(sums.values())).to("cpu").tolist()
-    return {k: (float(a), float(b)) for k, (a, b) in zip(sums, values)}
+    return {k: (float(a), float(b)) for k, (a, b) in zip(sums, values, strict=True)}
 
 
 SEEDING = ("request", "engine")
@@ -292,14 +293,12 @@ class VLLMRolloutEngine(RolloutEngine):
     ):
         if not Path(model_path, "config.json").is_file():
             raise ConfigError(f"model_path {model_path!r} is not a HF model directory (no config.json)")
-        if bucket_bytes is not None and bucket_bytes <= 0:
-            raise ConfigError(f"bucket_bytes must be > 0 or None, got {bucket_bytes}")
-        if threads is not None and threads < 1:
-            raise ConfigError(f"threads must be >= 1 or None, got {threads}")
-        if sleep_level not in (1, 2):
-            raise ConfigError(f"sleep_level must be 1 or 2, got {sleep_level}")
-        if seeding not in SEEDING:
-            raise ConfigError(f"seeding must be one of {SEEDING}, got {seeding!r}")
+        # Bounds the config validates (rollout.*) and builders resolves ("auto" seeding): a caller
+        # building the engine by hand meets these asserts.
+        assert bucket_bytes is None or bucket_bytes > 0, bucket_bytes
+        assert threads is None or threads >= 1, threads
+        assert sleep_level in (1, 2), sleep_level
+        assert seeding in SEEDING, seeding
         # "request": a seed per request from (seed, the prompt's global index), so samples do not
         # depend on the replica layout or the batch; vLLM then samples those requests one by one
         # (and leaves FlashInfer's top-p). "engine": one reseed of the engine per generate and
@@ -480,7 +479,7 @@ class VLLMRolloutEngine(RolloutEngine):
                 result.append(Completion(r // reps, toks, lps, "", truncated=c.finish_reason == "length"))
         if self.tokenizer is not None:
             texts = self.tokenizer.batch_decode([c.token_ids for c in result], skip_special_tokens=True)
-            for comp, text in zip(result, texts):
+            for comp, text in zip(result, texts, strict=True):
                 comp.text = text
         return result
 

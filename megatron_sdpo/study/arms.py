@@ -19,7 +19,7 @@ import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from megatron_sdpo.errors import ConfigError, UserError
 
@@ -33,9 +33,9 @@ class Arm:
     # Restart-and-freeze period in steps: each stage gets teacher.freeze_fraction =
     # min(1, restart_every / its steps), whatever the stage lengths (the paper matches gamma to
     # the EMA horizon 1 / rate: gamma 40% <-> rate 5% on its 50-step stages).
-    restart_every: Optional[int] = None
+    restart_every: int | None = None
     # A config ref that replaces the study's preset for this arm (compare's `<preset>_<algo>`).
-    preset: Optional[str] = None
+    preset: str | None = None
     description: str = ""
 
 
@@ -208,7 +208,7 @@ def select_arms(names: str, user: dict[str, Arm]) -> list[Arm]:
     return [known[n] for n in picked]
 
 
-def arm_overrides(arm: Arm, preset: str, study_overrides: list[str], seed: Optional[int]) -> tuple[str, list[str]]:
+def arm_overrides(arm: Arm, preset: str, study_overrides: list[str], seed: int | None) -> tuple[str, list[str]]:
     """(config ref, overrides) of one run of `arm`: the arm's overrides, then the study's, then
     the seed and the restart periods; validated by the config loader (ConfigError naming the
     arm on a bad key)."""

@@ -2,9 +2,9 @@
 its one-seed case): validate every run's config, run what is not finished, tabulate."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Optional
 
 from megatron_sdpo.errors import UserError
 from megatron_sdpo.study.arms import Arm, arm_overrides
@@ -12,7 +12,7 @@ from megatron_sdpo.study.findings import PILOT_HEADER, compare_arms, load_runs, 
 from megatron_sdpo.study.runner import RunSpec, StudyRunner, read_timings
 
 
-def study_layout(out: Path) -> Callable[[str, Optional[int]], Path]:
+def study_layout(out: Path) -> Callable[[str, int | None], Path]:
     """OUT/runs/<arm>/seed<k>."""
     return lambda arm, seed: out / "runs" / arm / f"seed{seed}"
 
@@ -21,15 +21,15 @@ def study_layout(out: Path) -> Callable[[str, Optional[int]], Path]:
 class Study:
     preset: str
     arms: list[Arm]
-    seeds: list[Optional[int]]  # None: the config's own seed (one run per arm)
+    seeds: list[int | None]  # None: the config's own seed (one run per arm)
     out: Path
     overrides: list[str] = field(default_factory=list)
-    baseline: Optional[str] = None  # default: grpo when among the arms, else the first arm
+    baseline: str | None = None  # default: grpo when among the arms, else the first arm
     jobs: int = 1
-    threads: Optional[int] = None  # CPU threads split between the jobs (default: this machine's)
+    threads: int | None = None  # CPU threads split between the jobs (default: this machine's)
     n_boot: int = 1000
-    pilot_detect: Optional[float] = None
-    layout: Optional[Callable[[str, Optional[int]], Path]] = None
+    pilot_detect: float | None = None
+    layout: Callable[[str, int | None], Path] | None = None
     quiet: bool = False
     verbose: bool = False
     title: str = ""
@@ -103,7 +103,7 @@ class Study:
         lines = [
             f"seeds needed to detect a difference of {self.pilot_detect:g} "
             f"(paired t-test, 5% two-sided, 80% power; paired SD from {len(self.seeds)} pilot seeds):",
-            "  ".join(h.ljust(w) for h, w in zip(PILOT_HEADER, widths)),
+            "  ".join(h.ljust(w) for h, w in zip(PILOT_HEADER, widths, strict=True)),
         ]
-        lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in rows]
+        lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
         return "\n".join(lines)

@@ -9,7 +9,6 @@ import math
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
 
 import numpy as np
 
@@ -21,26 +20,26 @@ from megatron_sdpo.study.metrics import FINDINGS, METRICS, Metric, RunView, resa
 @dataclass
 class StudyRun:
     arm: str
-    seed: Optional[int]
+    seed: int | None
     view: RunView
-    values: dict[str, Optional[float]]
-    wall_s: Optional[float] = None
+    values: dict[str, float | None]
+    wall_s: float | None = None
 
 
 @dataclass
 class Comparison:
     metric: Metric
     arm: str
-    arm_mean: Optional[float]
-    base_mean: Optional[float]
-    summary: Optional[stats.PairedSummary]
-    boot: Optional[tuple[float, float]]
+    arm_mean: float | None
+    base_mean: float | None
+    summary: stats.PairedSummary | None
+    boot: tuple[float, float] | None
     verdict: str
-    direction: Optional[int] = None  # the paper's, against this baseline (study/paper.py)
-    judgement: Optional[inference.Judgement] = None  # primary / Holm level, its interval, adjusted p
+    direction: int | None = None  # the paper's, against this baseline (study/paper.py)
+    judgement: inference.Judgement | None = None  # primary / Holm level, its interval, adjusted p
 
 
-def load_runs(entries: list[tuple[str, Optional[int], Path]], wall: dict[str, float]) -> list[StudyRun]:
+def load_runs(entries: list[tuple[str, int | None, Path]], wall: dict[str, float]) -> list[StudyRun]:
     """The finished runs among (arm, seed, run directory), with every metric computed."""
     runs = []
     for arm, seed, root in entries:
@@ -52,7 +51,7 @@ def load_runs(entries: list[tuple[str, Optional[int], Path]], wall: dict[str, fl
     return runs
 
 
-def write_csv(path: Path, runs: list[StudyRun], *, relative_to: Optional[Path] = None) -> Path:
+def write_csv(path: Path, runs: list[StudyRun], *, relative_to: Path | None = None) -> Path:
     """study.csv; run directories relative to `relative_to` when given (an exported study)."""
     with path.open("w", newline="") as f:
         w = csv.writer(f)
@@ -65,7 +64,7 @@ def write_csv(path: Path, runs: list[StudyRun], *, relative_to: Optional[Path] =
     return path
 
 
-def _mean(vals: list[Optional[float]]) -> Optional[float]:
+def _mean(vals: list[float | None]) -> float | None:
     got = [v for v in vals if v is not None]
     return math.fsum(got) / len(got) if got else None
 
@@ -89,12 +88,12 @@ def _bootstrap(
     item_metrics = [m for m in METRICS if m.items]
     index = {m.name: j for j, m in enumerate(METRICS)}
 
-    def point(run: Optional[StudyRun]) -> np.ndarray:
+    def point(run: StudyRun | None) -> np.ndarray:
         if run is None:
             return np.full(len(METRICS), np.nan)
         return np.array([np.nan if run.values[m.name] is None else run.values[m.name] for m in METRICS])
 
-    def replicate(seed: int, draws: Optional[inference.ItemDraws]) -> np.ndarray:
+    def replicate(seed: int, draws: inference.ItemDraws | None) -> np.ndarray:
         runs = by_seed[seed]
         rows = []
         for arm in [baseline, *arms]:
@@ -160,20 +159,20 @@ def compare_arms(runs: list[StudyRun], baseline: str, arms: list[str], *, n_boot
             primary = names.index(paper.PRIMARY[key]) if paper.PRIMARY.get(key) in names else 0
             judged = inference.judge_finding([c.summary for c in mine], [c.direction for c in mine],
                                              [c.metric.margin for c in mine], primary)
-            for c, j in zip(mine, judged):
+            for c, j in zip(mine, judged, strict=True):
                 c.judgement, c.verdict = j, j.verdict
     return out
 
 
 # -- study.md -----------------------------------------------------------------------------------
-def _f(v: Optional[float], digits: int = 3) -> str:
+def _f(v: float | None, digits: int = 3) -> str:
     if v is None or not math.isfinite(v):
         return "–"
     # Drift measures live far below an accuracy's 1e-3: three significant digits there.
     return f"{v:.{digits}g}" if 0 < abs(v) < 10 ** -(digits - 1) else f"{v:.{digits}f}"
 
 
-def _interval(lo: Optional[float], hi: Optional[float]) -> str:
+def _interval(lo: float | None, hi: float | None) -> str:
     return "–" if lo is None or hi is None else f"[{_f(lo)}, {_f(hi)}]"
 
 
@@ -214,7 +213,7 @@ def write_markdown(
     baseline: str,
     comparisons: list[Comparison],
     n_boot: int,
-    pilot_detect: Optional[float] = None,
+    pilot_detect: float | None = None,
 ) -> Path:
     """study.md; `arms`: name -> its overrides as text."""
     seeds = sorted({r.seed for r in runs if r.seed is not None})

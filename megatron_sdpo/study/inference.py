@@ -15,8 +15,9 @@ confidence level L (0.95 for a primary metric, Holm's adjusted level for a secon
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Optional, Sequence, TypeVar
+from typing import TypeVar
 
 import numpy as np
 
@@ -29,7 +30,7 @@ ACCURACY_MARGIN = 0.03
 ALPHA = 0.05
 
 
-def t_pvalue(summary: stats.PairedSummary) -> Optional[float]:
+def t_pvalue(summary: stats.PairedSummary) -> float | None:
     """Two-sided p of the paired t-test of mean 0 (None with fewer than 2 seeds; 0 or 1 when
     every difference is equal)."""
     if summary.sd is None:
@@ -40,7 +41,7 @@ def t_pvalue(summary: stats.PairedSummary) -> Optional[float]:
     return 2.0 * (1.0 - stats.t_cdf(abs(t), summary.n - 1))
 
 
-def interval_at(summary: stats.PairedSummary, level: float) -> tuple[Optional[float], Optional[float]]:
+def interval_at(summary: stats.PairedSummary, level: float) -> tuple[float | None, float | None]:
     """The paired t-interval at `level` (None, None with fewer than 2 seeds)."""
     if summary.sd is None:
         return None, None
@@ -57,8 +58,8 @@ def tost_equivalent(summary: stats.PairedSummary, margin: float, alpha: float = 
     return lo is not None and hi is not None and -margin < lo and hi < margin
 
 
-def verdict_at(summary: stats.PairedSummary, direction: Optional[int], *, level: float = 1.0 - ALPHA,
-               margin: Optional[float] = None) -> str:
+def verdict_at(summary: stats.PairedSummary, direction: int | None, *, level: float = 1.0 - ALPHA,
+               margin: float | None = None) -> str:
     """The module docstring's verdict at confidence `level`."""
     lo, hi = interval_at(summary, level)
     sided = stats.sided_verdict(summary, direction, lo, hi)
@@ -67,7 +68,7 @@ def verdict_at(summary: stats.PairedSummary, direction: Optional[int], *, level:
     return sided
 
 
-def holm_levels(pvalues: Sequence[Optional[float]], alpha: float = ALPHA) -> list[float]:
+def holm_levels(pvalues: Sequence[float | None], alpha: float = ALPHA) -> list[float]:
     """Holm's step-down: the confidence level each test is judged at. With the m p-values sorted
     ascending, the i-th (from 0) is tested at alpha / (m - i) while every earlier one rejected;
     from the first that does not, every later one keeps that first level (no later rejection is
@@ -75,7 +76,7 @@ def holm_levels(pvalues: Sequence[Optional[float]], alpha: float = ALPHA) -> lis
     m = sum(p is not None for p in pvalues)
     levels = [1.0 - alpha / max(m, 1)] * len(pvalues)
     order = sorted((p, i) for i, p in enumerate(pvalues) if p is not None)
-    stopped: Optional[float] = None
+    stopped: float | None = None
     for rank, (p, i) in enumerate(order):
         level_alpha = alpha / (m - rank)
         if stopped is None and p > level_alpha:
@@ -116,7 +117,7 @@ U = TypeVar("U")
 
 def bootstrap(
     units: Sequence[U],
-    paired_diff: Callable[[U, Optional[ItemDraws]], "float | np.ndarray"],
+    paired_diff: Callable[[U, ItemDraws | None], float | np.ndarray],
     *,
     crossed: bool = True,
     n_boot: int = 1000,
@@ -157,28 +158,28 @@ class Judgement:
 
     primary: bool
     level: float
-    lo: Optional[float]
-    hi: Optional[float]
-    p_adjusted: Optional[float]
+    lo: float | None
+    hi: float | None
+    p_adjusted: float | None
     verdict: str
 
 
 def judge_finding(
-    summaries: Sequence[Optional[stats.PairedSummary]],
-    directions: Sequence[Optional[int]],
-    margins: Sequence[Optional[float]],
+    summaries: Sequence[stats.PairedSummary | None],
+    directions: Sequence[int | None],
+    margins: Sequence[float | None],
     primary: int,
 ) -> list[Judgement]:
     """A finding's metrics (one arm against the baseline): the primary at 95%, the others with
     Holm's levels over the secondaries that have a paper direction (descriptive metrics are not
     tested and keep 95%)."""
-    tested = [i for i, (s, d) in enumerate(zip(summaries, directions)) if i != primary and d is not None and s is not None]
+    tested = [i for i, (s, d) in enumerate(zip(summaries, directions, strict=True)) if i != primary and d is not None and s is not None]
     pvals = [t_pvalue(summaries[i]) for i in tested]  # type: ignore[arg-type]
-    levels = dict(zip(tested, holm_levels(pvals)))
-    known = [(i, p) for i, p in zip(tested, pvals) if p is not None]
-    adjusted = dict(zip([i for i, _ in known], holm_adjusted([p for _, p in known])))
+    levels = dict(zip(tested, holm_levels(pvals), strict=True))
+    known = [(i, p) for i, p in zip(tested, pvals, strict=True) if p is not None]
+    adjusted = dict(zip([i for i, _ in known], holm_adjusted([p for _, p in known]), strict=True))
     out = []
-    for i, (s, d, m) in enumerate(zip(summaries, directions, margins)):
+    for i, (s, d, m) in enumerate(zip(summaries, directions, margins, strict=True)):
         level = levels.get(i, 1.0 - ALPHA)
         if s is None:
             out.append(Judgement(i == primary, level, None, None, None,

@@ -11,8 +11,9 @@ drawn afresh, whether or not this study's items are a whole (exhaustive) space.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Optional, Protocol, Sequence
+from typing import Protocol
 
 import numpy as np
 
@@ -29,7 +30,7 @@ class StudyRun(Protocol):
 K_SE = 3.0
 
 
-def paired_item_se(before: np.ndarray, after: np.ndarray) -> Optional[float]:
+def paired_item_se(before: np.ndarray, after: np.ndarray) -> float | None:
     """sd(after_i - before_i) / sqrt(n) over the same items; None without at least 2 paired items."""
     if len(before) != len(after) or len(before) < 2:
         return None
@@ -37,7 +38,7 @@ def paired_item_se(before: np.ndarray, after: np.ndarray) -> Optional[float]:
     return float(d.std(ddof=1) / math.sqrt(len(d)))
 
 
-def run_gain(run: StudyRun, domain: str) -> tuple[Optional[float], Optional[float]]:
+def run_gain(run: StudyRun, domain: str) -> tuple[float | None, float | None]:
     """(in-stage gain, its paired item standard error) of `domain` in one run."""
     view = run.view
     gain = in_stage_gain(view, domain)
@@ -60,7 +61,7 @@ class GainCheck:
     gains: tuple[float, ...]
     positive: int
     mean: float
-    item_se: Optional[float]  # of the mean over seeds
+    item_se: float | None  # of the mean over seeds
     passed: bool
 
 

@@ -13,10 +13,10 @@ from __future__ import annotations
 import gzip
 import json
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from functools import cached_property, lru_cache, partial
+from functools import cache, cached_property, partial
 from pathlib import Path
-from typing import Callable, Optional, Sequence
 
 import numpy as np
 
@@ -46,13 +46,13 @@ FINDINGS: dict[str, str] = {
 class RunView:
     """What the metrics read from one run directory (loaded lazily, once)."""
 
-    def __init__(self, root: str | Path, matrix: Optional[EvalMatrix] = None):
+    def __init__(self, root: str | Path, matrix: EvalMatrix | None = None):
         self.root = Path(root)
         self.run_dir = RunDir(self.root)
         if matrix is not None:
             self.__dict__["matrix"] = matrix
 
-    def with_matrix(self, matrix: EvalMatrix) -> "RunView":
+    def with_matrix(self, matrix: EvalMatrix) -> RunView:
         """This run with another eval matrix (a bootstrap replicate); the rest is shared."""
         view = RunView(self.root, matrix)
         for key in ("item_counts", "metrics", "drift", "ood_distances"):
@@ -73,7 +73,7 @@ class RunView:
         return self.run_dir.read_metrics()
 
     @cached_property
-    def ood_distances(self) -> Optional[dict]:
+    def ood_distances(self) -> dict | None:
         """ood_distance.json (None when the run measured none)."""
         from megatron_sdpo.diagnostics.ood_distance import read_distance_table
 
@@ -90,7 +90,7 @@ class RunView:
         return load_item_scores(self.run_dir, self.matrix.rows)
 
     @cached_property
-    def algorithm(self) -> Optional[str]:
+    def algorithm(self) -> str | None:
         """`algorithm.name` of the run's resolved config (None without one)."""
         if not self.run_dir.config.exists():
             return None
@@ -144,7 +144,7 @@ def load_item_scores(rd: RunDir, rows: list[str]) -> dict[str, dict[str, np.ndar
             keys = ids if all(x is not None for x in ids) else list(range(len(samples)))
             sums: dict = {}
             counts: dict = {}
-            for key, s in zip(keys, samples):
+            for key, s in zip(keys, samples, strict=True):
                 sums[key] = sums.get(key, 0.0) + float(float(s["score"]) >= 1.0)
                 counts[key] = counts.get(key, 0) + 1
             cols[col] = np.array([sums[k] / counts[k] for k in sums], dtype=np.float64)
@@ -173,23 +173,23 @@ def resampled_matrix(view: RunView, draws: dict[str, np.ndarray]) -> EvalMatrix:
 class Metric:
     name: str
     finding: str  # a key of FINDINGS
-    fn: Callable[[RunView], Optional[float]]
+    fn: Callable[[RunView], float | None]
     items: bool  # reads only the eval matrix: the bootstrap resamples its eval items
     description: str
 
     @property
-    def direction(self) -> Optional[int]:
+    def direction(self) -> int | None:
         """The sign of (arm - GRPO) the paper's numbers give (study/paper.py); None: the paper
         states none (shown, not judged)."""
         return paper.direction(self.name, paper.PAPER_BASELINE)
 
     @property
-    def margin(self) -> Optional[float]:
+    def margin(self) -> float | None:
         """The equivalence margin: accuracy-type metrics (read from the eval matrix) only."""
         return ACCURACY_MARGIN if self.items and self.name != "forgetting_noise_floor" else None
 
 
-def _mean(vals: Sequence[Optional[float]]) -> Optional[float]:
+def _mean(vals: Sequence[float | None]) -> float | None:
     got = [v for v in vals if v is not None]
     return math.fsum(got) / len(got) if got else None
 
@@ -198,7 +198,7 @@ def _stage_rows(view: RunView) -> list[tuple[int, str]]:
     return [(i, name) for i, name in enumerate(view.matrix.rows) if i > 0]
 
 
-def in_stage_gain(view: RunView, domain: Optional[str] = None) -> Optional[float]:
+def in_stage_gain(view: RunView, domain: str | None = None) -> float | None:
     """ID accuracy of a stage's domain after its stage minus before it (mean over stages)."""
     m = view.matrix
     gains = []
@@ -211,7 +211,7 @@ def in_stage_gain(view: RunView, domain: Optional[str] = None) -> Optional[float
     return _mean(gains)
 
 
-def mid_stage_gain(view: RunView, domain: Optional[str] = None) -> Optional[float]:
+def mid_stage_gain(view: RunView, domain: str | None = None) -> float | None:
     """ID accuracy of a stage's domain at its first mid-stage eval (`eval.at_steps`, in the
     step's metrics record) minus before the stage (mean over stages that have one)."""
     m = view.matrix
@@ -226,7 +226,7 @@ def mid_stage_gain(view: RunView, domain: Optional[str] = None) -> Optional[floa
     return _mean(gains)
 
 
-def reward_auc(view: RunView, domain: Optional[str] = None) -> Optional[float]:
+def reward_auc(view: RunView, domain: str | None = None) -> float | None:
     """Area under a stage's training-reward curve per step: the mean `reward_mean` over the
     stage's steps (mean over stages when no domain is named)."""
     by_stage: dict[int, list[float]] = {}
@@ -239,7 +239,7 @@ def reward_auc(view: RunView, domain: Optional[str] = None) -> Optional[float]:
     return _mean([math.fsum(v) / len(v) for v in by_stage.values()])
 
 
-@lru_cache(maxsize=None)
+@cache
 def expected_max_normal(m: int) -> float:
     """E[max of m independent standard normals] (0 for m = 1; 1/sqrt(pi) for m = 2)."""
     if m < 1:
@@ -252,7 +252,7 @@ def expected_max_normal(m: int) -> float:
     return float(np.trapezoid(x * m * pdf * cdf ** (m - 1), x))
 
 
-def forgetting_noise_floor(view: RunView) -> Optional[float]:
+def forgetting_noise_floor(view: RunView) -> float | None:
     """What the max-based forgetting reads when nothing is forgotten: for a domain trained at row
     k and evaluated on n items with mean accuracy p over rows k..F, the m = F - k accuracies
     max'ed over and the final one are then independent with the binomial standard error
@@ -260,7 +260,7 @@ def forgetting_noise_floor(view: RunView) -> Optional[float]:
     Mean over the domains the forgetting averages (all but the last trained)."""
     m, fm = view.matrix, view.forgetting
     rows, counts = m.rows, view.item_counts
-    floors: list[Optional[float]] = []
+    floors: list[float | None] = []
     for domain, entry in fm["domains"].items():
         if entry["forgetting"] is None or domain not in rows:
             continue
@@ -276,7 +276,7 @@ def forgetting_noise_floor(view: RunView) -> Optional[float]:
     return _mean(floors)
 
 
-def _last_drift(view: RunView, *keys: str) -> Optional[float]:
+def _last_drift(view: RunView, *keys: str) -> float | None:
     if not view.drift:
         return None
     node: object = view.drift[-1]
@@ -285,7 +285,7 @@ def _last_drift(view: RunView, *keys: str) -> Optional[float]:
     return float(node) if isinstance(node, (int, float)) else None
 
 
-def _artifact(view: RunView, key: str, how: str) -> Optional[float]:
+def _artifact(view: RunView, key: str, how: str) -> float | None:
     """`key` of metrics.jsonl over the run's steps: "max", "mean" (over the steps that log it),
     "tail" (mean over the last 20% of steps) or "gain": per stage, the mean over its last 20% of steps minus its first 20% (the
     amplification of an artifact, e.g. the assay base's duplicate boxes), averaged over the
@@ -310,24 +310,24 @@ def _artifact(view: RunView, key: str, how: str) -> Optional[float]:
     return _mean(gains)
 
 
-def _window_mean(rows: list[dict], key: str, *, last: bool) -> Optional[float]:
+def _window_mean(rows: list[dict], key: str, *, last: bool) -> float | None:
     """Mean of `key` over the first or last 20% of `rows` (at least one row)."""
     k = max(len(rows) // 5, 1)
     window = rows[-k:] if last else rows[:k]
     return _mean([float(r[key]) for r in window if isinstance(r.get(key), (int, float))])
 
 
-def _ood(view: RunView, distance: str) -> Optional[float]:
+def _ood(view: RunView, distance: str) -> float | None:
     entry = view.forgetting["ood"].get(distance)
     return entry["final_minus_base"] if entry else None
 
 
-def _ood_domain(view: RunView, domain: str, distance: str) -> Optional[float]:
+def _ood_domain(view: RunView, domain: str, distance: str) -> float | None:
     entry = view.forgetting["columns"].get(f"{domain}/ood_{distance}")
     return None if entry is None or entry["final"] is None or entry["base"] is None else entry["final"] - entry["base"]
 
 
-def _ood_mmd(view: RunView, group: str) -> Optional[float]:
+def _ood_mmd(view: RunView, group: str) -> float | None:
     from megatron_sdpo.diagnostics.ood_distance import ood_change_by_distance
 
     if view.ood_distances is None:
@@ -335,12 +335,12 @@ def _ood_mmd(view: RunView, group: str) -> Optional[float]:
     return ood_change_by_distance(view.matrix, view.ood_distances)["groups"].get(group, {}).get("in_stage_mean")
 
 
-def _final_id(view: RunView, domain: str) -> Optional[float]:
+def _final_id(view: RunView, domain: str) -> float | None:
     entry = view.forgetting["domains"].get(domain)
     return entry["final"] if entry else None
 
 
-def _bwt(view: RunView, domain: str) -> Optional[float]:
+def _bwt(view: RunView, domain: str) -> float | None:
     entry = view.forgetting["domains"].get(domain)
     return entry["bwt"] if entry else None
 
@@ -370,22 +370,15 @@ METRICS: list[Metric] = [
            "mean ID accuracy over domains after the last stage"),
     *(Metric(f"final_id/{d}", "final_average", partial(_final_id, domain=d), True,
              f"{d} ID accuracy after the last stage") for d in DOMAINS),
-    Metric("ood_change/near", "ood_distance", lambda v: _ood(v, "near"), True,
-           "mean ood_near accuracy, final minus base"),
-    Metric("ood_change/mid", "ood_distance", lambda v: _ood(v, "mid"), True,
-           "mean ood_mid accuracy, final minus base"),
-    Metric("ood_change/far", "ood_distance", lambda v: _ood(v, "far"), True,
-           "mean ood_far accuracy, final minus base"),
+    *(Metric(f"ood_change/{dist}", "ood_distance", partial(_ood, distance=dist), True,
+             f"mean ood_{dist} accuracy, final minus base") for dist in ("near", "mid", "far")),
     # One domain's OOD sets: the average above can hide a drop in one domain behind a gain in another.
     *(Metric(f"ood_change/{d}/{dist}", "ood_distance",
              partial(_ood_domain, domain=d, distance=dist), True, f"{d} ood_{dist} accuracy, final minus base")
       for d in DOMAINS for dist in ("near", "mid", "far")),
-    Metric("ood_mmd/near", "ood_distance", lambda v: _ood_mmd(v, "near"), True,
-           "mean in-stage OOD change of the nearest third of (stage, OOD set) pairs by RBF-MMD"),
-    Metric("ood_mmd/mid", "ood_distance", lambda v: _ood_mmd(v, "mid"), True,
-           "mean in-stage OOD change of the middle third of (stage, OOD set) pairs by RBF-MMD"),
-    Metric("ood_mmd/far", "ood_distance", lambda v: _ood_mmd(v, "far"), True,
-           "mean in-stage OOD change of the farthest third of (stage, OOD set) pairs by RBF-MMD"),
+    *(Metric(f"ood_mmd/{group}", "ood_distance", partial(_ood_mmd, group=group), True,
+             f"mean in-stage OOD change of the {third} third of (stage, OOD set) pairs by RBF-MMD")
+      for group, third in (("near", "nearest"), ("mid", "middle"), ("far", "farthest"))),
     Metric("spectral_shift", "drift", lambda v: _last_drift(v, "param_vs_base", "summary", "mean_spectral_shift"),
            False, "mean spectral shift of the final policy vs the base"),
     Metric("max_angle_deg", "drift", lambda v: _last_drift(v, "param_vs_base", "summary", "mean_angle_max_deg"),
@@ -415,9 +408,9 @@ def register(metric: Metric) -> None:
     METRICS.append(metric)
 
 
-def run_metrics(view: RunView) -> dict[str, Optional[float]]:
+def run_metrics(view: RunView) -> dict[str, float | None]:
     """Every metric of one run (None where the run lacks what it reads)."""
-    out: dict[str, Optional[float]] = {}
+    out: dict[str, float | None] = {}
     for metric in METRICS:
         value = metric.fn(view)
         out[metric.name] = None if value is None or not math.isfinite(value) else float(value)

@@ -75,7 +75,7 @@ def operations(run: Path, splits: tuple[str, ...]) -> dict[tuple[int, str, str],
             ops = [first_operation(a.get("response", "")) for a in rows]
             n = len(rows)
             out[(i, label, split)] = (
-                sum(op == gold[a["id"]] for op, a in zip(ops, rows)) / n,
+                sum(op == gold[a["id"]] for op, a in zip(ops, rows, strict=True)) / n,
                 sum(op == "+" for op in ops) / n,
                 sum(float(a.get("score", 0.0)) for a in rows) / n,
                 n,

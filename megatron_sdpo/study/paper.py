@@ -11,7 +11,6 @@ A comparison against another baseline than GRPO has no paper direction at all.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
 
 PAPER_BASELINE = "grpo"
 
@@ -69,7 +68,7 @@ PRIMARY: dict[str, str] = {
 }
 
 
-def direction(metric: str, baseline: str) -> Optional[int]:
+def direction(metric: str, baseline: str) -> int | None:
     """The paper's sign of (arm - baseline) for `metric`; None where the paper states no number or
     the baseline is not the paper's."""
     if baseline != PAPER_BASELINE:

@@ -16,8 +16,8 @@ Paired by seed:
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Optional, Sequence
 
 from megatron_sdpo.study import stats
 from megatron_sdpo.study.inference import holm_adjusted
@@ -37,10 +37,10 @@ class Outcome:
     positive: int
     needed: int
     primary: str  # "passed", "passed, below the effect that matters", "failed"
-    gain_mean: Optional[float] = None
-    gain_p: Optional[float] = None
-    noninferior_lo: Optional[float] = None
-    co_primary: Optional[str] = None  # None where the primary failed
+    gain_mean: float | None = None
+    gain_p: float | None = None
+    noninferior_lo: float | None = None
+    co_primary: str | None = None  # None where the primary failed
 
 
 def one_sided_p(summary: stats.PairedSummary) -> float:
@@ -53,7 +53,7 @@ def one_sided_p(summary: stats.PairedSummary) -> float:
     return 1.0 - stats.t_cdf(t, summary.n - 1)
 
 
-def _endpoint(values: dict[str, Optional[float]]) -> Optional[float]:
+def _endpoint(values: dict[str, float | None]) -> float | None:
     near, far = values.get(NEAR), values.get(FAR)
     return None if near is None or far is None else (near + far) / 2.0
 
@@ -87,7 +87,7 @@ def analyse(runs: Sequence[tuple[str, int, dict]]) -> dict:
     summaries = [stats.paired_summary(_paired(runs, v, REFERENCE, _endpoint)) for v in present]
     adjusted = holm_adjusted([one_sided_p(s) for s in summaries])
     outcomes = []
-    for v, s, p in zip(present, summaries, adjusted):
+    for v, s, p in zip(present, summaries, adjusted, strict=True):
         needed = math.ceil(7 * s.n / 8)
         passed = p < ALPHA and s.positive >= needed
         primary = ("passed" if s.mean >= gap.mean / 2 else "passed, below the effect that matters") if passed else "failed"

@@ -25,7 +25,7 @@ import shutil
 import subprocess
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from megatron_sdpo.errors import UserError
 from megatron_sdpo.outputs.run_dir import RunDir
@@ -97,9 +97,9 @@ def export_run(src: Path, dst: Path) -> None:
             prune(f, dst / sub.name / f.name)
 
 
-def _study_runs(root: Path) -> list[tuple[str, Optional[int], Path]]:
+def _study_runs(root: Path) -> list[tuple[str, int | None, Path]]:
     """(arm, seed, run directory) of a study laid out as runs/<arm>/seed<k>."""
-    out: list[tuple[str, Optional[int], Path]] = []
+    out: list[tuple[str, int | None, Path]] = []
     for seed_dir in sorted(root.glob("runs/*/seed*")):
         try:
             seed = int(seed_dir.name.removeprefix("seed"))
@@ -109,7 +109,7 @@ def _study_runs(root: Path) -> list[tuple[str, Optional[int], Path]]:
     return out
 
 
-def export(study_dir: Path, dest: Path, *, command: str, note: str = "", commit: Optional[str] = None) -> Path:
+def export(study_dir: Path, dest: Path, *, command: str, note: str = "", commit: str | None = None) -> Path:
     """Export a finished study directory into `dest` (which must not hold another study);
     `commit`: the code the runs ran (default: this checkout's HEAD)."""
     runs = _study_runs(study_dir)
@@ -138,7 +138,7 @@ def export(study_dir: Path, dest: Path, *, command: str, note: str = "", commit:
     return dest
 
 
-def tabulate(results: Path, baselines: list[str], *, n_boot: int = 1000, title: Optional[str] = None) -> list[Path]:
+def tabulate(results: Path, baselines: list[str], *, n_boot: int = 1000, title: str | None = None) -> list[Path]:
     """Every table of an exported study against each of `baselines`, in one pass."""
     meta_path = results / STUDY_JSON
     if not meta_path.is_file():

@@ -14,9 +14,10 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Callable, Optional
+from typing import IO
 
 from megatron_sdpo.errors import Stopped
 from megatron_sdpo.outputs.run_dir import RunDir
@@ -26,7 +27,7 @@ from megatron_sdpo.stop_request import StopRequest
 @dataclass(frozen=True)
 class RunSpec:
     arm: str
-    seed: Optional[int]  # None: the config's own seed (compare)
+    seed: int | None  # None: the config's own seed (compare)
     ref: str  # preset name or YAML path
     overrides: tuple[str, ...]
     out: Path
@@ -72,7 +73,7 @@ def parse_seeds(text: str) -> list[int]:
     return sorted(seeds)
 
 
-def threads_per_job(jobs: int, total: Optional[int] = None) -> int:
+def threads_per_job(jobs: int, total: int | None = None) -> int:
     """CPU threads for each of `jobs` concurrent runs: the machine's CPUs split evenly, >= 1."""
     if total is None:
         total = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
@@ -83,7 +84,7 @@ def threads_per_job(jobs: int, total: Optional[int] = None) -> int:
 class _Running:
     spec: RunSpec
     proc: subprocess.Popen
-    log: Optional[IO[str]]
+    log: IO[str] | None
     started: float
 
 
@@ -100,9 +101,9 @@ class StudyRunner:
         specs: list[RunSpec],
         *,
         jobs: int = 1,
-        threads: Optional[int] = None,
-        log_dir: Optional[Path] = None,
-        timings: Optional[Path] = None,
+        threads: int | None = None,
+        log_dir: Path | None = None,
+        timings: Path | None = None,
         quiet: bool = False,
         verbose: bool = False,
         say: Callable[[str], None] = lambda s: print(s, flush=True),
@@ -140,7 +141,7 @@ class StudyRunner:
             self.say(f"[study] {r.spec.label}: failed (exit {rc}) after {seconds:.0f} s")
             failed.append((r.spec, rc, log))
 
-    def run(self) -> list[tuple[RunSpec, int, Optional[Path]]]:
+    def run(self) -> list[tuple[RunSpec, int, Path | None]]:
         pending = []
         for spec in self.specs:
             if spec.finished:
@@ -148,7 +149,7 @@ class StudyRunner:
             else:
                 pending.append(spec)
         running: list[_Running] = []
-        failed: list[tuple[RunSpec, int, Optional[Path]]] = []
+        failed: list[tuple[RunSpec, int, Path | None]] = []
         # SIGTERM or SIGUSR1 to the study alone (`kill`, a supervisor) is recorded and acted on
         # in the loop, which passes the stop on to the runs (each saves its step) instead of
         # leaving them running orphaned, to race the next invocation for their directories.

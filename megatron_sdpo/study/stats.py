@@ -18,8 +18,8 @@ neither side.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Optional, Sequence
 
 ESTABLISHED, CONTRADICTED, INCONCLUSIVE, DESCRIPTIVE = "established", "contradicted", "inconclusive", "descriptive"
 # The share of seeds that must agree in sign: 5 of 6.
@@ -114,9 +114,9 @@ class PairedSummary:
 
     n: int
     mean: float
-    sd: Optional[float]
-    lo: Optional[float]
-    hi: Optional[float]
+    sd: float | None
+    lo: float | None
+    hi: float | None
     positive: int  # seeds with d_i > 0
     negative: int  # seeds with d_i < 0
 
@@ -141,13 +141,13 @@ def enough_agree(count: int, n: int) -> bool:
     return n > 0 and AGREE_DEN * count >= AGREE_NUM * n
 
 
-def verdict(summary: PairedSummary, direction: Optional[int]) -> str:
+def verdict(summary: PairedSummary, direction: int | None) -> str:
     """The verdict rule of the module docstring; `direction` +1 / -1: the sign of arm - baseline
     the paper reports, None: the paper states none."""
     return sided_verdict(summary, direction, summary.lo, summary.hi)
 
 
-def sided_verdict(summary: PairedSummary, direction: Optional[int], lo: Optional[float], hi: Optional[float]) -> str:
+def sided_verdict(summary: PairedSummary, direction: int | None, lo: float | None, hi: float | None) -> str:
     """The rule with the interval [lo, hi] at whatever level the caller judges at (95% above,
     Holm's levels in study/inference.py)."""
     if direction is None:

@@ -5,8 +5,8 @@ shards are contiguous (gloo scatters/gathers of non-contiguous views silently co
 """
 from __future__ import annotations
 
-from typing import Callable, Iterator
-from typing import Mapping as MappingT
+from collections.abc import Callable, Iterator
+from collections.abc import Mapping as MappingT
 
 import torch
 
@@ -57,7 +57,7 @@ def full_to_hf(spec: ModelSpec, mp: Mapping, full: torch.Tensor) -> dict[str, to
         ts = [full[: spec.vocab_size]]
     else:
         ts = [full]
-    return {n: t.contiguous().clone() for n, t in zip(mp.hf, ts)}
+    return {n: t.contiguous().clone() for n, t in zip(mp.hf, ts, strict=True)}
 
 
 def shard(mp: Mapping, full: torch.Tensor, tp: int, rank: int) -> torch.Tensor:

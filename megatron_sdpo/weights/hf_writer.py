@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 import torch
 

@@ -30,7 +30,6 @@ Olmo-2/3 (``norm_placement="post"``, ``qk_norm="full"``; modules in
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
 
 from megatron_sdpo.errors import ConfigError
 
@@ -81,17 +80,17 @@ class ModelSpec:
     ffn_hidden_size: int
     vocab_size: int
     tie_word_embeddings: bool
-    qk_norm: Optional[str]
+    qk_norm: str | None
     rms_norm_eps: float
     rope_theta: float
     max_position_embeddings: int
     norm_placement: str = "pre"
     layer_types: tuple[str, ...] = ()
-    sliding_window: Optional[int] = None
+    sliding_window: int | None = None
     ropes: tuple[tuple[str, Rope], ...] = ()
 
     @classmethod
-    def from_hf_config(cls, config) -> "ModelSpec":
+    def from_hf_config(cls, config) -> ModelSpec:
         """Read an HF `PretrainedConfig` (Qwen3, Llama, Olmo-2, Olmo-3); raise ConfigError for
         what has no mapping (biases, other activations, rope types, sliding windows outside Olmo)."""
         arch = getattr(config, "model_type", None)
@@ -137,7 +136,7 @@ class ModelSpec:
         """Attention type of global layer `layer` (0-based)."""
         return self.layer_types[layer] if self.layer_types else "full_attention"
 
-    def rope(self, layer: int) -> Optional[Rope]:
+    def rope(self, layer: int) -> Rope | None:
         """The rotary embedding of global layer `layer` when layers carry their own (Olmo)."""
         return dict(self.ropes).get(self.layer_type(layer)) if self.ropes else None
 
@@ -169,7 +168,7 @@ def _olmo_fields(config, arch: str, head_dim: int) -> dict:
     )
 
 
-def _hf_rope(config, arch: str, layer_type: Optional[str], head_dim: int) -> Rope:
+def _hf_rope(config, arch: str, layer_type: str | None, head_dim: int) -> Rope:
     """The rotary embedding HF's `<Arch>RotaryEmbedding` builds for `layer_type` (None: the one
     rope of Olmo-2), by calling the same transformers functions with the same config."""
     import importlib

@@ -7,8 +7,8 @@ gathers it over its TP group, then broadcasts it over the PP group.
 """
 from __future__ import annotations
 
-from typing import Iterator
-from typing import Mapping as MappingT
+from collections.abc import Iterator
+from collections.abc import Mapping as MappingT
 
 import torch
 import torch.distributed as dist

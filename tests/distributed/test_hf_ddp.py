@@ -100,7 +100,7 @@ def test_ddp_world2_matches_world1(tmp_path, assert_adam_first_step_close):
             # exp_avg = (1 - beta1) * g after one step.
             g_r, g_1 = r["moments"][k] / 0.1, single["moments"][k] / 0.1
             assert_adam_first_step_close(r["params"][k], p, g_r, g_1, lr=1e-3, what=k)
-        for got, want in zip(r["skipped"], single["skipped"]):
+        for got, want in zip(r["skipped"], single["skipped"], strict=True):
             assert got["train/rows_skipped"] == want["train/rows_skipped"]
             assert got["loss"] == pytest.approx(want["loss"], rel=1e-4, abs=1e-12)
             assert got["grad_norm"] == pytest.approx(want["grad_norm"], rel=1e-4, abs=1e-12)

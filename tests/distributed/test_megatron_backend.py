@@ -62,7 +62,7 @@ def _sdpo_topk(source: str):
 def _hf_logits(model, prompts, responses, T):
     """[B, T, V] fp32 logits predicting each response token, one unpadded forward per sample."""
     rows = []
-    for p, r in zip(prompts, responses):
+    for p, r in zip(prompts, responses, strict=True):
         lg = model(input_ids=torch.tensor([p + r])).logits[0].float()
         out = torch.zeros(T, lg.shape[-1])
         out[: len(r)] = lg[len(p) - 1 : len(p) - 1 + len(r)]
@@ -106,7 +106,7 @@ def reference(model_dir: str, kind: str) -> list[tuple[float, float]]:
             loss_fn = SDPOLoss(variant="logits", alpha=0.5, topk=None, is_clip=None, mask_key="distill_mask")
             if kind == "sdpo_topk":
                 loss_fn = _sdpo_topk("logits")
-            tprompts = [t if t is not None else p for t, p in zip(b.teacher_prompt_ids, b.prompt_ids)]
+            tprompts = [t if t is not None else p for t, p in zip(b.teacher_prompt_ids, b.prompt_ids, strict=True)]
             with torch.no_grad():
                 tl = _hf_logits(teacher, tprompts, b.response_ids, T)
             outputs = {"logits": lg, "teacher_logits": tl}
@@ -143,7 +143,7 @@ def _backend_worker(model_dir: str, layouts: list) -> list:
         lp = be.logprobs(b)
         b.tensors["old_logprobs"] = (lp + b.tensors["noise"]) * b.tensors["loss_mask"]
         loss_fn = {"sdpo": _sdpo_fused, "sdpo_topk": lambda: _sdpo_topk("shards")}.get(
-            kind, lambda: _grpo(KL_COEF if kind == "grpo_kl" else 0.0)
+            kind, lambda kind=kind: _grpo(KL_COEF if kind == "grpo_kl" else 0.0)
         )()
         steps = []
         for _ in range(1 if kind.startswith("sdpo") else STEPS):
@@ -167,7 +167,7 @@ def _compare(result, want, packed: bool = True, tol_first=1e-5, tol_later=1e-4):
     got, ran_packed = result
     assert ran_packed == packed
     assert len(got) == len(want)
-    for i, ((gl, gn), (wl, wn)) in enumerate(zip(got, want)):
+    for i, ((gl, gn), (wl, wn)) in enumerate(zip(got, want, strict=True)):
         tol = tol_first if i == 0 else tol_later
         assert abs(gl - wl) <= tol * max(1.0, abs(wl)), (i, got, want)
         assert abs(gn - wn) <= tol * max(1.0, abs(wn)), (i, got, want)
@@ -198,7 +198,7 @@ def test_world1_grpo_steps_and_sdpo_match_hf(model_dir, refs):
         (1, 1, 4, "grpo", False, False), (1, 1, 3, "sdpo", False, False),
     ]
     (r,) = spawn(_backend_worker, 1, model_dir, layouts, timeout_s=300)
-    for got, layout in zip(r, layouts):
+    for got, layout in zip(r, layouts, strict=True):
         _compare(got, refs[layout[3]], packed=_packed(layout))
 
 
@@ -216,7 +216,7 @@ def test_world2_tp2_pp2_dp2_match_hf(model_dir, refs):
     ]
     ranks = spawn(_backend_worker, 2, model_dir, layouts, timeout_s=500)
     for rank in ranks:  # every rank reports the same reduced metrics
-        for got, layout in zip(rank, layouts):
+        for got, layout in zip(rank, layouts, strict=True):
             _compare(got, refs[layout[3]], packed=_packed(layout))
 
 
@@ -227,7 +227,7 @@ def test_world4_tp2_x_pp2_matches_hf(model_dir, refs):
     layouts = [(2, 2, 2, "grpo"), (2, 2, 3, "sdpo"), (2, 2, 2, "sdpo_topk"), (2, 2, 2, "sdpo", True)]
     ranks = spawn(_backend_worker, 4, model_dir, layouts, timeout_s=500)
     for rank in ranks:
-        for got, layout in zip(rank, layouts):
+        for got, layout in zip(rank, layouts, strict=True):
             _compare(got, refs[layout[3]])
 
 
@@ -296,7 +296,7 @@ def _reads_worker(model_dir: str) -> dict:
 
     backend_mod.load_hf = counting
     be = backend_mod.MegatronBackend(model_dir, lr=MB_LR, micro_batch_size=2, with_teacher=True, with_reference=True)
-    same = {w: all(torch.equal(a, b) for a, b in zip(be._params("policy"), be._params(w))) for w in ("teacher", "reference")}
+    same = {w: all(torch.equal(a, b) for a, b in zip(be._params("policy"), be._params(w), strict=True)) for w in ("teacher", "reference")}
     frozen = not any(p.requires_grad for w in ("teacher", "reference") for p in be._params(w))
     destroy()
     return {"reads": reads, "same": same, "frozen": frozen}

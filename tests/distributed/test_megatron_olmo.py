@@ -222,5 +222,5 @@ def test_world2_backend_grpo_and_sdpo_at_tp2_match_hf(olmo_dir):
     layouts = [(2, 1, 3, "grpo"), (2, 1, 2, "grpo", True), (2, 1, 2, "sdpo_topk", True)]
     ranks = spawn(_backend_worker, 2, olmo_dir, layouts, timeout_s=400)
     for rank in ranks:  # every rank reports the same reduced metrics
-        for got, layout in zip(rank, layouts):
+        for got, layout in zip(rank, layouts, strict=True):
             _compare(got, want[layout[3]], packed=False)

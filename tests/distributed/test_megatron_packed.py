@@ -96,7 +96,7 @@ def _attention_worker() -> dict:
     # The whole row under one causal mask: what a layout that ignored the segments would give.
     whole = plain(q.unsqueeze(1), k.unsqueeze(1), v.unsqueeze(1), torch.triu(torch.ones(t, t, dtype=torch.bool), 1).view(1, 1, t, t))
     return {
-        "diff": [float((a - b).abs().max()) for a, b in zip(got, want)],
+        "diff": [float((a - b).abs().max()) for a, b in zip(got, want, strict=True)],
         "scale": [float(b.abs().max()) for b in want],
         "whole_diff": float((whole.view(t, 32) - ref).abs().max()),
         "unpacked_same": bool(torch.equal(packed(q.unsqueeze(1), k.unsqueeze(1), v.unsqueeze(1), None), plain(q.unsqueeze(1), k.unsqueeze(1), v.unsqueeze(1), None))),
@@ -110,7 +110,7 @@ def test_local_attention_on_a_packed_row_equals_each_segment_alone():
     (r,) = spawn(_attention_worker, 1, timeout_s=120)
     # fp32 softmax attention over <= 7 keys of head_dim 8: the two paths differ by rounding only
     # (a few ulps of values of order 1), far below 1e-5 of each tensor's scale.
-    for d, s in zip(r["diff"], r["scale"]):
+    for d, s in zip(r["diff"], r["scale"], strict=True):
         assert d <= 1e-5 * max(s, 1.0), r
     assert r["whole_diff"] > 1e-2, r  # the segments matter on this data
     assert r["unpacked_same"], r

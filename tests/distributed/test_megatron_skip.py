@@ -70,11 +70,11 @@ def test_dp2_skipping_keeps_losses_gradients_and_the_policy(model_dir, distribut
             off, on = rank[kind, False], rank[kind, True]
             assert on["count"] == off["count"] == 4  # the all-skipped step stepped
             assert [s[2] for s in on["steps"]][2] == 8.0 and all(s[2] is None for s in off["steps"])
-            for i, ((l_off, n_off, _), (l_on, n_on, _)) in enumerate(zip(off["steps"], on["steps"])):
+            for i, ((l_off, n_off, _), (l_on, n_on, _)) in enumerate(zip(off["steps"], on["steps"], strict=True)):
                 tol = 1e-5 if i == 0 else 1e-4
                 assert abs(l_on - l_off) <= tol * max(abs(l_off), 1e-12) + 1e-12, (kind, i, l_on, l_off)
                 assert abs(n_on - n_off) <= tol * max(abs(n_off), 1e-12) + 1e-12, (kind, i, n_on, n_off)
-                for a, b in zip(on["grads"][i], off["grads"][i]) if not distributed_optimizer else ():
+                for a, b in zip(on["grads"][i], off["grads"][i], strict=True) if not distributed_optimizer else ():
                     scale = max(float(b.abs().max()), 1e-30)
                     torch.testing.assert_close(a, b, atol=(1e-4 if i == 0 else 1e-3) * scale, rtol=0)
             if not distributed_optimizer:

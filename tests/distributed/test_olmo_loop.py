@@ -18,10 +18,10 @@ import shutil
 import sys
 
 import pytest
-from test_rollout_replicas import _metrics, _run
 
-pytest.importorskip("vllm")
-pytest.importorskip("megatron.core")
+# The same requirements, markers and reference-run helpers as the Qwen3 replica test (importing it
+# skips this module where vLLM or megatron-core is missing).
+from test_rollout_replicas import _metrics, _run, _single_run, pytestmark  # noqa: F401  (pytestmark: read by pytest)
 
 CONFIG = """
 defaults: tiny
@@ -65,16 +65,9 @@ def config(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def single(tmp_path_factory, config):
-    d = tmp_path_factory.mktemp("single")
-    (d / "cfg.yaml").write_text(config)
-    _run([sys.executable, "-m", "megatron_sdpo", "run", "cfg.yaml", "--out", "run", "--quiet"], d)
-    return d / "run"
+    return _single_run(tmp_path_factory.mktemp("single"), config)
 
 
-@pytest.mark.distributed
-@pytest.mark.megatron
-@pytest.mark.vllm
-@pytest.mark.slow
 @pytest.mark.parametrize(
     "ranks, layout",
     [

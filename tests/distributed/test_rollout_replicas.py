@@ -12,11 +12,13 @@ import os
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 pytest.importorskip("vllm")
 pytest.importorskip("megatron.core")
+pytestmark = [pytest.mark.distributed, pytest.mark.megatron, pytest.mark.vllm, pytest.mark.slow]
 
 SMALL = """
 defaults: tiny
@@ -62,18 +64,18 @@ def _metrics(run) -> list[dict]:
     return [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
 
 
-@pytest.fixture(scope="module")
-def single(tmp_path_factory):
-    d = tmp_path_factory.mktemp("single")
-    (d / "cfg.yaml").write_text(SMALL)
+def _single_run(d: Path, config: str) -> Path:
+    """The reference run of `config` (YAML text): one process, in `d`; returns its run directory."""
+    (d / "cfg.yaml").write_text(config)
     _run([sys.executable, "-m", "megatron_sdpo", "run", "cfg.yaml", "--out", "run", "--quiet"], d)
     return d / "run"
 
 
-@pytest.mark.distributed
-@pytest.mark.megatron
-@pytest.mark.vllm
-@pytest.mark.slow
+@pytest.fixture(scope="module")
+def single(tmp_path_factory):
+    return _single_run(tmp_path_factory.mktemp("single"), SMALL)
+
+
 @pytest.mark.parametrize(
     "overrides",
     [

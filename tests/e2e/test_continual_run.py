@@ -12,6 +12,8 @@ import time
 
 import pytest
 
+from cli_process import cli, kill_when
+
 SMALL = """
 defaults: tiny
 name: e2e
@@ -32,16 +34,6 @@ logging: {wandb: true, wandb_mode: offline}
 """
 
 
-def cli(*args, cwd, **kw):
-    return subprocess.Popen(
-        [sys.executable, "-m", "megatron_sdpo", *args],
-        cwd=cwd,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-        **kw,
-    )
 
 
 def finish(proc, timeout=900):
@@ -89,13 +81,8 @@ def test_run_writes_every_output(full_run):
 @pytest.mark.slow
 def test_killed_and_resumed_run_matches_uninterrupted(full_run, small_yaml, tmp_path):
     proc = cli("run", str(small_yaml), "--out", "run", "--quiet", cwd=tmp_path, start_new_session=True)
-    marker = tmp_path / "run" / "checkpoints" / "step_1_000002" / "COMPLETE"
-    deadline = time.time() + 900
-    while not marker.exists():
-        assert proc.poll() is None, "the run ended before it could be killed"
-        assert time.time() < deadline, "no mid-stage checkpoint appeared"
-        time.sleep(0.2)
-    os.killpg(proc.pid, signal.SIGKILL)  # mid-stage 2: no chance to clean up
+    # Killed mid-stage 2, with no chance to clean up.
+    kill_when(proc, tmp_path / "run" / "checkpoints" / "step_1_000002" / "COMPLETE", "a mid-stage checkpoint")
     proc.wait()
     assert not (tmp_path / "run" / "report.md").exists()
     resume_matches_uninterrupted(full_run, small_yaml, tmp_path, "step_1_000002")
@@ -207,7 +194,7 @@ def test_megatron_backend_runs_the_continual_job_like_the_hf_backend(small_yaml,
     assert [m["lr"] for m in steps] == pytest.approx([1e-4, 7.5e-5, 1e-4, 7.5e-5])
     # Same rollouts (vLLM got the same weights), same losses and gradient norms.
     assert [m["reward_mean"] for m in steps] == [m["reward_mean"] for m in ref]
-    for m, r in zip(steps, ref):
+    for m, r in zip(steps, ref, strict=True):
         assert m["loss"] == pytest.approx(r["loss"], rel=1e-4, abs=1e-7)
         assert m["grad_norm"] == pytest.approx(r["grad_norm"], rel=1e-3)
         assert m["sdpo/loss_per_token"] > 0

@@ -1,23 +1,13 @@
 """`study` end to end on a shortened tiny preset: 2 arms x 2 seeds, killed mid-way and resumed,
 then study.csv / study.md with intervals and verdicts, and a pilot's seed count."""
 import csv
-import os
-import signal
-import subprocess
-import sys
-import time
 
 import pytest
 
+from cli_process import cli, kill_when
+
 ARGS = ["study", "short.yaml", "--arms", "grpo,sdpo_frozen", "--seeds", "0-1", "--jobs", "2", "--threads", "2",
         "--out", "st", "--bootstrap", "200"]
-
-
-def cli(*args, cwd, **kw):
-    return subprocess.Popen(
-        [sys.executable, "-m", "megatron_sdpo", *args], cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}, **kw,
-    )
 
 
 def finish(proc, timeout=900):
@@ -36,13 +26,7 @@ def test_study_is_resumable_after_a_kill_and_judges_the_findings(tmp_path, tiny_
     proc = cli(*ARGS, cwd=tmp_path, start_new_session=True)
     # Runs start seed by seed: the third (grpo, seed 1) starts when a seed-0 run has finished;
     # kill the whole study once it holds a mid-stage checkpoint.
-    marker = runs / "grpo" / "seed1" / "checkpoints" / "latest"
-    deadline = time.time() + 900
-    while not marker.exists():
-        assert proc.poll() is None, "the study ended before it could be killed"
-        assert time.time() < deadline, "the third run never checkpointed"
-        time.sleep(0.2)
-    os.killpg(proc.pid, signal.SIGKILL)
+    kill_when(proc, runs / "grpo" / "seed1" / "checkpoints" / "latest", "the third run's checkpoint")
     proc.wait()
     finished = {p.parent.parent.name + "/" + p.parent.name for p in runs.glob("*/*/report.md")}
     assert "grpo/seed1" not in finished and finished & {"grpo/seed0", "sdpo_frozen/seed0"}, finished

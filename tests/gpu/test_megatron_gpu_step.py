@@ -152,11 +152,11 @@ def _refit_worker(model_dir: str, run_dir: str) -> dict:
                                kv_cache_memory_bytes=1 << 30, gpu_memory_utilization=0.3, enable_sleep_mode=False)
 
     def engine_logprobs() -> torch.Tensor:
-        prompts = [TokensPrompt(prompt_token_ids=p + r) for p, r in zip(b.prompt_ids, b.response_ids)]
+        prompts = [TokensPrompt(prompt_token_ids=p + r) for p, r in zip(b.prompt_ids, b.response_ids, strict=True)]
         outs = engine.llm.generate(prompts, SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=1.0),
                                    use_tqdm=False)
         rows = torch.zeros_like(trainer)
-        for i, (o, p, r) in enumerate(zip(outs, b.prompt_ids, b.response_ids)):
+        for i, (o, p, r) in enumerate(zip(outs, b.prompt_ids, b.response_ids, strict=True)):
             for j, tok in enumerate(r):
                 rows[i, j] = o.prompt_logprobs[len(p) + j][tok].logprob
         return rows

@@ -59,7 +59,7 @@ def grads_of(fn, hs, ws, go, *extra_go):
     out = fn(hs, ws)
     outs = out if isinstance(out, tuple) else (out,)
     gos = (go,) + extra_go
-    total = sum((o.double() * g.double()).sum() for o, g in zip(outs, gos))
+    total = sum((o.double() * g.double()).sum() for o, g in zip(outs, gos, strict=True))
     total.backward()
     return tuple(o.detach() for o in outs), hs.grad.double(), ws.grad.double()
 

@@ -70,7 +70,7 @@ def test_chunked_logprobs_match_reference(dtype, masked):
     g2 = torch.linspace(-1.0, 2.0, 37)
     res = {}
     for impl in ("reference", "chunked"):
-        fn = lambda h, w: fused_linear_logprobs(  # noqa: E731
+        fn = lambda h, w, impl=impl: fused_linear_logprobs(  # noqa: E731
             h, w, x["labels"], temperature=1.3, mask=x["mask"], impl=impl, chunk_sizes=ChunkSizes(16, 100)
         )
         res[impl] = grads_of(fn, x["hs"], x["ws"], x["go"], g2)

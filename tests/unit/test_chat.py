@@ -52,7 +52,7 @@ def test_repeated_prompts_are_rendered_once_and_returned_as_separate_lists(tok, 
     other = [TURNS[0], {"role": "assistant", "content": "\\boxed{6}"}]
     msgs, hists = ["a?", "a?", "a?", "b?", "a?"], [TURNS, TURNS, other, TURNS, None]
     got = encode_prompts(tok, msgs, hists)
-    assert got == [real(tok, m, h or ()) for m, h in zip(msgs, hists)]
+    assert got == [real(tok, m, h or ()) for m, h in zip(msgs, hists, strict=True)]
     assert calls == [("a?", 2), ("a?", 2), ("b?", 2), ("a?", 0)]  # the history is part of the key
     got[0].append(-1)
     assert got[1][-1] != -1

@@ -103,7 +103,7 @@ def test_an_eval_split_holds_its_extra_files_after_its_source(tmp_path):
     b.write_text("\n".join(json.dumps({"problem": f"q{k}", "answer": str(k)}) for k in (3, 4)) + "\n")
     b2 = tmp_path / "more.jsonl"
     b2.write_text(json.dumps({"ID": "2024-I-1", "Problem": "clash", "Answer": 9}) + "\n")
-    src = "{source: %s, schema: aime, n: 0, extra_files: [%s, %s]}" % (a, b, b2)
+    src = f"{{source: {a}, schema: aime, n: 0, extra_files: [{b}, {b2}]}}"
     sets = load_eval_sets(load_config("tiny", [f"domains.math.eval.id={src}"]))
     recs = sets["math/id"]
     assert [r["answer"] for r in recs] == ["1", "2", "3", "4", "9"]

@@ -420,7 +420,7 @@ def tok():
 
 
 def _boxed(record) -> str:
-    return "\\boxed{%s}" % record["answer"]
+    return f"\\boxed{{{record['answer']}}}"
 
 
 def test_step_passes_rollout_rewards_and_advantages_to_the_backend(tok):
@@ -488,7 +488,7 @@ def test_shots_precede_the_student_and_the_teacher_prompts(tok):
     teacher = batch.teacher_prompt_ids[1]
     # The shared head: everything up to the last user turn's text (chat header of that turn).
     head = encode_prompt(tok, "", records[0]["history"])
-    k = next(i for i, (a, b) in enumerate(zip(head, prompts[0])) if a != b)
+    k = next(i for i, (a, b) in enumerate(zip(head, prompts[0], strict=False)) if a != b)
     assert k > len(encode_prompt(tok, "")) and teacher[:k] == prompts[0][:k]
     assert "Zed has 2 pens" in tok.decode(teacher) and _boxed(records[0]) in tok.decode(teacher)
 

@@ -46,7 +46,7 @@ def _records(kinds, start=0):
     from megatron_sdpo.data.synthetic import generate
 
     recs = generate("math", "id", start + len(kinds), 0)[start:]
-    return [dict(r, kind=k) for r, k in zip(recs, kinds)]
+    return [dict(r, kind=k) for r, k in zip(recs, kinds, strict=True)]
 
 
 def _trainer(tok, records, extra_rounds, skip=True):
@@ -58,7 +58,7 @@ def _trainer(tok, records, extra_rounds, skip=True):
         "algorithm.prompts_per_step=2", "algorithm.group_size=4", "algorithm.filter_groups.enabled=true",
         f"algorithm.filter_groups.max_extra_rounds={extra_rounds}", f"algorithm.skip_zero_signal={str(skip).lower()}",
     ])
-    engine = RoundEngine({tuple(p): r for p, r in zip(record_prompts(tok, records), records)})
+    engine = RoundEngine({tuple(p): r for p, r in zip(record_prompts(tok, records), records, strict=True)})
     backend = CapturingBackend()
     return Trainer(cfg, backend, engine, tok), engine, backend
 

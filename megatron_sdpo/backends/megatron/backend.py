@@ -29,9 +29,10 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -409,14 +410,14 @@ class MegatronBackend(Backend):
                 # The received tensor stacks [student | rider 1 | ...] along the batch dim.
                 parts = policy.decoder.input_tensor.chunk(1 + len(riders), dim=1)
                 policy.set_input_tensor(parts[0])
-                for (_, model, _), part in zip(riders, parts[1:]):
+                for (_, model, _), part in zip(riders, parts[1:], strict=True):
                     model.set_input_tensor(part.detach())
             # On the last stage of the fused path every model stops at its final norm.
             hidden = heads.hidden_only(m, *(r[1] for r in riders)) if from_hidden else contextlib.nullcontext()
             with hidden:
                 with torch.no_grad():
                     rider_out = []
-                    for (name, model, _), rows in zip(riders, mb["rider_rows"]):
+                    for (name, model, _), rows in zip(riders, mb["rider_rows"], strict=True):
                         with self.teacher_clock.measure() if name == "teacher" else contextlib.nullcontext():
                             rider_out.append(model(rows.tokens, rows.positions, None, packed_seq_params=rows.packed))
                 out = m(mb["rows"].tokens, mb["rows"].positions, None, packed_seq_params=mb["rows"].packed)
@@ -503,7 +504,7 @@ class MegatronBackend(Backend):
 
         out = []
         mains, _ = main_params(self.optimizer, self._params("policy"))
-        for p, (main, a, b) in zip(self._params("policy"), mains):
+        for p, (main, a, b) in zip(self._params("policy"), mains, strict=True):
             full = torch.full((p.numel(),), float("nan"), dtype=torch.float32, device=p.device)
             full[a:b] = main
             out.append(full.view(p.shape))
@@ -567,7 +568,7 @@ class MegatronBackend(Backend):
 
             with torch.no_grad():
                 params = self._params("policy")
-                for (dst, _, _), (src, _, _) in zip(main_params(self.optimizer, params)[0], main_params(old, params)[0]):
+                for (dst, _, _), (src, _, _) in zip(main_params(self.optimizer, params)[0], main_params(old, params)[0], strict=True):
                     dst.copy_(src)
         self.scheduler = self._make_scheduler(self._sched_total)
 

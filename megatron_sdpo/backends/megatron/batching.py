@@ -15,8 +15,9 @@ once per step.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Optional
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -35,7 +36,7 @@ class Rows:
     positions: torch.Tensor
     gather_index: torch.Tensor
     targets: torch.Tensor
-    packed: Optional["VarlenParams"] = None
+    packed: VarlenParams | None = None
 
     def select(self, x: torch.Tensor) -> torch.Tensor:
         """[r, S, D] per-column values of these rows -> [b, T, D] at the columns predicting the
@@ -60,7 +61,7 @@ def seq_multiple(tp: int, sequence_parallel: bool, fp8: bool) -> int:
 
 def seq_len(prompts: list[list[int]], responses: list[list[int]], multiple: int = 1) -> int:
     """Common row length S for these samples, rounded up to `multiple` (`seq_multiple`)."""
-    S = max(len(p) + len(r) for p, r in zip(prompts, responses))
+    S = max(len(p) + len(r) for p, r in zip(prompts, responses, strict=True))
     return -(-S // multiple) * multiple
 
 
@@ -71,7 +72,7 @@ def build_rows(
     are assembled as Python lists and copied once per tensor (no per-row host-to-device copies)."""
     b = len(prompts)
     tokens, gather, targets = [], [], []
-    for i, (p, r) in enumerate(zip(prompts, responses)):
+    for i, (p, r) in enumerate(zip(prompts, responses, strict=True)):
         if not p:
             raise DataError(f"prompt {i} is empty: every sample needs at least one prompt token")
         if len(r) > T or len(p) + len(r) > S:
@@ -88,7 +89,7 @@ def build_rows(
 
 def packed_len(prompts: list[list[int]], responses: list[list[int]]) -> int:
     """Tokens of these samples end to end (a packed row's real part)."""
-    return sum(len(p) + len(r) for p, r in zip(prompts, responses))
+    return sum(len(p) + len(r) for p, r in zip(prompts, responses, strict=True))
 
 
 def build_packed_rows(
@@ -102,7 +103,7 @@ def build_packed_rows(
     if packed_len(prompts, responses) > W:
         raise DataError(f"{len(prompts)} samples ({packed_len(prompts, responses)} tokens) do not fit a row of W={W}")
     v = pack_varlen(prompts, responses, response_len=T, pad_id=pad_id, row_tokens=0, width=W, device=device)
-    params = varlen_params(segment_lengths([len(p) + len(r) for p, r in zip(prompts, responses)], W), device)
+    params = varlen_params(segment_lengths([len(p) + len(r) for p, r in zip(prompts, responses, strict=True)], W), device)
     return Rows(v.input_ids, v.position_ids, v.hidden_index, v.response_ids, packed=params)
 
 
@@ -147,10 +148,10 @@ def micro_batch_dicts(
         widths = [[S] * len(lists) for _ in filled]
         build = build_rows
     out = []
-    for g, rows_idx, row_widths in zip(groups, filled, widths):
+    for g, rows_idx, row_widths in zip(groups, filled, widths, strict=True):
         real = [i for i in g if i >= 0]
         resp = [batch.response_ids[i] for i in rows_idx]
-        rows, *rider_rows = [build([p[i] for i in rows_idx], resp, T, w, pad_id, device) for p, w in zip(lists, row_widths)]
+        rows, *rider_rows = [build([p[i] for i in rows_idx], resp, T, w, pad_id, device) for p, w in zip(lists, row_widths, strict=True)]
         keep = torch.tensor([1.0 if i >= 0 else 0.0 for i in g], device=device)
         tensors = {}
         for k, v in batch.tensors.items():

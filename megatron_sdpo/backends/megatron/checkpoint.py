@@ -21,6 +21,7 @@ import shutil
 import signal
 import threading
 from pathlib import Path
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -209,7 +210,7 @@ def _keep_restored_steps(optimizer) -> None:
                 tensors = {**tensors, "step": state["step"].clone()}
             return _orig(model_param, tensors)
 
-        setattr(patched, "_keeps_step", True)  # marks the wrapper: a second call leaves it alone
+        cast(Any, patched)._keeps_step = True  # marks the wrapper: a second call leaves it alone
         opt._set_main_param_and_optimizer_states = patched
 
 

@@ -20,13 +20,13 @@ from __future__ import annotations
 import contextlib
 import functools
 import threading
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch.overrides import TorchFunctionMode
 
 _lock = threading.Lock()
-_mode: "_CpuDeviceMode | None" = None
+_mode: _CpuDeviceMode | None = None
 
 
 def _is_cuda_device(dev) -> bool:
@@ -162,8 +162,8 @@ def _patch_megatron_backward() -> None:
             backward = vars(obj).get("backward")
             if isinstance(backward, staticmethod) and not getattr(backward.__func__, "_cpu_shim", False):
                 fn = _under_mode(backward.__func__)
-                setattr(fn, "_cpu_shim", True)
-                setattr(obj, "backward", staticmethod(fn))
+                cast(Any, fn)._cpu_shim = True
+                cast(Any, obj).backward = staticmethod(fn)
 
 
 def install() -> None:

@@ -16,7 +16,7 @@ split (not reduce-scatter) backward for the same reason.
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator
+from collections.abc import Iterator
 
 import torch
 
@@ -43,7 +43,7 @@ def hidden_only(*models) -> Iterator[None]:
             g.post_process = False
         yield
     finally:
-        for g, s in zip(gpts, saved):
+        for g, s in zip(gpts, saved, strict=True):
             g.post_process = s
 
 

@@ -8,7 +8,6 @@ a rope per layer type, sliding windows) use the layers of `megatron_sdpo.backend
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
 
 import torch
 
@@ -28,9 +27,9 @@ class ModelOptions:
 
     precision: PrecisionConfig = field(default_factory=PrecisionConfig)
     sequence_parallel: bool = False
-    recompute: Optional[str] = None  # None | "full" (every layer) | "selective" (core attention)
+    recompute: str | None = None  # None | "full" (every layer) | "selective" (core attention)
     vocab_divisor: int = 128  # padded vocab = multiple of this, whatever tp (see weights.plan)
-    use_te: Optional[bool] = None  # None: TE when importable
+    use_te: bool | None = None  # None: TE when importable
     perform_initialization: bool = True  # False when weights are loaded right after building
 
 
@@ -55,9 +54,9 @@ def transformer_config(
     pp: int,
     options: ModelOptions = ModelOptions(),
     *,
-    gpu: Optional[bool] = None,
-    have_te: Optional[bool] = None,
-    capability: Optional[tuple[int, int]] = None,
+    gpu: bool | None = None,
+    have_te: bool | None = None,
+    capability: tuple[int, int] | None = None,
 ):
     """The megatron `TransformerConfig` for `spec` at TP=tp, PP=pp (validated).
 

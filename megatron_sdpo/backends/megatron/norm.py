@@ -9,6 +9,8 @@ different slice of the sequence. This module is that norm; numerically it is
 """
 from __future__ import annotations
 
+from typing import Any, cast
+
 import torch
 
 
@@ -26,7 +28,7 @@ class RMSNorm(torch.nn.Module):
         self.eps = eps
         self.weight = torch.nn.Parameter(torch.ones(hidden_size, dtype=config.params_dtype, device=param_device(config)))
         # Read by megatron's finalize_model_grads: all-reduce this grad over TP under SP.
-        setattr(self.weight, "sequence_parallel", bool(config.sequence_parallel))
+        cast(Any, self.weight).sequence_parallel = bool(config.sequence_parallel)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.nn.functional.rms_norm(x, (x.shape[-1],), self.weight, self.eps)

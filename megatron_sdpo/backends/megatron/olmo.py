@@ -30,7 +30,7 @@ does not use.
 from __future__ import annotations
 
 import functools
-from typing import Optional
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -68,7 +68,7 @@ class RMSNorm(torch.nn.Module):
         # Under sequence parallelism each TP rank normalizes its own tokens, so the weight's
         # gradient is partial: finalize_model_grads sums grads of weights marked like this over
         # TP, as it does for megatron's own norms.
-        setattr(self.weight, "sequence_parallel", config.sequence_parallel)
+        cast(Any, self.weight).sequence_parallel = config.sequence_parallel
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x [..., hidden] -> same shape and dtype."""
@@ -146,7 +146,7 @@ class QKNorm(torch.nn.Module):
         eps: float,
         *,
         kind: str,
-        rope: Optional[Rope],
+        rope: Rope | None,
     ):
         super().__init__()
         if kind not in ("query", "key"):
@@ -191,7 +191,7 @@ class QKNorm(torch.nn.Module):
         rotated = torch.cat((-y[..., half:], y[..., :half]), dim=-1)
         return (y * cos + rotated * sin).to(y.dtype)
 
-    def sharded_state_dict(self, prefix: str = "", sharded_offsets: tuple = (), metadata: Optional[dict] = None) -> dict:
+    def sharded_state_dict(self, prefix: str = "", sharded_offsets: tuple = (), metadata: dict | None = None) -> dict:
         """dist_checkpointing: the weight is a TP shard along dim 0 (the default would save one
         rank's slice as if it were replicated)."""
         sd = self.state_dict(prefix="", keep_vars=True)

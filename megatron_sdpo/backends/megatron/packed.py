@@ -24,7 +24,6 @@ than the longest sample so that no tail segment sets the local path's padded len
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
 
 import torch
 from megatron.core.packed_seq_params import PackedSeqParams
@@ -40,8 +39,8 @@ class VarlenParams(PackedSeqParams):
     segment's end repeat its last token); `token_index` [t] int64, the flat slot of each row
     position in the [n_seg * L] padded layout."""
 
-    segment_index: Optional[torch.Tensor] = None
-    token_index: Optional[torch.Tensor] = None
+    segment_index: torch.Tensor | None = None
+    token_index: torch.Tensor | None = None
 
 
 def segment_lengths(sample_lengths: list[int], width: int) -> list[int]:

@@ -23,7 +23,7 @@ class ParallelConfig:
     pp: int = 1
     sequence_parallel: bool = False
 
-    def resolve(self, world_size: int) -> "ParallelLayout":
+    def resolve(self, world_size: int) -> ParallelLayout:
         """The full layout for `world_size` ranks, or ConfigError naming the offending key."""
         for key in ("tp", "pp"):
             v = getattr(self, key)

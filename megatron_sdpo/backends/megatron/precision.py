@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import importlib.util
 from dataclasses import dataclass
-from typing import Optional
 
 import torch
 
@@ -30,11 +29,11 @@ class PrecisionConfig:
     """params: "float32" | "bfloat16"; fp8: None or one of RECIPES (requires bfloat16 params)."""
 
     params: str = "float32"
-    fp8: Optional[str] = None
+    fp8: str | None = None
     bf16_edge_layers: int = 0  # transformer layers kept in BF16 at each end under FP8
     fp8_amax_history_len: int = 1024  # delayed scaling only
     fp8_param_gather: bool = False  # keep FP8 parameter copies (distributed optimizer gathers fp8)
-    fp8_format: Optional[str] = None  # "e4m3" | "hybrid"; None: the recipe's usual format
+    fp8_format: str | None = None  # "e4m3" | "hybrid"; None: the recipe's usual format
 
     @property
     def dtype(self) -> torch.dtype:
@@ -46,7 +45,7 @@ def have_transformer_engine() -> bool:
     return importlib.util.find_spec("transformer_engine") is not None
 
 
-def _capability() -> Optional[tuple[int, int]]:
+def _capability() -> tuple[int, int] | None:
     if not torch.cuda.is_available():
         return None
     return tuple(torch.cuda.get_device_capability())  # type: ignore[return-value]
@@ -55,8 +54,8 @@ def _capability() -> Optional[tuple[int, int]]:
 def transformer_config_fields(
     cfg: PrecisionConfig,
     *,
-    have_te: Optional[bool] = None,
-    capability: Optional[tuple[int, int]] = None,
+    have_te: bool | None = None,
+    capability: tuple[int, int] | None = None,
     detect_capability: bool = True,
 ) -> dict:
     """The TransformerConfig keyword arguments for `cfg`, validated.

@@ -68,7 +68,7 @@ class StepLoss:
         b, T = rows.targets.shape
         # 16-bit [b, T, width] at the response columns, padding cut off: one gather per model,
         # so the policy's backward scatters into its logits once.
-        shards = [r.select(lg)[..., : be.vocab_width] for r, lg in zip((rows, *mb["rider_rows"]), (logits, *rider_logits))]
+        shards = [r.select(lg)[..., : be.vocab_width] for r, lg in zip((rows, *mb["rider_rows"]), (logits, *rider_logits), strict=True)]
         targets = [rows.targets, *(r.targets for r in mb["rider_rows"])]
         chunk = be.loss_chunk_tokens
         if not chunk or b * T <= chunk or self.requires & _WHOLE:
@@ -82,7 +82,7 @@ class StepLoss:
             keys[:] = sorted(out)
             return tuple(out[k] for k in keys)
 
-        parts = [checkpoint(run, *args, use_reentrant=False) for args in zip(*pieces)]
+        parts = [checkpoint(run, *args, use_reentrant=False) for args in zip(*pieces, strict=True)]
         outputs = {k: torch.cat([p[i] for p in parts]).view(b, T, *parts[0][i].shape[1:]) for i, k in enumerate(keys)}
         return self.finish(mb, outputs)
 
@@ -92,7 +92,7 @@ class StepLoss:
         be, requires = self.be, self.requires
         shard = be.fp32_logits(shards[0])
         outputs = be._stats(shard, targets[0], requires & _POLICY_OUTPUTS)
-        for (name, _, _), tgt, lg in zip(self.riders, targets[1:], shards[1:]):
+        for (name, _, _), tgt, lg in zip(self.riders, targets[1:], shards[1:], strict=True):
             rshard = be.fp32_logits(lg)
             if name == "reference":
                 outputs["ref_logprobs"] = vp.logprobs(rshard, tgt, be.vocab_start, be.tp_group)[0]
@@ -137,7 +137,7 @@ class StepLoss:
             out["logprobs"] = lp
             if ent is not None:
                 out["entropy"] = ent
-        for (name, model, _), rrows, rh in zip(riders, mb["rider_rows"], rider_hidden):
+        for (name, model, _), rrows, rh in zip(riders, mb["rider_rows"], rider_hidden, strict=True):
             with torch.no_grad():
                 h_r = heads.response_hidden(rh, rrows, be.tp_group, sp)
                 w_r = heads.output_weight(model, be.vocab_width)

@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable
 
 import torch
 import torch.distributed as dist
@@ -46,17 +46,17 @@ def main_params(
     group = None
     for opt in _optimizers(optimizer):
         if hasattr(opt, "shard_fp32_from_float16_groups"):  # DistributedOptimizer
-            pairs = [*zip(opt.model_float16_groups, opt.shard_fp32_from_float16_groups),
-                     *zip(opt.model_fp32_groups, opt.shard_fp32_groups)]
+            pairs = [*zip(opt.model_float16_groups, opt.shard_fp32_from_float16_groups, strict=True),
+                     *zip(opt.model_fp32_groups, opt.shard_fp32_groups, strict=True)]
             for models, mains in pairs:
-                for p, main in zip(models, mains):
+                for p, main in zip(models, mains, strict=True):
                     r = opt._get_model_param_range_map(p)["param"]
                     found[id(p)] = (main.detach().view(-1), r.start, r.end)
             elsewhere.update(id(p) for buf in opt.buffers for p in buf.param_index_map)
             group = opt.data_parallel_group
         elif hasattr(opt, "fp32_from_float16_groups"):  # Float16OptimizerWithFloat16Params
-            for models, mains in zip(opt.float16_groups, opt.fp32_from_float16_groups):
-                for p, main in zip(models, mains):
+            for models, mains in zip(opt.float16_groups, opt.fp32_from_float16_groups, strict=True):
+                for p, main in zip(models, mains, strict=True):
                     found[id(p)] = (main.detach().view(-1), 0, p.numel())
             for models in opt.fp32_from_fp32_groups:
                 for p in models:
@@ -107,7 +107,7 @@ class FP32TeacherShadow:
     def __init__(self, teacher_params: list[torch.Tensor], policy_params: list[torch.Tensor], optimizer, ddp=None):
         mains, self.group = main_params(optimizer, policy_params)
         self.shapes = [tuple(t.shape) for t in teacher_params]
-        self.ranges = [(a, b) if self.group is not None else (0, t.numel()) for (_, a, b), t in zip(mains, teacher_params)]
+        self.ranges = [(a, b) if self.group is not None else (0, t.numel()) for (_, a, b), t in zip(mains, teacher_params, strict=True)]
         self.offsets = [0]
         for a, b in self.ranges:
             self.offsets.append(self.offsets[-1] + b - a)
@@ -162,7 +162,7 @@ class FP32TeacherShadow:
         if len(mains) != len(self.ranges):
             raise ValueError(f"teacher has {len(self.ranges)} tensors but the policy {len(mains)}")
         refs = reference if reference is not None else [None] * len(mains)
-        for k, ((main, a, b), ref) in enumerate(zip(mains, refs)):
+        for k, ((main, a, b), ref) in enumerate(zip(mains, refs, strict=True)):
             if (a, b) != self.ranges[k] and self.sharded:
                 raise ConfigError(f"teacher shadow: param {k}'s optimizer range moved from {self.ranges[k]} to {(a, b)}")
             if b <= a:
@@ -195,7 +195,7 @@ class FP32TeacherShadow:
     @torch.no_grad()
     def resync(self, teacher_params: list[torch.Tensor]) -> None:
         """shadow <- the teacher's current weights (after loading them from elsewhere)."""
-        for k, (t, (a, b)) in enumerate(zip(teacher_params, self.ranges)):
+        for k, (t, (a, b)) in enumerate(zip(teacher_params, self.ranges, strict=True)):
             self.piece(k).copy_(t.detach().view(-1)[a:b])
 
     def state(self) -> dict:
@@ -217,7 +217,7 @@ class FP32TeacherShadow:
                 continue
             covered = torch.zeros(b - a, dtype=torch.bool, device="cpu")  # host bookkeeping
             dst = self.piece(k)
-            for st, start in zip(states, starts):
+            for st, start in zip(states, starts, strict=True):
                 sa, sb = st["ranges"][k]
                 lo, hi = max(a, sa), min(b, sb)
                 if hi > lo:

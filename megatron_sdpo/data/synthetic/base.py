@@ -8,7 +8,7 @@ possible item to exactly one of them, so the two are disjoint for every seed.
 from __future__ import annotations
 
 import random
-from typing import Callable, Hashable
+from collections.abc import Callable, Hashable
 
 from megatron_sdpo.data.records import unit_hash
 from megatron_sdpo.errors import DataError

@@ -17,7 +17,7 @@ Every record carries three stdin/stdout tests computed by evaluating the referen
 from __future__ import annotations
 
 import random
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
 
 from megatron_sdpo.data.synthetic.base import NUMBER_WORDS, check_args, make_record, rng_for, sample_unique
 
@@ -80,7 +80,7 @@ def _render(key: tuple, split: str) -> tuple[str, str, Callable[[str], str]]:
     if kind == "ab":
         text = f"Read a and b and print {words} plus b."
         src = f"a,b=map(int,input().split())\nprint({expr}+b)"
-        return text, src, lambda s: str(eval(expr + "+b", {}, dict(zip("ab", map(int, s.split())))))
+        return text, src, lambda s: str(eval(expr + "+b", {}, dict(zip("ab", map(int, s.split()), strict=True))))
     template = NEAR_PHRASE if split == "ood_near" else TRAIN_PHRASES[phrase]
     text = template.format(v=var, words=words)
     src = f"{var}=int(input())\nprint({expr})"

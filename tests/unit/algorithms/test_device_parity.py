@@ -26,5 +26,5 @@ def test_cuda_matches_cpu(dtype):
         ((kl + pg) * 1.7).backward()
         dm = distill_mask(ids.to(dev), mask.to(dev), reasoning_end_ids=[1, 2], distill_cot=False)
         results[dev] = [x.detach().float().cpu() for x in (kl, pg, a.grad, b.grad, m["grpo/ratio_max"])] + [dm.cpu()]
-    for x, y in zip(results["cpu"], results["cuda"]):
+    for x, y in zip(results["cpu"], results["cuda"], strict=True):
         torch.testing.assert_close(y, x, atol=1e-4, rtol=1e-2 if dtype == torch.bfloat16 else 1e-4)

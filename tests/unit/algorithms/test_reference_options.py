@@ -56,7 +56,7 @@ def test_init_blend_is_alpha_checkpoint_plus_one_minus_alpha_student(alpha):
     blend = TeacherBlend.init(alpha)
     assert (blend.policy, blend.teacher, blend.reference) == (1.0 - alpha, alpha, 0.0)
     blend_(teacher, {"policy": student}, blend)
-    for t, c, s in zip(teacher, ckpt, student):
+    for t, c, s in zip(teacher, ckpt, student, strict=True):
         torch.testing.assert_close(t, alpha * c + (1.0 - alpha) * s, rtol=0, atol=4 * torch.finfo(torch.float32).eps * 8)
     assert TeacherBlend.init(1.0).is_identity
 

@@ -11,7 +11,7 @@ from megatron_sdpo.rollout.guard import SEQ_WEIGHT, TOKEN_WEIGHT, GuardedLoss, a
 def batch(adv, has_context, lengths=(3, 2, 4, 1)):
     prompts = [list(range(10 + i, 15 + 2 * i)) for i in range(len(lengths))]
     responses = [list(range(40, 40 + n)) for n in lengths]
-    teacher = [p + [7, 8] if h else None for p, h in zip(prompts, has_context)]
+    teacher = [p + [7, 8] if h else None for p, h in zip(prompts, has_context, strict=True)]
     b = SequenceBatch(prompts, responses, teacher, {})
     mask = b.response_mask()
     b.tensors.update(

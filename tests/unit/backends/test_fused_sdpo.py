@@ -48,7 +48,7 @@ def test_fused_path_matches_logits_path(tmp_path, alpha, is_clip, temperature):
             for model in (backend.policy, backend.teacher):
                 model.lm_head.weight.mul_(0.2)
             noise = noise or [0.05 * torch.randn(p.shape, generator=g) for p in backend.teacher.parameters()]
-            for p, n in zip(backend.teacher.parameters(), noise):
+            for p, n in zip(backend.teacher.parameters(), noise, strict=True):
                 p.add_(n)
             if not fused:
                 # Rollout log-probs near the policy's own (at this temperature): importance

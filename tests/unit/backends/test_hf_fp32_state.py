@@ -49,16 +49,16 @@ def test_bf16_ema_teacher_tracks_the_fp32_ema_of_the_student(model_dir):
     for k in range(steps):
         backend.train_step(make_batch(100 + k % 4), WeightedNLL())
         backend.blend_teacher(TeacherBlend.ema(rate))
-        for r, s in zip(ref, backend.fp32_weights("policy")):
+        for r, s in zip(ref, backend.fp32_weights("policy"), strict=True):
             r.lerp_(s.detach(), rate)
     shadow = backend.fp32_weights("teacher")
     scale = max(float(r.abs().max()) for r in ref)
-    for r, t in zip(ref, shadow):
+    for r, t in zip(ref, shadow, strict=True):
         assert t.dtype == torch.float32
         torch.testing.assert_close(t, r, rtol=0, atol=FP32_RTOL * scale)
     teacher = [t for _, t in backend.export_weights(model="teacher")]
     moved = changed = 0
-    for r, t, t_init in zip(ref, teacher, t0):
+    for r, t, t_init in zip(ref, teacher, t0, strict=True):
         assert t.dtype == torch.bfloat16
         err = (t.float() - r).abs()
         assert bool((err <= BF16_REL * r.abs() + 1e-30).all()), "the bf16 teacher is not the rounding of the fp32 EMA"
@@ -75,9 +75,9 @@ def test_bf16_master_weights_take_the_small_steps(model_dir):
     backend.train_step(make_batch(7), WeightedNLL())
     after = backend.fp32_weights("policy")
     assert all(m.dtype == torch.float32 for m in after)
-    assert sum(int((a != b).sum()) for a, b in zip(after, before)) > 0
+    assert sum(int((a != b).sum()) for a, b in zip(after, before, strict=True)) > 0
     # The bf16 model is the rounding of the masters.
-    for (_, p), m in zip(backend.export_weights(), after):
+    for (_, p), m in zip(backend.export_weights(), after, strict=True):
         assert torch.equal(p, m.to(torch.bfloat16))
 
 
@@ -95,7 +95,7 @@ def test_bf16_checkpoint_keeps_masters_and_teacher_shadow(model_dir, tmp_path):
     b.blend_teacher(TeacherBlend.ema(0.05))
     assert m_a == m_b
     for which in ("policy", "teacher"):
-        for x, y in zip(a.fp32_weights(which), b.fp32_weights(which)):
+        for x, y in zip(a.fp32_weights(which), b.fp32_weights(which), strict=True):
             assert torch.equal(x, y)
 
 
@@ -106,7 +106,7 @@ def test_base_action_loads_the_base_model_into_the_teacher_and_its_shadow(model_
     assert backend.lr == 1e-2 and backend.optimizer.param_groups[0]["weight_decay"] == 0.1
     backend.train_step(make_batch(3), WeightedNLL())
     backend.blend_teacher(TeacherBlend.copy())
-    assert any(not torch.equal(a, t) for a, (_, t) in zip(base, backend.export_weights(model="teacher")))
+    assert any(not torch.equal(a, t) for a, (_, t) in zip(base, backend.export_weights(model="teacher"), strict=True))
     backend.blend_teacher(TeacherBlend.base())
-    for a, (_, t), s in zip(base, backend.export_weights(model="teacher"), backend.fp32_weights("teacher")):
+    for a, (_, t), s in zip(base, backend.export_weights(model="teacher"), backend.fp32_weights("teacher"), strict=True):
         assert torch.equal(a, t) and torch.equal(s, a.float())

@@ -108,7 +108,7 @@ def test_packed_logprobs_equal_each_sample_run_alone(model_dir, layout, row_toke
 
 def _assert_each_sample_alone(lp: torch.Tensor, batch: SequenceBatch, model_dir: str, rel: float) -> None:
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    for i, (p, r) in enumerate(zip(batch.prompt_ids, batch.response_ids)):
+    for i, (p, r) in enumerate(zip(batch.prompt_ids, batch.response_ids, strict=True)):
         assert torch.all(lp[i, len(r) :] == 0)
         if not r:
             continue

@@ -49,7 +49,7 @@ def run(model_dir, kind: str, skip: bool, **layout):
     be.optimizer.step, be.train_step = step, train
     combined = [minibatch_update(be, skip_batch(w), skip_loss(kind), mini_batches=2, group_size=4, skip=skip) for w in (0, 1)]
     moments = [(be.optimizer.state[p]["exp_avg"].clone(), be.optimizer.state[p]["exp_avg_sq"].clone()) for p in params]
-    return list(zip(steps, grads)), moments, be.step, combined
+    return list(zip(steps, grads, strict=True)), moments, be.step, combined
 
 
 def _close(got: float, want: float, tol: float, what: str) -> None:
@@ -65,20 +65,20 @@ def test_skipping_keeps_losses_gradients_and_optimizer_state(model_dir, kind, la
     skipped = [m["train/rows_skipped"] for m, _ in on]
     assert skipped[2] == 8.0 and 0 < min(skipped[:2] + skipped[3:]) and max(skipped[:2] + skipped[3:]) < 8
     assert all(m["samples"] == 8.0 for m, _ in on)
-    for i, ((m_off, g_off), (m_on, g_on)) in enumerate(zip(off, on)):
+    for i, ((m_off, g_off), (m_on, g_on)) in enumerate(zip(off, on, strict=True)):
         tol = 1e-5 if i == 0 else 1e-4
         _close(m_on["loss"], m_off["loss"], tol, f"loss of step {i}")
         _close(m_on["grad_norm"], m_off["grad_norm"], tol, f"grad_norm of step {i}")
-        for a, b in zip(g_on, g_off):
+        for a, b in zip(g_on, g_off, strict=True):
             assert a is not None and b is not None  # every parameter has its (zero) gradient
             scale = max(float(b.abs().max()), 1e-30)
             torch.testing.assert_close(a, b, atol=(1e-4 if i == 0 else 1e-3) * scale, rtol=0)
     assert all(float(g.abs().max()) == 0.0 for g in off[2][1] + on[2][1])  # the skipped step: exact 0
-    for (m_a, v_a), (m_b, v_b) in zip(on_moments, off_moments):
+    for (m_a, v_a), (m_b, v_b) in zip(on_moments, off_moments, strict=True):
         torch.testing.assert_close(m_a, m_b, atol=1e-3 * float(m_b.abs().max()), rtol=0)
         torch.testing.assert_close(v_a, v_b, atol=1e-3 * float(v_b.abs().max()), rtol=0)
     # The loss shares are the whole mini-batch's; the token means move to the trained rows.
-    for a, b in zip(on_combined, off_combined):
+    for a, b in zip(on_combined, off_combined, strict=True):
         for name in ("grpo/pg_loss", "sdpo/loss_per_token"):
             if name in b:
                 _close(a[name], b[name], 1e-4, name)
@@ -101,7 +101,7 @@ def test_an_all_skipped_step_moves_the_weights_as_adam_does(model_dir):
         m = minibatch_update(be, all_zero, loss, mini_batches=1, group_size=4, skip=skip)
         assert m["grad_norm"] == 0.0 and be.step == 2
         assert m.get("train/rows_skipped", 0.0) == (16.0 if skip else 0.0)
-        deltas.append([p.detach() - b for p, b in zip(be.policy.parameters(), before)])
-    for a, b in zip(*deltas):
+        deltas.append([p.detach() - b for p, b in zip(be.policy.parameters(), before, strict=True)])
+    for a, b in zip(*deltas, strict=True):
         assert float(b.abs().max()) > 0
         torch.testing.assert_close(a, b, atol=1e-4 * float(b.abs().max()), rtol=0)

@@ -29,7 +29,7 @@ def test_pieces_of_two_dp_ranks_fill_one_rank_that_owns_every_element():
         states.append(saver.state())
     whole = _shadow(shapes, [(0, 15), (0, 7), (0, 4)])
     whole.load_states(states, "ck")
-    assert all(torch.equal(f, t) for f, t in zip(whole.full(), truth))
+    assert all(torch.equal(f, t) for f, t in zip(whole.full(), truth, strict=True))
     # A rank of another split (elements 4..12 of param 0) takes what it owns.
     part = _shadow(shapes, [(4, 12), (0, 0), (1, 3)])
     part.load_states(states, "ck")

@@ -14,10 +14,10 @@ RESPONSES = [[20, 21], [22, 23, 24, 25], [], [26]]
 def test_layout_holds_every_sample_once_and_indexes_its_predictions(row_tokens, multiple):
     vb = pack_varlen(PROMPTS, RESPONSES, response_len=4, pad_id=0, row_tokens=row_tokens, multiple=multiple)
     R, W = vb.input_ids.shape
-    assert W % multiple == 0 and vb.real_tokens == sum(len(p) + len(r) for p, r in zip(PROMPTS, RESPONSES))
+    assert W % multiple == 0 and vb.real_tokens == sum(len(p) + len(r) for p, r in zip(PROMPTS, RESPONSES, strict=True))
     if row_tokens == 0:
         assert R == 1
-    longest = max(len(p) + len(r) for p, r in zip(PROMPTS, RESPONSES))
+    longest = max(len(p) + len(r) for p, r in zip(PROMPTS, RESPONSES, strict=True))
     if row_tokens:  # rows hold at most row_tokens tokens, or one sample longer than that
         assert W <= -(-max(row_tokens, longest) // multiple) * multiple
     # cu_seqlens tiles the flattened rows; each segment's positions run 0..len-1.
@@ -25,11 +25,11 @@ def test_layout_holds_every_sample_once_and_indexes_its_predictions(row_tokens, 
     assert cu[0] == 0 and cu[-1] == R * W and vb.cu_seqlens.dtype == torch.int32
     flat_pos, flat_ids = vb.position_ids.reshape(-1), vb.input_ids.reshape(-1)
     segments = []
-    for a, b in zip(cu[:-1], cu[1:]):
+    for a, b in zip(cu[:-1], cu[1:], strict=True):
         assert flat_pos[a:b].tolist() == list(range(b - a))
         assert (a // W) == ((b - 1) // W)  # no segment crosses a row boundary
         segments.append(flat_ids[a:b].tolist())
-    for p, r in zip(PROMPTS, RESPONSES):
+    for p, r in zip(PROMPTS, RESPONSES, strict=True):
         assert segments.count(p + r) == 1
     # The token after the predicting column is the target; beyond the response, the index stays
     # inside the sample (its last token) and the mask is 0.
@@ -82,7 +82,7 @@ def test_shared_prompts_run_once_and_responses_see_only_the_prompt_and_themselve
         r, c = divmod(flat, W)
         return [flat_ids[r * W + k] for k in range(W) if allowed[r, c, k]]
 
-    for i, (p, r) in enumerate(zip(prompts, responses)):
+    for i, (p, r) in enumerate(zip(prompts, responses, strict=True)):
         for j in range(3):
             k = int(vb.hidden_index[i, j])
             if j < len(r):

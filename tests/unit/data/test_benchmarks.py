@@ -115,7 +115,7 @@ def test_code_reference_solutions_pass_the_verifier(real):
         recs = load_records(out / name, "dolci_code")
         sample = random.Random(0).sample(list(recs), 25)
         results = score_code_batch([r["reference_solution"] for r in sample], sample, batched=True)
-        assert [r["id"] for r, x in zip(sample, results) if x.score != 1.0] == []
+        assert [r["id"] for r, x in zip(sample, results, strict=True) if x.score != 1.0] == []
         # a wrong program fails the same tests (the tests do check something)
         wrong = score_code_batch([f"```python\ndef {r['fn_name']}(*a):\n    return None\n```" for r in sample[:5]],
                                  sample[:5], batched=True)

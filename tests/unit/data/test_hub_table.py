@@ -54,7 +54,7 @@ def hub(tmp_path_factory) -> Path:
     tool_rows = (REF / "tooluse_test.json").read_text().splitlines(keepends=True)
     (ref / "tooluse/train.json").write_text("".join(tool_rows[:2]))
     (ref / "tooluse/test.json").write_text("".join(tool_rows))
-    lcb = [{**r, "contest_date": "2025-03-0%dT00:00:00" % i}
+    lcb = [{**r, "contest_date": f"2025-03-0{i}T00:00:00"}
            for i, r in enumerate(_fixture("livecodebench.jsonl") + _fixture("livecodebench_pickled.jsonl"))]
     lcb.append({**lcb[0], "question_id": "early", "contest_date": "2025-01-31T00:00:00"})  # before the window
     _jsonl(root / "livecodebench/code_generation_lite/test6.jsonl", lcb)

@@ -29,7 +29,7 @@ def test_toolalpaca_reference_rows_convert_and_score():
     assert [t["name"] for t in recs[0]["tools"]] == ["getRandomAxolotlImage", "searchAxolotlImages", "getAxolotlFacts"]
     assert recs[0]["tools"][1]["parameters"]["color"].startswith("string. One of: [wild, leucistic, albino]")
     assert len(recs[3]["answer"]) == 2  # two calls, the second marked "[Optional]" by the reference
-    for rec, row in zip(recs, raw):
+    for rec, row in zip(recs, raw, strict=True):
         gold = [{"Action": c["Action"], "Action_Input": json.loads(c["Action_Input"])} for c in json.loads(row["answer"])]
         assert score("tooluse", _react(gold), rec).score == 1.0, rec["id"]
         wrong = [{**gold[0], "Action_Input": {**gold[0]["Action_Input"], "zzz": 1}}, *gold[1:]]
@@ -42,7 +42,7 @@ def test_sciknoweval_reference_rows_convert_and_score(split):
     raw = [json.loads(x) for x in path.read_text().splitlines()]
     recs = load_records(path, "sciknoweval")
     assert [r["id"] for r in recs] == [str(r["idx"]) for r in raw]
-    for rec, row in zip(recs, raw):
+    for rec, row in zip(recs, raw, strict=True):
         question, choices = reference_rows.mcq_from_prompt(row["prompt"])
         assert rec["choices"] == choices and len(choices) == 4 and rec["answer"] == row["answer"]
         assert rec["prompt"].startswith(question)

@@ -111,7 +111,7 @@ def test_code_constants_are_folded():
         assert len(set(ops)) == 1 and ops[0] in ("plus", "minus"), r["prompt"]
         signs.add(ops[0])
         var, total = words[0], 0
-        for op, k in zip(words[1::2], words[2::2]):
+        for op, k in zip(words[1::2], words[2::2], strict=True):
             total += _WORD[k] if op == "plus" else -_WORD[k]
         want = var if total == 0 else f"{var}{'+' if total > 0 else '-'}{abs(total)}"
         assert f"print({want})" in r["solution"], (r["prompt"], r["solution"])
@@ -171,7 +171,7 @@ def test_instruction_replaces_only_the_prompt_ending(domain):
     own = generate(domain, "id", 8, 3)
     worded = generate(domain, "id", 8, 3, instruction="Say it plainly.")
     suffix = synthetic._MODULES[domain].INSTRUCTION
-    for a, b in zip(own, worded):
+    for a, b in zip(own, worded, strict=True):
         assert a["prompt"].endswith(suffix) and b["prompt"] == a["prompt"][: -len(suffix)] + "Say it plainly."
         assert {k: v for k, v in a.items() if k != "prompt"} == {k: v for k, v in b.items() if k != "prompt"}
 

@@ -94,7 +94,7 @@ def test_ood_change_grouped_by_distance_terciles():
         (1, "math/ood_near"), (2, "code/ood_far"), (2, "math/ood_near"), (1, "code/ood_far")]
     in_stage = [0.6 - 0.5, 0.45 - 0.3, 0.55 - 0.6, 0.3 - 0.4]
     from_base = [0.6 - 0.5, 0.45 - 0.4, 0.55 - 0.5, 0.3 - 0.4]
-    for p, a, b in zip(got["pairs"], in_stage, from_base):
+    for p, a, b in zip(got["pairs"], in_stage, from_base, strict=True):
         assert p["in_stage"] == pytest.approx(a) and p["from_base"] == pytest.approx(b)
     g = got["groups"]  # 4 pairs in three groups: 2, 1, 1
     assert (g["near"]["n"], g["mid"]["n"], g["far"]["n"]) == (2, 1, 1)

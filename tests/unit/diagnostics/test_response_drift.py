@@ -14,7 +14,7 @@ class CharHistogramEmbedder:
     def encode(self, texts):
         out = torch.zeros(len(texts), 64)
         for i, t in enumerate(texts):
-            for a, b in zip(t, t[1:] + " "):
+            for a, b in zip(t, t[1:] + " ", strict=True):
                 out[i, (ord(a) * 31 + ord(b)) % 64] += 1.0
         return out
 

@@ -37,7 +37,7 @@ def _byte_alphabet() -> list[str]:
             bs.append(b)
             cs.append(256 + n)
             n += 1
-    return [chr(c) for _, c in sorted(zip(bs, cs))]
+    return [chr(c) for _, c in sorted(zip(bs, cs, strict=True))]
 
 
 def write_tiny_llama_gguf(path, seed: int = 0) -> None:

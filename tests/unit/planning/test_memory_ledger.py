@@ -105,13 +105,13 @@ def _worker(model_dir: str, ckpt: str) -> dict:
     out["offload_freed"] = be.offload_training_state()
     out["offloaded"] = census()
     be.reload_training_state()
-    out["reload_exact"] = all(torch.equal(a, b) for a, b in zip(before, be._optimizer_tensors()))
+    out["reload_exact"] = all(torch.equal(a, b) for a, b in zip(before, be._optimizer_tensors(), strict=True))
     # A resume: the checkpoint loaded into an offloaded backend brings the training state back.
     be.save(ckpt)
     be.offload_training_state()
     be.load(ckpt)
     out["resumed"] = census()
-    out["resume_exact"] = all(torch.equal(a, b) for a, b in zip(before, be._optimizer_tensors()))
+    out["resume_exact"] = all(torch.equal(a, b) for a, b in zip(before, be._optimizer_tensors(), strict=True))
     with mc.TransientPeak() as peak:
         be.blend_teacher(TeacherBlend.ema(0.05))
     out["teacher_update"] = peak.peak

@@ -99,7 +99,7 @@ def test_batch_equals_one_at_a_time_including_a_hang():
     records = [{"answer": "12"}] * 7 + [{"answer": "\\frac{1}{2}"}] * 2 + [{"answer": "12"}] * 2
     alone_verifier, batch_verifier = MathVerifier(timeout_s=1.5), MathVerifier(timeout_s=1.5)
     try:
-        alone = [score_math(r, rec, verifier=alone_verifier) for r, rec in zip(responses, records)]
+        alone = [score_math(r, rec, verifier=alone_verifier) for r, rec in zip(responses, records, strict=True)]
         batch_verifier.check("1", "1")  # start the worker outside the timed region
         start = time.monotonic()
         batch = score_math_batch(responses, records, verifier=batch_verifier)
@@ -119,7 +119,7 @@ def test_score_batch_math_matches_score():
     responses = ["\\boxed{4}", "\\boxed{5}", "", "\\boxed{2+2}", b"\\boxed{4}", None]
     records = [{"answer": "4"}] * 6
     batch = score_batch("math", responses, records)
-    assert [(r.score, r.feedback) for r in batch] == [(s.score, s.feedback) for s in (score("math", x, rec) for x, rec in zip(responses, records))]
+    assert [(r.score, r.feedback) for r in batch] == [(s.score, s.feedback) for s in (score("math", x, rec) for x, rec in zip(responses, records, strict=True))]
     assert [r.score for r in batch] == [1.0, 0.0, 0.0, 1.0, 1.0, 0.0]
 
 

@@ -209,7 +209,7 @@ def test_finished_rows_leave_the_decoding_batch_with_the_same_samples(model_dir,
         comps, _ = runs[share]
         assert [c.token_ids for c in comps] == [c.token_ids for c in never]
         assert [c.truncated for c in comps] == [c.truncated for c in never]
-        for a, b in zip(comps, never):
+        for a, b in zip(comps, never, strict=True):
             torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-5, rtol=0)
 
 

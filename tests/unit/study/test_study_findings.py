@@ -71,12 +71,12 @@ def test_verdicts_flow_from_the_hand_case(six_seeds, tmp_path):
 def test_a_grpo_arm_against_grpo_is_described_not_judged(six_seeds):
     """The paper's directions are SDPO's against GRPO: the same differences from an arm whose
     runs trained GRPO (the paper's 4-step recipe) carry no direction and no verdict."""
-    for arm, seed, root in six_seeds:
+    for arm, _seed, root in six_seeds:
         algorithm = "grpo" if arm == "grpo" else "sdpo"
         (root / "resolved_config.yaml").write_text(f"algorithm:\n  name: {algorithm}\n")
     sdpo = compare_arms(load_runs(six_seeds, {}), "grpo", ["grpo", "sdpo_frozen"], n_boot=0)
     assert _by_name(sdpo, "in_stage_gain/math").verdict == "established"
-    for arm, seed, root in six_seeds:
+    for _arm, _seed, root in six_seeds:
         (root / "resolved_config.yaml").write_text("algorithm:\n  name: grpo\n")
     grpo = compare_arms(load_runs(six_seeds, {}), "grpo", ["grpo", "sdpo_frozen"], n_boot=0)
     assert {c.verdict for c in grpo} == {"descriptive"} and {c.direction for c in grpo} == {None}

@@ -63,7 +63,7 @@ def test_round_trip_is_bit_exact(arch, tied, tp, pp):
     sd = _hf_state(arch, tied)
     layout = Layout(tp=tp, pp=pp, vocab_divisor=4)
     shards = {(t, p): hf_to_megatron(sd, spec, layout, t, p) for t in range(tp) for p in range(pp)}
-    for (t, p), msd in shards.items():
+    for (_t, p), msd in shards.items():
         for mp in plan(spec, layout, p):
             assert msd[mp.megatron].is_contiguous()
     back = megatron_to_hf(lambda t, p: shards[(t, p)], spec, layout)
