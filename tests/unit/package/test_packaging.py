@@ -31,3 +31,15 @@ def test_wheel_has_the_data_folders_and_the_build_no_package_warnings(tmp_path):
         files = [p.relative_to(ROOT).as_posix() for p in (ROOT / d).iterdir() if p.is_file()]
         assert files and set(files) <= names, sorted(set(files) - names)
     assert "megatron_sdpo_kernels/__init__.py" in names and not any(n.startswith("kernels/") for n in names)
+
+
+def test_the_launch_extra_is_the_launch_environment():
+    """setup.py's `launch` extra and launchers/requirements.txt (`make launch-env`) list the same
+    packages: one environment for NeMo-Run, however it is installed."""
+    import ast
+
+    tree = ast.parse((ROOT / "setup.py").read_text())
+    (extra,) = [ast.literal_eval(node.value) for node in ast.walk(tree) if isinstance(node, ast.Assign)
+                and any(isinstance(t, ast.Name) and t.id == "LAUNCH" for t in node.targets)]
+    lines = (ROOT / "launchers" / "requirements.txt").read_text().splitlines()
+    assert extra == [line for line in lines if line and not line.startswith("#")]
