@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import cast
 
 from megatron_sdpo.study import stats
 from megatron_sdpo.study.inference import holm_adjusted
@@ -103,6 +104,40 @@ def analyse(runs: Sequence[tuple[str, int, dict]]) -> dict:
                           g.mean if g is not None else None, g_p, lo, co)
         outcomes.append(out)
     return {"gate": gate, "outcomes": outcomes}
+
+
+# The tuning rules (docs/studies.md, "Seeds"): the gate's s0 and the confirmatory seed count.
+GATE_ARMS = {0.0: "sdpo_gate", 0.25: "gate25"}  # the tuning study's arm per s0
+S0_TIE, DETECT, N_MIN, N_MAX = 0.01, 0.05, 8, 16
+Z_975, Z_80 = 1.959963984540054, 0.8416212335729143  # standard normal quantiles
+
+
+@dataclass(frozen=True)
+class Tuning:
+    s0: float
+    gate_d: dict[float, float]  # mean D_V per s0 (V: the gate at that s0)
+    gain_sd: float  # sd of the paired in-stage math gain difference SDPO₀ − GRPO
+    n_asked: int  # the rule's seed count before the cap
+    n: int  # the confirmatory seed count (N_MIN ≤ n ≤ N_MAX)
+
+
+def tuning(runs: Sequence[tuple[str, int, dict]]) -> Tuning:
+    """s0 and N from the tuning seeds' runs: s0 the value whose mean E(gate) − E(SDPO₀) is larger,
+    0 (the parameter-free gate) unless 0.25's exceeds it by more than 0.01; N = max(8,
+    ⌈((z₀.₉₇₅ + z₀.₈) · sd / 0.05)²⌉), at most 16 (n_asked says what the rule asked)."""
+    gate_d = {}
+    for s0, arm in GATE_ARMS.items():
+        diffs = _paired(runs, arm, REFERENCE, _endpoint)
+        if len(diffs) < 2:
+            raise ValueError(f"the tuning needs {arm} and {REFERENCE} on at least 2 seeds, got {len(diffs)}")
+        gate_d[s0] = sum(diffs) / len(diffs)
+    s0 = 0.25 if gate_d[0.25] > gate_d[0.0] + S0_TIE else 0.0
+    diffs = _paired(runs, REFERENCE, BASELINE, lambda vals: vals.get(GAIN))
+    if len(diffs) < 2:
+        raise ValueError(f"the seed count needs {REFERENCE} and {BASELINE} on at least 2 seeds, got {len(diffs)}")
+    sd = cast(float, stats.paired_summary(diffs).sd)
+    asked = math.ceil(((Z_975 + Z_80) * sd / DETECT) ** 2)
+    return Tuning(s0, gate_d, sd, asked, min(max(N_MIN, asked), N_MAX))
 
 
 def table(runs: Sequence[tuple[str, int, dict]]) -> list[str]:

@@ -63,3 +63,33 @@ def test_no_gap_no_verdicts():
     assert pr.table(_runs({"sdpo_gate": [0.2] * 8}, gap=-0.05))[0].endswith("not passed; no safeguard is judged")
     with pytest.raises(ValueError, match="at least 2 seeds"):
         pr.analyse([("grpo", 0, {pr.NEAR: 0, pr.FAR: 0})])
+
+
+def _tuning_runs(d0: float, d25: float, gain_diffs: list[float]) -> list:
+    """4 tuning seeds: SDPO₀'s endpoint 0 (GRPO's 0.2), the gate at s0 = 0 / 0.25 d0 / d25 above it;
+    GRPO's math gain 0.2, SDPO₀'s 0.2 + gain_diffs[seed]."""
+    out = []
+    for seed, g in enumerate(gain_diffs):
+        out.append(("grpo", seed, {pr.NEAR: 0.2, pr.FAR: 0.2, pr.GAIN: 0.2}))
+        out.append(("sdpo_frozen", seed, {pr.NEAR: 0.0, pr.FAR: 0.0, pr.GAIN: 0.2 + g}))
+        out.append(("sdpo_gate", seed, {pr.NEAR: d0 - 0.04, pr.FAR: d0 + 0.04}))
+        out.append(("gate25", seed, {pr.NEAR: d25, pr.FAR: d25}))
+    return out
+
+
+def test_the_tuning_rules_by_hand():
+    # s0: 0.25 only where its gate beats the parameter-free one by more than 0.01.
+    assert pr.tuning(_tuning_runs(0.05, 0.07, [0.0, 0.1] * 2)).s0 == 0.25
+    assert pr.tuning(_tuning_runs(0.05, 0.055, [0.0, 0.1] * 2)).s0 == 0.0  # a tie within 0.01
+    assert pr.tuning(_tuning_runs(0.05, -0.1, [0.0, 0.1] * 2)).s0 == 0.0
+    t = pr.tuning(_tuning_runs(0.05, 0.07, [0.0, 0.1] * 2))
+    assert t.gate_d == pytest.approx({0.0: 0.05, 0.25: 0.07})
+    # Gain differences 0, 0.1, 0, 0.1: sd = sqrt(4 * 0.05^2 / 3) = 0.057735; (2.801585 * 0.057735
+    # / 0.05)^2 = 10.465: 11 seeds.
+    assert t.gain_sd == pytest.approx(0.0577350, rel=1e-6) and (t.n_asked, t.n) == (11, 11)
+    # sd 0.11547: the rule asks 42, the cap runs 16; no spread: the floor of 8.
+    t = pr.tuning(_tuning_runs(0.05, 0.07, [0.0, 0.2] * 2))
+    assert (t.n_asked, t.n) == (42, 16)
+    assert pr.tuning(_tuning_runs(0.05, 0.07, [0.1] * 4)).n == 8
+    with pytest.raises(ValueError, match="on at least 2 seeds"):
+        pr.tuning([r for r in _tuning_runs(0.05, 0.07, [0.0, 0.1]) if r[0] != "gate25"])
