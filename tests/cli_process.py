@@ -18,12 +18,18 @@ def cli(*args, cwd, **kw) -> subprocess.Popen:
     )
 
 
+def wait_for(proc: subprocess.Popen, ready, what: str, timeout: float = 900, poll: float = 0.1) -> None:
+    """Poll `ready()` until it holds; fail, with the process's output, if `proc` ends first or
+    `timeout` seconds pass. `what`: the awaited event, named in the failure messages."""
+    deadline = time.time() + timeout
+    while not ready():
+        assert proc.poll() is None, f"the job ended before {what}: {proc.communicate()[0][-3000:]}"
+        assert time.time() < deadline, f"timed out waiting for {what}"
+        time.sleep(poll)
+
+
 def kill_when(proc: subprocess.Popen, marker: Path, what: str, timeout: float = 900) -> None:
     """SIGKILL `proc`'s process group (started with start_new_session=True) as soon as `marker`
-    exists: no chance to clean up. `what`: the awaited event, named in the failure messages."""
-    deadline = time.time() + timeout
-    while not marker.exists():
-        assert proc.poll() is None, f"the process ended before {what}"
-        assert time.time() < deadline, f"no {what} within {timeout:.0f} s"
-        time.sleep(0.2)
+    exists: no chance to clean up."""
+    wait_for(proc, marker.exists, what, timeout)
     os.killpg(proc.pid, signal.SIGKILL)

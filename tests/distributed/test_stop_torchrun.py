@@ -11,6 +11,8 @@ import time
 
 import pytest
 
+from cli_process import wait_for
+
 pytestmark = [pytest.mark.distributed, pytest.mark.megatron, pytest.mark.vllm, pytest.mark.slow]
 
 GRACE_S = 60
@@ -35,14 +37,6 @@ def _records(run):
     return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
 
 
-def _wait_for(proc, ready, what, timeout=900):
-    deadline = time.time() + timeout
-    while not ready():
-        assert proc.poll() is None, f"the job ended before {what}: {proc.communicate()[0][-3000:]}"
-        assert time.time() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.1)
-
-
 @pytest.fixture(scope="module")
 def cfg(tmp_path_factory, tiny_two_stage):
     path = tmp_path_factory.mktemp("cfg") / "stop.yaml"
@@ -64,7 +58,7 @@ def uninterrupted(cfg, tmp_path_factory):
 def test_sigterm_to_torchrun_saves_the_last_step_and_resume_matches(cfg, uninterrupted, tmp_path):
     proc = _torchrun(cfg, cwd=tmp_path)
     run = tmp_path / "run"
-    _wait_for(proc, lambda: any(r["stage"] == 1 for r in _records(run)), "stage 2's first step")
+    wait_for(proc, lambda: any(r["stage"] == 1 for r in _records(run)), "stage 2's first step")
     t0 = time.time()
     proc.send_signal(signal.SIGTERM)  # to the launcher only, as srun delivers it
     out, _ = proc.communicate(timeout=GRACE_S + 30)
@@ -86,7 +80,7 @@ def test_sigterm_to_torchrun_saves_the_last_step_and_resume_matches(cfg, uninter
 def test_a_rank_killed_outright_ends_the_job(cfg, tmp_path):
     psutil = pytest.importorskip("psutil")
     proc = _torchrun(cfg, cwd=tmp_path)
-    _wait_for(proc, lambda: bool(_records(tmp_path / "run")), "the first step")
+    wait_for(proc, lambda: bool(_records(tmp_path / "run")), "the first step")
     workers = psutil.Process(proc.pid).children()  # torchrun's ranks
     assert len(workers) >= 2, workers
     t0 = time.time()

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from cli_process import cli, kill_when
+from cli_process import cli, kill_when, wait_for
 
 SMALL = """
 defaults: tiny
@@ -91,11 +91,7 @@ def test_killed_and_resumed_run_matches_uninterrupted(full_run, small_yaml, tmp_
 def wait_for_stage_2(proc, tmp_path):
     """Wait until the run in tmp_path/run has logged a step of stage 2; its metrics.jsonl."""
     metrics = tmp_path / "run" / "metrics.jsonl"
-    deadline = time.time() + 900
-    while not (metrics.exists() and '"stage": 1' in metrics.read_text()):
-        assert proc.poll() is None, "the run ended before it could be signalled"
-        assert time.time() < deadline, "stage 2 never started"
-        time.sleep(0.1)
+    wait_for(proc, lambda: metrics.exists() and '"stage": 1' in metrics.read_text(), "stage 2's first step")
     return metrics
 
 
@@ -242,11 +238,8 @@ def test_a_stop_mid_step_saves_the_last_step_the_lead_allows(full_run, small_yam
     proc = subprocess.Popen([sys.executable, "-c", SLOW_ROLLOUT, "run", str(small_yaml), "--out", "run", "--quiet"],
                             cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     metrics = wait_for_stage_2(proc, tmp_path)
-    deadline = time.time() + 900
     (tmp_path / "slow").write_text("6")
-    while not (tmp_path / "in_rollout").exists():
-        assert proc.poll() is None and time.time() < deadline, "no slowed rollout"
-        time.sleep(0.02)
+    wait_for(proc, (tmp_path / "in_rollout").exists, "a slowed rollout", poll=0.02)
     before = [json.loads(x) for x in metrics.read_text().splitlines()]
     t0 = time.monotonic()
     proc.send_signal(signal.SIGUSR1)  # Slurm's time-limit signal, mid-rollout
