@@ -54,12 +54,12 @@ def one_sided_p(summary: stats.PairedSummary) -> float:
     return 1.0 - stats.t_cdf(t, summary.n - 1)
 
 
-def _endpoint(values: dict[str, float | None]) -> float | None:
+def endpoint(values: dict[str, float | None]) -> float | None:
     near, far = values.get(NEAR), values.get(FAR)
     return None if near is None or far is None else (near + far) / 2.0
 
 
-def _paired(runs: Sequence[tuple[str, int, dict]], arm: str, ref: str, metric) -> list[float]:
+def paired(runs: Sequence[tuple[str, int, dict]], arm: str, ref: str, metric) -> list[float]:
     """metric(arm) − metric(ref) over the seeds that have both (metric: values -> float)."""
     by_seed: dict[int, dict[str, dict]] = {}
     for a, seed, values in runs:
@@ -76,16 +76,16 @@ def _paired(runs: Sequence[tuple[str, int, dict]], arm: str, ref: str, metric) -
 
 def analyse(runs: Sequence[tuple[str, int, dict]]) -> dict:
     """The gate and each variant's verdicts from (arm, seed, metric values) of every run."""
-    gap_diffs = _paired(runs, BASELINE, REFERENCE, _endpoint)  # E(GRPO) − E(SDPO₀)
+    gap_diffs = paired(runs, BASELINE, REFERENCE, endpoint)  # E(GRPO) − E(SDPO₀)
     if len(gap_diffs) < 2:
         raise ValueError(f"the gate needs {BASELINE} and {REFERENCE} on at least 2 seeds, got {len(gap_diffs)}")
     gap = stats.paired_summary(gap_diffs)
     gate_p = one_sided_p(gap)  # SDPO₀ below GRPO <=> the gap above 0
     gate = {"n": gap.n, "gap": gap.mean, "p": gate_p, "passed": gap.mean > 0 and gate_p < GATE_ALPHA}
-    present = [v for v in VARIANTS if _paired(runs, v, REFERENCE, _endpoint)]
+    present = [v for v in VARIANTS if paired(runs, v, REFERENCE, endpoint)]
     if not gate["passed"] or not present:
         return {"gate": gate, "outcomes": []}
-    summaries = [stats.paired_summary(_paired(runs, v, REFERENCE, _endpoint)) for v in present]
+    summaries = [stats.paired_summary(paired(runs, v, REFERENCE, endpoint)) for v in present]
     adjusted = holm_adjusted([one_sided_p(s) for s in summaries])
     outcomes = []
     for v, s, p in zip(present, summaries, adjusted, strict=True):
@@ -96,7 +96,7 @@ def analyse(runs: Sequence[tuple[str, int, dict]]) -> dict:
         if passed:
             gains = [g for a, _, vals in runs if a == v and (g := vals.get(GAIN)) is not None]
             g = stats.paired_summary(gains) if gains else None
-            d = stats.paired_summary(_paired(runs, v, REFERENCE, lambda vals: vals.get(GAIN)))
+            d = stats.paired_summary(paired(runs, v, REFERENCE, lambda vals: vals.get(GAIN)))
             g_p = one_sided_p(g) if g is not None else 1.0
             lo = d.lo if d.lo is not None else -math.inf  # the two-sided 95% lower bound
             co = "passed" if g_p < ALPHA and lo > -MARGIN else "failed"
@@ -127,17 +127,45 @@ def tuning(runs: Sequence[tuple[str, int, dict]]) -> Tuning:
     ⌈((z₀.₉₇₅ + z₀.₈) · sd / 0.05)²⌉), at most 16 (n_asked says what the rule asked)."""
     gate_d = {}
     for s0, arm in GATE_ARMS.items():
-        diffs = _paired(runs, arm, REFERENCE, _endpoint)
+        diffs = paired(runs, arm, REFERENCE, endpoint)
         if len(diffs) < 2:
             raise ValueError(f"the tuning needs {arm} and {REFERENCE} on at least 2 seeds, got {len(diffs)}")
         gate_d[s0] = sum(diffs) / len(diffs)
     s0 = 0.25 if gate_d[0.25] > gate_d[0.0] + S0_TIE else 0.0
-    diffs = _paired(runs, REFERENCE, BASELINE, lambda vals: vals.get(GAIN))
+    diffs = paired(runs, REFERENCE, BASELINE, lambda vals: vals.get(GAIN))
     if len(diffs) < 2:
         raise ValueError(f"the seed count needs {REFERENCE} and {BASELINE} on at least 2 seeds, got {len(diffs)}")
     sd = cast(float, stats.paired_summary(diffs).sd)
     asked = math.ceil(((Z_975 + Z_80) * sd / DETECT) ** 2)
     return Tuning(s0, gate_d, sd, asked, min(max(N_MIN, asked), N_MAX))
+
+
+def tuning_table(runs: Sequence[tuple[str, int, dict]]) -> list[str]:
+    """The tuning study as markdown lines (docs/findings.md's safeguard-tuning block): each arm's
+    mean endpoints over the tuning seeds (described, never tested nor pooled) and the two rules'
+    outcome."""
+    t = tuning(runs)
+    seeds = sorted({s for _, s, _ in runs})
+    arms = list(dict.fromkeys(a for a, _, _ in runs))
+    lines = ["| arm | seeds | E = (near + far) / 2 | near | far | in-stage math gain | E − E(SDPO₀) |",
+             "|---|---|---|---|---|---|---|"]
+    for arm in arms:
+        vals = [v for a, _, v in runs if a == arm]
+
+        def mean(xs: list[float | None]) -> str:
+            got = [x for x in xs if x is not None]
+            return f"{sum(got) / len(got):+.3f}" if got else "–"
+
+        d = paired(runs, arm, REFERENCE, endpoint) if arm != REFERENCE else []
+        lines.append(f"| `{arm}` | {len(vals)} | {mean([endpoint(v) for v in vals])} | "
+                     f"{mean([v.get(NEAR) for v in vals])} | {mean([v.get(FAR) for v in vals])} | "
+                     f"{mean([v.get(GAIN) for v in vals])} | {mean(list(d)) if d else '–'} |")
+    gates = ", ".join(f"s₀ = {s0:g}: {d:+.3f}" for s0, d in t.gate_d.items())
+    capped = f" (the rule asked {t.n_asked}; the cap runs {t.n})" if t.n_asked > N_MAX else f" (the rule asked {t.n_asked})"
+    lines += ["", f"Tuning seeds {', '.join(map(str, seeds))}. The gate's mean E − E(SDPO₀): {gates}; "
+              f"s₀ = {t.s0:g}. The sd of the paired in-stage math gain difference SDPO₀ − GRPO is {t.gain_sd:.4f}: "
+              f"N = {t.n} confirmatory seeds{capped}."]
+    return lines
 
 
 def table(runs: Sequence[tuple[str, int, dict]]) -> list[str]:

@@ -9,7 +9,8 @@ nothing else (kilobytes a run, no checkpoints, no answer texts):
     runs/<arm>/seed<k>/          eval_matrix.csv, report.md (a stub: the run finished),
                                  resolved_config.yaml, ood_distance.json,
                                  metrics.jsonl (the keys the metrics read), drift/stage_<k>.json
-                                 (the drift summaries), eval_samples/<label>.json (item id and score)
+                                 (the drift summaries), eval_samples/<label>.json (item id and score),
+                                 operations.json (right-operation shares, synthetic math only)
 
 `study tabulate results/<name> --baseline grpo --baseline sdpo_frozen` recomputes every metric
 from those files and writes one table per baseline (`study_vs_<baseline>.md`) in one pass; a
@@ -29,13 +30,14 @@ from typing import Any
 
 from megatron_sdpo.errors import UserError
 from megatron_sdpo.outputs.run_dir import RunDir
+from megatron_sdpo.study import operations, secondary
 from megatron_sdpo.study.findings import compare_arms, load_runs, write_csv, write_markdown
 from megatron_sdpo.study.runner import read_timings
 
 STUDY_JSON = "study.json"
 # metrics.jsonl keys the study's metrics read (study/metrics.py), by name or prefix.
 _METRIC_KEYS = ("stage", "step", "stage_domain", "reward_mean", "artifacts/fmt_boxed_repeat_rate",
-                "artifacts/repeated_ngram_rate", "teacher/artifact_endorsement")
+                "artifacts/repeated_ngram_rate", "teacher/artifact_endorsement", *secondary.STEP_KEYS)
 _METRIC_PREFIXES = ("eval/",)
 # drift/stage_<k>.json: the summaries the drift metrics read.
 _DRIFT_KEYS = ("param_vs_base", "response_cosine_mean", "excess_kl_mean_k3")
@@ -76,6 +78,18 @@ def _prune_samples(src: Path, dst: Path) -> None:
         f.write(data)
 
 
+def _write_operations(src: Path, dst: Path) -> None:
+    """The run's right-operation shares per eval row and synthetic math split (study/operations.py:
+    it reads the answers, which the export drops); no file for a run without such answers."""
+    if not RunDir(src).config.is_file():
+        return
+    found = operations.operations(src, operations.SPLITS)
+    if found:
+        rows = [{"row": i, "label": label, "split": split, "right": right, "plus": plus, "accuracy": acc, "n": n}
+                for (i, label, split), (right, plus, acc, n) in sorted(found.items())]
+        dst.write_text(json.dumps({"rows": rows}, indent=1) + "\n")
+
+
 def export_run(src: Path, dst: Path) -> None:
     """The files of run `src` the study's metrics read, pruned, into `dst`."""
     rd = RunDir(src)
@@ -89,6 +103,7 @@ def export_run(src: Path, dst: Path) -> None:
                                   "the original run directory.\n")
     if rd.metrics.is_file():
         _prune_metrics(rd.metrics, dst / rd.metrics.name)
+    _write_operations(src, dst / secondary.OPERATIONS_JSON)
     for sub, prune in ((rd.drift, _prune_drift), (rd.eval_samples, _prune_samples)):
         files = sorted(sub.glob("*.json")) if sub.is_dir() else []
         if files:
@@ -220,7 +235,7 @@ def metrics_table(results: Path, baseline: str, arm: str, metrics: list[str]) ->
 
 
 # A generated block names its data; `render_blocks` rewrites what lies between its markers.
-_BLOCK = re.compile(r"(<!-- (findings|metrics|probe|safeguard)-table: ([^>]*?) -->\n)(.*?)(\n<!-- /\2-table -->)", re.S)
+_BLOCK = re.compile(r"(<!-- (findings|metrics|probe|safeguard|safeguard-tuning|safeguard-secondary)-table: ([^>]*?) -->\n)(.*?)(\n<!-- /\2-table -->)", re.S)
 
 
 def _block_lines(kind: str, args: str) -> list[str]:
@@ -233,12 +248,16 @@ def _block_lines(kind: str, args: str) -> list[str]:
         from megatron_sdpo.study.competence import probe_table
 
         return probe_table(Path(parts[0]))
-    if kind == "safeguard" and len(parts) == 1:
+    if kind.startswith("safeguard") and len(parts) == 1:
         from megatron_sdpo.study import preregistered
 
-        runs = load_runs(_study_runs(Path(parts[0])), {})
-        return preregistered.table([(r.arm, r.seed if r.seed is not None else 0, r.values) for r in runs])
-    want = "FOLDER" if kind in ("probe", "safeguard") else "FOLDER BASELINE ARM" + (" METRIC,METRIC,..." if kind == "metrics" else "")
+        loaded = load_runs(_study_runs(Path(parts[0])), {})
+        if kind == "safeguard-secondary":
+            return secondary.table([(r.arm, r.seed or 0, {**r.values, **secondary.step_values(r.view.metrics, r.view.root)})
+                                    for r in loaded])
+        runs = [(r.arm, r.seed or 0, r.values) for r in loaded]
+        return preregistered.table(runs) if kind == "safeguard" else preregistered.tuning_table(runs)
+    want = "FOLDER" if kind == "probe" or kind.startswith("safeguard") else "FOLDER BASELINE ARM" + (" METRIC,METRIC,..." if kind == "metrics" else "")
     raise UserError(f"<!-- {kind}-table: {args} -->: expected <!-- {kind}-table: {want} -->")
 
 

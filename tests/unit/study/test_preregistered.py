@@ -93,3 +93,16 @@ def test_the_tuning_rules_by_hand():
     assert pr.tuning(_tuning_runs(0.05, 0.07, [0.1] * 4)).n == 8
     with pytest.raises(ValueError, match="on at least 2 seeds"):
         pr.tuning([r for r in _tuning_runs(0.05, 0.07, [0.0, 0.1]) if r[0] != "gate25"])
+
+
+def test_the_tuning_table_reports_each_arm_and_the_rules():
+    lines = pr.tuning_table(_tuning_runs(0.05, 0.07, [0.0, 0.1] * 2))
+    rows = {line.split(" | ")[0]: line for line in lines if line.startswith("| `")}
+    # SDPO₀: E 0, gains 0.2, 0.3, 0.2, 0.3; the gate at s0 = 0: near d0 - 0.04, far d0 + 0.04.
+    assert rows["| `sdpo_frozen`"] == "| `sdpo_frozen` | 4 | +0.000 | +0.000 | +0.000 | +0.250 | – |"
+    assert rows["| `sdpo_gate`"] == "| `sdpo_gate` | 4 | +0.050 | +0.010 | +0.090 | – | +0.050 |"
+    assert rows["| `grpo`"].endswith("| +0.200 | +0.200 |")
+    assert lines[-1] == ("Tuning seeds 0, 1, 2, 3. The gate's mean E − E(SDPO₀): s₀ = 0: +0.050, s₀ = 0.25: +0.070; "
+                         "s₀ = 0.25. The sd of the paired in-stage math gain difference SDPO₀ − GRPO is 0.0577: "
+                         "N = 11 confirmatory seeds (the rule asked 11).")
+    assert pr.tuning_table(_tuning_runs(0.05, 0.07, [0.0, 0.2] * 2))[-1].endswith("N = 16 confirmatory seeds (the rule asked 42; the cap runs 16).")
