@@ -195,7 +195,7 @@ def cmd_results(args) -> int:
 
     if args.results_command == "export":
         dest = results.export(Path(args.study_dir), Path(args.to), command=args.study_command or "", note=args.note or "",
-                              commit=args.commit)
+                              commit=args.commit, add=args.add)
         print(f"exported: {dest} ({dest / results.STUDY_JSON})")
         return 0
     if args.results_command == "render":
@@ -414,6 +414,8 @@ def build_parser(drift_arguments: bool = True) -> argparse.ArgumentParser:
     rx.add_argument("--command", dest="study_command", help="the command that ran the study (recorded)")
     rx.add_argument("--note", help="a line recorded beside it (e.g. what shared the machine)")
     rx.add_argument("--commit", help="the commit the runs ran (default: this checkout's HEAD)")
+    rx.add_argument("--add", action="store_true",
+                    help="add the study's finished runs to the study already exported there (a study run in parts)")
     rt = rsub.add_parser("tabulate", help="every table of an exported study, one per baseline, in one pass")
     rt.add_argument("results_dir", help="an exported study (results/<name>)")
     rt.add_argument("--baseline", action="append", help="an arm to compare the others with (repeatable)")

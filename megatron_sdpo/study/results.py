@@ -3,7 +3,8 @@
 `study export STUDY_DIR --to results/<name>` keeps, per run, what the study's metrics read and
 nothing else (kilobytes a run, no checkpoints, no answer texts):
 
-    study.json                   command, commit, machine, date, wall time, arms, seeds
+    study.json                   command, commit, machine, date, wall time, arms, seeds; `parts`:
+                                 each export's own (a study run in parts joins with --add)
     study.csv                    run x metric, as the study wrote it
     timings.jsonl                wall seconds per run
     runs/<arm>/seed<k>/          eval_matrix.csv, report.md (a stub: the run finished),
@@ -124,32 +125,76 @@ def _study_runs(root: Path) -> list[tuple[str, int | None, Path]]:
     return out
 
 
-def export(study_dir: Path, dest: Path, *, command: str, note: str = "", commit: str | None = None) -> Path:
+def _base_row(run: Path) -> dict[str, float] | None:
+    rows = RunDir(run).read_eval_matrix()
+    return rows[0][1] if rows and rows[0][0] == "base" else None
+
+
+def export(study_dir: Path, dest: Path, *, command: str, note: str = "", commit: str | None = None,
+           add: bool = False) -> Path:
     """Export a finished study directory into `dest` (which must not hold another study);
-    `commit`: the code the runs ran (default: this checkout's HEAD)."""
+    `commit`: the code the runs ran (default: this checkout's HEAD). With `add`, `dest` holds
+    an exported study and the study's finished runs join it, each part (its command, commit,
+    machine, date, wall time and runs) recorded in study.json's `parts`: a study run in parts
+    (sessions, machines). No run may be exported twice, and every run must share the base row
+    of the runs already there (the same model on the same items)."""
     runs = _study_runs(study_dir)
     finished = [(a, s, p) for a, s, p in runs if RunDir(p).report.is_file()]
     if not finished:
         raise UserError(f"{study_dir}: no finished run under runs/<arm>/seed<k> (is it a study directory?)")
-    if (dest / STUDY_JSON).exists():
-        raise UserError(f"{dest} already holds an exported study; choose another --to")
+    meta_path = dest / STUDY_JSON
+    before: dict[str, Any] | None = None
+    if add:
+        if not meta_path.is_file():
+            raise UserError(f"{dest}: no exported study to add to (export without --add first)")
+        before = json.loads(meta_path.read_text())
+        there = _study_runs(dest)
+        twice = sorted(f"{a}/seed{s}" for a, s, _ in finished if (dest / "runs" / a / f"seed{s}").exists())
+        if twice:
+            raise UserError(f"{dest}: {', '.join(twice)} already exported; a study's run is exported once")
+        base = _base_row(there[0][2]) if there else None
+        for a, s, p in finished:
+            if base is not None and _base_row(p) != base:
+                raise UserError(f"{p}: its base row differs from the exported runs' ({dest}); not the same study")
+    elif meta_path.exists():
+        raise UserError(f"{dest} already holds an exported study; choose another --to (or --add to it)")
     for arm, seed, path in finished:
         export_run(path, dest / "runs" / arm / f"seed{seed}")
-    for name in ("study.csv", "timings.jsonl"):
-        if (study_dir / name).is_file():
-            shutil.copyfile(study_dir / name, dest / name)
     wall = read_timings(study_dir / "timings.jsonl")
-    meta: dict[str, Any] = {
+    part: dict[str, Any] = {
         "command": command,
         "commit": commit or _commit(),
         "machine": f"{platform.machine()}, {platform.processor() or 'cpu'}, {platform.system()}",
         "exported": time.strftime("%Y-%m-%d", time.gmtime()),
         "wall_s_total": round(sum(wall.values())) if wall else None,
-        "arms": sorted({a for a, _, _ in finished}),
-        "seeds": sorted({s for _, s, _ in finished if s is not None}),
+        "runs": [f"{a}/seed{s}" for a, s, _ in finished],
         "note": note,
     }
-    (dest / STUDY_JSON).write_text(json.dumps(meta, indent=2) + "\n")
+    if before is None:
+        for name in ("study.csv", "timings.jsonl"):
+            if (study_dir / name).is_file():
+                shutil.copyfile(study_dir / name, dest / name)
+        meta = {k: v for k, v in part.items() if k != "runs"}
+        meta["arms"] = sorted({a for a, _, _ in finished})
+        meta["seeds"] = sorted({s for _, s, _ in finished if s is not None})
+        meta["parts"] = [part]
+    else:
+        labels = set(part["runs"])
+        if (study_dir / "timings.jsonl").is_file():
+            lines = [line for line in (study_dir / "timings.jsonl").read_text().splitlines()
+                     if line.strip() and json.loads(line).get("run") in labels]
+            with (dest / "timings.jsonl").open("a") as f:
+                f.write("".join(line + "\n" for line in lines))
+        all_runs = _study_runs(dest)
+        write_csv(dest / "study.csv", load_runs(all_runs, read_timings(dest / "timings.jsonl")), relative_to=dest)
+        meta = dict(before)
+        first = {k: v for k, v in before.items() if k in ("command", "commit", "machine", "exported", "wall_s_total", "note")}
+        meta["parts"] = [*before.get("parts", [{**first, "runs": sorted(set(f"{a}/seed{s}" for a, s, _ in all_runs) - labels)}]), part]
+        meta["arms"] = sorted({a for a, _, _ in all_runs})
+        meta["seeds"] = sorted({s for _, s, _ in all_runs if s is not None})
+        walls = [p["wall_s_total"] for p in meta["parts"] if p.get("wall_s_total") is not None]
+        meta["wall_s_total"] = sum(walls) if walls else None
+    meta_path.write_text(json.dumps(meta, indent=2) + "\n")
     return dest
 
 

@@ -90,3 +90,43 @@ def test_cli(study, tmp_path, capsys):
     assert main(["results", "export", str(study), "--to", str(tmp_path / "r"), "--command", "study x"]) == 0
     assert main(["results", "tabulate", str(tmp_path / "r"), "--baseline", "grpo", "--bootstrap", "50"]) == 0
     assert (tmp_path / "r" / "study_vs_grpo.md").is_file() and "wrote" in capsys.readouterr().out
+
+
+def test_a_study_exported_in_parts_equals_it_exported_at_once(study, tmp_path):
+    import shutil
+
+    # Two sessions: seeds 0-2 in one study directory, 3-5 in another (each with its timings).
+    first, second = tmp_path / "first", tmp_path / "second"
+    for part, seeds in ((first, range(3)), (second, range(3, 6))):
+        for arm in ("grpo", "sdpo_frozen"):
+            for s in seeds:
+                shutil.copytree(study / "runs" / arm / f"seed{s}", part / "runs" / arm / f"seed{s}")
+        part.mkdir(exist_ok=True)
+        (part / "timings.jsonl").write_text("".join(json.dumps({"run": f"{a}/seed{s}", "seconds": 10.0 + s}) + "\n"
+                                                    for a in ("grpo", "sdpo_frozen") for s in seeds))
+    whole = results.export(study, tmp_path / "whole", command="x")
+    dest = results.export(first, tmp_path / "parts", command="study --seeds 0-2", commit="aaa")
+    with pytest.raises(UserError, match="no exported study to add to"):
+        results.export(second, tmp_path / "nothing", command="", add=True)
+    results.export(second, dest, command="study --seeds 3-5", commit="bbb", add=True, note="second session")
+    meta = json.loads((dest / "study.json").read_text())
+    assert meta["seeds"] == list(range(6)) and meta["commit"] == "aaa"
+    assert [(p["commit"], len(p["runs"]), p["wall_s_total"]) for p in meta["parts"]] == [("aaa", 6, 66), ("bbb", 6, 84)]
+    assert meta["wall_s_total"] == 150 and meta["parts"][1]["note"] == "second session"
+    values = lambda root: {(r.arm, r.seed): r.values for r in load_runs(results._study_runs(root), {})}  # noqa: E731
+    assert values(dest) == values(whole)
+    rows = list(csv.DictReader((dest / "study.csv").open()))
+    assert len(rows) == 12 and {r["run_dir"] for r in rows} == {f"runs/{a}/seed{s}" for a in ("grpo", "sdpo_frozen")
+                                                                 for s in range(6)}
+    gain = lambda root: [x for x in results.tabulate(root, ["grpo"], n_boot=0)[0].read_text().splitlines()  # noqa: E731
+                         if x.startswith("| `in_stage_gain/math` |")]
+    assert gain(dest) == gain(whole) and gain(dest)
+    with pytest.raises(UserError, match="grpo/seed3, grpo/seed4, .* already exported"):
+        results.export(second, dest, command="", add=True)
+    # A run of another base (another model, other items) is not the same study.
+    other = tmp_path / "other" / "runs" / "grpo" / "seed9"
+    shutil.copytree(study / "runs" / "grpo" / "seed0", other)
+    text = (other / "eval_matrix.csv").read_text().splitlines()
+    (other / "eval_matrix.csv").write_text("\n".join([text[0], text[1].replace("0.2", "0.25"), *text[2:]]) + "\n")
+    with pytest.raises(UserError, match="its base row differs"):
+        results.export(tmp_path / "other", dest, command="", add=True)
