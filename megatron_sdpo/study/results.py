@@ -153,7 +153,7 @@ def export(study_dir: Path, dest: Path, *, command: str, note: str = "", commit:
         if twice:
             raise UserError(f"{dest}: {', '.join(twice)} already exported; a study's run is exported once")
         base = _base_row(there[0][2]) if there else None
-        for a, s, p in finished:
+        for _, _, p in finished:
             if base is not None and _base_row(p) != base:
                 raise UserError(f"{p}: its base row differs from the exported runs' ({dest}); not the same study")
     elif meta_path.exists():
