@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import cast
 
 from megatron_sdpo.study import stats
+from megatron_sdpo.study.findings import _mean
 from megatron_sdpo.study.inference import holm_adjusted
 
 NEAR, FAR, GAIN = "ood_change/math/near", "ood_change/math/far", "in_stage_gain/math"
@@ -140,6 +141,12 @@ def tuning(runs: Sequence[tuple[str, int, dict]]) -> Tuning:
     return Tuning(s0, gate_d, sd, asked, min(max(N_MIN, asked), N_MAX))
 
 
+def cell(xs: Sequence[float | None], fmt: str = "{:+.3f}") -> str:
+    """The mean of the values present, formatted ("–" when none is)."""
+    m = _mean(list(xs))
+    return "–" if m is None else fmt.format(m)
+
+
 def tuning_table(runs: Sequence[tuple[str, int, dict]]) -> list[str]:
     """The tuning study as markdown lines (docs/findings.md's safeguard-tuning block): each arm's
     mean endpoints over the tuning seeds (described, never tested nor pooled) and the two rules'
@@ -152,14 +159,10 @@ def tuning_table(runs: Sequence[tuple[str, int, dict]]) -> list[str]:
     for arm in arms:
         vals = [v for a, _, v in runs if a == arm]
 
-        def mean(xs: list[float | None]) -> str:
-            got = [x for x in xs if x is not None]
-            return f"{sum(got) / len(got):+.3f}" if got else "–"
-
         d = paired(runs, arm, REFERENCE, endpoint) if arm != REFERENCE else []
-        lines.append(f"| `{arm}` | {len(vals)} | {mean([endpoint(v) for v in vals])} | "
-                     f"{mean([v.get(NEAR) for v in vals])} | {mean([v.get(FAR) for v in vals])} | "
-                     f"{mean([v.get(GAIN) for v in vals])} | {mean(list(d)) if d else '–'} |")
+        lines.append(f"| `{arm}` | {len(vals)} | {cell([endpoint(v) for v in vals])} | "
+                     f"{cell([v.get(NEAR) for v in vals])} | {cell([v.get(FAR) for v in vals])} | "
+                     f"{cell([v.get(GAIN) for v in vals])} | {cell(d)} |")
     gates = ", ".join(f"s₀ = {s0:g}: {d:+.3f}" for s0, d in t.gate_d.items())
     capped = f" (the rule asked {t.n_asked}; the cap runs {t.n})" if t.n_asked > N_MAX else f" (the rule asked {t.n_asked})"
     lines += ["", f"Tuning seeds {', '.join(map(str, seeds))}. The gate's mean E − E(SDPO₀): {gates}; "

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from megatron_sdpo.study import stats
-from megatron_sdpo.study.preregistered import BASELINE, GAIN, endpoint, paired
+from megatron_sdpo.study.preregistered import BASELINE, GAIN, cell, endpoint, paired
 
 OPERATIONS_JSON = "operations.json"
 # The per-step keys these endpoints read (the export keeps them in metrics.jsonl).
@@ -45,11 +45,6 @@ def step_values(rows: Sequence[dict], root: Path) -> dict[str, float | None]:
     return out
 
 
-def _cell(xs: Sequence[float | None], fmt: str = "{:.3f}") -> str:
-    got = [x for x in xs if x is not None]
-    return fmt.format(math.fsum(got) / len(got)) if got else "–"
-
-
 def _vs_baseline(runs: Sequence[tuple[str, int, dict]], arm: str, metric) -> str:
     if arm == BASELINE:
         return "–"
@@ -75,8 +70,8 @@ def table(runs: Sequence[tuple[str, int, dict]]) -> list[str]:
 
         lines.append(
             f"| `{arm}` | {len(vals)} | {_vs_baseline(runs, arm, endpoint)} | "
-            f"{_vs_baseline(runs, arm, lambda v: v.get(GAIN))} | {_cell(col('right_op/near'))} | "
-            f"{_cell(col('spectral_shift'), '{:.3g}')} | {_cell(col('max_angle_deg'), '{:.2f}')} | "
-            f"{_cell(col(KL), '{:.4f}')} | {_cell(col(GATE))} | {_cell(col(AGREE))} | {_cell(col('compute_s'), '{:.0f}')} |"
+            f"{_vs_baseline(runs, arm, lambda v: v.get(GAIN))} | {cell(col('right_op/near'), '{:.3f}')} | "
+            f"{cell(col('spectral_shift'), '{:.3g}')} | {cell(col('max_angle_deg'), '{:.2f}')} | "
+            f"{cell(col(KL), '{:.4f}')} | {cell(col(GATE), '{:.3f}')} | {cell(col(AGREE), '{:.3f}')} | {cell(col('compute_s'), '{:.0f}')} |"
         )
     return lines
