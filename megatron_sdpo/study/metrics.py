@@ -69,6 +69,14 @@ class RunView:
         return forgetting_metrics(self.matrix)
 
     @cached_property
+    def ood_by_distance(self) -> dict | None:
+        """ood_change_by_distance on this view's matrix (None without ood_distance.json): the
+        three ood_mmd metrics read one analysis, computed once per bootstrap replicate."""
+        from megatron_sdpo.diagnostics.ood_distance import ood_change_by_distance
+
+        return None if self.ood_distances is None else ood_change_by_distance(self.matrix, self.ood_distances)
+
+    @cached_property
     def metrics(self) -> list[dict]:
         return self.run_dir.read_metrics()
 
@@ -157,13 +165,16 @@ def resampled_matrix(view: RunView, draws: dict[str, np.ndarray]) -> EvalMatrix:
     indices into the column's items, the same for every row). Cells without saved items keep
     their value."""
     items = view.item_scores
+    top = {col: int(idx.max(initial=-1)) for col, idx in draws.items()}  # per column, not per cell
     values: dict[str, dict[str, float | None]] = {}
     for row in view.matrix.rows:
         cells = dict(view.matrix.values[row])
         for col, scores in items.get(row, {}).items():
             idx = draws.get(col)
-            if col in cells and idx is not None and len(scores) and idx.max(initial=-1) < len(scores):
-                cells[col] = float(scores[idx].mean())
+            if col in cells and idx is not None and len(scores) and top[col] < len(scores):
+                # np.mean's own sum and division without its per-call bookkeeping (the bootstrap
+                # calls this millions of times): the same float.
+                cells[col] = float(np.add.reduce(scores[idx]) / len(idx))
         values[row] = cells
     return EvalMatrix(list(view.matrix.rows), list(view.matrix.columns), values)
 
@@ -328,11 +339,8 @@ def _ood_domain(view: RunView, domain: str, distance: str) -> float | None:
 
 
 def _ood_mmd(view: RunView, group: str) -> float | None:
-    from megatron_sdpo.diagnostics.ood_distance import ood_change_by_distance
-
-    if view.ood_distances is None:
-        return None
-    return ood_change_by_distance(view.matrix, view.ood_distances)["groups"].get(group, {}).get("in_stage_mean")
+    analysis = view.ood_by_distance
+    return None if analysis is None else analysis["groups"].get(group, {}).get("in_stage_mean")
 
 
 def _final_id(view: RunView, domain: str) -> float | None:
