@@ -109,7 +109,8 @@ class StudyRunner:
         say: Callable[[str], None] = lambda s: print(s, flush=True),
     ):
         self.specs, self.jobs, self.log_dir, self.timings = specs, max(1, jobs), log_dir, timings
-        self.threads = threads or threads_per_job(self.jobs)
+        # `threads` is the study's budget (the CLI's --threads): split like the machine's CPUs.
+        self.threads = threads_per_job(self.jobs, threads)
         self.quiet, self.verbose, self.say = quiet, verbose, say
 
     def _start(self, spec: RunSpec) -> _Running:

@@ -51,7 +51,7 @@ def test_runs_at_most_jobs_at_a_time_and_skips_finished_ones(tmp_path, fake_run)
     assert failed == []
     events = [json.loads(x) for x in (tmp_path / "events.jsonl").read_text().splitlines()]
     assert sorted(Path(e["out"]).name for e in events) == [f"r{i}" for i in range(5)]  # not "done"
-    assert {e["threads"] for e in events} == {"4"}
+    assert {e["threads"] for e in events} == {"2"}  # --threads 4 split between 2 jobs, as its help says
     # At no moment more than two runs: every start falls inside at most one other run's span.
     for e in events:
         assert sum(1 for o in events if o is not e and o["start"] <= e["start"] < o["end"]) <= 1
