@@ -107,7 +107,7 @@ def test_rollout_temperature_divides_every_models_logits(tmp_path):
     def fp32_bound(logits):
         # fp32 log_softmax(z) = z - max - log Σ exp(z - max): the division by T and each of the
         # few roundings after it err by O(eps32 · |z|), so the bound scales with the largest
-        # |logit / T| (27 here once gave 1.006e-5 against a fixed 1e-5).
+        # |logit / T| (log-probs near 27 once erred by 1.006e-5 against a fixed 1e-5).
         return 16 * torch.finfo(torch.float32).eps * (float(logits.abs().amax()) / 0.6 + 1.0)
 
     for logits, key in ((want["logits"], "logprobs"), (want["teacher_logits"], "teacher_logprobs"), (want["logits"], "ref_logprobs")):
