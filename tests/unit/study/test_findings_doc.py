@@ -19,7 +19,7 @@ def _blocks():
 
 def test_findings_md_cites_its_data():
     kinds = {kind for kind, _, _ in _blocks()}
-    assert kinds == {"findings", "metrics", "probe", "safeguard-tuning"}, kinds
+    assert kinds == {"findings", "metrics", "probe", "safeguard-tuning", "safeguard", "safeguard-secondary"}, kinds
     for kind, args, _ in _blocks():
         assert (ROOT / args.split()[0] / ("probes.json" if kind == "probe" else "study.json")).is_file(), args
 
