@@ -74,7 +74,8 @@ def parse_seeds(text: str) -> list[int]:
 
 
 def threads_per_job(jobs: int, total: int | None = None) -> int:
-    """CPU threads for each of `jobs` concurrent runs: the machine's CPUs split evenly, >= 1."""
+    """CPU threads for each of `jobs` concurrent runs: `total` (default the machine's CPUs) split
+    evenly, >= 1."""
     if total is None:
         total = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     return max(1, int(total) // max(jobs, 1))
@@ -109,8 +110,7 @@ class StudyRunner:
         say: Callable[[str], None] = lambda s: print(s, flush=True),
     ):
         self.specs, self.jobs, self.log_dir, self.timings = specs, max(1, jobs), log_dir, timings
-        # `threads` is the study's budget (the CLI's --threads): split like the machine's CPUs.
-        self.threads = threads_per_job(self.jobs, threads)
+        self.threads = threads_per_job(self.jobs, threads)  # `threads`: the study's whole budget (--threads)
         self.quiet, self.verbose, self.say = quiet, verbose, say
 
     def _start(self, spec: RunSpec) -> _Running:
