@@ -10,8 +10,14 @@ domain's verifier:
     student pass rate          per prompt, the share of its n samples the verifier accepts
     teacher pass rate (kind)   per prompt, the share of its re-prompted samples accepted, over
                                the prompts with at least one context of that kind
-    difference                 per prompt teacher - student, a t interval over those prompts
-                               (stats.paired_summary)
+    student pass, same prompts per prompt, the share of a second, independent draw of n student
+                               samples accepted: the samples that built the contexts also chose
+                               the prompts (a sibling context exists only where one of them
+                               passed), so their own pass rate on those prompts is biased upward
+                               (for a true rate p, E[k/n | k >= 1] = p / (1 - (1 - p)^n)); it is
+                               kept as `student_pass_selecting`, the comparator before this fix
+    difference                 per prompt teacher - student (the independent draw), a t interval
+                               over those prompts (stats.paired_summary)
     copies                     re-prompted answers equal to the quoted sibling's response
                                (whitespace aside): a pass that reads its answer off the context
     gain (rewarded/unrewarded) per sample with a context, the mean per-token log-probability of
@@ -105,13 +111,21 @@ def probe(
     passed = [r >= threshold for r in rewards]
     fb = feedbacks(results, [c.truncated for c in student]) if feedbacks else [r.feedback for r in results]
     student_pass = [sum(passed[k * samples : (k + 1) * samples]) / samples for k in range(n_prompts)]
+    # The comparator: the student's rate per prompt from samples that did not select the prompt
+    # (module docstring). Its seed follows the kinds' (seed + 1 .. seed + len(KINDS)).
+    fresh_seed = None if sampling.seed is None else sampling.seed + 1 + len(KINDS)
+    fresh = engine.generate(prompt_ids, dataclasses.replace(sampling, n=samples, seed=fresh_seed))
+    fresh_ok = [float(r.score) >= threshold for r in score([c.text for c in fresh], [records[c.prompt_index] for c in fresh])]
+    fresh_pass = [0.0] * n_prompts
+    for c, ok in zip(fresh, fresh_ok, strict=True):
+        fresh_pass[c.prompt_index] += ok / samples
     sibling_of = first_sibling(rewards, samples, threshold)
     out: dict = {
         "prompts": n_prompts, "samples_per_prompt": samples, "student_pass": sum(student_pass) / max(n_prompts, 1),
         "kinds": {},
     }
-    pr = _Probe(engine, tokenizer, recs, student, student_pass, sibling_of, passed, samples, threshold, score, logprobs,
-                prompt_ids, max_context_tokens, truncation)
+    pr = _Probe(engine, tokenizer, recs, student, student_pass, fresh_pass, sibling_of, passed, samples, threshold,
+                score, logprobs, prompt_ids, max_context_tokens, truncation)
     for k_index, kind in enumerate(KINDS):
         contexts = build_teacher_contexts(
             [r["prompt"] for r in recs], texts, rewards, fb, group_size=samples, templates=kind_templates(templates, kind),
@@ -132,7 +146,8 @@ class _Probe:
     tokenizer: Any
     recs: list  # the record of each sample
     student: list  # Completions, samples of a prompt consecutive
-    student_pass: list  # per prompt
+    student_pass: list  # per prompt, from the samples that build the contexts (and select the prompts)
+    fresh_pass: list  # per prompt, from an independent draw: the comparator
     sibling_of: list  # per sample: the quoted sibling's index or None
     passed: list  # per sample
     samples: int
@@ -150,7 +165,8 @@ def _kind_row(pr: _Probe, kind: str, contexts: list[str | None], sampling: Sampl
     prompts_with = sorted({i // pr.samples for i in rows})
     row: dict = {"samples": len(rows), "prompts": len(prompts_with), "prompt_share": len(prompts_with) / max(len(pr.student_pass), 1)}
     if not rows:
-        return {**row, "teacher_pass": None, "student_pass": None, "difference": _interval([]), "copies": 0, "copy_share": None}
+        return {**row, "teacher_pass": None, "student_pass": None, "student_pass_selecting": None,
+                "difference": _interval([]), "copies": 0, "copy_share": None}
     teacher_ids = [
         truncate_context_ids(ids, pr.max_context_tokens, pr.truncation)
         for ids in encode_prompts(pr.tokenizer, [str(contexts[i]) for i in rows], [pr.recs[i].get("history", ()) for i in rows])
@@ -169,8 +185,9 @@ def _kind_row(pr: _Probe, kind: str, contexts: list[str | None], sampling: Sampl
         )
     row.update(
         teacher_pass=sum(t_pass.values()) / len(t_pass),
-        student_pass=sum(pr.student_pass[p] for p in prompts_with) / len(prompts_with),
-        difference=_interval([t_pass[p] - pr.student_pass[p] for p in prompts_with]),
+        student_pass=sum(pr.fresh_pass[p] for p in prompts_with) / len(prompts_with),
+        student_pass_selecting=sum(pr.student_pass[p] for p in prompts_with) / len(prompts_with),
+        difference=_interval([t_pass[p] - pr.fresh_pass[p] for p in prompts_with]),
         copies=copies,
         copy_share=copies / len(rows),
     )

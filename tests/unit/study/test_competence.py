@@ -100,6 +100,27 @@ def test_pass_rates_and_context_shares_are_the_stub_models():
     assert k["sibling"]["difference"]["lo"] > 0.3 and k["feedback"]["difference"]["lo"] > 0.1
 
 
+def test_the_student_comparator_is_an_independent_draw():
+    """The bias of the old comparator and its absence in the new one, on rates known exactly. A
+    prompt has a sibling context only when one of the student's n samples passed; the pass rate
+    of those same samples on the prompts they selected is E[k/n | k >= 1] = p / (1 - (1 - p)^n)
+    (0.339 for p = 0.2, n = 4), while the student's true rate on every prompt is p. The probe's
+    comparator is a second draw: p on the selected prompts too. For "both" (1 <= k <= n - 1) the
+    selecting rate is (p - p^n) / (1 - (1 - p)^n - p^n)."""
+    n, p, prompts = 4, P_STUDENT, 1500
+    k = run(n_prompts=prompts, samples=n)["kinds"]
+    sib, both = k["sibling"], k["both"]
+    biased = p / (1 - (1 - p) ** n)
+    # Per-prompt rates of n draws: within 6 standard errors of a mean of prompts x n Bernoullis.
+    assert within(sib["student_pass"], p, sib["prompts"] * n)
+    assert within(sib["student_pass_selecting"], biased, sib["prompts"])
+    assert sib["student_pass_selecting"] - sib["student_pass"] > 0.1  # the old bias, +0.139 expected
+    assert within(both["student_pass"], p, both["prompts"] * n)
+    assert within(both["student_pass_selecting"], (p - p**n) / (1 - (1 - p) ** n - p**n), both["prompts"])
+    # The difference is against the independent draw: teacher 0.9 - student 0.2.
+    assert within(sib["difference"]["mean"] + p, P_SIBLING, sib["prompts"])
+
+
 def test_copies_of_the_quoted_sibling_are_counted():
     k = run(n_prompts=60, copy=True)["kinds"]
     assert k["sibling"]["copy_share"] == 1.0 and k["sibling"]["teacher_pass"] == 1.0
