@@ -13,9 +13,7 @@ file paths), which is how the tests drive every conversion without network.
 from __future__ import annotations
 
 import hashlib
-import io
 import json
-import pickle
 import random
 import tempfile
 from collections.abc import Callable
@@ -24,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from megatron_sdpo.data.dataset_files import DatasetFile, question_key
+from megatron_sdpo.data.packed_tests import PackedError, json_text
 from megatron_sdpo.data.reference_rows import REFERENCE_COMMIT, REFERENCE_REPO
 from megatron_sdpo.errors import DataError, UserError
 
@@ -136,26 +135,12 @@ def _by_file(names: dict[str, str]) -> Callable[[Rows], Converted]:
     return convert
 
 
-class _NoGlobals(pickle.Unpickler):
-    """Unpickles plain data only: any class or function reference is refused."""
-
-    def find_class(self, module: str, name: str) -> Any:
-        raise pickle.UnpicklingError(f"refused global {module}.{name}")
-
-
 def _lcb_private(value: Any) -> Any:
-    """LiveCodeBench's private cases are base64(zlib(pickle(JSON string))): unpickled here with
-    no globals allowed (a str needs none) and stored as the JSON string the loader reads."""
-    import base64
-    import zlib
-
+    """LiveCodeBench's private cases are base64(zlib(pickle(JSON string))): read as plain data
+    (packed_tests) and stored as the JSON string the loader reads."""
     if not isinstance(value, str) or value.strip().startswith("[") or not value.strip():
         return value
-    raw = zlib.decompress(base64.b64decode(value))
-    if raw[:1] != b"\x80":
-        return value
-    data = _NoGlobals(io.BytesIO(raw)).load()
-    return data if isinstance(data, str) else json.dumps(data)
+    return json_text(value)
 
 
 # The reference evaluates on the problems of contests from this date on (its
@@ -175,8 +160,8 @@ def _livecodebench(rows: Rows) -> Converted:
             continue  # before the reference's window: not part of the set
         try:
             out.append({**r, "private_test_cases": _lcb_private(r.get("private_test_cases"))})
-        except Exception as exc:  # a malformed or non-data pickle: named, not fatal
-            bad.append(f"{r.get('question_id', '?')}: private tests unreadable ({type(exc).__name__})")
+        except PackedError as exc:  # a malformed or non-data pickle: named, not fatal
+            bad.append(f"{r.get('question_id', '?')}: private tests unreadable ({exc})")
     return {"livecodebench_v6.jsonl": (out, bad)}
 
 

@@ -150,7 +150,8 @@ def test_unsafe_pickle_is_refused():
     blob = base64.b64encode(zlib.compress(pickle.dumps(os.path.join))).decode()  # a global reference
     out = hub_table._livecodebench([{"question_id": "q9", "private_test_cases": blob, "contest_date": "2025-03-01"}])
     rows, bad = out["livecodebench_v6.jsonl"]
-    assert rows == [] and bad == ["q9: private tests unreadable (UnpicklingError)"]
+    assert rows == [] and bad == ["q9: private tests unreadable (not a plain-data pickle (UnpicklingError: "
+                                  "refused global posixpath.join))"]
 
 
 def test_needed_sets_and_table():
