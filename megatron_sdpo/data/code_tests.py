@@ -18,11 +18,16 @@ class Unconvertible(Exception):
     """An assert (or a whole item) that has no exact functional-case form."""
 
 
+def _shown(src: str) -> str:
+    """A test's source on one line (a reason is one line of the manifest), cut at 80 characters."""
+    return " ".join(src.split())[:80]
+
+
 def _literal(node: ast.expr, what: str) -> Any:
     try:
         value = ast.literal_eval(node)
     except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
-        raise Unconvertible(f"{what} is not a literal: {ast.unparse(node)[:80]}") from None
+        raise Unconvertible(f"{what} is not a literal: {_shown(ast.unparse(node))}") from None
     _check_json(value, what)
     return value
 
@@ -51,7 +56,7 @@ def _check_json(value: Any, what: str) -> None:
 
 def _case(call: ast.expr, expected: ast.expr, fn_names: tuple[str, ...]) -> tuple[str, dict]:
     if not isinstance(call, ast.Call) or not isinstance(call.func, ast.Name) or call.func.id not in fn_names:
-        raise Unconvertible(f"left side is not a call of {' / '.join(fn_names)}: {ast.unparse(call)[:80]}")
+        raise Unconvertible(f"left side is not a call of {' / '.join(fn_names)}: {_shown(ast.unparse(call))}")
     if call.keywords or any(isinstance(a, ast.Starred) for a in call.args):
         raise Unconvertible("keyword or starred arguments")
     args = [_literal(a, "an argument") for a in call.args]
@@ -67,10 +72,10 @@ def _case(call: ast.expr, expected: ast.expr, fn_names: tuple[str, ...]) -> tupl
 def assert_case(stmt: ast.stmt, fn_names: tuple[str, ...]) -> tuple[str, dict]:
     """(called name, functional case) for ``assert f(args) == expected``; else Unconvertible."""
     if not isinstance(stmt, ast.Assert):
-        raise Unconvertible(f"not an assert: {ast.unparse(stmt)[:80]}")
+        raise Unconvertible(f"not an assert: {_shown(ast.unparse(stmt))}")
     test = stmt.test
     if not (isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.ops[0], ast.Eq)):
-        raise Unconvertible(f"not an equality assert: {ast.unparse(test)[:80]}")
+        raise Unconvertible(f"not an equality assert: {_shown(ast.unparse(test))}")
     left, right = test.left, test.comparators[0]
     if isinstance(right, ast.Call) and not isinstance(left, ast.Call):
         left, right = right, left  # `assert expected == f(x)`
@@ -78,7 +83,8 @@ def assert_case(stmt: ast.stmt, fn_names: tuple[str, ...]) -> tuple[str, dict]:
 
 
 def mbpp_cases(test_list: list[str], setup_code: str = "") -> tuple[str, list[dict]]:
-    """(function name, cases) from MBPP's assert strings; every assert must convert."""
+    """(function name, cases) from a list of assert strings (MBPP's `test_list`, a Dolci `code`
+    row's ground truth); every assert must convert."""
     if setup_code.strip():
         raise Unconvertible("needs test_setup_code")
     if not test_list:
@@ -89,9 +95,9 @@ def mbpp_cases(test_list: list[str], setup_code: str = "") -> tuple[str, list[di
         try:
             tree = ast.parse(src.strip())
         except SyntaxError:
-            raise Unconvertible(f"test does not parse: {src[:80]}") from None
+            raise Unconvertible(f"test does not parse: {_shown(src)}") from None
         if len(tree.body) != 1:
-            raise Unconvertible(f"test is not one statement: {src[:80]}")
+            raise Unconvertible(f"test is not one statement: {_shown(src)}")
         stmt = tree.body[0]
         called = _called_name(stmt)
         fn, case = assert_case(stmt, (called,) if called else ())

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from megatron_sdpo.data import dolci_rows
 from megatron_sdpo.data.dataset_files import DatasetFile, question_key
 from megatron_sdpo.data.packed_tests import PackedError, json_text
 from megatron_sdpo.data.reference_rows import REFERENCE_COMMIT, REFERENCE_REPO
@@ -165,10 +166,27 @@ def _livecodebench(rows: Rows) -> Converted:
     return {"livecodebench_v6.jsonl": (out, bad)}
 
 
+def _dolci_ground_truth(row: dict) -> dict:
+    """The row with a packed ground truth (the synthetic2 rows) as the JSON it holds."""
+    truth = row.get("ground_truth")
+    if isinstance(truth, list) and len(truth) == 1 and isinstance(truth[0], str) and dolci_rows.is_packed(truth[0]):
+        return {**row, "ground_truth": [json_text(truth[0])]}
+    return row
+
+
 def _dolci_code(rows: Rows) -> Converted:
-    code = [r for r in rows if "code" in str(r.get("dataset") or r.get("source") or "").lower()]
-    train, test = _split(code, lambda r: question_key(json.dumps(r.get("prompt") or r.get("messages"), sort_keys=True)))
-    return {"dolci_think_rl_code.jsonl": (train, []), "dolci_think_rl_code_test.jsonl": (test, [])}
+    code = [r for r in rows if dolci_rows.is_code(r)]
+    parts = _split(code, lambda r: question_key(json.dumps(r.get("prompt") or r.get("messages"), sort_keys=True)))
+    out: Converted = {}
+    for name, part in zip(("dolci_think_rl_code.jsonl", "dolci_think_rl_code_test.jsonl"), parts, strict=True):
+        kept, bad = [], []
+        for r in part:
+            try:
+                kept.append(_dolci_ground_truth(r))
+            except PackedError as exc:
+                bad.append(f"{r.get('id', '?')}: ground truth unreadable ({exc})")
+        out[name] = (kept, bad)
+    return out
 
 
 def _aime(name: str) -> Callable[[Rows], Converted]:
@@ -218,7 +236,8 @@ TABLE: tuple[HubSet, ...] = (
            revision=LCB_REVISION,
            split_rule=f"the reference's window: contests from {LCB_WINDOW_START} on, at hub revision {LCB_REVISION}"),
     HubSet("dolci_code", "allenai/Dolci-Think-RL-7B", "train", ("prompt", "ground_truth", "dataset"), "ODC-BY-1.0",
-           ("dolci_think_rl_code.jsonl", "dolci_think_rl_code_test.jsonl"), "dolci_code", _dolci_code),
+           ("dolci_think_rl_code.jsonl", "dolci_think_rl_code_test.jsonl"), "dolci_code", _dolci_code,
+           split_rule="the `code` and `code_stdio` rows, 90/10 by prompt with seed 42; packed tests stored as JSON"),
     HubSet("zebralogic", "WildEval/ZebraLogic", "test", ("id", "puzzle", "solution"), "CC-BY-4.0",
            ("zebralogic.jsonl",), None, _one("zebralogic.jsonl"), config="grid_mode"),
 )

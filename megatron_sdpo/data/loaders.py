@@ -17,7 +17,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from megatron_sdpo.data import reference_rows
+from megatron_sdpo.data import dolci_rows, reference_rows
+from megatron_sdpo.data.code_tests import Unconvertible
 from megatron_sdpo.data.records import LETTERS, validate_record
 from megatron_sdpo.errors import DataError
 
@@ -36,6 +37,7 @@ CODE_STDIN_INSTRUCTION = (
 CODE_FUNCTIONAL_INSTRUCTION = (
     "Complete the function `{fn_name}` in the starter code. Put the code in a ```python code block."
 )
+CODE_FUNCTION_INSTRUCTION = "Write the Python function `{fn_name}`. Put the code in a ```python code block."
 
 
 class RowError(Exception):
@@ -410,7 +412,7 @@ def decode_lcb_tests(value: Any, field: str) -> list[dict]:
     if raw[:1] == b"\x80":  # the pickle protocol opcode
         raise RowError(
             f"field {field!r} holds pickled data, which is refused (unpickling can execute code); "
-            "convert it to a JSON string first"
+            "convert it to a JSON string first (`megatron-sdpo data prepare` does, with no globals)"
         )
     try:
         return json.loads(raw.decode("utf-8"))
@@ -425,6 +427,10 @@ def _check_tests(cases: Any, field: str) -> list[dict]:
     for i, c in enumerate(cases):
         if not isinstance(c, dict) or "input" not in c or "output" not in c:
             raise RowError(f"{field}[{i}] needs 'input' and 'output'")
+        if any(isinstance(c[key], (list, dict)) for key in ("input", "output")):
+            # str() of a list is no program's stdin or stdout: such pairs are function-call tests.
+            raise RowError(f"{field}[{i}] holds a JSON list or object, not text (a function-call test "
+                           "whose function the row does not name)")
         case = {"input": str(c["input"]), "output": str(c["output"])}
         if c.get("testtype") == "functional":
             case["testtype"] = "functional"
@@ -436,7 +442,8 @@ def _code_prompt(question: str, fn_name: str | None, starter: str) -> str:
     parts = [question.strip()]
     if starter.strip():
         parts.append("Starter code:\n```python\n" + starter.rstrip() + "\n```")
-    parts.append(CODE_FUNCTIONAL_INSTRUCTION.format(fn_name=fn_name) if fn_name else CODE_STDIN_INSTRUCTION)
+    functional = CODE_FUNCTIONAL_INSTRUCTION if starter.strip() else CODE_FUNCTION_INSTRUCTION
+    parts.append(CODE_STDIN_INSTRUCTION if fn_name is None else functional.format(fn_name=fn_name))
     return "\n\n".join(parts)
 
 
@@ -467,29 +474,27 @@ def _livecodebench(row: dict, index: int, ctx: dict) -> dict:
 
 
 def _dolci_code(row: dict, index: int, ctx: dict) -> dict:
-    question = _message_text(_get(row, "prompt", "question", "messages"), "prompt")
-    raw = _as_json(_get(row, "tests", "ground_truth", "test_cases"), "tests")
-    if isinstance(raw, dict) and isinstance(raw.get("inputs"), list):  # {"inputs": [..], "outputs": [..]}
-        outs = raw.get("outputs")
-        if not isinstance(outs, list) or len(outs) != len(raw["inputs"]):
-            raise RowError("'tests.inputs' and 'tests.outputs' must be lists of equal length")
-        raw = [{"input": i, "output": o} for i, o in zip(raw["inputs"], outs, strict=True)]
+    """Dolci-Think-RL's code rows (dolci_rows), and MBPP / HumanEval as `tests` and `fn_name`."""
+    question = dolci_rows.prompt_text(_message_text(_get(row, "prompt", "question", "messages"), "prompt"))
+    try:
+        fn_name, raw = dolci_rows.cases(row, _get(row, "tests", "ground_truth", "test_cases"))
+    except Unconvertible as exc:
+        raise RowError(str(exc)) from None
     tests = _check_tests(raw, "tests")
-    if not tests:
-        raise RowError("no test cases")
-    fn_name = row.get("fn_name")
-    if any(t.get("testtype") == "functional" for t in tests) and not isinstance(fn_name, str):
+    fn_name = fn_name or row.get("fn_name")
+    functional = any(t.get("testtype") == "functional" for t in tests)
+    if functional and not isinstance(fn_name, str):
         raise RowError("functional tests need 'fn_name'")
-    # The Dolci prompts already state the I/O contract; add ours only when no format is given.
-    prompt = question if "```" in question or "python" in question.lower() else _code_prompt(question, None, "")
-    rec = {
+    # The Dolci prompts mostly state the I/O contract; ours is added only when none is given.
+    stated = "```" in question or "python" in question.lower()
+    rec: dict[str, Any] = {
         "id": _row_id(row, "dolci_code", index, "id", "custom_id"),
         "domain": "code",
-        "prompt": prompt,
+        "prompt": question if stated else _code_prompt(question, fn_name if functional else None, ""),
         "tests": tests,
-        "source": str(row.get("dataset") or row.get("source") or "dolci_code"),
+        "source": str(row["dataset"]) if isinstance(row.get("dataset"), str) else _source(row, "dolci_code"),
     }
-    if isinstance(fn_name, str):
+    if functional:
         rec["fn_name"] = fn_name
     if isinstance(row.get("reference_solution"), str):
         rec["reference_solution"] = row["reference_solution"]
