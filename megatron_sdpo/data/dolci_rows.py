@@ -44,6 +44,17 @@ def is_packed(text: str) -> bool:
     return text.lstrip()[:1] not in ("[", "{", "")
 
 
+def _unwrapped(value: Any) -> Any:
+    """The one string of a hub row's ground-truth list; any other value as it is."""
+    return value[0] if isinstance(value, list) and len(value) == 1 and isinstance(value[0], str) else value
+
+
+def packed(value: Any) -> str | None:
+    """The base64 string a ground truth holds, or None when it holds JSON or data."""
+    value = _unwrapped(value)
+    return value if isinstance(value, str) and is_packed(value) else None
+
+
 def prompt_text(text: str) -> str:
     return text[len(_USER_TURN):] if text.startswith(_USER_TURN) else text
 
@@ -51,8 +62,7 @@ def prompt_text(text: str) -> str:
 def tests_of(value: Any) -> Any:
     """The decoded tests of a `ground_truth` / `tests` value: the one JSON string of a hub row's
     list, a JSON string, or the data itself; {"inputs": [...], "outputs": [...]} as pairs."""
-    if isinstance(value, list) and len(value) == 1 and isinstance(value[0], str):
-        value = value[0]
+    value = _unwrapped(value)
     if isinstance(value, str):
         if is_packed(value):
             raise Unconvertible("the ground truth is packed (base64); `megatron-sdpo data prepare` stores it "
@@ -77,7 +87,7 @@ def cases(row: dict, value: Any) -> tuple[str | None, Any]:
     if not tests:
         raise Unconvertible("no test cases")
     row_labels = labels(row)
-    if isinstance(tests, list) and tests and all(isinstance(t, str) for t in tests):
+    if isinstance(tests, list) and all(isinstance(t, str) for t in tests):
         if "code_stdio" in row_labels:
             raise Unconvertible("a code_stdio row whose tests are assert statements")
         return mbpp_cases(tests)

@@ -168,10 +168,8 @@ def _livecodebench(rows: Rows) -> Converted:
 
 def _dolci_ground_truth(row: dict) -> dict:
     """The row with a packed ground truth (the synthetic2 rows) as the JSON it holds."""
-    truth = row.get("ground_truth")
-    if isinstance(truth, list) and len(truth) == 1 and isinstance(truth[0], str) and dolci_rows.is_packed(truth[0]):
-        return {**row, "ground_truth": [json_text(truth[0])]}
-    return row
+    blob = dolci_rows.packed(row.get("ground_truth"))
+    return row if blob is None else {**row, "ground_truth": [json_text(blob)]}
 
 
 def _dolci_code(rows: Rows) -> Converted:
