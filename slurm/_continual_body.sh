@@ -21,17 +21,22 @@
 # needs (a step, the save of one node's ranks at checkpoint.write_gib_per_s, a margin), fails when
 # the lead is shorter, and writes the lead and the save's reserve to a file this script sources
 # (SDPO_STOP_LEAD_S, SDPO_STOP_RESERVE_S: megatron_sdpo/planning/stop_grace.py). Either signal
-# (USR1, or TERM from scancel or preemption) is passed on to the ranks as SIGTERM; the ranks agree
-# to stop (megatron_sdpo/stop_request.py), finish their step when it fits the lead, else abandon it
+# reaches the ranks as SIGTERM: USR1 (the batch shell's alone) is passed on to the job's steps by
+# `scancel --signal=TERM`; a TERM from scancel, a time limit or a preemption Slurm sends to every
+# process of the job itself. Never `kill` srun: srun answers a signal by killing its tasks at
+# once ("forcing job termination"), before any rank saves. The ranks agree to stop
+# (megatron_sdpo/stop_request.py), finish their step when it fits the lead, else abandon it
 # before its optimizer step, save the last completed step and exit; torchrun waits the lead
 # (STOP_GRACE_S, default 540, when no lead is known) before it kills them. torchrun has
 # --shutdown-timeout from torch 2.11 (pytorch/pytorch#172596); the preflight checks it.
+# Only after USR1 does the job requeue itself; a plain TERM stays cancelled; a preempted job
+# (Slurm sets its PreemptTime and signals the steps) requeues itself once its ranks saved, as
+# Slurm would at the end of the partition's GraceTime. The requeued job keeps its id, finds the
+# run directory with its resolved_config.yaml and passes --resume, so training continues from the
+# step it stopped at. Which stops leave time for a save: docs/cluster.md ("Stopping a job").
 # Networking: each rank sets NCCL_SOCKET_IFNAME and GLOO_SOCKET_IFNAME, unless given, to the
 # interface of its route to MASTER_ADDR (megatron_sdpo/network.py, from SDPO_NODES);
-# the preflight prints node 0's choice. Only then, after USR1, does the job requeue itself;
-# a plain TERM stays cancelled, and preemption requeues through --requeue. The requeued job keeps
-# its id, finds the run directory with its resolved_config.yaml and passes --resume, so training
-# continues from the step it stopped at.
+# the preflight prints node 0's choice.
 
 set -euo pipefail
 
@@ -109,23 +114,26 @@ SIGNALLED=""
 REQUEUE=""
 requeue() {
   echo "$(date '+%F %T') requeueing job ${SLURM_JOB_ID}; it resumes from ${RUN_DIR}"
-  scontrol requeue "${SLURM_JOB_ID}"
+  scontrol requeue "${SLURM_JOB_ID}" || echo "$(date '+%F %T') scontrol requeue failed: resubmit with RUN_DIR=${RUN_DIR}"
+}
+preempted() {  # Slurm selected the job for preemption (its PreemptTime is set)
+  scontrol show job "${SLURM_JOB_ID}" 2>/dev/null | grep -q 'PreemptTime=[0-9]'
 }
 # The requeue waits for the ranks' save: requeueing first would kill the job before it is written.
+# `scancel --signal` without --batch signals every process of the job's steps, not this shell.
 on_time_limit() {
   SIGNALLED=1
   REQUEUE=1
   echo "$(date '+%F %T') time limit near: stopping job ${SLURM_JOB_ID} at the end of its step"
   if [[ -z "${SRUN_PID}" ]]; then requeue; exit 0; fi
-  kill -TERM "${SRUN_PID}" 2>/dev/null || true
+  scancel --signal=TERM "${SLURM_JOB_ID}" || true
 }
-# A plain TERM (scancel, preemption) is forwarded without requeueing: a cancelled job stays
-# cancelled, and preemption requeues through --requeue.
+# A TERM to this shell comes with one to every step (scancel, the time limit, preemption without
+# a grace time): Slurm signals the ranks itself, and passing it on would signal them twice.
 on_term() {
   SIGNALLED=1
-  echo "$(date '+%F %T') SIGTERM: stopping job ${SLURM_JOB_ID}"
+  echo "$(date '+%F %T') SIGTERM: job ${SLURM_JOB_ID} is stopping (Slurm signalled its steps)"
   [[ -n "${SRUN_PID}" ]] || exit 143
-  kill -TERM "${SRUN_PID}" 2>/dev/null || true
 }
 trap on_time_limit USR1
 trap on_term TERM
@@ -141,10 +149,17 @@ WORLD=$((SLURM_JOB_NUM_NODES * GPUS_PER_NODE))
 mkdir -p "${SLURM_SUBMIT_DIR}/logs"
 LAUNCH_ENV="${SLURM_SUBMIT_DIR}/logs/launch-${SLURM_JOB_ID}.env"
 rm -f "${LAUNCH_ENV}"
+# The preflight reads the job script's #SBATCH --signal lead. Slurm runs a spool copy of it that a
+# container does not see: the preflight gets a copy in the submit directory.
+JOB_SCRIPT=""
+if [[ -n "${SDPO_JOB_SCRIPT:-}" ]]; then
+  JOB_SCRIPT="${SLURM_SUBMIT_DIR}/logs/job-${SLURM_JOB_ID}.sh"
+  cp "${SDPO_JOB_SCRIPT}" "${JOB_SCRIPT}"
+fi
 preflight=0
 srun --nodes=1 --ntasks=1 ${CONTAINER_ARGS[@]+"${CONTAINER_ARGS[@]}"} \
   python -m megatron_sdpo run "${PRESET}" "$@" --dry-run --strict --world-size "${WORLD}" \
-    ${SDPO_JOB_SCRIPT:+--job-script "${SDPO_JOB_SCRIPT}"} --launch-env "${LAUNCH_ENV}" || preflight=$?
+    ${JOB_SCRIPT:+--job-script "${JOB_SCRIPT}"} --launch-env "${LAUNCH_ENV}" || preflight=$?
 if ((preflight != 0)); then
   echo "$(date '+%F %T') preflight (--dry-run) failed with status ${preflight}; nothing launched"
   exit "${preflight}"
@@ -173,6 +188,12 @@ while [[ -n "${SIGNALLED}" ]]; do
   ((again == 127)) || status="${again}"
 done
 echo "$(date '+%F %T') srun exited with status ${status}"
+# Preemption with a GraceTime signals only the steps: the ranks save and exit, and this shell
+# would end the job as finished (or failed) before the grace ends, when Slurm would requeue it.
+if [[ -z "${REQUEUE}" ]] && preempted; then
+  echo "$(date '+%F %T') job ${SLURM_JOB_ID} was preempted"
+  REQUEUE=1
+fi
 if [[ -n "${REQUEUE}" ]]; then
   requeue
 fi
