@@ -7,7 +7,8 @@ Domain keys:
     tooluse  "tools" (list of {"name", "description", "parameters"}), "answer" (list of
              {"Action": str, "Action_Input": dict}, or a JSON string of that list).
     code     "tests" (list of {"input": str, "output": str[, "testtype"]}); functional tests need
-             "fn_name" on the record.
+             "fn_name" on the record; "testtype": "code" makes the input a test script run after
+             the program (rewards/code.py).
 Optional: "solution" (str, an ideal full response), "allowed" (tooluse, BFCL-style allowed
 argument values), "history" (earlier chat turns shown before the prompt: a list of
 {"role": "user" | "assistant", "content": str}, user first, alternating, ending with the

@@ -3,6 +3,16 @@
 Score 1 iff every test passes; details carry the pass fraction. Feedback (the SDPO teacher's
 environment signal) is the first problem: format error, error trace, time-out, output limit,
 or the first failing case with its input, expected and actual output.
+
+Three kinds of test case (a record's cases are all of one kind):
+- stdin (no `testtype`): the input is the program's stdin, its stdout is compared by line;
+- `"testtype": "functional"`: the record's `fn_name` is called with the input's JSON values and
+  its return value compared with the output's JSON (LiveCodeBench, MBPP);
+- `"testtype": "code"`: the input is a test script (asserts, or any statements) run verbatim
+  after the program in its globals; it passes if it runs to its end without raising, and the
+  output is unused. The name and meaning are the reference's (lasgroup/SDPO: exec the program,
+  then the test); Dolci-Think-RL's `code` rows are tested so. A failing script is named in the
+  feedback.
 """
 from __future__ import annotations
 
@@ -44,23 +54,34 @@ def extract_code(response: str) -> str | None:
     return code if code.strip() else None
 
 
+KINDS = ("stdin", "functional", "code")
+
+
+def _kind(case: dict) -> str:
+    kind = case.get("testtype") or "stdin"
+    if kind not in KINDS:
+        raise KeyError(f"testtype {kind!r} is none of {', '.join(KINDS)}")
+    return str(kind)
+
+
 def _tests(record: dict) -> tuple[list[dict], str | None]:
     tests = record.get("tests")
     try:
         if isinstance(tests, str):
             tests = json.loads(tests)
         # Not a list (None, a number): the iteration's TypeError names the record below.
-        cases = [{"input": str(t["input"]), "output": str(t["output"]),
-                  "functional": t.get("testtype") == "functional"} for t in cast(list, tests)]
+        cases = [{"input": str(t["input"]), "output": str(t["output"]), "kind": _kind(t)}
+                 for t in cast(list, tests)]
     except (ValueError, TypeError, KeyError, AttributeError) as exc:
         raise DataError(f"record {record.get('id')!r}: malformed code tests ({exc})") from None
     if not cases:
         raise DataError(f"record {record.get('id')!r}: no code tests")
-    functional = {c["functional"] for c in cases}
-    if len(functional) > 1:
-        raise DataError(f"record {record.get('id')!r}: mixes stdin and functional tests")
-    fn_name = record.get("fn_name") if cases[0]["functional"] else None
-    if cases[0]["functional"] and not fn_name:
+    kinds = {c["kind"] for c in cases}
+    if len(kinds) > 1:
+        raise DataError(f"record {record.get('id')!r}: mixes {' and '.join(sorted(kinds))} tests")
+    functional = cases[0]["kind"] == "functional"
+    fn_name = record.get("fn_name") if functional else None
+    if functional and not fn_name:
         raise DataError(f"record {record.get('id')!r}: functional tests need 'fn_name'")
     return cases, fn_name
 
@@ -84,7 +105,9 @@ def _values_equal(a: Any, b: Any) -> bool:
 def _passed(case: dict, outcome: CaseOutcome) -> bool:
     if outcome.status != "ok":
         return False
-    if not case["functional"]:
+    if case["kind"] == "code":
+        return True  # the script ran to its end (the runner checks it did run)
+    if case["kind"] == "stdin":
         return _lines(outcome.stdout) == _lines(case["output"])
     try:
         return _values_equal(json.loads(outcome.result or ""), json.loads(case["output"]))
@@ -102,6 +125,8 @@ def _feedback(index: int, case: dict, outcome: CaseOutcome, timeout_s: float) ->
     shown_input = clip_text(case["input"], _SHOW)
     if outcome.status == "refused":
         return outcome.stderr
+    if case["kind"] == "code":
+        return _script_feedback(where, shown_input, outcome, timeout_s)
     if outcome.status == "timeout":
         return f"Time limit exceeded ({timeout_s:g} s) on {where}.\nInput:\n{shown_input}"
     if outcome.status == "output_limit":
@@ -113,10 +138,27 @@ def _feedback(index: int, case: dict, outcome: CaseOutcome, timeout_s: float) ->
         if "SyntaxError" in tail or "IndentationError" in tail:
             return f"The program does not compile:\n{tail}"
         return f"Runtime error on {where}:\n{tail}\nInput:\n{shown_input}"
-    got = outcome.result if case["functional"] else outcome.stdout
+    got = outcome.result if case["kind"] == "functional" else outcome.stdout
     return (f"Wrong answer on {where}.\nInput:\n{shown_input}\n"
             f"Expected:\n{clip_text(case['output'].strip(), _SHOW)}\n"
             f"Got:\n{clip_text((got or '').strip(), _SHOW)}")
+
+
+def _script_feedback(where: str, shown_test: str, outcome: CaseOutcome, timeout_s: float) -> str:
+    """A failed test script, named by its number and its source (the trace says how it failed)."""
+    test = f"Test:\n{shown_test}"
+    if outcome.status == "timeout":
+        return f"Time limit exceeded ({timeout_s:g} s) on {where}.\n{test}"
+    if outcome.status == "output_limit":
+        return f"Output limit exceeded on {where}.\n{test}"
+    if outcome.status == "signal":
+        return f"The program was killed by signal {outcome.signal} on {where}.\n{test}"
+    tail = _trace_tail(outcome.stderr)
+    if 'File "solution.py"' in outcome.stderr and 'File "test.py"' not in outcome.stderr:
+        if "SyntaxError" in tail or "IndentationError" in tail:
+            return f"The program does not compile:\n{tail}"
+        return f"The program failed before {where} ran:\n{tail}"
+    return f"Failed {where}.\n{test}\n{tail or 'It raised no error but did not run to its end.'}"
 
 
 def _result(cases: list[dict], outcomes: list[CaseOutcome], timeout_s: float) -> RewardResult:
@@ -153,7 +195,8 @@ def score_code_batch(responses: list[str], records: list[dict], *, sandbox: Sand
             results[i] = RewardResult(0.0, "Format error: the program contains NUL bytes.",
                                       {"error": "binary", "pass_fraction": 0.0})
         else:
-            jobs.append((i, cases, Program(code, [c["input"] for c in cases], fn_name)))
+            jobs.append((i, cases, Program(code, [c["input"] for c in cases], fn_name,
+                                           scripts=cases[0]["kind"] == "code")))
     if jobs:
         # A SandboxError (the sandbox itself broke) propagates: it is never the model's fault.
         outcomes = sandbox.run_batch([p for _, _, p in jobs], batched=batched)

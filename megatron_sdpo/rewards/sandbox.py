@@ -10,7 +10,10 @@ Isolation ("namespaces" mode, used when the trainer runs as root and the kernel 
 - the program runs as a fresh unprivileged uid (never the trainer's), so RLIMIT_NPROC is enforced
   by the kernel even though the trainer is root and a fork bomb stays contained;
 - rlimits: CPU, address space, processes, file size, open files, no core dumps;
-- wall-clock limit per test case (kills the namespace) and per run (kills the process group);
+- a time limit per test case judged on the case's CPU time (user + system, from wait4), so
+  that the verdict does not depend on what else the machine runs; RLIMIT_CPU kills a case that
+  keeps computing, and a wall-clock backstop per case (`wall_factor` times the limit: it kills
+  the namespace) and per run (kills the process group) stops one that sleeps or blocks;
 - scrubbed environment and ``python -I``: no variable of the trainer is visible.
 
 Without namespaces ("rlimits" mode, e.g. an unprivileged trainer) only the rlimits, process-group
@@ -61,8 +64,14 @@ class SandboxError(RuntimeError):
 class SandboxLimits:
     """Per-program limits. Times in seconds, sizes in MiB unless named otherwise."""
 
-    timeout_s: float = 2.0  # wall clock per test case
+    # The time limit per test case, on the case's CPU time: a case over it is judged timed out
+    # however loaded the machine is (a 2 s wall-clock limit turned correct answers into
+    # time-outs beside other work). RLIMIT_CPU (`cpu_s`, whole seconds) kills one that goes on.
+    timeout_s: float = 2.0
     cpu_s: int = 2  # RLIMIT_CPU per test case
+    # The wall-clock backstop per case is wall_factor * max(timeout_s, cpu_s): generous, for a
+    # program that sleeps or blocks (no CPU time); it is not what judges a computing program.
+    wall_factor: float = 10.0
     memory_mb: int = 512  # RLIMIT_AS
     nproc: int = 16  # processes + threads of the sandbox uid
     fsize_mb: int = 8  # RLIMIT_FSIZE: caps every file, stdout and stderr included
@@ -73,10 +82,18 @@ class SandboxLimits:
     startup_s: float = 5.0  # allowance for interpreter start-up in the per-run deadline
 
     def __post_init__(self) -> None:
-        for name in ("timeout_s", "cpu_s", "memory_mb", "nproc", "fsize_mb", "nofile",
+        for name in ("timeout_s", "cpu_s", "wall_factor", "memory_mb", "nproc", "fsize_mb", "nofile",
                      "output_chars", "tmpfs_mb", "max_timeouts", "startup_s"):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"sandbox.{name} must be > 0, got {getattr(self, name)!r}")
+        if self.wall_factor < 1:
+            raise ConfigError(f"sandbox.wall_factor must be >= 1 (a backstop above the CPU limit), "
+                              f"got {self.wall_factor!r}")
+
+    @property
+    def wall_s(self) -> float:
+        """The wall-clock backstop per case."""
+        return self.wall_factor * max(self.timeout_s, float(self.cpu_s))
 
 
 @dataclass
@@ -91,6 +108,7 @@ class CaseOutcome:
     returncode: int | None = None
     signal: int | None = None
     wall_s: float = 0.0
+    cpu_s: float = 0.0  # user + system CPU time of the case's process
 
 
 @dataclass
@@ -99,11 +117,18 @@ class Program:
 
     With `fn_name` None each input is the program's stdin; otherwise the program is imported and
     `fn_name` (a method of `class Solution` or a top-level function) is called with the JSON
-    values on the input's lines as positional arguments."""
+    values on the input's lines as positional arguments. With `scripts` each input is instead a
+    test script (Python source, run verbatim): the program is imported (stdin empty), then the
+    script runs in the program's globals; the case is `ok` only when the script ran to its end."""
 
     source: str
     inputs: list[str] = field(default_factory=list)
     fn_name: str | None = None
+    scripts: bool = False
+
+    def __post_init__(self) -> None:
+        if self.scripts and self.fn_name is not None:
+            raise ValueError("a program's cases are test scripts or function calls, not both")
 
 
 _mode_cache: dict[str, str] = {}
@@ -229,13 +254,13 @@ class Sandbox:
                "HOME": "/nonexistent", "PYTHONHASHSEED": "0"}
         job = {
             "mode": mode, "uid": uid, "gid": gid, "env": env,
-            "limits": {**asdict(limits), "nproc_abs": nproc_abs},
+            "limits": {**asdict(limits), "nproc_abs": nproc_abs, "wall_s": limits.wall_s},
             "max_timeouts": limits.max_timeouts,
-            "programs": [{"source": p.source, "inputs": list(p.inputs), "fn_name": p.fn_name}
-                         for p in programs],
+            "programs": [{"source": p.source, "inputs": list(p.inputs), "fn_name": p.fn_name,
+                          "scripts": p.scripts} for p in programs],
         }
         n_cases = sum(len(p.inputs) for p in programs)
-        deadline = limits.startup_s + n_cases * (limits.timeout_s + 0.25)
+        deadline = limits.startup_s + n_cases * (limits.wall_s + 0.25)
         proc = None
         try:
             proc = subprocess.Popen(

@@ -11,7 +11,8 @@ Process tree in "namespaces" mode (the runner starts as root):
       `-- init (pid 1 of a fresh pid namespace, root)   mounts /proc, loops over cases
             `-- case child (sandbox uid, rlimits, audit hook)  executes the program
 
-A fork per case keeps cases independent; ``kill(-1, SIGKILL)`` from init after each case kills
+A fork per case keeps cases independent (a test script, too, runs in the fork of its case, after
+the program); ``kill(-1, SIGKILL)`` from init after each case kills
 every process left in the namespace (background children, fork-bomb survivors), and when init
 dies the kernel kills the whole namespace, so nothing can outlive the sandbox.
 
@@ -40,6 +41,9 @@ SCRATCH_DIRS = ("/tmp", "/var/tmp", "/dev/shm")
 RESULT_FD = 3
 
 _libc = ctypes.CDLL(None, use_errno=True)
+# Bound now: a program runs in this interpreter before a test script does, and could replace
+# builtins.exec / compile (then the script would not run and the case would pass).
+_EXEC, _COMPILE = exec, compile
 
 
 class SetupError(Exception):
@@ -168,13 +172,20 @@ def _set_limits(limits: dict) -> None:
         resource.setrlimit(res, value)
 
 
-def _run_program(source: str, fn_name, stdin_text: str) -> int:
-    """Execute the program in this (child) process; returns the exit status."""
+def _run_program(source: str, fn_name, stdin_text: str, script=None, token: bytes = b"") -> int:
+    """Execute the program in this (child) process; returns the exit status. With `script` (a
+    test script) the script runs after the program in its globals, and `token` is written to the
+    result channel only once it has run to its end: a program that exits early (os._exit(0))
+    never runs the test, and exit status 0 alone does not pass it."""
     try:
-        code = compile(source, "solution.py", "exec")
-        glb = {"__name__": "__main__" if fn_name is None else "solution", "__builtins__": builtins}
-        exec(code, glb)
-        if fn_name is not None:
+        code = _COMPILE(source, "solution.py", "exec")
+        main = fn_name is None and script is None
+        glb = {"__name__": "__main__" if main else "solution", "__builtins__": builtins}
+        _EXEC(code, glb)
+        if script is not None:
+            _EXEC(_COMPILE(script, "test.py", "exec"), glb)
+            os.write(RESULT_FD, token)
+        elif fn_name is not None:
             if "Solution" in glb and isinstance(glb["Solution"], type):
                 fn = getattr(glb["Solution"](), fn_name, None)
             else:
@@ -199,7 +210,7 @@ def _run_program(source: str, fn_name, stdin_text: str) -> int:
         return 1
 
 
-def _child(job: dict, program: dict, stdin_text: str, fds, mode: str) -> None:
+def _child(job: dict, program: dict, case_input: str, fds, mode: str, token: bytes) -> None:
     status = 1
     try:
         in_fd, out_fd, err_fd, res_fd = fds
@@ -225,7 +236,9 @@ def _child(job: dict, program: dict, stdin_text: str, fds, mode: str) -> None:
         os.environ.clear()
         os.environ.update(job["env"])
         sys.addaudithook(_block_network(mode))
-        status = _run_program(program["source"], program.get("fn_name"), stdin_text)
+        script = case_input if program.get("scripts") else None
+        status = _run_program(program["source"], program.get("fn_name"),
+                              "" if script is not None else case_input, script, token)
         sys.stdout.flush()
         sys.stderr.flush()
     except BaseException:
@@ -257,26 +270,67 @@ def _reap_all() -> None:
             return
 
 
-def _run_case(job: dict, program: dict, stdin_text: str, mode: str) -> dict:
+_TICK_S = 0.05  # how often a running case's CPU time is read
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def _tree_cpu_seconds(pid: int, mode: str) -> float:
+    """CPU time of every process of a case: its own plus what it reaped from its children
+    (utime, stime, cutime, cstime). RLIMIT_CPU is per process, so a program that forks workers
+    (or a fork bomb) would pass the limit on to each of them; the sum is what is judged.
+    namespaces: every process of the pid namespace but init; rlimits: the case's process group."""
+    total = 0
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or (mode == "namespaces" and entry == "1"):
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue  # gone meanwhile
+        if mode != "namespaces" and int(fields[2]) != pid:  # fields[2]: the process group
+            continue
+        total += sum(int(x) for x in fields[11:15])  # utime stime cutime cstime
+    return total / _CLOCK_TICKS
+
+
+def _wait_case(pid: int, pidfd: int, limits: dict, mode: str) -> tuple[bool, float]:
+    """Wait for the case's process to end, reading its tree's CPU time every tick: killed once
+    over the CPU limit (timed out) or past the wall backstop. (timed out, CPU seconds seen)."""
+    start, cpu = time.monotonic(), 0.0
+    while True:
+        left = limits["wall_s"] - (time.monotonic() - start)
+        ready, _, _ = select.select([pidfd], [], [], max(0.0, min(_TICK_S, left)))
+        if ready:
+            return False, cpu
+        cpu = max(cpu, _tree_cpu_seconds(pid, mode))
+        if cpu > limits["timeout_s"] or left <= 0:
+            if mode == "namespaces":
+                os.kill(-1, signal.SIGKILL)
+            else:
+                os.killpg(pid, signal.SIGKILL)
+            return True, cpu
+
+
+def _run_case(job: dict, program: dict, case_input: str, mode: str) -> dict:
+    """Run one case in a fork. Its verdict on time is its CPU time (its process tree's, and
+    wait4's rusage), not the wall clock: a loaded machine slows a case down without adding CPU
+    time to it. The wall limit is the backstop for a case that uses no CPU (sleeps, blocks)."""
     limits = job["limits"]
+    scripts = bool(program.get("scripts"))
+    token = os.urandom(16).hex().encode() if scripts else b""
     fds = [os.memfd_create(name) for name in ("stdin", "stdout", "stderr", "result")]
     try:
-        os.write(fds[0], stdin_text.encode())
+        os.write(fds[0], ("" if scripts else case_input).encode())
         os.lseek(fds[0], 0, os.SEEK_SET)
         sys.stdout.flush()
         start = time.monotonic()
         pid = os.fork()
         if pid == 0:
-            _child(job, program, stdin_text, fds, mode)
+            _child(job, program, case_input, fds, mode, token)
         pidfd = os.pidfd_open(pid)
-        ready, _, _ = select.select([pidfd], [], [], limits["timeout_s"])
-        timed_out = not ready
-        if timed_out:
-            if mode == "namespaces":
-                os.kill(-1, signal.SIGKILL)
-            else:
-                os.killpg(pid, signal.SIGKILL)
-        _, wstatus = os.waitpid(pid, 0)
+        killed, tree_cpu = _wait_case(pid, pidfd, limits, mode)
+        _, wstatus, usage = os.wait4(pid, 0)
         wall = time.monotonic() - start
         os.close(pidfd)
         if mode == "namespaces":
@@ -287,10 +341,16 @@ def _run_case(job: dict, program: dict, stdin_text: str, mode: str) -> dict:
             except (ProcessLookupError, PermissionError):
                 pass
         cap = int(limits["output_chars"])
+        result = _read_fd(fds[3], cap) if program.get("fn_name") or scripts else None
+        stderr = _read_fd(fds[2], cap)
+        if scripts and result != token.decode() and os.WIFEXITED(wstatus) and os.WEXITSTATUS(wstatus) == 0:
+            stderr += "\nThe program ended (exit status 0) before the test ran.\n"
         outcome = {
-            "stdout": _read_fd(fds[1], cap), "stderr": _read_fd(fds[2], cap),
-            "result": _read_fd(fds[3], cap) if program.get("fn_name") else None,
-            "wall_s": round(wall, 4), "returncode": None, "signal": None,
+            "stdout": _read_fd(fds[1], cap), "stderr": stderr,
+            "result": None if scripts else result,
+            "wall_s": round(wall, 4),
+            "cpu_s": round(max(tree_cpu, usage.ru_utime + usage.ru_stime), 4),
+            "returncode": None, "signal": None,
         }
     finally:
         for fd in fds:
@@ -300,13 +360,15 @@ def _run_case(job: dict, program: dict, stdin_text: str, mode: str) -> dict:
     else:
         outcome["returncode"] = os.WEXITSTATUS(wstatus)
     sig = outcome["signal"]
-    if timed_out or sig == signal.SIGXCPU:
+    if killed or sig == signal.SIGXCPU or outcome["cpu_s"] > limits["timeout_s"]:
         outcome["status"] = "timeout"
     elif sig == signal.SIGXFSZ:
         outcome["status"] = "output_limit"
     elif sig is not None:
         outcome["status"] = "signal"
     elif outcome["returncode"] != 0:
+        outcome["status"] = "error"
+    elif scripts and result != token.decode():
         outcome["status"] = "error"
     else:
         outcome["status"] = "ok"
@@ -322,12 +384,12 @@ def run_jobs(job: dict, mode: str) -> list:
         if job.get("uid") is not None:
             os.chown(program["dir"], job["uid"], job["gid"])
         outcomes, timeouts = [], 0
-        for stdin_text in program["inputs"]:
+        for case_input in program["inputs"]:
             if timeouts >= job["max_timeouts"]:
                 outcomes.append({"status": "skipped", "stdout": "", "stderr": "", "result": None,
-                                 "wall_s": 0.0, "returncode": None, "signal": None})
+                                 "wall_s": 0.0, "cpu_s": 0.0, "returncode": None, "signal": None})
                 continue
-            outcome = _run_case(job, program, stdin_text, mode)
+            outcome = _run_case(job, program, case_input, mode)
             timeouts += outcome["status"] == "timeout"
             outcomes.append(outcome)
         report.append(outcomes)

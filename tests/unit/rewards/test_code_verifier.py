@@ -78,10 +78,14 @@ def test_feedback_kinds(code, fragment):
 
 
 def test_timeout_skips_remaining_cases():
-    start = time.monotonic()
-    result = score_code(fenced("while True:\n    pass"), STDIO, sandbox=SANDBOX)
+    # "skipped" cases never ran (the runner marks them without forking). The limit is CPU time,
+    # so the wall time this takes grows with the machine's load and is not bounded here.
+    sandbox = Sandbox(SandboxLimits(timeout_s=0.5, cpu_s=1))
+    start = time.process_time()
+    result = score_code(fenced("while True:\n    pass"), STDIO, sandbox=sandbox)
     assert result.details["statuses"] == ["timeout", "skipped", "skipped"]
-    assert time.monotonic() - start < 2.0
+    assert result.feedback.startswith("Time limit exceeded (0.5 s) on test 1.")
+    assert time.process_time() - start < 0.5  # the loop's CPU is the sandbox's, not this process's
 
 
 @pytest.mark.parametrize("response", ["", "```python\n```", "   "])
@@ -112,3 +116,90 @@ def test_adversarial_responses_do_not_raise():
     assert score("code", "```python\n" * 20_000, STDIO).score == 0.0
     assert score("code", b"\x00\xff\xfe" * 1000, STDIO).score == 0.0
     assert score("code", "x" * 60_000, STDIO).feedback.startswith("Format error")
+
+
+# Test scripts (`"testtype": "code"`): run verbatim after the program, one per case.
+SCRIPTS = {"id": "c3", "domain": "code", "tests": [
+    {"input": "assert exp(2, 3) == 8", "output": "", "testtype": "code"},
+    {"input": "from datetime import date\nassert shift(date(2024, 1, 31)) == date(2024, 2, 1)",
+     "output": "", "testtype": "code"},
+    {"input": "try:\n    exp(2, 0.5)\nexcept NotImplementedError:\n    pass\nelse:\n    assert False",
+     "output": "", "testtype": "code"}]}
+EXP = """import datetime
+
+
+def exp(a, b):
+    if b != int(b):
+        raise NotImplementedError("integer exponents only")
+    out = 1
+    for _ in range(int(b)):
+        out *= a
+    return out
+
+
+def shift(d):
+    return d + datetime.timedelta(days=1)
+"""
+
+
+def test_scripts_pass_when_they_run_to_their_end():
+    result = score_code(fenced(EXP), SCRIPTS, sandbox=SANDBOX)
+    assert (result.score, result.details["statuses"]) == (1.0, ["ok", "ok", "ok"]), result.feedback
+
+
+@pytest.mark.parametrize("changes,passed,feedback", [
+    # The try/except script fails by its `else: assert False`: the failing script is shown.
+    ([('raise NotImplementedError("integer exponents only")', "return 1.4142")], 2,
+     "Failed test 3.\nTest:\ntry:\n    exp(2, 0.5)\nexcept NotImplementedError:\n    pass\nelse:\n    assert False\n"
+     "Traceback (most recent call last):\n  File \"test.py\", line 6, in <module>\nAssertionError"),
+    ([("days=1", "days=2")], 2, "Failed test 2.\nTest:\nfrom datetime import date\n"),
+    # Exiting with status 0 before the script runs does not pass it.
+    ([("import datetime", "import os\nos._exit(0)")], 0, "The program ended (exit status 0) before the test ran."),
+    # Neither does making the scripts no-ops: the runner bound exec and compile before the program
+    # ran, so the wrong exp still fails test 1 (tests 2 and 3 do not meet the change: they pass).
+    ([("out = 1", "return 0"),
+      ("import datetime", "import builtins, datetime\nbuiltins.exec = builtins.compile = lambda *a, **k: None")],
+     2, "Failed test 1."),
+    ([("import datetime", "import datetime\nraise KeyError('x')")], 0, "The program failed before test 1 ran:"),
+])
+def test_scripts_fail_and_name_the_failing_one(changes, passed, feedback):
+    program = EXP
+    for old, new in changes:
+        program = program.replace(old, new)
+    assert program != EXP
+    result = score_code(fenced(program), SCRIPTS, sandbox=SANDBOX)
+    assert result.score == 0.0 and result.details["passed"] == passed, result.feedback
+    assert feedback in result.feedback, result.feedback
+
+
+def test_scripts_get_no_stdin_and_do_not_run_main_blocks():
+    main = "import sys\nif __name__ == '__main__':\n    sys.exit(3)\nDATA = sys.stdin.read()\n"
+    record = {"id": "c4", "tests": [{"input": "assert DATA == '' and __name__ == 'solution'", "output": "",
+                                     "testtype": "code"}]}
+    assert score_code(fenced(main), record, sandbox=SANDBOX).score == 1.0
+
+
+def test_mixed_or_unknown_test_kinds_are_refused():
+    mixed = {"id": "m", "tests": [SCRIPTS["tests"][0], {"input": "1", "output": "1"}]}
+    with pytest.raises(DataError, match="mixes code and stdin tests"):
+        score_code(fenced(EXP), mixed, sandbox=SANDBOX)
+    with pytest.raises(DataError, match="testtype 'assert' is none of"):
+        score_code(fenced(EXP), {"id": "u", "tests": [{"input": "", "output": "", "testtype": "assert"}]},
+                   sandbox=SANDBOX)
+
+
+def test_time_is_judged_on_cpu_time_of_the_whole_process_tree():
+    # Sleeping uses no CPU: within the wall backstop it passes, past it it times out.
+    sleepy = "import time\ntime.sleep(1.5)\nprint(3)"
+    assert score_code(fenced(sleepy), {"id": "s", "tests": [{"input": "", "output": "3"}]},
+                      sandbox=SANDBOX).score == 1.0
+    short = Sandbox(SandboxLimits(timeout_s=1.0, cpu_s=1, wall_factor=1.2))
+    slept = score_code(fenced(sleepy), {"id": "s", "tests": [{"input": "", "output": "3"}]}, sandbox=short)
+    assert slept.details["statuses"] == ["timeout"]
+    # Four busy workers share the limit: their summed CPU time is judged, so the case stops soon
+    # after 1 s of CPU in all. RLIMIT_CPU alone is per process: each worker would get its own
+    # second (4 s and more in all), and the 10 s wall backstop would end them.
+    workers = ("import os, time\nfor _ in range(4):\n    if os.fork() == 0:\n        while True:\n"
+               "            pass\ntime.sleep(30)\n")
+    outcome = SANDBOX.run(sb.Program(workers, [""]))[0]
+    assert outcome.status == "timeout" and 1.0 < outcome.cpu_s < 3.0, outcome
