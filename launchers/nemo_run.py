@@ -40,6 +40,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -63,18 +64,28 @@ if TYPE_CHECKING:  # pragma: no cover
 
     from megatron_sdpo.config import RunConfig
 
-# Exported in every cluster job, as slurm/continual_*.sh do. Values must stay shell-safe words:
-# NeMo-Run renders them as unquoted `export KEY=value` lines.
-CLUSTER_ENV: dict[str, str] = {
-    # Megatron's tensor/sequence-parallel overlap relies on one CUDA work queue per device.
-    "CUDA_DEVICE_MAX_CONNECTIONS": "1",
-    # A failed or stuck collective aborts the rank instead of hanging until the time limit.
-    "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
-    "NCCL_DEBUG": "WARN",
-    # Free NCCL buffers by stream order rather than record_stream: lower peak memory next to vLLM.
-    "TORCH_NCCL_AVOID_RECORD_STREAMS": "1",
-    "TOKENIZERS_PARALLELISM": "false",
-}
+
+def read_cluster_env(path: Path) -> dict[str, str]:
+    """KEY=value lines of slurm/cluster.env (comments and blank lines skipped): the environment
+    of every cluster job, which the sbatch body reads too. Values are plain words: NeMo-Run
+    renders them as unquoted `export KEY=value` lines."""
+    env = {}
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        key, sep, value = line.partition("=")
+        if not sep or not key.isidentifier() or not value or any(c in value for c in " \t'\"$`;"):
+            raise ConfigError(f"{path}:{number}: expected KEY=word, got {line!r}")
+        env[key] = value
+    return env
+
+
+CLUSTER_ENV: dict[str, str] = read_cluster_env(REPO_ROOT / "slurm" / "cluster.env")
+# The node list the ranks choose their socket interface from (megatron_sdpo/network.py), as the
+# sbatch body exports it.
+NODES_SETUP = 'export SDPO_NODES="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | tr "\\n" " ")"'
+DEFAULT_STOP_LEAD_S = 720  # slurm/continual_7b.sh's lead; the preflight checks it against the plan
 RESUME_MARKER = "resolved_config.yaml"  # written when a run starts; `--resume` needs it
 
 
@@ -175,11 +186,16 @@ def slurm_executor(
     packager: Any,
     container_mounts: Sequence[str] = (),
     env_vars: Mapping[str, str] | None = None,
+    stop_lead_s: int = DEFAULT_STOP_LEAD_S,
 ) -> run.SlurmExecutor:
     """A SlurmExecutor for `cfg.launch` (account, partition, nodes, gpus_per_node, time, image).
 
     One task per node starts torchrun with `nproc_per_node` ranks (NeMo-Run turns
-    ntasks_per_node into torchrun's nproc-per-node when the launcher is torchrun).
+    ntasks_per_node into torchrun's nproc-per-node when the launcher is torchrun). The stop:
+    Slurm sends TERM to the job's steps `stop_lead_s` before the time limit (NeMo-Run's batch
+    script has no handler, so not B:USR1 as slurm/continual_*.sh); torchrun passes it on and
+    waits that long for the ranks' save (PET_SHUTDOWN_TIMEOUT is torchrun's --shutdown-timeout).
+    A job stopped so ends; `--resume` continues it.
     """
     run = _nemo_run()
     launch = cfg.launch
@@ -197,7 +213,10 @@ def slurm_executor(
         container_image=launch.container_image or None,
         container_mounts=list(container_mounts),
         launcher="torchrun" if world > 1 else None,
-        env_vars={**CLUSTER_ENV, **(env_vars or {})},
+        env_vars={**CLUSTER_ENV, "SDPO_STOP_LEAD_S": str(stop_lead_s), "PET_SHUTDOWN_TIMEOUT": str(stop_lead_s),
+                  **(env_vars or {})},
+        signal=f"TERM@{stop_lead_s}",
+        setup_lines=NODES_SETUP,
         tunnel=tunnel,
         packager=packager,
     )
@@ -296,15 +315,24 @@ def _check_data_files(cfg: RunConfig) -> None:
                 raise DataError(f"domains.{domain}.{where}.source: data file not found: {src.source}")
 
 
-def preflight(preset: str, overrides: Sequence[str], world_size: int, python: str | None = None) -> int:
+def preflight(preset: str, overrides: Sequence[str], world_size: int, python: str | None = None,
+              stop_lead_s: int | None = None) -> tuple[int, dict[str, str]]:
     """`python -m megatron_sdpo run PRESET [overrides] --dry-run --world-size N` with the training
     interpreter (`python`, default this one) and this checkout; its report and any one-line error
-    go to this terminal. Returns its exit status (0: the plan resolves)."""
+    go to this terminal. With `stop_lead_s` it checks that lead against the stop's planned grace
+    and returns the launch environment it writes (the lead and the save's reserve, as the sbatch
+    body sources it). Returns (its exit status, 0: the plan resolves; that environment)."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p)
     cmd = [python or sys.executable, "-m", "megatron_sdpo", "run", preset, *overrides, "--dry-run", "--world-size", str(world_size)]
     print(f"[nemo_run] preflight: python -m megatron_sdpo {' '.join(cmd[3:])}", file=sys.stderr, flush=True)
-    return subprocess.call(cmd, env=env)
+    if stop_lead_s is None:
+        return subprocess.call(cmd, env=env), {}
+    with tempfile.TemporaryDirectory() as tmp:
+        launch_env = Path(tmp) / "launch.env"
+        rc = subprocess.call([*cmd, "--launch-env", str(launch_env)], env={**env, "SDPO_STOP_LEAD_S": str(stop_lead_s)})
+        lines = launch_env.read_text().splitlines() if launch_env.exists() else []
+    return rc, dict(ln.removeprefix("export ").split("=", 1) for ln in lines if "=" in ln)
 
 
 def _find_rendered_sbatch(title: str) -> Path | None:
@@ -380,6 +408,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--packager", choices=["auto", "git", "none"], default="auto",
                    help="slurm: ship this checkout's committed HEAD (git) or use an installed package")
     p.add_argument("--follow", action="store_true", help="slurm: wait for the job and stream its log")
+    p.add_argument("--stop-lead-s", type=int, default=DEFAULT_STOP_LEAD_S,
+                   help="slurm: seconds before the time limit at which the ranks are told to stop and save "
+                   f"(checked against the plan's grace; default {DEFAULT_STOP_LEAD_S})")
     p.add_argument("--python", help="the training environment's interpreter: runs the preflight and a local job "
                    "(default: this interpreter)")
     return p
@@ -420,7 +451,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         _nemo_run()
         python = training_python(args.python)
         world = nproc * (cfg.launch.nodes if executor_kind == "slurm" else 1)
-        rc = preflight(preset, overrides, world, python)
+        lead = args.stop_lead_s if executor_kind == "slurm" else None
+        rc, stop_env = preflight(preset, overrides, world, python, stop_lead_s=lead)
         if rc != 0:
             return rc
         cli = ["run", preset, *overrides, "--out", out]
@@ -432,7 +464,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             mounts = [m for m in args.container_mounts.split(",") if m]
             executor = slurm_executor(cfg, nproc, tunnel=_tunnel(args), packager=_packager(packager),
-                                      container_mounts=mounts)
+                                      container_mounts=mounts, env_vars=stop_env, stop_lead_s=args.stop_lead_s)
         print(f"[nemo_run] {executor_kind}: {cfg.launch.nodes if executor_kind == 'slurm' else 1} node(s) x "
               f"{nproc} process(es): python -m megatron_sdpo {' '.join(cli)}", file=sys.stderr)
         return submit(task, executor, name=cfg.name, dryrun=args.dryrun, follow=args.follow)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -36,6 +37,25 @@ DUPLICATE_S = 2.0
 LEAD_ENV = "SDPO_STOP_LEAD_S"  # seconds from the stop signal to the kill (the sbatch --signal lead)
 RESERVE_ENV = "SDPO_STOP_RESERVE_S"  # of those, what the save, refit and margin need after the step
 MARGIN_MIN_S = 30.0  # the least margin a stop keeps beyond its save
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def serve_parent(parent: int) -> None:
+    """Called first in a helper process of a rank (a queue, a verifier): the stop signals are the
+    rank's to act on (a scheduler signals every process of a job, and a helper killed by that
+    signal fails the save or the step the signal asks to finish), and the helper dies with the
+    rank, however the rank dies (a SIGKILLed rank runs no clean-up, and a helper reparented to
+    init escapes the scheduler's process tracking). Linux ties the death signal to the thread that
+    started the helper: start helpers from a thread that lives as long as the rank (its main one).
+    Exits at once when `parent` has already ended."""
+    for s in SIGNALS:
+        signal.signal(s, signal.SIG_IGN)
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent:
+        os._exit(0)
 
 
 class StepAbandoned(Exception):

@@ -82,19 +82,12 @@ GPUS_PER_NODE="${GPUS_PER_NODE:-${SLURM_GPUS_ON_NODE:-8}}"
 STOP_GRACE_S="${STOP_GRACE_S:-540}"
 export MASTER_ADDR MASTER_PORT
 
-# Megatron's tensor/sequence-parallel overlap relies on one CUDA work queue per device.
-export CUDA_DEVICE_MAX_CONNECTIONS="${CUDA_DEVICE_MAX_CONNECTIONS:-1}"
-# A failed or stuck collective aborts the rank (and the job) instead of hanging until the limit.
-export TORCH_NCCL_ASYNC_ERROR_HANDLING="${TORCH_NCCL_ASYNC_ERROR_HANDLING:-1}"
-export NCCL_DEBUG="${NCCL_DEBUG:-WARN}"
-# NVLink SHARP buffers cost about 1 GiB per communicator, beside vLLM: the memory plan counts
-# each communicator without them (memory_ledger.context_items).
-export NCCL_NVLS_ENABLE="${NCCL_NVLS_ENABLE:-0}"
-# Free NCCL buffers by stream order rather than record_stream: lower peak memory next to vLLM.
-# (No PYTORCH_CUDA_ALLOC_CONF=expandable_segments: vLLM's sleep-mode memory pool refuses it.)
-export TORCH_NCCL_AVOID_RECORD_STREAMS="${TORCH_NCCL_AVOID_RECORD_STREAMS:-1}"
-export PYTHONUNBUFFERED=1
-export TOKENIZERS_PARALLELISM=false
+# The jobs' environment (slurm/cluster.env, which launchers/nemo_run.py reads too): each variable
+# the submitting environment did not set.
+while IFS='=' read -r key value; do
+  [[ -z "${key}" || "${key}" == \#* ]] && continue
+  [[ -n "${!key:-}" ]] || export "${key}=${value}"
+done < "$(dirname "$0")/cluster.env"
 # Compile caches on node-local disk: thousands of ranks writing one shared home is slow.
 NODE_CACHE="${TMPDIR:-/tmp}/megatron_sdpo-${SLURM_JOB_ID}"
 export TRITON_CACHE_DIR="${TRITON_CACHE_DIR:-${NODE_CACHE}/triton}"

@@ -87,7 +87,7 @@ class MathVerifier:
         worker = os.path.join(os.path.dirname(os.path.abspath(__file__)), "math_worker.py")
         self._buf = b""
         self._proc = subprocess.Popen(
-            [sys.executable, "-I", worker], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            [sys.executable, "-I", worker, str(os.getpid())], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL, bufsize=0,
         )
         ready = self._readline(self.startup_timeout_s)

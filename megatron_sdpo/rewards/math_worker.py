@@ -8,11 +8,29 @@ parent holds every answer to its own deadline. A first line {"ready": true} anno
 imports are done.
 """
 import json
+import os
+import signal
 import sys
 import warnings
 
 
+def end_with(parent: int) -> None:
+    """As stop_request.serve_parent (this isolated script imports nothing of the package): the
+    stop signals are the rank's, which kills this worker when it no longer needs it; and the
+    worker dies with the rank however the rank dies, instead of living on under init."""
+    for sig in (signal.SIGTERM, signal.SIGUSR1):
+        signal.signal(sig, signal.SIG_IGN)
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    if os.getppid() != parent:
+        sys.exit(0)
+
+
 def main() -> None:
+    if len(sys.argv) > 1:
+        end_with(int(sys.argv[1]))
     warnings.simplefilter("ignore")
     import logging
 

@@ -29,6 +29,7 @@ import torch.distributed as dist
 from megatron_sdpo.backends.checkpoint import fsync_dir
 from megatron_sdpo.errors import CheckpointError
 from megatron_sdpo.stop_request import SIGNALS as STOP_SIGNALS
+from megatron_sdpo.stop_request import serve_parent
 from megatron_sdpo.weights.hf_writer import HFDirWriter, write_hf_dir
 
 COMPLETE = "COMPLETE"
@@ -43,21 +44,26 @@ _SHADOW = "teacher_fp32"
 
 def _start_writer_queue() -> None:
     """Start dist_checkpointing's writer results queue (a Manager process that lives as long as
-    the rank) with the stop signals ignored.
+    the rank) as a helper that ignores the stop signals and dies with the rank (serve_parent).
 
-    A stop signal reaches the whole process group of a rank (torchrun signals the group), which
-    would kill that process just before the save the signal asks for (BrokenPipeError). Ignored
-    dispositions survive the exec of a spawned child, so the queue process started here outlives
-    the signal; it still ends with the rank (multiprocessing shuts its managers down at exit,
-    and torchrun kills what is left of the group). A stop signal that arrives during this
-    sub-second start is lost (the first save of a run)."""
+    A stop signal reaches every process of a rank's job (Slurm signals them all, torchrun the
+    rank's group), which would kill that process just before the save the signal asks for
+    (BrokenPipeError); and a rank killed outright left it running, reparented to init. The stop
+    signals are ignored from before the spawn (ignored dispositions survive the exec), so a
+    signal during its sub-second start is not lost on it; the rank's own handler is back after."""
+    from multiprocessing.managers import SyncManager
+
+    import torch.multiprocessing as mp
     from megatron.core.dist_checkpointing.strategies import filesystem_async
 
     if getattr(filesystem_async, "_results_queue", None) is not None or threading.current_thread() is not threading.main_thread():
         return
     previous = {s: signal.signal(s, signal.SIG_IGN) for s in STOP_SIGNALS}
     try:
-        filesystem_async._get_write_results_queue()
+        manager = SyncManager(ctx=mp.get_context("spawn"))
+        manager.start(initializer=serve_parent, initargs=(os.getpid(),))
+        # The proxy holds the manager: the process lives as long as the queue megatron keeps.
+        filesystem_async._results_queue = manager.Queue()
     finally:
         for s, h in previous.items():
             signal.signal(s, h)

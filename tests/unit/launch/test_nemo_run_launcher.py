@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from megatron_sdpo.errors import ConfigError
+
 REPO = Path(__file__).resolve().parents[3]
 LAUNCHER = REPO / "launchers" / "nemo_run.py"
 LAUNCH_PY = REPO / ".venv-launch" / "bin" / "python"
@@ -89,12 +91,20 @@ def test_relative_data_paths_are_anchored_for_slurm(launcher):
     assert launcher.data_source_overrides(load_config("tiny"), "/data/root") == []
 
 
-def test_cluster_env_matches_the_sbatch_scripts(launcher):
-    """Both launch paths export the same NCCL / CUDA settings (no drift between them)."""
-    for script in ("_continual_body.sh",):
-        text = (REPO / "slurm" / script).read_text()
-        for key, value in launcher.CLUSTER_ENV.items():
-            assert re.search(rf"^export {key}=(\"\${{{key}:-)?{re.escape(value)}\b", text, flags=re.M), (script, key)
+def test_both_launch_paths_read_one_cluster_env(launcher):
+    """slurm/cluster.env is the one definition: the launcher exports it as it stands, and the sbatch
+    body exports each of its variables that the submitting environment left unset."""
+    lines = [ln for ln in (REPO / "slurm" / "cluster.env").read_text().splitlines() if ln and not ln.startswith("#")]
+    assert launcher.CLUSTER_ENV == dict(ln.split("=", 1) for ln in lines)
+    assert {"NCCL_NVLS_ENABLE": "0", "CUDA_DEVICE_MAX_CONNECTIONS": "1"}.items() <= launcher.CLUSTER_ENV.items()
+    assert 'done < "$(dirname "$0")/cluster.env"' in (REPO / "slurm" / "_continual_body.sh").read_text()
+
+
+def test_a_malformed_cluster_env_line_is_a_one_line_error(launcher, tmp_path):
+    bad = tmp_path / "cluster.env"
+    bad.write_text("# ok\nNCCL_DEBUG=WARN\nNCCL_DEBUG WARN\n")
+    with pytest.raises(ConfigError, match=r"cluster.env:3: expected KEY=word"):
+        launcher.read_cluster_env(bad)
 
 
 @pytest.mark.parametrize(
@@ -162,7 +172,7 @@ def test_the_launch_environment_holds_no_training_stack_and_names_the_interprete
 
 # -- NeMo-Run itself ---------------------------------------------------------------------------
 @needs_launch_env
-def test_slurm_dryrun_renders_the_sbatch_script(tmp_path):
+def test_slurm_dryrun_renders_the_sbatch_script(tmp_path, launcher):
     out = "/lustre/runs/olmo-continual"
     proc = _nemo_launch(tmp_path, "olmo3_7b", "algorithm.sdpo.alpha=0.25", "--executor", "slurm", "--dryrun",
                    "--account", "proj-17", "--partition", "batch", "--time", "12:00:00",
@@ -173,9 +183,13 @@ def test_slurm_dryrun_renders_the_sbatch_script(tmp_path):
     assert len(rendered) == 1, rendered
     assert f"rendered sbatch script: {rendered[0]}" in proc.stdout
     text = rendered[0].read_text()
+    NODES_SETUP = launcher.NODES_SETUP
     for line in ("#SBATCH --nodes=2", "#SBATCH --partition=batch", "#SBATCH --time=12:00:00",
                  "#SBATCH --account=proj-17", "#SBATCH --gpus-per-node=8", "#SBATCH --exclusive",
-                 "#SBATCH --ntasks-per-node=1", "export CUDA_DEVICE_MAX_CONNECTIONS=1"):
+                 "#SBATCH --ntasks-per-node=1", "export CUDA_DEVICE_MAX_CONNECTIONS=1", "export NCCL_NVLS_ENABLE=0",
+                 # The stop: TERM to the steps a lead before the limit, torchrun waiting that long.
+                 "#SBATCH --signal=TERM@720", "export SDPO_STOP_LEAD_S=720", "export PET_SHUTDOWN_TIMEOUT=720",
+                 NODES_SETUP):
         assert re.search(rf"^{re.escape(line)}$", text, flags=re.M), line
     (srun,) = [ln for ln in text.splitlines() if ln.startswith("srun ")]
     # One torchrun per node with 8 ranks, running the CLI with the anchored data paths.
