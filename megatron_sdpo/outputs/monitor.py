@@ -73,8 +73,7 @@ class RunMonitor:
         if not self.write:
             return
         self.run_dir.append_metrics(record)
-        if self._wandb is not None:
-            self._wandb.log({k: v for k, v in record.items() if isinstance(v, (int, float))})
+        self._to_wandb(record)
         reward, loss, dt = record.get("reward_mean", 0.0), record.get("loss", 0.0), record.get("time/step", 0.0)
         if self._progress is not None:
             self._progress.update(self._task, advance=1, reward=reward, loss=loss, dt=dt)
@@ -95,11 +94,29 @@ class RunMonitor:
             print(message, flush=True)
 
     def summary(self, values: dict) -> None:
-        if self._wandb is not None:
+        self._to_wandb(values)
+
+    def _to_wandb(self, values: dict) -> None:
+        if self._wandb is None:
+            return
+        try:
             self._wandb.log({k: v for k, v in values.items() if isinstance(v, (int, float))})
+        except Exception as exc:  # noqa: BLE001 - whatever wandb's service raises once it is gone
+            self._wandb_gone(exc)
+
+    def _wandb_gone(self, exc: Exception) -> None:
+        """wandb logs through a service process of its own, which a scheduler's stop signal (sent
+        to every process of the job) or an OOM kill ends: the run goes on, its save included,
+        without it; metrics.jsonl holds every record."""
+        print(f"warning: wandb stopped ({type(exc).__name__}: {' '.join(str(exc).split())[:160]}); the run goes on "
+              f"without it (every step is in {self.run_dir.root}/metrics.jsonl)", file=sys.stderr, flush=True)
+        self._wandb = None
 
     def close(self) -> None:
         self.stage_end()
         if self._wandb is not None:
-            self._wandb.finish()
+            try:
+                self._wandb.finish()
+            except Exception as exc:  # noqa: BLE001
+                self._wandb_gone(exc)
             self._wandb = None

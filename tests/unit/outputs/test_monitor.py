@@ -1,4 +1,5 @@
-"""wandb from the run monitor: a server out of reach falls back to offline with one warning."""
+"""wandb from the run monitor: a server out of reach falls back to offline with one warning; a
+wandb service that died mid-run ends wandb, not the run."""
 import sys
 import types
 
@@ -40,3 +41,22 @@ def test_reachable_server_and_offline_mode_init_once(monkeypatch, tmp_path, caps
     assert fake.modes == ["online"]
     _, fake = _monitor(monkeypatch, tmp_path, fail_online=True, mode="offline")
     assert fake.modes == ["offline"] and capsys.readouterr().err == ""
+
+
+def test_a_dead_wandb_service_ends_wandb_not_the_run(monkeypatch, tmp_path, capsys):
+    mon, _ = _monitor(monkeypatch, tmp_path, fail_online=False)
+    calls = []
+
+    def log(values):
+        calls.append(values)
+        raise ConnectionResetError("Connection lost")  # its service process got the job's SIGTERM
+
+    mon._wandb.log = log
+    mon.run_dir.root.mkdir(parents=True)
+    mon.step({"stage": 0, "step": 1, "reward_mean": 0.5})
+    mon.step({"stage": 0, "step": 2, "reward_mean": 0.25})
+    mon.close()
+    assert len(calls) == 1 and mon._wandb is None
+    assert [r["step"] for r in mon.run_dir.read_metrics()] == [1, 2]
+    err = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("warning: wandb stopped")]
+    assert len(err) == 1 and "ConnectionResetError: Connection lost" in err[0]
