@@ -30,6 +30,7 @@ Kinds: "sibling" (a successful sibling other than the sample itself, the first o
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -336,4 +337,76 @@ def probe_table(folder: Path) -> list[str]:
             f"{sib['copies']} of {sib['samples']} | {_delta(k['feedback'])} | {_delta(k['both'])} | "
             f"{_num(sib.get('gain_gap'))} | {meta['wall_s']} s |"
         )
+    return lines
+
+
+# -- SDPO's regime, as a rule on the probe (post hoc) --------------------------------------------
+# The rule (docs/findings.md): the sibling context raises the re-prompted pass rate over the
+# student's on the same prompts by at least REGIME_DELTA, with fewer than COPY_LIMIT of its answers
+# copies of the quoted sibling. Chosen after the first tiny and SmolLM2 probes were seen; judged on
+# the interval: held when the whole 95% interval is at or above REGIME_DELTA, not held when it is
+# wholly below it (or the copies reach the limit), undecided otherwise.
+REGIME_DELTA, COPY_LIMIT = 0.10, 0.5
+
+
+def regime(row: dict) -> str:
+    """The rule's outcome for one kind's row of a probe with an independent comparator."""
+    d = row["difference"]
+    if d["mean"] is None or d["lo"] is None:
+        return "undecided"
+    if (row.get("copy_share") or 0.0) >= COPY_LIMIT or d["hi"] < REGIME_DELTA:
+        return "not held"
+    return "held" if d["lo"] >= REGIME_DELTA else "undecided"
+
+
+def selection_bias(mean: float, share: float, n: int) -> float | None:
+    """The old comparator's expected bias on the prompts with a sibling, from a beta-binomial fit
+    to what an old probe kept: the student's pass rate over all prompts (`mean`) and the share of
+    prompts with at least one of n samples accepted (`share`). The selecting samples' rate on
+    those prompts is mean / share (prompts without a success add nothing); an independent draw's
+    is E[p | k >= 1] = (mean − E[p (1 − p)^n]) / share; the bias is E[p (1 − p)^n] / share. None
+    where no beta-binomial has that mean and share (share outside (mean, 1 − (1 − mean)^n))."""
+    if not 0.0 < mean < 1.0 or not mean < share < 1.0 - (1.0 - mean) ** n:
+        return None
+
+    def zero_share(c: float) -> float:  # P(k = 0) = B(a, b + n) / B(a, b), a = mean·c, b = (1 − mean)·c
+        b = (1.0 - mean) * c
+        return math.prod((b + j) / (c + j) for j in range(n))
+
+    lo, hi = -12.0, 12.0  # log concentration; P(k = 0) falls from 1 − mean to (1 − mean)^n as c grows
+    for _ in range(200):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if 1.0 - zero_share(math.exp(mid)) < share else (lo, mid)
+    c = math.exp((lo + hi) / 2)
+    b = (1.0 - mean) * c
+    tail = mean * math.prod((b + j) / (c + 1 + j) for j in range(n))  # E[p (1 − p)^n] = B(a+1, b+n) / B(a, b)
+    return tail / share
+
+
+def regime_table(folder: Path) -> list[str]:
+    """docs/findings.md's regime block for an exported set of probes: per probe, the comparator,
+    the sibling context's Δ with its interval and copies, the old comparator's bias (measured
+    where the probe drew the student twice, else the beta-binomial estimate) and the rule's
+    outcome (`regime`; not judged on a probe whose comparator is the selecting samples)."""
+    import json
+
+    index = json.loads((folder / "probes.json").read_text())
+    lines = ["| domain | checkpoint | comparator | sibling: Δ [95% CI] | copies | old comparator's bias | Δ + bias "
+             f"(estimate) | rule (post hoc): Δ ≥ {REGIME_DELTA:.2f}, copies < {COPY_LIMIT:.0%} |",
+             "|---|---|---|---|---|---|---|---|"]
+    for name, meta in index["probes"].items():
+        out = json.loads((folder / f"{name}.json").read_text())
+        sib = out["kinds"]["sibling"]
+        when = meta.get("checkpoint") or {"before": "stage start", "after": "stage end"}.get(name.rsplit("_", 1)[-1], name)
+        copies = "–" if sib["copy_share"] is None else f"{sib['copy_share']:.0%}"
+        if sib.get("student_pass_selecting") is not None:
+            bias = f"{sib['student_pass_selecting'] - sib['student_pass']:+.3f} (measured)"
+            comparator, corrected, rule = "independent draw", "–", f"*{regime(sib)}*"
+        else:
+            est = selection_bias(out["student_pass"], sib["prompt_share"], out["samples_per_prompt"])
+            d = sib["difference"]["mean"]
+            bias = "–" if est is None else f"{est:+.3f} (beta-binomial estimate)"
+            corrected = "–" if est is None or d is None else f"{d + est:+.3f}"
+            comparator, rule = "the selecting samples (biased up)", "not judged: re-run with an independent draw"
+        lines.append(f"| {out['domain']} | {when} | {comparator} | {_delta(sib)} | {copies} | {bias} | {corrected} | {rule} |")
     return lines

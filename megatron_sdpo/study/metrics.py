@@ -250,6 +250,23 @@ def reward_auc(view: RunView, domain: str | None = None) -> float | None:
     return _mean([math.fsum(v) / len(v) for v in by_stage.values()])
 
 
+# The collapse monitor's windows (diagnostics/artifacts.py, CollapseConfig.length_reference_updates).
+REWARD_WINDOW = 3
+
+
+def reward_change(view: RunView) -> float | None:
+    """Per stage, the mean training reward over its last 3 steps minus its first 3 (the windows
+    the collapse monitor compares: a stage whose reward rises and then falls ends below where it
+    started), mean over the stages with at least 6 steps (the windows must not overlap)."""
+    by_stage: dict[int, list[float]] = {}
+    for rec in view.metrics:
+        r = rec.get("reward_mean")
+        if isinstance(r, (int, float)) and math.isfinite(r):
+            by_stage.setdefault(int(rec["stage"]), []).append(float(r))
+    w = REWARD_WINDOW
+    return _mean([math.fsum(v[-w:]) / w - math.fsum(v[:w]) / w for v in by_stage.values() if len(v) >= 2 * w])
+
+
 @cache
 def expected_max_normal(m: int) -> float:
     """E[max of m independent standard normals] (0 for m = 1; 1/sqrt(pi) for m = 2)."""
@@ -300,7 +317,9 @@ def _artifact(view: RunView, key: str, how: str) -> float | None:
     """`key` of metrics.jsonl over the run's steps: "max", "mean" (over the steps that log it),
     "tail" (mean over the last 20% of steps) or "gain": per stage, the mean over its last 20% of steps minus its first 20% (the
     amplification of an artifact, e.g. the assay base's duplicate boxes), averaged over the
-    stages where the artifact occurs at all (a tool-use stage has no box to repeat)."""
+    stages where the artifact occurs at all (a tool-use stage has no box to repeat); 0 for a run
+    where it never occurs (nothing was amplified: leaving such a run out would drop exactly the
+    clean runs from an arm's mean, missing not at random)."""
     vals = [float(r[key]) for r in view.metrics if isinstance(r.get(key), (int, float)) and r[key] == r[key]]
     if not vals:
         return None
@@ -311,14 +330,16 @@ def _artifact(view: RunView, key: str, how: str) -> float | None:
     if how == "mean":
         return _mean(vals)
     gains = []
+    occurs = False
     for stage in sorted({r.get("stage") for r in view.metrics}, key=str):
         rows = [r for r in view.metrics if r.get("stage") == stage]
         if not any(isinstance(r.get(key), (int, float)) and r[key] > 0 for r in rows):
             continue
+        occurs = True
         head, tail = _window_mean(rows, key, last=False), _window_mean(rows, key, last=True)
         if head is not None and tail is not None:
             gains.append(tail - head)
-    return _mean(gains)
+    return _mean(gains) if occurs else 0.0
 
 
 def _window_mean(rows: list[dict], key: str, *, last: bool) -> float | None:
@@ -398,7 +419,10 @@ METRICS: list[Metric] = [
     Metric("boxed_repeat_max", "artifacts", lambda v: _artifact(v, "artifacts/fmt_boxed_repeat_rate", "max"), False,
            "max over steps of the share of responses repeating \\boxed"),
     Metric("boxed_repeat_gain", "artifacts", lambda v: _artifact(v, "artifacts/fmt_boxed_repeat_rate", "gain"),
-           False, "share of responses repeating \\boxed, last 20% of a stage's steps minus its first 20%, mean over the stages where it occurs (the assay's endpoint)"),
+           False, "share of responses repeating \\boxed, last 20% of a stage's steps minus its first 20%, mean over the stages where it occurs, 0 where it never does (the assay's endpoint)"),
+    Metric("reward_change", "artifacts", reward_change, False,
+           "mean training reward over a stage's last 3 steps minus its first 3 (the collapse monitor's windows), "
+           "mean over stages of at least 6 steps"),
     Metric("repeated_ngram_late", "artifacts", lambda v: _artifact(v, "artifacts/repeated_ngram_rate", "tail"),
            False, "repeated 4-gram rate over the run's last 20% of steps"),
     Metric("teacher_artifact_endorsement", "artifacts",

@@ -222,9 +222,20 @@ def tabulate(results: Path, baselines: list[str], *, n_boot: int = 1000, title: 
     return out
 
 
+# During a render, each study folder is read once (a document cites one folder in many cells and
+# tables); outside one, every call reads the files as they are.
+_LOADED: dict[Path, list] | None = None
+
+
 def _comparisons(results: Path, baseline: str, arm: str) -> dict:
     """`arm` against `baseline` in an exported study, every metric by name (t-intervals only)."""
-    runs = load_runs(_study_runs(results), {})
+    key = results.resolve()
+    if _LOADED is None or key not in _LOADED:
+        runs = load_runs(_study_runs(results), {})
+        if _LOADED is not None:
+            _LOADED[key] = runs
+    else:
+        runs = _LOADED[key]
     arms = sorted({r.arm for r in runs})
     if baseline not in arms or arm not in arms:
         raise UserError(f"{results}: arms are {', '.join(arms)}; no {baseline if baseline not in arms else arm}")
@@ -280,7 +291,8 @@ def metrics_table(results: Path, baseline: str, arm: str, metrics: list[str]) ->
 
 
 # A generated block names its data; `render_blocks` rewrites what lies between its markers.
-_BLOCK = re.compile(r"(<!-- (findings|metrics|probe|safeguard|safeguard-tuning|safeguard-secondary)-table: ([^>]*?) -->\n)(.*?)(\n<!-- /\2-table -->)", re.S)
+_BLOCK = re.compile(r"(<!-- (findings|metrics|probe|regime|safeguard|safeguard-tuning|safeguard-secondary|safeguard-collapse|"
+                    r"safeguard-post-hoc)-table: ([^>]*?) -->\n)(.*?)(\n<!-- /\2-table -->)", re.S)
 
 
 def _block_lines(kind: str, args: str) -> list[str]:
@@ -293,16 +305,27 @@ def _block_lines(kind: str, args: str) -> list[str]:
         from megatron_sdpo.study.competence import probe_table
 
         return probe_table(Path(parts[0]))
-    if kind.startswith("safeguard") and len(parts) == 1:
-        from megatron_sdpo.study import preregistered
+    if kind == "regime" and len(parts) == 1:
+        from megatron_sdpo.study.competence import regime_table
+
+        return regime_table(Path(parts[0]))
+    if kind == "safeguard-post-hoc" and len(parts) == 2:
+        from megatron_sdpo.study import post_hoc
+
+        main, tuning = ([(r.arm, r.seed or 0, r.values) for r in load_runs(_study_runs(Path(p)), {})] for p in parts)
+        return post_hoc.table(main, tuning)
+    if kind.startswith("safeguard") and kind != "safeguard-post-hoc" and len(parts) == 1:
+        from megatron_sdpo.study import post_hoc, preregistered
 
         loaded = load_runs(_study_runs(Path(parts[0])), {})
+        if kind == "safeguard-collapse":
+            return post_hoc.collapse_table([(r.arm, r.seed or 0, r.values) for r in loaded])
         if kind == "safeguard-secondary":
             return secondary.table([(r.arm, r.seed or 0, {**r.values, **secondary.step_values(r.view.metrics, r.view.root)})
                                     for r in loaded])
         runs = [(r.arm, r.seed or 0, r.values) for r in loaded]
         return preregistered.table(runs) if kind == "safeguard" else preregistered.tuning_table(runs)
-    want = "FOLDER" if kind == "probe" or kind.startswith("safeguard") else "FOLDER BASELINE ARM" + (" METRIC,METRIC,..." if kind == "metrics" else "")
+    want = "FOLDER TUNING_FOLDER" if kind == "safeguard-post-hoc" else "FOLDER" if kind in ("probe", "regime") or kind.startswith("safeguard") else "FOLDER BASELINE ARM" + (" METRIC,METRIC,..." if kind == "metrics" else "")
     raise UserError(f"<!-- {kind}-table: {args} -->: expected <!-- {kind}-table: {want} -->")
 
 
@@ -312,6 +335,14 @@ def blocks(text: str) -> list[tuple[str, str, str]]:
 
 
 def render_blocks(text: str) -> str:
-    """`text` with every generated block rewritten from its committed data (paths relative to
-    the working directory)."""
-    return _BLOCK.sub(lambda m: m.group(1) + "\n".join(_block_lines(m.group(2), m.group(3))) + m.group(5), text)
+    """`text` with every generated block and inline cell (study/prose.py) rewritten from its
+    committed data (paths relative to the working directory)."""
+    from megatron_sdpo.study import prose
+
+    global _LOADED
+    _LOADED = {}
+    try:
+        text = _BLOCK.sub(lambda m: m.group(1) + "\n".join(_block_lines(m.group(2), m.group(3))) + m.group(5), text)
+        return prose.render_cells(text, _comparisons)
+    finally:
+        _LOADED = None

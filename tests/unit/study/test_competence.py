@@ -10,7 +10,15 @@ import pytest
 from megatron_sdpo.algorithms.context import ContextTemplates
 from megatron_sdpo.rewards.result import RewardResult
 from megatron_sdpo.rollout.base import Completion, SamplingConfig
-from megatron_sdpo.study.competence import KINDS, first_sibling, kind_templates, probe
+from megatron_sdpo.study.competence import (
+    KINDS,
+    first_sibling,
+    kind_templates,
+    probe,
+    regime,
+    regime_table,
+    selection_bias,
+)
 
 P_STUDENT, P_SIBLING, P_FEEDBACK = 0.2, 0.9, 0.5
 SOLUTION, FEEDBACK = "Here is a correct solution", "Feedback on an earlier attempt"
@@ -209,3 +217,49 @@ def test_the_probe_table_is_read_from_an_exported_folder(tmp_path):
     (tmp_path / "probes.json").unlink()
     with pytest.raises(UserError, match="not a folder of exported probes"):
         probe_table(tmp_path)
+
+
+def test_the_regime_rule_reads_the_interval():
+    def row(mean, lo, hi, copies=0.1):
+        return {"difference": {"mean": mean, "lo": lo, "hi": hi}, "copy_share": copies}
+
+    assert regime(row(0.2, 0.12, 0.28)) == "held"
+    assert regime(row(0.2, 0.05, 0.35)) == "undecided"  # the point passes, the interval does not
+    assert regime(row(0.05, 0.01, 0.09)) == "not held"
+    assert regime(row(0.4, 0.3, 0.5, copies=0.5)) == "not held"  # a teacher that passes by quoting
+    assert regime(row(None, None, None)) == "undecided"
+
+
+def test_the_selection_bias_model_on_known_rates():
+    """Without spread over prompts (every prompt's rate p) the beta-binomial's limit is the
+    binomial bias p (1 - p)^n / (1 - (1 - p)^n); with prompts' rates drawn from Beta(1, 3) the
+    estimate from (mean, share) alone is the bias the simulation measures."""
+    p, n = 0.2, 4
+    assert selection_bias(p, (1 - (1 - p) ** n) * (1 - 1e-9), n) == pytest.approx(p * (1 - p) ** n / (1 - (1 - p) ** n), rel=1e-3)
+    assert selection_bias(p, 0.1, n) is None and selection_bias(p, 0.95, n) is None  # no beta-binomial has these
+    rng = random.Random(0)
+    rates = [rng.betavariate(1, 3) for _ in range(200_000)]
+    ks = [sum(rng.random() < r for _ in range(n)) for r in rates]
+    chosen = [(r, k) for r, k in zip(rates, ks, strict=True) if k > 0]
+    measured = sum(k / n for _, k in chosen) / len(chosen) - sum(r for r, _ in chosen) / len(chosen)
+    est = selection_bias(sum(k / n for k in ks) / len(ks), len(chosen) / len(ks), n)
+    assert est == pytest.approx(measured, abs=0.005)
+
+
+def test_the_regime_table_judges_only_an_independent_comparator(tmp_path):
+    import json
+
+    new = run(n_prompts=200)
+    old = json.loads(json.dumps(new))
+    for kind in old["kinds"].values():
+        kind.pop("student_pass_selecting")  # a probe from before the independent draw
+    (tmp_path / "math_before.json").write_text(json.dumps({**new, "domain": "math"}))
+    (tmp_path / "math_after.json").write_text(json.dumps({**old, "domain": "math"}))
+    (tmp_path / "probes.json").write_text(json.dumps({"probes": {"math_before": {"wall_s": 1}, "math_after": {"wall_s": 1}}}))
+    lines = regime_table(tmp_path)
+    sib = new["kinds"]["sibling"]
+    assert lines[2].startswith("| math | stage start | independent draw |")
+    assert f"| {sib['student_pass_selecting'] - sib['student_pass']:+.3f} (measured) |" in lines[2]
+    assert lines[2].endswith("| *held* |")  # the stub's teacher: 0.9 against 0.2, no copies
+    assert "| the selecting samples (biased up) |" in lines[3] and "(beta-binomial estimate)" in lines[3]
+    assert lines[3].endswith("| not judged: re-run with an independent draw |")

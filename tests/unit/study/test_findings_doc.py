@@ -19,9 +19,11 @@ def _blocks():
 
 def test_findings_md_cites_its_data():
     kinds = {kind for kind, _, _ in _blocks()}
-    assert kinds == {"findings", "metrics", "probe", "safeguard-tuning", "safeguard", "safeguard-secondary"}, kinds
+    assert kinds == {"findings", "metrics", "probe", "regime", "safeguard-tuning", "safeguard", "safeguard-secondary",
+                     "safeguard-collapse", "safeguard-post-hoc"}, kinds
     for kind, args, _ in _blocks():
-        assert (ROOT / args.split()[0] / ("probes.json" if kind == "probe" else "study.json")).is_file(), args
+        for folder in args.split()[: 2 if kind == "safeguard-post-hoc" else 1]:
+            assert (ROOT / folder / ("probes.json" if kind in ("probe", "regime") else "study.json")).is_file(), args
 
 
 @pytest.mark.parametrize("kind, args, text", _blocks())

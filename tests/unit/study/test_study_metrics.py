@@ -137,6 +137,30 @@ def test_artifact_metrics_by_hand(tmp_path, make_run):
     assert got["teacher_artifact_endorsement"] == pytest.approx((0.3 - 0.1) / 2)
 
 
+def test_an_artifact_that_never_occurs_gained_nothing(tmp_path, make_run):
+    """A run whose repeated-box share is 0 at every step has gain 0, not "missing": dropping it
+    would leave only the runs that had the artifact in an arm's mean (GRPO's clean runs)."""
+    clean = make_run(tmp_path / "clean", {"base": {"math/id": [1, 0]}})
+    none = make_run(tmp_path / "none", {"base": {"math/id": [1, 0]}})
+    with (clean / "metrics.jsonl").open("a") as f:
+        for step in range(1, 9):
+            f.write(json.dumps({"stage": 0, "stage_domain": "math", "step": step,
+                                "artifacts/fmt_boxed_repeat_rate": 0.0}) + "\n")
+    assert M.run_metrics(M.RunView(clean))["boxed_repeat_gain"] == 0.0
+    assert M.run_metrics(M.RunView(none))["boxed_repeat_gain"] is None  # never measured: unknown
+
+
+def test_reward_change_by_hand(tmp_path, make_run):
+    """Last 3 steps' mean reward minus the first 3's, per stage, mean over stages of >= 6 steps:
+    math (0.2, 0.4, 0.6, 0.8, 0.5, 0.3, 0.1, 0.1) rises then falls, 0.5/3 - 1.2/3 = -0.7/3; tool use
+    (0.1 ... 0.6) rises, 1.5/3 - 0.6/3 = 0.3; a 5-step code stage is too short to count."""
+    root = make_run(tmp_path / "r", {"base": {"math/id": [1, 0]}}, rewards=[
+        (0, "math", [0.2, 0.4, 0.6, 0.8, 0.5, 0.3, 0.1, 0.1]), (1, "tooluse", [0.1, 0.2, 0.3, 0.4, 0.5, 0.6]),
+        (2, "code", [0.9, 0.0, 0.0, 0.0, 0.0])])
+    got = M.run_metrics(M.RunView(root))["reward_change"]
+    assert got == pytest.approx((-0.7 / 3 + 0.3) / 2)
+
+
 def test_mid_stage_gain_by_hand(tmp_path, make_run):
     items = {"base": {"math/id": [0, 0, 1, 0], "tooluse/id": [0, 0, 0, 0]},
              "math": {"math/id": [1, 1, 1, 0], "tooluse/id": [0, 0, 0, 0]},
