@@ -164,7 +164,7 @@ def check(text: str) -> list[Problem]:
                 problems.append(Problem(m.group(1), shown, "is not generated and its sentence has no cell"))
                 continue
             nearest = min(mine, key=lambda c: min(abs(c[0] - start), abs(c[1] - start)))
-            before = flat[max(a, start - 12):start].lower()
+            before = flat[max(a, start - 30):start].lower()  # "not", "no", or one word between
             negated = bool(re.search(r"\b(not|no)\s+(\w+\s+)?$", before))
             if not _agrees(m.group(1), negated, nearest[2]):
                 problems.append(Problem(m.group(1), shown, f"disagrees with its cell ({nearest[2][0]}, *{nearest[2][1]}*)"))

@@ -38,6 +38,7 @@ ESTABLISHED = cell("higher: 0.004 [0.001, 0.007] (97.5%), +4 −0 of 4 seeds, *e
     f"The final average is *established* ({LEVEL}).",
     f"The final average is the same ({LOWER}).",
     f"It is not lower ({SPAN}).",
+    f"It is not distinguishably lower ({SPAN}).",
 ])
 def test_an_unbacked_verdict_word_fails(sentence):
     assert prose.check(sentence), sentence
@@ -79,6 +80,18 @@ def test_the_cell_text_says_what_its_interval_supports():
     # The judged level's interval decides, not the 95% one: at 98.3% it spans 0.
     wide = _comparison([0.05, 0.06, 0.04], "inconclusive", level=0.983, lo=-0.01, hi=0.11)
     assert prose.cell_text(wide).startswith("not resolved: 0.050 [-0.010, 0.110] (98.3%)")
+
+
+def test_a_cell_names_a_comparison_the_data_have(monkeypatch):
+    from megatron_sdpo.errors import UserError
+
+    monkeypatch.chdir(ROOT)
+    good = "<!-- cell: results/tiny_study6 grpo sdpo_frozen final_avg_id -->old<!-- /cell -->"
+    assert "*equivalent*<!-- /cell -->" in results.render_blocks(good) and "old" not in results.render_blocks(good)
+    with pytest.raises(UserError, match="no metric final_avg"):
+        results.render_blocks(good.replace("final_avg_id", "final_avg"))
+    with pytest.raises(UserError, match="expected <!-- cell: FOLDER BASELINE ARM METRIC -->"):
+        results.render_blocks(good.replace(" final_avg_id", ""))
 
 
 def test_findings_md_states_no_verdict_its_cells_do_not_carry():
