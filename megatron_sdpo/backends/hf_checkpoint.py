@@ -97,6 +97,12 @@ def load(be, path: str, *, weights_only: bool = False) -> dict:
     opt = torch_load(root / "optimizer.pt")
     be.optimizer = be._make_optimizer()
     be.optimizer.load_state_dict(opt["optimizer"])
+    # torch.load's storages cannot be resized, and the offload of the training state frees the
+    # moments by resizing their storages in place: own copies.
+    for state in be.optimizer.state.values():
+        for key, value in state.items():
+            if isinstance(value, torch.Tensor):
+                state[key] = value.clone()
     be.step = int(opt["step"])
     be._sched = tuple(opt.get("lr_schedule", (0, None)))
     rng = torch_load(root / "rng.pt")

@@ -101,7 +101,7 @@ class RunMonitor:
             return
         try:
             self._wandb.log({k: v for k, v in values.items() if isinstance(v, (int, float))})
-        except Exception as exc:  # noqa: BLE001 - whatever wandb's service raises once it is gone
+        except Exception as exc:  # whatever wandb's service raises once it is gone
             self._wandb_gone(exc)
 
     def _wandb_gone(self, exc: Exception) -> None:
@@ -111,12 +111,19 @@ class RunMonitor:
         print(f"warning: wandb stopped ({type(exc).__name__}: {' '.join(str(exc).split())[:160]}); the run goes on "
               f"without it (every step is in {self.run_dir.root}/metrics.jsonl)", file=sys.stderr, flush=True)
         self._wandb = None
+        # Its exit hook would talk to the dead service again and print a traceback at exit.
+        teardown = getattr(sys.modules.get("wandb"), "teardown", None)
+        try:
+            if teardown is not None:
+                teardown(1)
+        except Exception:  # the service is gone: nothing left to close
+            pass
 
     def close(self) -> None:
         self.stage_end()
         if self._wandb is not None:
             try:
                 self._wandb.finish()
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:
                 self._wandb_gone(exc)
             self._wandb = None

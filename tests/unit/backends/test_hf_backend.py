@@ -162,6 +162,12 @@ def test_checkpoint_round_trip_restores_next_step_exactly(model_dir, tmp_path):
     assert b.load(str(ckpt)) == {"stage": "math", "step": 1}
     assert b.step == 1
     torch.testing.assert_close(torch.rand(3), draw_a, atol=0, rtol=0)
+    # A resumed run offloads its training state around the rollout (the paper presets): the
+    # loaded moments must be freeable in place and come back byte for byte.
+    moments = first_moments(b)
+    assert b.offload_training_state() > 0
+    b.reload_training_state()
+    assert all(torch.equal(moments[k], v) for k, v in first_moments(b).items())
     m_b = b.train_step(make_batch(11), WeightedNLL())
     assert m_a == m_b and m_b["lr"] == pytest.approx(7.5e-4)  # the schedule resumed at step 1 of 4
     for which in ("policy", "teacher"):

@@ -13,6 +13,11 @@ class FakeWandb(types.ModuleType):
         super().__init__("wandb")
         self.fail_online, self.modes = fail_online, []
         self.Settings = lambda **k: k
+        self.teardowns = 0
+
+    def teardown(self, exit_code=None):
+        self.teardowns += 1
+        raise ConnectionResetError("Connection lost")
 
     def init(self, *, mode, **kwargs):
         self.modes.append(mode)
@@ -44,7 +49,7 @@ def test_reachable_server_and_offline_mode_init_once(monkeypatch, tmp_path, caps
 
 
 def test_a_dead_wandb_service_ends_wandb_not_the_run(monkeypatch, tmp_path, capsys):
-    mon, _ = _monitor(monkeypatch, tmp_path, fail_online=False)
+    mon, fake = _monitor(monkeypatch, tmp_path, fail_online=False)
     calls = []
 
     def log(values):
@@ -56,7 +61,7 @@ def test_a_dead_wandb_service_ends_wandb_not_the_run(monkeypatch, tmp_path, caps
     mon.step({"stage": 0, "step": 1, "reward_mean": 0.5})
     mon.step({"stage": 0, "step": 2, "reward_mean": 0.25})
     mon.close()
-    assert len(calls) == 1 and mon._wandb is None
+    assert len(calls) == 1 and mon._wandb is None and fake.teardowns == 1  # no exit hook left to fail
     assert [r["step"] for r in mon.run_dir.read_metrics()] == [1, 2]
     err = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("warning: wandb stopped")]
     assert len(err) == 1 and "ConnectionResetError: Connection lost" in err[0]
