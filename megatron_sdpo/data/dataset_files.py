@@ -72,6 +72,84 @@ def _check_loads(path: Path, item: DatasetFile, answers: Path | None = None) -> 
     return len(records)
 
 
+@dataclass
+class StreamedFile:
+    """A JSONL file already written, row by row, into a hidden sibling `partial` of its place
+    (a set too large to hold: dolci_set); checked line by line, then renamed into place."""
+
+    name: str
+    schema: str
+    partial: Path
+    rows: int
+    source: dict[str, Any]
+    license: str
+    unconverted: list[str] = field(default_factory=list)  # the first LISTED_UNCONVERTED named
+    unconverted_count: int = 0
+    note: str = ""
+    checks: dict[str, Any] | None = None  # what a first real fetch checks (summary_lines prints it)
+
+
+def _check_streamed(path: Path, schema: str) -> int:
+    """Rows of a written JSONL file the loader's converter accepts, read one line at a time (the
+    loader itself reads a file whole); DataError naming the first it refuses."""
+    from megatron_sdpo.data.loaders import SCHEMAS, RowError
+    from megatron_sdpo.data.records import validate_record
+
+    convert, count = SCHEMAS[schema][1], 0
+    with path.open(encoding="utf-8") as f:
+        for lineno, line in enumerate(f, start=1):
+            try:
+                validate_record({**convert(json.loads(line), lineno, {"seed": 0}), "split": "check"}, "row")
+            except (ValueError, RowError, DataError) as exc:
+                raise DataError(f"{path}:{lineno}: {str(exc).splitlines()[0][:200]}") from None
+            count += 1
+    return count
+
+
+def write_streamed(out: Path, items: list[StreamedFile], *, command: str, extra: dict | None = None) -> dict:
+    """Check and rename streamed files into place and add their entries to `out`/manifest.json
+    (the entries of other files kept); return the manifest."""
+    files: dict[str, Any] = dict(read_manifest(out).get("files", {}))
+    for item in items:
+        if item.rows == 0:
+            raise DataError(f"{item.name}: no rows converted ({item.unconverted_count} unconvertible)")
+        rows = _check_streamed(item.partial, item.schema)
+        if rows != item.rows:
+            raise DataError(f"{item.partial}: wrote {item.rows} rows but the {item.schema} loader read {rows}")
+        path = out / item.name
+        item.partial.replace(path)
+        entry = _entry(path, item.schema, rows, item.source, item.license, item.unconverted,
+                       item.unconverted_count, item.note)
+        if item.checks is not None:
+            entry["checks"] = item.checks
+        files[item.name] = entry
+    return _write_manifest(out, files, command, extra)
+
+
+def _entry(path: Path, schema: str | None, rows: int, source: dict, license: str, unconverted: list[str],
+           count: int, note: str) -> dict[str, Any]:
+    entry: dict[str, Any] = {
+        "schema": schema,
+        "rows": rows,
+        "sha256": sha256_of(path),
+        "source": source,
+        "license": license,
+        "unconverted": {"count": count, "items": unconverted[:LISTED_UNCONVERTED]},
+    }
+    if note:
+        entry["note"] = note
+    return entry
+
+
+def _write_manifest(out: Path, files: dict[str, Any], command: str, extra: dict | None) -> dict:
+    manifest = {"command": command, "written": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                **(extra or {}), "files": files}
+    tmp_manifest = out / f".{MANIFEST}.partial"
+    tmp_manifest.write_text(json.dumps(manifest, indent=2, sort_keys=False) + "\n", encoding="utf-8")
+    tmp_manifest.replace(out / MANIFEST)
+    return manifest
+
+
 def _write_atomic(path: Path, rows: list[dict]) -> Path:
     """Rows into a hidden sibling of `path` (same suffix, so the loader reads it); the caller
     renames it into place once checked."""
@@ -105,26 +183,13 @@ def write_files(out: Path, items: list[DatasetFile], *, command: str, extra: dic
         tmp = _write_atomic(path, item.rows)
         rows = _check_loads(tmp, item, answers_path)
         tmp.replace(path)
-        entry: dict[str, Any] = {
-            "schema": item.schema,
-            "rows": rows,
-            "sha256": sha256_of(path),
-            "source": item.source,
-            "license": item.license,
-            "unconverted": {"count": len(item.unconverted), "items": item.unconverted[:LISTED_UNCONVERTED]},
-        }
+        entry = _entry(path, item.schema, rows, item.source, item.license, item.unconverted,
+                       len(item.unconverted), item.note)
         if item.answers is not None:
             rel = str(Path(item.name).parent / "possible_answer" / Path(item.name).name)
             entry["possible_answer"] = {"file": rel, "sha256": sha256_of(out / rel)}
-        if item.note:
-            entry["note"] = item.note
         files[item.name] = entry
-    manifest = {"command": command, "written": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                **(extra or {}), "files": files}
-    tmp_manifest = out / f".{MANIFEST}.partial"
-    tmp_manifest.write_text(json.dumps(manifest, indent=2, sort_keys=False) + "\n", encoding="utf-8")
-    tmp_manifest.replace(out / MANIFEST)
-    return manifest
+    return _write_manifest(out, files, command, extra)
 
 
 def read_manifest(out: Path) -> dict:
@@ -137,13 +202,37 @@ def read_manifest(out: Path) -> dict:
 
 
 def summary_lines(manifest: dict) -> list[str]:
-    """One line per written file: name, rows, schema, unconverted count."""
+    """One line per written file: name, rows, schema, unconverted count; then a file's checks
+    (a set checked on its first real fetch) and one `warning:` line for each departure."""
     lines = []
     for name, f in manifest["files"].items():
         skipped = f["unconverted"]["count"]
         lines.append(f"{name}: {f['rows']} rows ({f['schema'] or 'no loader'})"
                      + (f", {skipped} not convertible" if skipped else ""))
+        lines += _check_lines(name, f.get("checks"))
     return lines
+
+
+def _counts(counts: dict[str, int]) -> str:
+    return ", ".join(f"{key} {n:,}" for key, n in counts.items()) or "none"
+
+
+def _check_lines(name: str, checks: dict | None) -> list[str]:
+    if not checks:
+        return []
+    capped = checks["capped"]
+    return [
+        f"  {name} checks: revision {checks['revision']}; {checks['code_rows']:,} code rows of {checks['rows']:,}",
+        f"  by dataset[0]: {_counts(checks['by_dataset'])}",
+        f"  by original_dataset: {_counts(checks['by_original_dataset'])}",
+        f"  encodings: {_counts(checks['encodings'])}",
+        f"  refused: {_counts(checks['refused'])}",
+        f"  capped: {capped['rows_with_outputs_over_the_sandbox_cap']:,} rows lost tests with an output over "
+        f"{capped['output_chars']:,} characters, {capped['rows_over_the_byte_cap']:,} rows tests past "
+        f"{capped['bytes_per_row']:,} bytes",
+        f"  split: {checks['split']['distinct_prompts']:,} distinct prompts ({checks['split']['test_prompts']:,} to "
+        f"test), {checks['split']['duplicate_rows']:,} rows repeat a prompt",
+    ] + [f"warning: {name}: {w}" for w in checks["warnings"]]
 
 
 def last_boxed(text: str) -> str | None:

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from megatron_sdpo.data import dolci_rows
-from megatron_sdpo.data.dataset_files import DatasetFile, question_key
+from megatron_sdpo.data import dolci_rows, dolci_set
+from megatron_sdpo.data.dataset_files import DatasetFile
 from megatron_sdpo.data.packed_tests import PackedError, json_text
 from megatron_sdpo.data.reference_rows import REFERENCE_COMMIT, REFERENCE_REPO
 from megatron_sdpo.errors import DataError, UserError
@@ -55,6 +55,7 @@ class HubSet:
     # Rows whose key was seen already are dropped while the split is read (the DAPO file repeats
     # each problem ~100 times: 1.8M rows that are never held at once).
     unique: Callable[[dict], str] | None = None
+    streamed: bool = False  # prepared one row at a time (dolci_set): the rows are never all held
 
 
 # ----------------------------------------------------------------------------- conversions
@@ -166,25 +167,16 @@ def _livecodebench(rows: Rows) -> Converted:
     return {"livecodebench_v6.jsonl": (out, bad)}
 
 
-def _dolci_ground_truth(row: dict) -> dict:
-    """The row with a packed ground truth (the synthetic2 rows) as the JSON it holds."""
-    blob = dolci_rows.packed(row.get("ground_truth"))
-    return row if blob is None else {**row, "ground_truth": [json_text(blob)]}
-
-
 def _dolci_code(rows: Rows) -> Converted:
-    code = [r for r in rows if dolci_rows.is_code(r)]
-    parts = _split(code, lambda r: question_key(json.dumps(r.get("prompt") or r.get("messages"), sort_keys=True)))
-    out: Converted = {}
-    for name, part in zip(("dolci_think_rl_code.jsonl", "dolci_think_rl_code_test.jsonl"), parts, strict=True):
-        kept, bad = [], []
-        for r in part:
-            try:
-                kept.append(_dolci_ground_truth(r))
-            except PackedError as exc:
-                bad.append(f"{r.get('id', '?')}: ground truth unreadable ({exc})")
-        out[name] = (kept, bad)
-    return out
+    """The rows of a Dolci split held in memory (convert_set; `prepare` streams: dolci_set),
+    converted and split as the stream is."""
+    tally = dolci_set.Tally()
+    tests = dolci_set.test_keys(dolci_set.split_key(r) for r in rows if tally.first_pass(r))
+    train: Rows = []
+    test: Rows = []
+    for to_test, row in dolci_set.converted(rows, tests, tally, None):
+        (test if to_test else train).append(row)
+    return {"dolci_think_rl_code.jsonl": (train, tally.named), "dolci_think_rl_code_test.jsonl": (test, [])}
 
 
 def _aime(name: str) -> Callable[[Rows], Converted]:
@@ -233,9 +225,13 @@ TABLE: tuple[HubSet, ...] = (
            "CC-BY-4.0", ("livecodebench_v6.jsonl",), "livecodebench", _livecodebench, files=("test6.jsonl",),
            revision=LCB_REVISION,
            split_rule=f"the reference's window: contests from {LCB_WINDOW_START} on, at hub revision {LCB_REVISION}"),
-    HubSet("dolci_code", "allenai/Dolci-Think-RL-7B", "train", ("prompt", "ground_truth", "dataset"), "ODC-BY-1.0",
+    HubSet("dolci_code", "allenai/Dolci-Think-RL-7B", "train", dolci_set.KEPT, "ODC-BY-1.0",
            ("dolci_think_rl_code.jsonl", "dolci_think_rl_code_test.jsonl"), "dolci_code", _dolci_code,
-           split_rule="the `code` and `code_stdio` rows, 90/10 by prompt with seed 42; packed tests stored as JSON"),
+           streamed=True,
+           split_rule="the rows whose dataset[0] is `code` or `code_stdio`, 90/10 by distinct prompt ('user: ' "
+                      "dropped) with seed 42; packed tests stored as JSON; per row, tests with an output over "
+                      f"the sandbox's {dolci_rows.MAX_OUTPUT_CHARS:,} characters dropped and the tests kept within "
+                      f"{dolci_rows.MAX_TESTS_BYTES:,} bytes"),
     HubSet("zebralogic", "WildEval/ZebraLogic", "test", ("id", "puzzle", "solution"), "CC-BY-4.0",
            ("zebralogic.jsonl",), None, _one("zebralogic.jsonl"), config="grid_mode"),
 )
@@ -456,6 +452,48 @@ def convert_set(hs: HubSet, rows: Rows, source: dict[str, Any]) -> list[DatasetF
     return out
 
 
+def _files_digest(folder: Path) -> str:
+    """sha256 of a local copy's files (paths and bytes, read in blocks)."""
+    digest = hashlib.sha256()
+    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+        digest.update(str(path.relative_to(folder)).encode() + b"\0")
+        with path.open("rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                digest.update(block)
+    return digest.hexdigest()
+
+
+def _prepare_streamed(hs: HubSet, local_root: Path | None, out: Path, command: str, extra: dict) -> dict:
+    """A set too large to hold (dolci_set): `datasets` keeps the split on disk and the rows
+    are read one at a time, from the hub at its current revision or from a local copy."""
+    datasets = _datasets()
+
+    def write(ds: Any, source: dict[str, Any], from_hub: bool) -> dict:
+        outputs = (hs.outputs[0], hs.outputs[1])
+        return dolci_set.prepare(ds, source, outputs=outputs, license=hs.license, note=hs.split_rule, out=out,
+                                 command=command, extra=extra, from_hub=from_hub)
+
+    if local_root is not None:
+        folder = local_root / hs.repo
+        if not folder.is_dir():
+            raise DataError(f"{hs.name}: no local copy of {hs.repo} under {local_root}")
+        source = {"hub_id": hs.repo, "config": hs.config, "split": hs.split,
+                  "revision": f"local copy (files sha256 {_files_digest(folder)[:16]})"}
+        with tempfile.TemporaryDirectory() as cache:
+            try:
+                ds = datasets.load_dataset(str(folder), split=hs.split, cache_dir=cache)
+            except Exception as exc:
+                raise DataError(f"{hs.name}: cannot read the local copy {folder}: {str(exc).splitlines()[0][:300]}") from None
+            return write(ds, source, False)
+    try:
+        revision = _revision(hs)
+        ds = datasets.load_dataset(hs.repo, split=hs.split, revision=revision)
+    except Exception as exc:
+        raise _hub_error(hs, exc) from None
+    source = {"hub_id": hs.repo, "config": hs.config, "split": hs.split, "revision": revision}
+    return write(ds, source, True)
+
+
 def prepare(preset: str, out: Path, *, local_root: Path | None = None, only: list[str] | None = None) -> dict[str, Any]:
     """`megatron-sdpo data prepare PRESET --out DIR`: fetch, convert and write each set in turn.
 
@@ -477,6 +515,9 @@ def prepare(preset: str, out: Path, *, local_root: Path | None = None, only: lis
     manifest: dict[str, Any] = {}
     for hs in sets:
         try:
+            if hs.streamed:
+                manifest = _prepare_streamed(hs, local_root, out, f"megatron-sdpo data prepare {preset}", extra)
+                continue
             rows, source = fetch(hs, local_root)
             files = convert_set(hs, rows, source)
             manifest = write_files(out, files, command=f"megatron-sdpo data prepare {preset}", extra=extra, merge=True)

@@ -38,6 +38,12 @@ CODE_FUNCTIONAL_INSTRUCTION = (
     "Complete the function `{fn_name}` in the starter code. Put the code in a ```python code block."
 )
 CODE_FUNCTION_INSTRUCTION = "Write the Python function `{fn_name}`. Put the code in a ```python code block."
+CODE_SCRIPT_INSTRUCTION = (
+    "Write the Python code the problem asks for (its functions or classes, with their imports). It "
+    "is run without input, then tests that call it are run after it. Put the code in a ```python "
+    "code block."
+)
+_INSTRUCTIONS = {dolci_rows.SCRIPTS: CODE_SCRIPT_INSTRUCTION, dolci_rows.STDIN: CODE_STDIN_INSTRUCTION}
 
 
 class RowError(Exception):
@@ -393,11 +399,8 @@ def _bfcl_multiple(row: dict, index: int, ctx: dict) -> dict:
 
 
 def decode_lcb_tests(value: Any, field: str) -> list[dict]:
-    """LiveCodeBench test cases: a JSON string, or base64(zlib(JSON string)).
-
-    The official private cases are base64(zlib(pickle(JSON string))); unpickling runs arbitrary
-    code, so that form is refused: convert such files to JSON with a trusted script first.
-    """
+    """LiveCodeBench test cases: a JSON string, or base64(zlib(JSON string)); the official
+    base64(zlib(pickle)) form is refused here (`data prepare` stores it as JSON, packed_tests)."""
     if isinstance(value, list):
         return value
     if not isinstance(value, str):
@@ -432,8 +435,8 @@ def _check_tests(cases: Any, field: str) -> list[dict]:
             raise RowError(f"{field}[{i}] holds a JSON list or object, not text (a function-call test "
                            "whose function the row does not name)")
         case = {"input": str(c["input"]), "output": str(c["output"])}
-        if c.get("testtype") == "functional":
-            case["testtype"] = "functional"
+        if c.get("testtype") in ("functional", "code"):  # "code": a test script (rewards/code.py)
+            case["testtype"] = c["testtype"]
         out.append(case)
     return out
 
@@ -474,30 +477,33 @@ def _livecodebench(row: dict, index: int, ctx: dict) -> dict:
 
 
 def _dolci_code(row: dict, index: int, ctx: dict) -> dict:
-    """Dolci-Think-RL's code rows (dolci_rows), and MBPP / HumanEval as `tests` and `fn_name`."""
+    """Dolci-Think-RL's code rows (dolci_rows), and the older layout (MBPP / HumanEval)."""
     question = dolci_rows.prompt_text(_message_text(_get(row, "prompt", "question", "messages"), "prompt"))
+    label = dolci_rows.label(row)
+    if label is not None and label not in dolci_rows.CODE_LABELS:
+        raise RowError(f"dataset {label!r} is not a code verifier ({' / '.join(dolci_rows.CODE_LABELS)})")
     try:
-        fn_name, raw = dolci_rows.cases(row, _get(row, "tests", "ground_truth", "test_cases"))
+        decoded, _ = dolci_rows.tests_of(_get(row, "tests", "ground_truth", "test_cases"), packed=False)
+        tests = _check_tests(dolci_rows.cases(row, decoded), "tests")
     except Unconvertible as exc:
         raise RowError(str(exc)) from None
-    tests = _check_tests(raw, "tests")
-    fn_name = fn_name or row.get("fn_name")
+    fn_name = row.get("fn_name")
     functional = any(t.get("testtype") == "functional" for t in tests)
     if functional and not isinstance(fn_name, str):
         raise RowError("functional tests need 'fn_name'")
-    # The Dolci prompts mostly state the I/O contract; ours is added only when none is given.
-    stated = "```" in question or "python" in question.lower()
+    kind = dolci_rows.instruction(label, tests)
     rec: dict[str, Any] = {
         "id": _row_id(row, "dolci_code", index, "id", "custom_id"),
         "domain": "code",
-        "prompt": question if stated else _code_prompt(question, fn_name if functional else None, ""),
+        "prompt": question if kind is None else question.strip() + "\n\n" + _INSTRUCTIONS[kind],
         "tests": tests,
-        "source": str(row["dataset"]) if isinstance(row.get("dataset"), str) else _source(row, "dolci_code"),
+        "source": _source(row, "dolci_code"),
     }
     if functional:
         rec["fn_name"] = fn_name
-    if isinstance(row.get("reference_solution"), str):
-        rec["reference_solution"] = row["reference_solution"]
+    for key in ("reference_solution", "original_dataset", "hub_revision"):  # provenance, as given
+        if isinstance(row.get(key), str):
+            rec[key] = row[key]
     return rec
 
 

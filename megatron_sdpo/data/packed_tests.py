@@ -18,7 +18,7 @@ import zlib
 from typing import Any
 
 MAX_UNPACKED_BYTES = 1 << 30
-_PICKLE_OPCODE = b"\x80"  # the PROTO opcode that opens every pickle of protocol 2 or later
+PICKLE_OPCODE = b"\x80"  # the PROTO opcode that opens every pickle of protocol 2 or later
 
 
 class PackedError(ValueError):
@@ -89,7 +89,7 @@ def json_text(text: str) -> str:
     """JSON text of a base64(zlib(...)) blob holding JSON, a pickled JSON string (LiveCodeBench)
     or pickled plain data (Dolci's synthetic2 rows)."""
     raw = unpack(text)
-    if not raw.startswith(_PICKLE_OPCODE):
+    if not raw.startswith(PICKLE_OPCODE):
         try:
             json.loads(raw.decode("utf-8"))
         except (UnicodeDecodeError, json.JSONDecodeError):

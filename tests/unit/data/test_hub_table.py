@@ -58,9 +58,10 @@ def hub(tmp_path_factory) -> Path:
            for i, r in enumerate(_fixture("livecodebench.jsonl") + _fixture("livecodebench_pickled.jsonl"))]
     lcb.append({**lcb[0], "question_id": "early", "contest_date": "2025-01-31T00:00:00"})  # before the window
     _jsonl(root / "livecodebench/code_generation_lite/test6.jsonl", lcb)
-    # Five real rows (two of which cannot be converted) and eight more stdin rows like the fourth.
+    # Seven real rows (one cannot be converted: list-typed tests) and eight more stdin rows like the fifth
+    # (the Dolci set end to end, with its checks: test_dolci_set).
     dolci = _fixture("dolci/rows.json")
-    dolci += [{**dolci[2], "id": f"extra{i}", "prompt": f"user: Task {i}: print {i}."} for i in range(8)]
+    dolci += [{**dolci[4], "id": f"extra{i}", "prompt": f"user: Task {i}: print {i}."} for i in range(8)]
     dolci.append({"id": "m1", "prompt": "user: What is 1+1?", "ground_truth": ["2"], "dataset": ["math"]})
     _jsonl(root / "allenai/Dolci-Think-RL-7B/train.jsonl", dolci)
     return root
@@ -115,11 +116,12 @@ def test_prepare_conversions(prepared):
     assert len(lcb) == 3 and "early" not in {r["id"] for r in lcb}
     dolci_train = load_records(out / "dolci_think_rl_code.jsonl", "dolci_code")
     dolci_test = load_records(out / "dolci_think_rl_code_test.jsonl", "dolci_code")
-    # 13 code rows split 12 / 1 by prompt; the math row is left out, two code rows are named
-    assert len(dolci_train) + len(dolci_test) == 11 and len(dolci_test) == 1
+    # 15 code rows of 15 distinct prompts, 2 of them (round(1.5)) to test: extra0's and the list-typed
+    # row's, which is named (the math row is no code row)
+    assert len(dolci_train) == 13 and [r["id"] for r in dolci_test] == ["extra0"]
     assert not {r["id"] for r in dolci_train} & {r["id"] for r in dolci_test}
-    assert sorted(x.split(":")[0] for x in manifest["files"]["dolci_think_rl_code.jsonl"]["unconverted"]["items"]) == [
-        "8266ecad-2cea-44d5-9434-0f8761fbb148", "prime_rl_code_21902"]
+    assert [x.split(":")[0] for x in manifest["files"]["dolci_think_rl_code.jsonl"]["unconverted"]["items"]] == [
+        "prime_rl_code_21902"]
 
 
 def test_refused_rows_are_counted_and_named(hub, tmp_path):
