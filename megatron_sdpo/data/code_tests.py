@@ -83,8 +83,8 @@ def assert_case(stmt: ast.stmt, fn_names: tuple[str, ...]) -> tuple[str, dict]:
 
 
 def mbpp_cases(test_list: list[str], setup_code: str = "") -> tuple[str, list[dict]]:
-    """(function name, cases) from a list of assert strings (MBPP's `test_list`, a Dolci `code`
-    row's ground truth); every assert must convert."""
+    """(function name, cases) from MBPP's assert strings; every assert must convert. (Dolci's
+    `code` rows are not converted so: their snippets run verbatim as test scripts, dolci_rows.)"""
     if setup_code.strip():
         raise Unconvertible("needs test_setup_code")
     if not test_list:
