@@ -169,14 +169,18 @@ def prepare(ds: Any, source: dict[str, Any], *, outputs: tuple[str, str], licens
     partial = [out / f".{Path(name).stem}.partial.jsonl" for name in outputs]
     out.mkdir(parents=True, exist_ok=True)
     counts = [0, 0]
-    with partial[0].open("w", encoding="utf-8") as train, partial[1].open("w", encoding="utf-8") as test:
-        for to_test, row in converted(ds.select_columns(list(KEPT)), tests, tally, str(source["revision"])):
-            (test if to_test else train).write(json.dumps(row, ensure_ascii=True) + "\n")
-            counts[to_test] += 1
-    checks = tally.checks(str(source["revision"]), len(keys), len(tests), from_hub, columns)
-    refused = sum(tally.refused.values())
-    files = [StreamedFile(name, "dolci_code", path, n, source, license, note=note,
-                          unconverted=tally.named if i == 0 else [], unconverted_count=refused if i == 0 else 0,
-                          checks=checks if i == 0 else None)
-             for i, (name, path, n) in enumerate(zip(outputs, partial, counts, strict=True))]
-    return write_streamed(out, files, command=command, extra=extra)
+    try:
+        with partial[0].open("w", encoding="utf-8") as train, partial[1].open("w", encoding="utf-8") as test:
+            for to_test, row in converted(ds.select_columns(list(KEPT)), tests, tally, str(source["revision"])):
+                (test if to_test else train).write(json.dumps(row, ensure_ascii=True) + "\n")
+                counts[to_test] += 1
+        checks = tally.checks(str(source["revision"]), len(keys), len(tests), from_hub, columns)
+        refused = sum(tally.refused.values())
+        files = [StreamedFile(name, "dolci_code", path, n, source, license, note=note,
+                              unconverted=tally.named if i == 0 else [],
+                              unconverted_count=refused if i == 0 else 0, checks=checks if i == 0 else None)
+                 for i, (name, path, n) in enumerate(zip(outputs, partial, counts, strict=True))]
+        return write_streamed(out, files, command=command, extra=extra)
+    finally:  # a failed set leaves nothing half written (a file checked and renamed is gone from here)
+        for path in partial:
+            path.unlink(missing_ok=True)

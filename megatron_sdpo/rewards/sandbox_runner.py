@@ -23,6 +23,7 @@ import builtins
 import ctypes
 import io
 import json
+import linecache
 import os
 import resource
 import select
@@ -183,6 +184,8 @@ def _run_program(source: str, fn_name, stdin_text: str, script=None, token: byte
         glb = {"__name__": "__main__" if main else "solution", "__builtins__": builtins}
         _EXEC(code, glb)
         if script is not None:
+            # The traceback of a failing script then shows its failing line (the feedback's).
+            linecache.cache["test.py"] = (len(script), None, script.splitlines(True), "test.py")
             _EXEC(_COMPILE(script, "test.py", "exec"), glb)
             os.write(RESULT_FD, token)
         elif fn_name is not None:

@@ -147,3 +147,10 @@ def test_rows_are_streamed_not_held(tmp_path):
     # 16 rows and more; the bound allows 6.
     row = 40 * 50_002
     assert peak < 6 * row, f"peak {peak / 2**20:.1f} MiB of Python allocations, a row is {row / 2**20:.1f} MiB"
+
+
+def test_a_set_with_nothing_to_write_fails_in_one_line_and_leaves_no_partial_file(tmp_path):
+    hub = _write_hub(tmp_path / "hub", [ROWS[-1]])  # prime_rl_code_21902, the list-typed row, alone
+    manifest = prepare("qwen3_4b", tmp_path / "data", local_root=hub, only=["dolci_code"])
+    assert manifest["failed"] == {"dolci_code": f"{TRAIN}: no rows converted (1 unconvertible)"}
+    assert list((tmp_path / "data").glob(".*partial*")) == [] and not (tmp_path / "data" / TRAIN).exists()
