@@ -12,7 +12,9 @@ Three kinds of test case (a record's cases are all of one kind):
   after the program in its globals; it passes if it runs to its end without raising, and the
   output is unused. The name and meaning are the reference's (lasgroup/SDPO: exec the program,
   then the test); Dolci-Think-RL's `code` rows are tested so. A failing script is named in the
-  feedback.
+  feedback. The script shares the program's interpreter, so a program that answers every `==`
+  with True, or reads the runner's frames, can pass a verbatim assert: as with the reference's
+  and the set builder's own runners, which do the same.
 """
 from __future__ import annotations
 

@@ -6,7 +6,7 @@ import pytest
 from megatron_sdpo.errors import DataError
 from megatron_sdpo.rewards import sandbox as sb
 from megatron_sdpo.rewards import score, score_batch
-from megatron_sdpo.rewards.code import extract_code, score_code
+from megatron_sdpo.rewards.code import extract_code, score_code, score_code_batch
 from megatron_sdpo.rewards.sandbox import Sandbox, SandboxLimits
 
 SANDBOX = Sandbox(SandboxLimits(timeout_s=1.0, cpu_s=1))
@@ -203,3 +203,15 @@ def test_time_is_judged_on_cpu_time_of_the_whole_process_tree():
                "            pass\ntime.sleep(30)\n")
     outcome = SANDBOX.run(sb.Program(workers, [""]))[0]
     assert outcome.status == "timeout" and 1.0 < outcome.cpu_s < 3.0, outcome
+
+
+def test_scripts_and_stdin_programs_share_a_batched_sandbox():
+    square = {"id": "sq", "tests": [{"input": "assert f(2) == 4", "output": "", "testtype": "code"},
+                                    {"input": "assert f(3) == 9", "output": "", "testtype": "code"}]}
+    stdin = {"id": "in", "tests": [{"input": "3\n", "output": "9\n"}]}
+    responses = [fenced("def f(x):\n    return x * x"), fenced("print(int(input()) ** 2)"),
+                 fenced("def f(x):\n    return x + x")]
+    for batched in (False, True):
+        results = score_code_batch(responses, [square, stdin, square], sandbox=SANDBOX, batched=batched)
+        assert [(r.score, r.details["statuses"]) for r in results] == [
+            (1.0, ["ok", "ok"]), (1.0, ["ok"]), (0.0, ["ok", "error"])], batched
