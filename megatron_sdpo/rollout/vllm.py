@@ -223,6 +223,16 @@ def compile_cache_dir() -> Path:
     return cache_root() / "vllm_compile"
 
 
+def _launch_ident() -> str:
+    """A name for this launch's vLLM CPU shared-memory segments (/dev/shm), the same on every
+    rank. vLLM names them from the group's ranks alone, so a segment that a killed launch left
+    behind made the next launch on the node (a requeued job) fail with EEXIST."""
+    token = [os.urandom(4).hex()]
+    if torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
+        torch.distributed.broadcast_object_list(token, src=0)
+    return f"sdpo{token[0]}"
+
+
 def _configure_env(run_dir: Path, *, compiled: bool, on_gpu: bool) -> str | None:
     """Process-wide settings vLLM reads at import/start-up; explicit user settings win (and,
     being process-wide, the first engine's choices hold for later engines of the process).
@@ -240,6 +250,8 @@ def _configure_env(run_dir: Path, *, compiled: bool, on_gpu: bool) -> str | None
     }
     if not on_gpu:
         defaults["VLLM_USE_AOT_COMPILE"] = "0"  # see the module docstring
+        if "VLLM_DIST_IDENT" not in os.environ:
+            defaults["VLLM_DIST_IDENT"] = _launch_ident()
     for k, v in defaults.items():
         os.environ.setdefault(k, v)
     if os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] != "0":
