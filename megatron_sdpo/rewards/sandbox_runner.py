@@ -404,6 +404,12 @@ def run_jobs(job: dict, mode: str) -> list:
 
 
 def main() -> None:
+    # A scheduler's stop signal reaches every process of the job: it is the rank's to act on (it
+    # finishes its step, scores included), and a runner killed by it would fail every program
+    # still to run. The runner ends by its own deadline, or with the rank when the rank dies.
+    for sig in (signal.SIGTERM, signal.SIGUSR1):
+        signal.signal(sig, signal.SIG_IGN)
+    _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     job = json.loads(sys.stdin.buffer.read())
     mode = job["mode"]
     out = sys.stdout

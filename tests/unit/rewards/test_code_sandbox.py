@@ -333,3 +333,28 @@ def test_limits_are_validated():
         SandboxLimits(timeout_s=0)
     with pytest.raises(ConfigError, match="isolation"):
         Sandbox(isolation="docker")
+
+
+def test_a_stop_signal_to_the_job_does_not_fail_the_programs_being_scored(workroot):
+    """Slurm's TERM (a stop) reaches every process of the job, the sandbox's runner included: the
+    rank finishes its step, so the runner must score on, not die and fail the programs left."""
+    import signal
+    import subprocess
+
+    def term_the_runner():
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            pids = subprocess.run(["pgrep", "-f", "sandbox_runner.py"], capture_output=True, text=True).stdout.split()
+            if pids:
+                time.sleep(0.3)  # in the middle of the program
+                for pid in pids:
+                    os.kill(int(pid), signal.SIGTERM)
+                return
+            time.sleep(0.02)
+
+    killer = threading.Thread(target=term_the_runner)
+    killer.start()
+    result, _ = _score("import time\ntime.sleep(1.0)\nprint(int(input()) * 2)", expected="42", stdin="21",
+                       limits=SandboxLimits(timeout_s=2.0, cpu_s=2, memory_mb=256, nproc=12))
+    killer.join()
+    assert result.score == 1.0, result.feedback
