@@ -252,7 +252,10 @@ def _tunnel(args: argparse.Namespace):
             host=args.ssh_host, user=args.ssh_user or os.environ.get("USER", ""),
             job_dir=args.job_dir, identity=args.ssh_identity,
         )
-    return run.LocalTunnel(job_dir=os.path.abspath(args.job_dir) if args.job_dir else "")
+    # A LocalTunnel submits the script where the experiment wrote it, under NEMORUN_HOME: a
+    # --job-dir becomes that home (main), since NeMo-Run does not copy the script into a
+    # LocalTunnel's own job_dir (sbatch found no file there).
+    return run.LocalTunnel(job_dir="")
 
 
 def _run_dir(args: argparse.Namespace, cfg: RunConfig, executor: str) -> str:
@@ -399,7 +402,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ssh-host", help="submit over SSH to this login node (default: sbatch here)")
     p.add_argument("--ssh-user")
     p.add_argument("--ssh-identity", help="SSH private key file")
-    p.add_argument("--job-dir", help="directory for job files (with --ssh-host: on the cluster)")
+    p.add_argument("--job-dir", help="directory for job files and logs (with --ssh-host: on the cluster; "
+                   "without: NeMo-Run's home for this launch, default NEMORUN_HOME)")
     p.add_argument("--out", help="run directory (default: runs/<name>-<time>)")
     p.add_argument("--data-root", help="slurm: directory that relative data paths of the config are under "
                    "(default: the current directory; required with --ssh-host)")
@@ -449,6 +453,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 if not args.dryrun:
                     _check_data_files(anchored)
         _nemo_run()
+        if args.job_dir and not args.ssh_host:  # job files on this machine: see _tunnel
+            from nemo_run.config import set_nemorun_home
+
+            set_nemorun_home(os.path.abspath(args.job_dir))
         python = training_python(args.python)
         world = nproc * (cfg.launch.nodes if executor_kind == "slurm" else 1)
         lead = args.stop_lead_s if executor_kind == "slurm" else None

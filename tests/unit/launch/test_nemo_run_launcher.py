@@ -179,8 +179,9 @@ def test_slurm_dryrun_renders_the_sbatch_script(tmp_path, launcher):
                    "--job-dir", str(tmp_path / "jobs"), "--packager", "none", "--out", out,
                    "--data-root", "/lustre/sdpo", timeout=180)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    rendered = sorted((tmp_path / "nemorun_home").rglob("*_sbatch.sh"))
-    assert len(rendered) == 1, rendered
+    # --job-dir without --ssh-host: NeMo-Run's home for the launch (its LocalTunnel submits from there).
+    rendered = sorted((tmp_path / "jobs").rglob("*_sbatch.sh"))
+    assert len(rendered) == 1 and not list((tmp_path / "nemorun_home").rglob("*_sbatch.sh")), rendered
     assert f"rendered sbatch script: {rendered[0]}" in proc.stdout
     text = rendered[0].read_text()
     NODES_SETUP = launcher.NODES_SETUP
@@ -209,7 +210,7 @@ def test_a_failed_preflight_queues_nothing(tmp_path):
                    "--out", "/lustre/runs/x", "--data-root", "/lustre/sdpo", timeout=180)
     assert proc.returncode == 2, (proc.stdout[-2000:], proc.stderr[-2000:])
     assert "error: world size 16 (--world-size) is not divisible by backend.megatron.tensor_parallel" in proc.stderr
-    assert not list((tmp_path / "nemorun_home").rglob("*_sbatch.sh"))
+    assert not list(tmp_path.rglob("*_sbatch.sh"))
 
 
 @needs_launch_env
