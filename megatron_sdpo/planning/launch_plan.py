@@ -357,6 +357,8 @@ def stop_budget(cfg: RunConfig, arch: Arch, ledger: Ledger, kv: KVCapacity | Non
     node's ranks, the refit after it."""
     a = cfg.algorithm
     extra = int(algorithm_spec(a.name).uses_teacher) + int(a.grpo.kl_coef > 0) + int(a.grpo.mini_batches > 1)
+    # Full recompute runs every layer's forward again in backward: one more policy forward.
+    extra += int(ledger.inputs.megatron and ledger.inputs.recompute == "full")
     engine_bytes = kv.engine_weight_bytes if kv is not None else 2 * arch.params
     waves = kv.waves(kv.rollout_seqs) if kv is not None else 1
     step_s, source = stop_grace.planned_step_seconds(
@@ -398,6 +400,15 @@ def kv_capacity(cfg: RunConfig, spec: ModelSpec | None, ledger: Ledger | None, r
     )
 
 
+def teacher_seq(cfg: RunConfig) -> int:
+    """A teacher row's most tokens: the re-prompt, cut to `max_context_tokens` (trainer.py,
+    truncate_context_ids; without the cap the student's prompt room, max_model_len less the
+    response), then the response, up to max_new_tokens (paper presets: 10,240 + 8,192 = 18,432
+    against the student's 12,288)."""
+    r, cap = cfg.rollout, cfg.algorithm.sdpo.context.max_context_tokens
+    return (cap if cap is not None else r.max_model_len - r.max_new_tokens) + r.max_new_tokens
+
+
 def ledger_inputs(cfg: RunConfig, spec: ModelSpec, tp: int, pp: int, dp: int, rollout_tp: int, device_bytes: int) -> LedgerInputs:
     """The memory ledger's view of `cfg` on one rank of a TP x PP x DP layout."""
     m = cfg.backend.megatron
@@ -414,6 +425,8 @@ def ledger_inputs(cfg: RunConfig, spec: ModelSpec, tp: int, pp: int, dp: int, ro
         offload=cfg.backend.offload_training_state, engine=engine, rollout_tp=rollout_tp,
         engine_bytes=int(cfg.rollout.gpu_memory_utilization * device_bytes) if engine == "vllm" else 0,
         micro_batch_size=cfg.backend.micro_batch_size, seq=cfg.rollout.max_model_len,
+        teacher_seq=teacher_seq(cfg) if with_teacher else 0, rollout_replicas=tp * pp * dp // rollout_tp,
+        engine_graphs=engine == "vllm" and not cfg.rollout.enforce_eager,
         recompute=m.recompute if model_parallel else "none",
         sequence_parallel=m.sequence_parallel and model_parallel, activation_bytes=2 if sixteen else 4,
         fused_kl=cfg.kernel.fused_kl, riders=riders, bucket_bytes=cfg.rollout.bucket_bytes, device_bytes=device_bytes,

@@ -54,6 +54,12 @@ FRAGMENTATION_BYTES = GIB
 # 4 MiB (NCCL_BUFFSIZE), LL128's 4.5 MiB and LL's 256 KiB, for up to 32 channels and the ring's
 # two peers. (NVLS adds about 1 GiB more per communicator: off in slurm/_continual_body.sh.)
 NCCL_COMM_BYTES = 32 * 2 * ((4 << 20) + (9 << 19) + (1 << 18))
+# vLLM's CUDA graphs (rollout.enforce_eager false): captured in torch's graph pool, outside the
+# sleep allocator, whose tags are weights and KV cache only, so they stay while the engine sleeps
+# (vllm-project/vllm#45623 offloads them, not merged). vLLM's profiler estimates 0.36-0.44 GiB
+# for its piecewise sizes up to 512 tokens on models of this size (its "Estimated CUDA graph
+# memory" line); its older runner warned of 1-3 GiB per GPU: 1 GiB here.
+VLLM_CUDA_GRAPH_BYTES = GIB
 # Full recompute keeps only each layer's input: 2 bytes per token and hidden unit.
 FULL_RECOMPUTE_UNITS = 2.0
 
@@ -79,6 +85,11 @@ class LedgerInputs:
     kv_cache_bytes: int | None = None  # vLLM's kv_cache_memory_bytes when set (its CPU backend)
     micro_batch_size: int = 1
     seq: int = 512  # tokens per micro-batch row (max_model_len)
+    # A teacher row's most tokens: its context (algorithm.sdpo.context.max_context_tokens, the cap
+    # trainer.py truncates the re-prompt to) and the response (0: `seq`).
+    teacher_seq: int = 0
+    rollout_replicas: int = 1  # vLLM engines (data_parallel_size: one NCCL group when > 1)
+    engine_graphs: bool = False  # vLLM captures CUDA graphs (rollout.enforce_eager false)
     recompute: str = "none"
     sequence_parallel: bool = False
     activation_bytes: int = 2  # bytes per activation element (the params dtype)
@@ -177,16 +188,20 @@ def context_items(i: LedgerInputs) -> list[tuple[str, int]]:
     the world (barriers, the log-probs' gathers); megatron's TP group, the DP group and its
     context-parallel twin (DDP's reduce-scatter, the optimizer's all-gather), the
     model-parallel group (the gradient norm), the PP group and the embedding group (tied
-    gradients across the first and last stage); vLLM's TP group (its NCCL communicator)."""
+    gradients across the first and last stage); vLLM's TP group (its NCCL communicator) and its
+    DP group (rollout/vllm.py: `data_parallel_size` = replicas, synchronized over NCCL on GPU,
+    `disable_nccl_for_dp_synchronization=False`). With vLLM's CUDA graphs their pool
+    (`VLLM_CUDA_GRAPH_BYTES`), resident in every phase, the engine's sleep included."""
     comms = [("world", 1)]
     if i.megatron:
         comms += [("tp", int(i.tp > 1)), ("dp", 2 * int(i.dp > 1)), ("model_parallel", int(i.tp * i.pp > 1)),
                   ("pp", 2 * int(i.pp > 1))]
     if i.engine == "vllm":
-        comms.append(("vllm_tp", int(i.rollout_tp > 1)))
+        comms += [("vllm_tp", int(i.rollout_tp > 1)), ("vllm_dp", int(i.rollout_replicas > 1))]
     n = sum(k for _, k in comms)
+    graphs = [("vllm_cuda_graphs", VLLM_CUDA_GRAPH_BYTES)] if i.engine == "vllm" and i.engine_graphs else []
     return [("cuda_context", CUDA_CONTEXT_BYTES), ("fragmentation", FRAGMENTATION_BYTES),
-            (f"nccl x{n} (" + "+".join(name for name, k in comms if k) + ")", n * NCCL_COMM_BYTES)]
+            (f"nccl x{n} (" + "+".join(name for name, k in comms if k) + ")", n * NCCL_COMM_BYTES), *graphs]
 
 
 def _split(kind: str, tp: int) -> int:
@@ -204,42 +219,72 @@ def local_numel(spec: ModelSpec, layout: Layout) -> tuple[int, list[int]]:
 
 
 def activation_units(spec: ModelSpec) -> float:
-    """16-bit bytes a layer saves for backward per token, in units of the hidden size h, with the
-    attention scores not saved (flash / fused attention, or selective recompute).
+    """Bytes a layer of the GPU path saves for backward per token, in units of the hidden size h
+    (16-bit tensors count 2 per element, fp32 ones 4), with selective recompute of the core
+    attention (the presets': its checkpoint keeps q, k and v; a fused kernel without recompute adds
+    its output, the projection's input anyway, and a per-head log-sum-exp). Counted from what the
+    code's layers keep, storage by storage (tests/distributed/test_activation_saves.py records
+    them on CPU), with q = heads x head_dim, kv = kv_heads x head_dim, f = the gated MLP's
+    intermediate; scales and rope tables per token are `activation_token_bytes`:
 
-    Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large Transformer Models",
-    sec. 4.1) count 34 for GPT (query width h, a 4h GeLU MLP, dropout); counted the same way, tensor
-    by tensor, for this architecture (q = heads x head_dim, kv = kv_heads x head_dim, f = the gated
-    MLP's intermediate, no dropout):
-      attention: the QKV input 2h, Q 2q, K 2kv, V 2kv, the output projection's input 2q;
-      QK-norm (Qwen3 per head, Olmo over all heads): its inputs 2q + 2kv;
-      gated MLP: the FC1 input 2h, the gate and up outputs (SwiGLU's input) 4f, FC2's input 2f;
-      the two RMSNorms' inputs 4h (pre- or post-norm alike).
-    GPT's shape with its GeLU MLP (2f + 2f) and dropout masks (2h) gives back 34; Qwen3-4B
-    (q 1.6h, kv 0.4h, f 3.8h, QK-norm) 42.8."""
+      both: the QKV linear's output 2(q + 2kv) (V, a view of it, goes into the attention, so the
+        whole buffer stays), the rotated q and k 2q + 2kv (the attention's inputs), the output
+        projection's input 2q; the MLP's FC1 input 2h and output 4f, SiLU's output 2f, the
+        `x_linear + glu_linear_offset` copy 2f and FC2's input 2f (megatron's unfused glu:
+        bias_activation_fusion is off in backends/megatron/model.py);
+      pre-norm (Qwen3; Transformer Engine norms, fused into the next linear, keep their bf16
+        input and an fp32 scale): the two norms' inputs 4h and their outputs, the QKV and FC1
+        inputs, 4h; per-head QK-norm keeps its inputs: K is a view of the QKV output, Q a copy
+        under GQA (the reshape after the split, megatron's attention.py) 2q;
+      post-norm (Olmo; backends/megatron/olmo.py, the same modules on GPU): the QKV input 2h
+        (the layer's input), each post-norm an fp32 copy of its input and the fp32 normalized
+        value before the weight 8h (two of them), the full-width QK-norm the same 8q + 8kv.
+
+    Korthikanti et al. 2022 count 34 for GPT (sec. 4.1); Qwen3-4B (q 1.6h, kv 0.4h, f 3.8h)
+    61.2, Olmo-3-7B (MHA, f 2.6875h) 74.875."""
     h = spec.hidden_size
     q, kv, f = spec.num_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim, spec.ffn_hidden_size
-    units = 2 * h + 2 * q + 4 * kv + 2 * q + 2 * h + 6 * f + 4 * h
-    if spec.qk_norm:
-        units += 2 * q + 2 * kv
+    units = 2 * (q + 2 * kv) + 2 * q + 2 * kv + 2 * q + 2 * h + 10 * f
+    if spec.norm_placement == "post":
+        units += 2 * h + 8 * h + 8 * h
+    else:
+        units += 4 * h + 2 * h
+    if spec.qk_norm == "full":
+        units += 8 * q + 8 * kv
+    elif spec.qk_norm == "head" and spec.num_heads > spec.num_kv_heads:
+        units += 2 * q
     return units / h
+
+
+def activation_token_bytes(spec: ModelSpec, rows: int = 1) -> int:
+    """The per-token bytes a layer saves that do not scale with h: the norms' fp32 scales (one per
+    token and norm; per head for Qwen3's per-head QK-norm) and, in Olmo's QK-norm, the rope's fp32
+    cos and sin tables of q and k, one per position, shared by the `rows` of a micro-batch."""
+    if spec.norm_placement == "post":
+        rope = 2 * 2 * 4 * spec.head_dim // rows if spec.ropes else 0
+        return 4 * 4 + rope
+    head = 4 * (spec.num_heads + spec.num_kv_heads) if spec.qk_norm == "head" else 0
+    return 4 * 2 + head
 
 
 def _activations(i: LedgerInputs, layers: int) -> int:
     """Bytes saved for backward by one micro-batch of max-length rows through `layers` layers:
-    `activation_units`, plus the attention scores (5 x heads x seq / h) without recompute, or
-    only each layer's input with full recompute."""
+    `activation_units` and `activation_token_bytes`, plus the attention scores (5 x heads x seq / h)
+    without recompute. Full recompute keeps each layer's input, and in backward one layer at a
+    time runs its forward again and holds what it saves until its backward: the selective count and
+    the fused attention's fp32 log-sum-exp per head (its core attention is not checkpointed then)."""
     s = i.spec
-    if i.recompute == "full":
-        units = FULL_RECOMPUTE_UNITS
-    elif i.recompute == "selective":
-        units = activation_units(s)
-    else:
-        units = activation_units(s) + 5.0 * s.num_heads * i.seq / s.hidden_size
     tokens = i.micro_batch_size * i.seq
-    per_layer = units * s.hidden_size * tokens * i.activation_bytes / 2  # the formula counts 16-bit bytes
+    saved = activation_units(s) * s.hidden_size + activation_token_bytes(s, i.micro_batch_size)
+    if i.recompute == "full":
+        per_token = FULL_RECOMPUTE_UNITS * s.hidden_size * layers + saved + 4 * s.num_heads
+    elif i.recompute == "selective":
+        per_token = saved * layers
+    else:
+        per_token = (saved + 5.0 * s.num_heads * i.seq) * layers
+    # The units count bf16 activations; fp32 params (activation_bytes 4) double them.
     shard = i.tp if i.sequence_parallel else 1
-    return int(per_layer * layers / shard)
+    return int(per_token * tokens * i.activation_bytes / 2 / shard)
 
 
 @dataclass(frozen=True)
@@ -278,7 +323,8 @@ def logit_counts(*, distills: bool, topk: int | None, is_clip: bool, riders: int
 
 def _logits(i: LedgerInputs, vocab_local: int, padded_local: int) -> int:
     """The loss's vocabulary-wide tensors of one micro-batch at their peak (`LogitCounts`); the
-    fused kernel path holds no logits."""
+    fused kernel path holds no logits. A teacher rider's full-row logits span its own row, up to
+    `teacher_seq` tokens (its context and the response), not the student's."""
     c = i.logit_counts
     if i.fused_kl or c is None:
         return 0
@@ -286,8 +332,10 @@ def _logits(i: LedgerInputs, vocab_local: int, padded_local: int) -> int:
     response = i.micro_batch_size * (min(i.response, i.seq) if i.response else i.seq)
     fp32_tokens = min(response, i.loss_chunk_tokens) if (c.chunked and i.loss_chunk_tokens) else response
     b = i.activation_bytes  # the logits' dtype: the params'
+    # The teacher's context is longer than the student's prompt: its row's extra tokens.
+    teacher_extra = i.micro_batch_size * max(0, i.teacher_seq - i.seq) if (i.with_teacher and i.riders) else 0
     # The 16-bit tensors keep the padded columns (the slice to the real vocabulary is a view).
-    return (c.full_rows * b * rows * padded_local + c.response * b * response * padded_local
+    return (c.full_rows * b * rows * padded_local + b * teacher_extra * padded_local + c.response * b * response * padded_local
             + c.fp32 * 4 * fp32_tokens * vocab_local)
 
 

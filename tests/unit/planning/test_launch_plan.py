@@ -119,3 +119,19 @@ def test_existing_data_files_are_parsed_with_their_schema():
     other = load_config("tiny", [f"domains.math.train.source={FIXTURES}/gpqa.json", "domains.math.train.schema=gpqa"])
     with pytest.raises(DataError, match="yields 'science' records, not 'math'"):
         plan(other, 1)
+
+
+@pytest.mark.parametrize("preset, world", [("qwen3_4b", 8), ("olmo3_7b", 16)])
+def test_paper_presets_fit_68_gib_per_rank_with_the_context(preset, world):
+    """Every phase of a full-length row with the context (CUDA, fragmentation, NCCL, vLLM's
+    graphs) within 68 GiB of the H100's 79.2: room for what the ledger cannot see."""
+    from megatron_sdpo.planning.launch_plan import teacher_seq
+    from megatron_sdpo.planning.memory_ledger import GIB, PHASES
+
+    cfg = load_config(preset)
+    p = plan(cfg, world)
+    # The teacher's re-prompt is cut to 10,240 tokens, then the 8,192-token response follows.
+    assert teacher_seq(cfg) == p.ledger.inputs.teacher_seq == 10240 + 8192
+    assert p.ledger.inputs.rollout_replicas == p.replicas > 1 and p.ledger.inputs.engine_graphs
+    worst = max(PHASES, key=p.ledger.phase_total)
+    assert (p.ledger.phase_total(worst) + p.ledger.context_bytes) / GIB <= 68.0, worst

@@ -280,20 +280,33 @@ def _spec(**kw):
 def test_activation_units_count_the_architectures_tensors():
     from megatron_sdpo.config import load_config
     from megatron_sdpo.planning.launch_plan import resolve_arch
-    from megatron_sdpo.planning.memory_ledger import activation_units
+    from megatron_sdpo.planning.memory_ledger import activation_token_bytes, activation_units
 
-    # Qwen3-4B: q = 32 x 128 = 1.6h, kv = 8 x 128 = 0.4h, f = 9728 = 3.8h, QK-norm over q and kv:
-    # 2 + 2(1.6) + 4(0.4) + 2(1.6) + 2 + 6(3.8) + 4 + 2(1.6) + 2(0.4) = 42.8 (Korthikanti's constant: 34).
-    assert activation_units(resolve_arch(load_config("qwen3_4b"))[1]) == pytest.approx(42.8)
-    # Olmo-3-7B: MHA (q = kv = h), f = 11008 = 2.6875h, QK-norm over all heads: 36.125.
-    assert activation_units(resolve_arch(load_config("olmo3_7b"))[1]) == pytest.approx(36.125)
-    # A Qwen3-shaped case by term: q = 64 (= h), kv = 32, f = 192 = 3h; without the QK-norm 2q + 2kv less.
+    # Qwen3-4B: q = 32 x 128 = 1.6h, kv = 8 x 128 = 0.4h, f = 9728 = 3.8h, per-head QK-norm, GQA:
+    # 8h + 8q + 6kv + 10f = 8 + 12.8 + 2.4 + 38 = 61.2 (what a layer keeps:
+    # test_activation_saves.py; Korthikanti's constant for GPT: 34).
+    qwen = resolve_arch(load_config("qwen3_4b"))[1]
+    assert activation_units(qwen) == pytest.approx(61.2)
+    # Its scales: two norms' per token, the QK-norm's per head (32 + 8), fp32.
+    assert activation_token_bytes(qwen) == 4 * 2 + 4 * 40
+    # Olmo-3-7B: MHA (q = kv = h), f = 11008 = 2.6875h, fp32 post-norms and full-width QK-norm:
+    # 20h + 14q + 14kv + 10f = 74.875.
+    olmo = resolve_arch(load_config("olmo3_7b"))[1]
+    assert activation_units(olmo) == pytest.approx(74.875)
+    # Four norms' fp32 scales; q's and k's fp32 cos and sin per position (head_dim 128), one row.
+    assert activation_token_bytes(olmo) == 4 * 4 + 4 * 4 * 128
+    assert activation_token_bytes(olmo, rows=2) == 4 * 4 + 2 * 4 * 128
+    # A Qwen3-shaped case by term: q = 64 (= h), kv = 32, f = 192 = 3h.
     s = _spec()
-    assert activation_units(s) == pytest.approx((2 * 64 + 2 * 64 + 4 * 32 + 2 * 64 + 2 * 64 + 6 * 192 + 4 * 64
-                                                 + 2 * 64 + 2 * 32) / 64)
-    assert activation_units(s) - activation_units(_spec(qk_norm=None)) == pytest.approx((2 * 64 + 2 * 32) / 64)
-    # The q width counts apart from h: 8 heads of 16 (q = 2h) adds 6 (q - h) / h.
-    assert activation_units(_spec(num_heads=8)) - activation_units(s) == pytest.approx(6.0)
+    h, q, kv, f = 64, 64, 32, 192
+    assert activation_units(s) == pytest.approx((8 * h + 8 * q + 6 * kv + 10 * f) / h)
+    # Without the QK-norm the GQA query copy is not kept (the rope keeps only its tables).
+    assert activation_units(s) - activation_units(_spec(qk_norm=None)) == pytest.approx(2 * q / h)
+    # MHA: the query is a view of the QKV output, no copy.
+    mha = _spec(num_kv_heads=4)
+    assert activation_units(mha) == pytest.approx((8 * h + 6 * q + 6 * 64 + 10 * f) / h)
+    # The q width counts apart from h: 8 heads of 16 (q = 2h) adds 8 (q - h) / h.
+    assert activation_units(_spec(num_heads=8)) - activation_units(s) == pytest.approx(8.0)
 
 
 def test_recompute_settings_scale_the_activations():
@@ -303,6 +316,42 @@ def test_recompute_settings_scale_the_activations():
     units = {r: ml._activations(ml.LedgerInputs(spec=s, megatron=True, seq=32, recompute=r), 1) for r in
              ("full", "selective", "none")}
     per_unit = 64 * 32  # h x tokens, 16-bit bytes per unit
-    assert units["full"] == 2 * per_unit
-    assert units["selective"] == pytest.approx(ml.activation_units(s) * per_unit, abs=1)
-    assert units["none"] == pytest.approx((ml.activation_units(s) + 5 * 4 * 32 / 64) * per_unit, abs=1)
+    scales = ml.activation_token_bytes(s) * 32
+    # Full: the layer's input, and in backward one layer's forward again with what it saves.
+    lse = 4 * 4 * 32  # the fused attention's fp32 log-sum-exp: 4 heads, 32 tokens
+    assert units["full"] == pytest.approx(2 * per_unit + ml.activation_units(s) * per_unit + scales + lse, abs=1)
+    four = ml._activations(ml.LedgerInputs(spec=s, megatron=True, seq=32, recompute="full"), 4)
+    assert four - units["full"] == pytest.approx(3 * 2 * per_unit, abs=1)
+    assert units["selective"] == pytest.approx(ml.activation_units(s) * per_unit + scales, abs=1)
+    assert units["none"] == pytest.approx((ml.activation_units(s) + 5 * 4 * 32 / 64) * per_unit + scales, abs=1)
+
+
+def test_context_counts_vllms_dp_group_and_its_cuda_graphs():
+    from megatron_sdpo.planning import memory_ledger as ml
+
+    base = dict(spec=_spec(), megatron=True, tp=2, dp=4, engine="vllm", rollout_tp=2)
+    ctx = lambda **kw: dict(ml.context_items(ml.LedgerInputs(**{**base, **kw})))  # noqa: E731
+    alone = ctx()
+    # Four replicas: vLLM's DP group is one more NCCL communicator; its CUDA graphs stay resident.
+    both = ctx(rollout_replicas=4, engine_graphs=True)
+    assert both["vllm_cuda_graphs"] == ml.VLLM_CUDA_GRAPH_BYTES and "vllm_cuda_graphs" not in alone
+    nccl = lambda c: next(b for n, b in c.items() if n.startswith("nccl"))  # noqa: E731
+    assert nccl(both) - nccl(alone) == ml.NCCL_COMM_BYTES
+    assert any("vllm_dp" in n for n in both) and not any("vllm_dp" in n for n in alone)
+    # One replica has no DP group; the HF engine neither.
+    assert nccl(ctx(rollout_replicas=1)) == nccl(alone)
+    assert "vllm_cuda_graphs" not in ctx(engine="hf", engine_graphs=True)
+
+
+def test_a_teacher_rows_logits_span_its_own_length():
+    from megatron_sdpo.planning import memory_ledger as ml
+
+    s = _spec(vocab_size=1000)
+    counts = ml.logit_counts(distills=True, topk=20, is_clip=True, riders=1)
+    base = dict(spec=s, megatron=True, param_bytes=2, micro_batch_size=2, seq=64, response=48, riders=1,
+                with_teacher=True, logit_counts=counts, loss_chunk_tokens=16)
+    got = lambda **kw: ml.build(ml.LedgerInputs(**{**base, **kw})).categories["logits"]  # noqa: E731
+    padded = 1024
+    # 32 more tokens in each of the 2 teacher rows: one more 16-bit row of padded logits each.
+    assert got(teacher_seq=96) - got() == 2 * 2 * 32 * padded
+    assert got(teacher_seq=48) == got() == got(teacher_seq=96, with_teacher=False)
