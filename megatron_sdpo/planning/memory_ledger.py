@@ -21,8 +21,9 @@ and the run's settings. The phases follow one trainer step (trainer.py) and the 
   eval            engine awake; probe log-probs and gathered eval scores
 
 Outside the phases: the CUDA context and NCCL's buffers, one per communicator the layout uses
-(`context_items`, with NVLS off as slurm/_continual_body.sh sets it), and the caching
-allocator's fragmentation (usable memory is what torch reports).
+(`context_items`, with NVLS off as slurm/_continual_body.sh sets it; vLLM's TP and DP groups
+among them), vLLM's CUDA graph pool, and the caching allocator's fragmentation (usable memory is
+what torch reports).
 """
 from __future__ import annotations
 
