@@ -19,9 +19,9 @@
 #SBATCH --output=logs/%x-%j.out
 #SBATCH --open-mode=append
 #SBATCH --requeue
-# USR1 ten minutes before the time limit. A stop needs its step, the save and a margin: 520 s
+# USR1 ten minutes before the time limit. A stop needs its step, the save and a margin: 479 s
 # by `run qwen3_4b --dry-run` (a step planned at 353 s with every answer at 12,288 tokens, then
-# 120 GiB per node at checkpoint.write_gib_per_s = 1 GiB/s); the preflight fails when the lead is
+# 82 GiB from the node at checkpoint.write_gib_per_s = 1 GiB/s); the preflight fails when the lead is
 # shorter and names the lead to use. A --signal given to sbatch on the command line: set
 # SDPO_STOP_LEAD_S to it too (the job cannot read it).
 #SBATCH --signal=B:USR1@600

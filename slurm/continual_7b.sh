@@ -19,9 +19,9 @@
 #SBATCH --output=logs/%x-%j.out
 #SBATCH --open-mode=append
 #SBATCH --requeue
-# USR1 twelve minutes before the time limit. A stop needs its step, the save and a margin: 689 s
+# USR1 twelve minutes before the time limit. A stop needs its step, the save and a margin: 719 s
 # by `run olmo3_7b --dry-run` (a step planned at 518 s with every answer at 12,288 tokens, then
-# 109 GiB per node at checkpoint.write_gib_per_s = 1 GiB/s); the preflight fails when the lead is
+# 136 GiB from the first node at checkpoint.write_gib_per_s = 1 GiB/s); the preflight fails when the lead is
 # shorter and names the lead to use. A --signal given to sbatch on the command line: set
 # SDPO_STOP_LEAD_S to it too (the job cannot read it).
 #SBATCH --signal=B:USR1@720

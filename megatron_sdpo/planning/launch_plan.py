@@ -370,8 +370,8 @@ def stop_budget(cfg: RunConfig, arch: Arch, ledger: Ledger, kv: KVCapacity | Non
         collectives_s=engine.decode_seconds(arch.layers, decode_steps(cfg, waves), rollout_tp) if engine else 0.0,
     )
     return stop_grace.planned_budget(
-        step_s=step_s, step_source=source, checkpoint_bytes_per_rank=ledger.checkpoint_bytes,
-        ranks_per_node=stop_grace.ranks_per_node(world), write_gib_s=cfg.checkpoint.write_gib_per_s,
+        step_s=step_s, step_source=source, node_bytes=max(ledger.node_save_bytes(stop_grace.ranks_per_node(world))),
+        write_gib_s=cfg.checkpoint.write_gib_per_s,
         refit_bytes_per_rank=engine_bytes, offloaded=cfg.backend.offload_training_state,
     )
 

@@ -129,6 +129,30 @@ class Ledger:
         c = self.categories
         return sum(c[k] for k in ("params", "teacher", "teacher_shadow", "optimizer"))
 
+    def node_save_bytes(self, ranks_per_node: int) -> list[int]:
+        """Bytes each node writes at a save. Megatron (backends/megatron/checkpoint.py): DP rank 0
+        of each TP x PP position writes the position's policy and teacher shards (replicated
+        tensors come from DP rank 0 alone) and the position's whole optimizer ("fully_reshardable",
+        gathered over DP: fp32 main params and both moments, whatever the params' dtype); every
+        rank writes its pieces of the fp32 teacher shadow; rank 0 writes the policy as an HF
+        directory in the model's dtype. Ranks run TP fastest, then DP, then PP (megatron-core's
+        order), `ranks_per_node` to a node: the first node writes nearly all of it. The HF
+        backend's rank 0 writes the whole checkpoint (checkpoint_bytes)."""
+        i, c = self.inputs, self.categories
+        world = i.tp * i.pp * i.dp
+        out = [0] * max(1, -(-world // max(1, ranks_per_node)))
+        if not i.megatron:
+            out[0] = self.checkpoint_bytes
+            return out
+        elements = c["params"] // i.param_bytes  # this rank's share of the model
+        position = c["params"] + c["teacher"] + 12 * elements
+        for rank in range(world):
+            first_dp = (rank // i.tp) % i.dp == 0
+            out[rank // ranks_per_node] += c["teacher_shadow"] + (position if first_dp else 0)
+        full_numel, _ = local_numel(i.spec, Layout(tp=1, pp=1, vocab_divisor=1))
+        out[0] += i.param_bytes * full_numel
+        return out
+
     @property
     def context_bytes(self) -> int:
         return sum(b for _, b in context_items(self.inputs))

@@ -83,9 +83,10 @@ def planned_step_seconds(*, params: int, world: int, samples: int, max_len: int,
                             f"{max_len} tokens, MFU {TRAIN_MFU:.2f}")
 
 
-def planned_budget(*, step_s: float, step_source: str, checkpoint_bytes_per_rank: int, ranks_per_node: int,
-                   write_gib_s: float, refit_bytes_per_rank: int, offloaded: bool) -> StopBudget:
-    node_bytes = checkpoint_bytes_per_rank * ranks_per_node
+def planned_budget(*, step_s: float, step_source: str, node_bytes: int, write_gib_s: float,
+                   refit_bytes_per_rank: int, offloaded: bool) -> StopBudget:
+    """`node_bytes`: what the node that writes the most writes at a save (the ledger's
+    node_save_bytes): the nodes write side by side, so the save lasts as long as that node's."""
     save = node_bytes / (write_gib_s * 2**30)
     refit = refit_bytes_per_rank / REFIT_BYTES_S if offloaded else 0.0
     return StopBudget(step_s, step_source, save,

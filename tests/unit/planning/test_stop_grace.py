@@ -21,15 +21,13 @@ def test_planned_step_by_hand():
 
 
 def test_budget_adds_step_save_refit_and_margin():
-    b = sg.planned_budget(step_s=300.0, step_source="x", checkpoint_bytes_per_rank=3 * 2**30, ranks_per_node=8,
-                          write_gib_s=2.0, refit_bytes_per_rank=10**10, offloaded=True)
+    b = sg.planned_budget(step_s=300.0, step_source="x", node_bytes=24 * 2**30, write_gib_s=2.0, refit_bytes_per_rank=10**10, offloaded=True)
     assert b.save_s == pytest.approx(12.0) and b.refit_s == pytest.approx(1e10 / sg.REFIT_BYTES_S)
     assert b.margin_s == pytest.approx(max(sg.MARGIN_MIN_S, 0.1 * (300 + 12 + 0.2)))
     assert b.total_s == pytest.approx(300 + 12 + 0.2 + b.margin_s)
     assert b.reserve_s == pytest.approx(b.total_s - 300)
     # Without offload the weights stay with the engine: no refit after a save.
-    assert sg.planned_budget(step_s=1, step_source="x", checkpoint_bytes_per_rank=0, ranks_per_node=1,
-                             write_gib_s=1, refit_bytes_per_rank=10**10, offloaded=False).refit_s == 0
+    assert sg.planned_budget(step_s=1, step_source="x", node_bytes=0, write_gib_s=1, refit_bytes_per_rank=10**10, offloaded=False).refit_s == 0
     assert b.line().startswith(f"stop grace: {b.total_s:.0f} s = step 300 s (x) + save 12 s (24.0 GiB per node")
 
 
@@ -98,7 +96,7 @@ def test_the_dry_run_prints_the_grace_and_the_preflight_fails_a_short_lead(tmp_p
     out = capsys.readouterr().out
     assert rc == 0  # not strict: a warning
     grace = [ln for ln in out.splitlines() if ln.startswith("stop grace: ")]
-    assert len(grace) == 1 and "save 109 s (108.8 GiB per node at 1 GiB/s)" in grace[0], out[-3000:]
+    assert len(grace) == 1 and "save 136 s (136.0 GiB per node at 1 GiB/s)" in grace[0], out[-3000:]
     assert "stop signal: 120 s before the kill (job.sh: #SBATCH --signal USR1@120)" in out
     assert [ln for ln in out.splitlines() if ln.startswith("warning: stop signal lead 120 s")]
     assert f"export {sg.LEAD_ENV}=120\n" in env_file.read_text()
