@@ -129,12 +129,9 @@ def _feedback(index: int, case: dict, outcome: CaseOutcome, timeout_s: float) ->
         return outcome.stderr
     if case["kind"] == "code":
         return _script_feedback(where, shown_input, outcome, timeout_s)
-    if outcome.status == "timeout":
-        return f"Time limit exceeded ({timeout_s:g} s) on {where}.\nInput:\n{shown_input}"
-    if outcome.status == "output_limit":
-        return f"Output limit exceeded on {where}."
-    if outcome.status == "signal":
-        return f"The program was killed by signal {outcome.signal} on {where}."
+    stopped = _stopped(where, outcome, timeout_s)
+    if stopped is not None:
+        return f"{stopped}\nInput:\n{shown_input}" if outcome.status == "timeout" else stopped
     if outcome.status == "error":
         tail = _trace_tail(outcome.stderr)
         if "SyntaxError" in tail or "IndentationError" in tail:
@@ -146,15 +143,23 @@ def _feedback(index: int, case: dict, outcome: CaseOutcome, timeout_s: float) ->
             f"Got:\n{clip_text((got or '').strip(), _SHOW)}")
 
 
+def _stopped(where: str, outcome: CaseOutcome, timeout_s: float) -> str | None:
+    """The line for a case the sandbox stopped (time, output, a signal); None otherwise."""
+    if outcome.status == "timeout":
+        return f"Time limit exceeded ({timeout_s:g} s) on {where}."
+    if outcome.status == "output_limit":
+        return f"Output limit exceeded on {where}."
+    if outcome.status == "signal":
+        return f"The program was killed by signal {outcome.signal} on {where}."
+    return None
+
+
 def _script_feedback(where: str, shown_test: str, outcome: CaseOutcome, timeout_s: float) -> str:
     """A failed test script, named by its number and its source (the trace says how it failed)."""
     test = f"Test:\n{shown_test}"
-    if outcome.status == "timeout":
-        return f"Time limit exceeded ({timeout_s:g} s) on {where}.\n{test}"
-    if outcome.status == "output_limit":
-        return f"Output limit exceeded on {where}.\n{test}"
-    if outcome.status == "signal":
-        return f"The program was killed by signal {outcome.signal} on {where}.\n{test}"
+    stopped = _stopped(where, outcome, timeout_s)
+    if stopped is not None:
+        return f"{stopped}\n{test}"
     tail = _trace_tail(outcome.stderr)
     if 'File "solution.py"' in outcome.stderr and 'File "test.py"' not in outcome.stderr:
         if "SyntaxError" in tail or "IndentationError" in tail:
