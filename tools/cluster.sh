@@ -115,10 +115,12 @@ start_munge() {
     return 0  # a munged already answers (ours from an earlier `up`, or the machine's own)
   fi
   [[ -f /etc/munge/munge.key ]] || { mungekey --create >/dev/null 2>&1 || die "no /etc/munge/munge.key"; chown munge:munge /etc/munge/munge.key; }
-  mkdir -p /run/munge && chown munge:munge /run/munge
-  runuser -u munge -- munged --pid-file="${DIR}/munged.pid" || die "munged did not start"
+  mkdir -p /run/munge "${DIR}/munge" && chown munge:munge /run/munge "${DIR}/munge"
+  # munged runs as munge: its pid file goes where that user can write it.
+  runuser -u munge -- munged --pid-file="${DIR}/munge/munged.pid" || die "munged did not start"
   local _
-  for _ in $(seq 50); do [[ -s "${DIR}/munged.pid" ]] && break; sleep 0.1; done
+  for _ in $(seq 50); do [[ -s "${DIR}/munge/munged.pid" ]] && break; sleep 0.1; done
+  [[ -s "${DIR}/munge/munged.pid" ]] || die "munged wrote no pid file (${DIR}/munge/munged.pid)"
   echo owned > "${DIR}/munged.owned"
 }
 
@@ -206,7 +208,7 @@ down() {
   done
   kill_pid "$(pid_in "${DIR}/slurmctld.pid")"
   if [[ -f "${DIR}/munged.owned" ]]; then
-    kill_pid "$(pid_in "${DIR}/munged.pid")"
+    kill_pid "$(pid_in "${DIR}/munge/munged.pid")"
     rm -f "${DIR}/munged.owned"
   fi
   for k in "${!NODES[@]}"; do
