@@ -207,6 +207,12 @@ down() {
     fi
   done
   kill_pid "$(pid_in "${DIR}/slurmctld.pid")"
+  # Daemons of this cluster whose pid file is gone (an earlier run's state removed under them).
+  for pid in $(pgrep -x 'slurmctld|slurmd' || true); do
+    if tr '\0' '\n' < "/proc/${pid}/environ" 2>/dev/null | grep -qx "SLURM_CONF=${SLURM_CONF}"; then
+      kill_pid "${pid}"
+    fi
+  done
   if [[ -f "${DIR}/munged.owned" ]]; then
     kill_pid "$(pid_in "${DIR}/munge/munged.pid")"
     rm -f "${DIR}/munged.owned"

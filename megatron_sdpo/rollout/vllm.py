@@ -47,6 +47,7 @@ import contextlib
 import hashlib
 import os
 import re
+import sys
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
@@ -65,6 +66,7 @@ from megatron_sdpo.rollout.base import (
 )
 from megatron_sdpo.rollout.hf import check_sampling, eos_ids_of, load_tokenizer
 from megatron_sdpo.rollout.replicas import ReplicaLayout
+from megatron_sdpo.rollout.shm_segments import remove_stale_segments
 
 _LAYER = re.compile(r"\.layers\.(\d+)\.")
 # KV block size on CPU with prefix caching: vLLM's CPU default (128) leaves every shorter prompt
@@ -223,14 +225,16 @@ def compile_cache_dir() -> Path:
     return cache_root() / "vllm_compile"
 
 
-def _launch_ident() -> str:
-    """A name for this launch's vLLM CPU shared-memory segments (/dev/shm), the same on every
-    rank. vLLM names them from the group's ranks alone, so a segment that a killed launch left
-    behind made the next launch on the node (a requeued job) fail with EEXIST."""
-    token = [os.urandom(4).hex()]
+def _clear_stale_segments() -> None:
+    """Removes the CPU all-reduce segments a killed launch left on this node (shm_segments), on
+    the node's first rank, before any rank creates its own; every rank of the launch calls it."""
+    if int(os.environ.get("LOCAL_RANK", "0")) == 0:
+        removed = remove_stale_segments()
+        if removed:
+            print(f"vLLM: removed {len(removed)} shared-memory segment(s) a killed launch left in "
+                  f"/dev/shm: {', '.join(removed)}", file=sys.stderr, flush=True)
     if torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
-        torch.distributed.broadcast_object_list(token, src=0)
-    return f"sdpo{token[0]}"
+        torch.distributed.barrier()
 
 
 def _configure_env(run_dir: Path, *, compiled: bool, on_gpu: bool) -> str | None:
@@ -250,8 +254,6 @@ def _configure_env(run_dir: Path, *, compiled: bool, on_gpu: bool) -> str | None
     }
     if not on_gpu:
         defaults["VLLM_USE_AOT_COMPILE"] = "0"  # see the module docstring
-        if "VLLM_DIST_IDENT" not in os.environ:
-            defaults["VLLM_DIST_IDENT"] = _launch_ident()
     for k, v in defaults.items():
         os.environ.setdefault(k, v)
     if os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] != "0":
@@ -326,6 +328,8 @@ class VLLMRolloutEngine(RolloutEngine):
         self.enforce_eager = bool(enforce_eager)
         self.layout = ReplicaLayout.of_launch(tensor_parallel_size)
         self.on_gpu = torch.cuda.is_available()
+        if not self.on_gpu and self.layout.tp > 1:
+            _clear_stale_segments()
         previous_tmpdir = _configure_env(
             Path(run_dir) if run_dir else Path.cwd() / ".vllm_run",
             compiled=not self.enforce_eager,

@@ -32,7 +32,12 @@ def leftovers(munged_before: bool = True) -> list[str]:
 
 @pytest.fixture(scope="session")
 def slurm_cluster():
-    """The environment a submitting user has: SLURM_CONF of the test cluster."""
+    """The environment a submitting user has: SLURM_CONF of the test cluster, brought up afresh:
+    a test cluster that an earlier, killed session left up (its jobs still holding the nodes)
+    is taken down first."""
+    if leftovers():
+        earlier = _script("down", timeout=300)
+        assert earlier.returncode == 0, f"tools/cluster.sh down (an earlier session's cluster) failed:\n{earlier.stderr}"
     munged_before = _running("munged")
     up = _script("up", timeout=900)
     try:

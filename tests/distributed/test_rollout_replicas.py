@@ -60,6 +60,19 @@ def _run(cmd: list[str], cwd) -> str:
     return out
 
 
+def _leave_segments_of_a_killed_launch() -> None:
+    """What a killed TP=2 launch leaves on the node: its ranks' CPU all-reduce segments, by the
+    names vLLM gives them under torchrun. The next launch must start regardless (it failed with
+    EEXIST in every rank)."""
+    shm = Path("/dev/shm")
+    if not shm.is_dir():
+        pytest.skip("no /dev/shm on this machine")
+    for rank in (0, 1):
+        seg = shm / f"-tp:0-[0-1]-cpushm_{rank}"
+        if not seg.exists():
+            seg.write_bytes(b"\0" * 4096)
+
+
 def _metrics(run) -> list[dict]:
     return [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
 
@@ -86,9 +99,12 @@ def single(tmp_path_factory):
 )
 def test_two_rank_rollout_matches_single_process(tmp_path, single, overrides):
     (tmp_path / "cfg.yaml").write_text(SMALL)
+    if "rollout.tensor_parallel_size=2" in overrides:
+        _leave_segments_of_a_killed_launch()
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
            "-m", "megatron_sdpo", "run", "cfg.yaml", "backend=megatron", *overrides, "--out", "run", "--quiet"]
     _run(cmd, tmp_path)
+    assert not list(Path("/dev/shm").glob("-tp:0-*-cpushm_*")), "a clean exit leaves no segment"
     got, want = _metrics(tmp_path / "run"), _metrics(single)
     assert [(m["stage"], m["step"]) for m in got] == [(0, 1), (0, 2), (1, 1)]
     assert all(m["samples"] == 20 for m in got)  # the global batch on every layout

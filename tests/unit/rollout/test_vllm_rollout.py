@@ -422,20 +422,3 @@ def test_level_one_sleep_keeps_the_weights_and_wakes_everything_at_once():
         from megatron_sdpo.rollout.vllm import VLLMRolloutEngine
 
         VLLMRolloutEngine(ensure_tiny_base(), sleep_level=3)
-
-
-def test_each_cpu_launch_names_its_own_shared_memory(monkeypatch, tmp_path):
-    """vLLM's CPU all-reduce segments in /dev/shm were named by the group's ranks alone: one left
-    by a killed launch failed the next launch's engine on that node (EEXIST, a requeued job)."""
-    from megatron_sdpo.rollout import vllm as V
-
-    names = set()
-    for _ in range(2):
-        monkeypatch.delenv("VLLM_DIST_IDENT", raising=False)
-        monkeypatch.delenv("TMPDIR", raising=False)
-        V._configure_env(tmp_path, compiled=False, on_gpu=False)
-        names.add(os.environ["VLLM_DIST_IDENT"])
-    assert len(names) == 2 and all(n.startswith("sdpo") for n in names)
-    monkeypatch.setenv("VLLM_DIST_IDENT", "mine")  # a user's own name wins
-    V._configure_env(tmp_path, compiled=False, on_gpu=False)
-    assert os.environ["VLLM_DIST_IDENT"] == "mine"
