@@ -1,4 +1,5 @@
 """megatron_sdpo: continual post-training of LLMs with GRPO and self-distillation (SDPO)."""
+
 from setuptools import find_packages, setup
 
 # The CPU stack (see docs/dependencies.md): torch's CPU build must be installed first
@@ -79,6 +80,14 @@ setup(
         "rich",
         "wandb",
     ],
-    extras_require={"cpu": CPU, "gpu": GPU, "smollm2": SMOLLM2, "launch": LAUNCH, "data": DATA, "dev": DEV, "bench": BENCH},
+    extras_require={
+        "cpu": CPU,
+        "gpu": GPU,
+        "smollm2": SMOLLM2,
+        "launch": LAUNCH,
+        "data": DATA,
+        "dev": DEV,
+        "bench": BENCH,
+    },
     entry_points={"console_scripts": ["megatron-sdpo=megatron_sdpo.cli:main"]},
 )

@@ -33,6 +33,7 @@ A Slurm job started here runs one attempt. To continue it after a failure, preem
 limit, submit again with the same `--out` and `--resume`; slurm/continual_*.sh requeue and
 resume on their own.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -120,8 +121,10 @@ def training_python(path: str | None) -> str:
         raise ConfigError(f"--python {python}: not an executable file")
     probe = "import importlib.util, sys; sys.exit(importlib.util.find_spec('torch') is None)"
     if subprocess.run([python, "-c", probe], capture_output=True).returncode != 0:
-        raise ConfigError(f"{python} has no torch: the preflight and a local job need the training environment; "
-                          "pass its interpreter with --python (e.g. --python .venv/bin/python)")
+        raise ConfigError(
+            f"{python} has no torch: the preflight and a local job need the training environment; "
+            "pass its interpreter with --python (e.g. --python .venv/bin/python)"
+        )
     return python
 
 
@@ -152,8 +155,9 @@ def megatron_sdpo_task(cli_args: Sequence[str], env: Mapping[str, str] | None = 
     return run.Script(path="megatron_sdpo", args=list(cli_args), entrypoint="python", m=True, env=dict(env or {}))
 
 
-def local_executor(nproc_per_node: int = 1, env_vars: Mapping[str, str] | None = None, *,
-                   python: str | None = None) -> run.LocalExecutor:
+def local_executor(
+    nproc_per_node: int = 1, env_vars: Mapping[str, str] | None = None, *, python: str | None = None
+) -> run.LocalExecutor:
     """A LocalExecutor running `nproc_per_node` ranks (through torchrun when more than one).
 
     LocalExecutor starts `python` (and torchrun) from PATH, so the training interpreter's bin
@@ -213,8 +217,12 @@ def slurm_executor(
         container_image=launch.container_image or None,
         container_mounts=list(container_mounts),
         launcher="torchrun" if world > 1 else None,
-        env_vars={**CLUSTER_ENV, "SDPO_STOP_LEAD_S": str(stop_lead_s), "PET_SHUTDOWN_TIMEOUT": str(stop_lead_s),
-                  **(env_vars or {})},
+        env_vars={
+            **CLUSTER_ENV,
+            "SDPO_STOP_LEAD_S": str(stop_lead_s),
+            "PET_SHUTDOWN_TIMEOUT": str(stop_lead_s),
+            **(env_vars or {}),
+        },
         signal=f"TERM@{stop_lead_s}",
         setup_lines=NODES_SETUP,
         tunnel=tunnel,
@@ -235,8 +243,10 @@ def packager_choice(choice: str) -> str:
         cwd = Path.cwd().resolve()
         if cwd != REPO_ROOT and REPO_ROOT not in cwd.parents:
             # NeMo-Run's Slurm packaging asks git for the repository of the current directory.
-            raise ConfigError(f"--packager git archives the checkout at {REPO_ROOT}: launch from inside it, "
-                              "or use --packager none with megatron_sdpo installed on the cluster")
+            raise ConfigError(
+                f"--packager git archives the checkout at {REPO_ROOT}: launch from inside it, "
+                "or use --packager none with megatron_sdpo installed on the cluster"
+            )
     return choice
 
 
@@ -249,8 +259,10 @@ def _tunnel(args: argparse.Namespace):
     run = _nemo_run()
     if args.ssh_host:
         return run.SSHTunnel(
-            host=args.ssh_host, user=args.ssh_user or os.environ.get("USER", ""),
-            job_dir=args.job_dir, identity=args.ssh_identity,
+            host=args.ssh_host,
+            user=args.ssh_user or os.environ.get("USER", ""),
+            job_dir=args.job_dir,
+            identity=args.ssh_identity,
         )
     # A LocalTunnel submits the script where the experiment wrote it, under NEMORUN_HOME: a
     # --job-dir becomes that home (main), since NeMo-Run does not copy the script into a
@@ -318,8 +330,9 @@ def _check_data_files(cfg: RunConfig) -> None:
                 raise DataError(f"domains.{domain}.{where}.source: data file not found: {src.source}")
 
 
-def preflight(preset: str, overrides: Sequence[str], world_size: int, python: str | None = None,
-              stop_lead_s: int | None = None) -> tuple[int, dict[str, str]]:
+def preflight(
+    preset: str, overrides: Sequence[str], world_size: int, python: str | None = None, stop_lead_s: int | None = None
+) -> tuple[int, dict[str, str]]:
     """`python -m megatron_sdpo run PRESET [overrides] --dry-run --world-size N` with the training
     interpreter (`python`, default this one) and this checkout; its report and any one-line error
     go to this terminal. With `stop_lead_s` it checks that lead against the stop's planned grace
@@ -327,7 +340,17 @@ def preflight(preset: str, overrides: Sequence[str], world_size: int, python: st
     body sources it). Returns (its exit status, 0: the plan resolves; that environment)."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p)
-    cmd = [python or sys.executable, "-m", "megatron_sdpo", "run", preset, *overrides, "--dry-run", "--world-size", str(world_size)]
+    cmd = [
+        python or sys.executable,
+        "-m",
+        "megatron_sdpo",
+        "run",
+        preset,
+        *overrides,
+        "--dry-run",
+        "--world-size",
+        str(world_size),
+    ]
     print(f"[nemo_run] preflight: python -m megatron_sdpo {' '.join(cmd[3:])}", file=sys.stderr, flush=True)
     if stop_lead_s is None:
         return subprocess.call(cmd, env=env), {}
@@ -373,7 +396,8 @@ def submit(task: run.Script, executor: Any, *, name: str, dryrun: bool = False, 
         return 0
     states = exp.status(return_dict=True) or {}
     failed = {
-        task: str(info.get("status")) for task, info in states.items()
+        task: str(info.get("status"))
+        for task, info in states.items()
         if getattr(info.get("status"), "name", None) != "SUCCEEDED"
     }
     if failed or not states:
@@ -384,7 +408,8 @@ def submit(task: run.Script, executor: Any, *, name: str, dryrun: bool = False, 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="launchers/nemo_run.py", description=__doc__.splitlines()[0],
+        prog="launchers/nemo_run.py",
+        description=__doc__.splitlines()[0],
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("preset", help="preset name or YAML file (as for `megatron_sdpo run`)")
@@ -402,28 +427,48 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ssh-host", help="submit over SSH to this login node (default: sbatch here)")
     p.add_argument("--ssh-user")
     p.add_argument("--ssh-identity", help="SSH private key file")
-    p.add_argument("--job-dir", help="directory for job files and logs (with --ssh-host: on the cluster; "
-                   "without: NeMo-Run's home for this launch, default NEMORUN_HOME)")
+    p.add_argument(
+        "--job-dir",
+        help="directory for job files and logs (with --ssh-host: on the cluster; "
+        "without: NeMo-Run's home for this launch, default NEMORUN_HOME)",
+    )
     p.add_argument("--out", help="run directory (default: runs/<name>-<time>)")
-    p.add_argument("--data-root", help="slurm: directory that relative data paths of the config are under "
-                   "(default: the current directory; required with --ssh-host)")
+    p.add_argument(
+        "--data-root",
+        help="slurm: directory that relative data paths of the config are under "
+        "(default: the current directory; required with --ssh-host)",
+    )
     p.add_argument("--resume", action="store_true", help="continue the run in --out")
     p.add_argument("--quiet", action="store_true", help="plain log lines instead of progress bars")
-    p.add_argument("--packager", choices=["auto", "git", "none"], default="auto",
-                   help="slurm: ship this checkout's committed HEAD (git) or use an installed package")
+    p.add_argument(
+        "--packager",
+        choices=["auto", "git", "none"],
+        default="auto",
+        help="slurm: ship this checkout's committed HEAD (git) or use an installed package",
+    )
     p.add_argument("--follow", action="store_true", help="slurm: wait for the job and stream its log")
-    p.add_argument("--stop-lead-s", type=int, default=DEFAULT_STOP_LEAD_S,
-                   help="slurm: seconds before the time limit at which the ranks are told to stop and save "
-                   f"(checked against the plan's grace; default {DEFAULT_STOP_LEAD_S})")
-    p.add_argument("--python", help="the training environment's interpreter: runs the preflight and a local job "
-                   "(default: this interpreter)")
+    p.add_argument(
+        "--stop-lead-s",
+        type=int,
+        default=DEFAULT_STOP_LEAD_S,
+        help="slurm: seconds before the time limit at which the ranks are told to stop and save "
+        f"(checked against the plan's grace; default {DEFAULT_STOP_LEAD_S})",
+    )
+    p.add_argument(
+        "--python",
+        help="the training environment's interpreter: runs the preflight and a local job (default: this interpreter)",
+    )
     return p
 
 
 def _launch_overrides(args: argparse.Namespace) -> list[str]:
     flags = {
-        "nodes": args.nodes, "gpus_per_node": args.gpus_per_node, "partition": args.partition,
-        "account": args.account, "time": args.time, "container_image": args.container_image,
+        "nodes": args.nodes,
+        "gpus_per_node": args.gpus_per_node,
+        "partition": args.partition,
+        "account": args.account,
+        "time": args.time,
+        "container_image": args.container_image,
     }
     return [f"launch.{k}={v if isinstance(v, int) else _yaml_str(v)}" for k, v in flags.items() if v is not None]
 
@@ -471,10 +516,20 @@ def main(argv: Sequence[str] | None = None) -> int:
             executor = local_executor(nproc, python=python)
         else:
             mounts = [m for m in args.container_mounts.split(",") if m]
-            executor = slurm_executor(cfg, nproc, tunnel=_tunnel(args), packager=_packager(packager),
-                                      container_mounts=mounts, env_vars=stop_env, stop_lead_s=args.stop_lead_s)
-        print(f"[nemo_run] {executor_kind}: {cfg.launch.nodes if executor_kind == 'slurm' else 1} node(s) x "
-              f"{nproc} process(es): python -m megatron_sdpo {' '.join(cli)}", file=sys.stderr)
+            executor = slurm_executor(
+                cfg,
+                nproc,
+                tunnel=_tunnel(args),
+                packager=_packager(packager),
+                container_mounts=mounts,
+                env_vars=stop_env,
+                stop_lead_s=args.stop_lead_s,
+            )
+        print(
+            f"[nemo_run] {executor_kind}: {cfg.launch.nodes if executor_kind == 'slurm' else 1} node(s) x "
+            f"{nproc} process(es): python -m megatron_sdpo {' '.join(cli)}",
+            file=sys.stderr,
+        )
         return submit(task, executor, name=cfg.name, dryrun=args.dryrun, follow=args.follow)
     except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)

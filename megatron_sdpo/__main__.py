@@ -1,4 +1,5 @@
 """`python -m megatron_sdpo ...` (guarded: vLLM and checkpoint writers spawn processes)."""
+
 import sys
 
 from megatron_sdpo.cli import main

@@ -1,5 +1,6 @@
 """Building the run's components from the config: model path, tokenizer, LR schedule, backend,
 rollout. Everything built from a RunConfig is built here, so config/ imports nothing above it."""
+
 from __future__ import annotations
 
 import os
@@ -14,7 +15,7 @@ from megatron_sdpo.errors import ConfigError, UserError
 
 
 def resolve_model_path(cfg: RunConfig) -> str:
-    """"tiny" -> the shipped tiny base ("tiny-boxdup": the artifact-injection base; built on
+    """ "tiny" -> the shipped tiny base ("tiny-boxdup": the artifact-injection base; built on
     first use); a packaged model's name (e.g.
     "smollm2-135m-instruct") -> its HF directory in the cache (converted on first use); a hub id
     (owner/name, not a directory here) -> its snapshot in the HF cache (fetched once per node);
@@ -33,9 +34,7 @@ def resolve_model_path(cfg: RunConfig) -> str:
         return str(check_hf_model_dir(hub.fetch(cfg.model.path), what=f"model.path {cfg.model.path!r}"))
     path = Path(cfg.model.path)
     if not path.is_dir():
-        raise UserError(
-            f"model.path {cfg.model.path!r} is neither a local directory nor a hub id (owner/name)"
-        )
+        raise UserError(f"model.path {cfg.model.path!r} is neither a local directory nor a hub id (owner/name)")
     # Config, shard index and safetensors headers, before vLLM or transformers open anything.
     return str(check_hf_model_dir(path, what="model.path"))
 
@@ -89,7 +88,10 @@ def make_backend(cfg: RunConfig, model_path: str, tokenizer):
         spec = backend_spec(b.name)
         t = cfg.teacher
         return HFBackend(
-            model_path, dtype=cfg.model.dtype, packing=bool(spec.packing(b)), pack_row_tokens=b.pack_row_tokens,
+            model_path,
+            dtype=cfg.model.dtype,
+            packing=bool(spec.packing(b)),
+            pack_row_tokens=b.pack_row_tokens,
             share_prompts=spec.share_prompts(b),
             teacher_init=None if t.init_path is None else (t.init_path, t.init_alpha),
             teacher_logit_mix=t.trust_region_mix if t.mode == "trust_region" else None,
@@ -150,7 +152,9 @@ def make_rollout(cfg: RunConfig, model_path: str, tokenizer, work_dir: str):
     if kind == "vllm":
         check_stack(["vllm"])  # before vLLM loads the weights
     if kind != "vllm" and cfg.rollout.tensor_parallel_size != 1:
-        raise ConfigError(f"rollout.tensor_parallel_size={cfg.rollout.tensor_parallel_size} needs rollout.engine=vllm (the engine here is {kind})")
+        raise ConfigError(
+            f"rollout.tensor_parallel_size={cfg.rollout.tensor_parallel_size} needs rollout.engine=vllm (the engine here is {kind})"
+        )
     from megatron_sdpo.rollout.replicas import ReplicaLayout, ReplicatedRollout
 
     # Checked before anything loads: the tensor-parallel size must fit the launch.
@@ -184,5 +188,9 @@ def make_rollout(cfg: RunConfig, model_path: str, tokenizer, work_dir: str):
         # Several ranks: each replica generates its share of a call's prompts, gathered to all.
         return engine if layout.world == 1 else ReplicatedRollout(engine, layout)
     return make_engine(
-        "hf", model_path=model_path, pad_token_id=tokenizer.pad_token_id, max_batch_size=cfg.eval.batch_size * 2, **common
+        "hf",
+        model_path=model_path,
+        pad_token_id=tokenizer.pad_token_id,
+        max_batch_size=cfg.eval.batch_size * 2,
+        **common,
     )

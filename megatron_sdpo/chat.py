@@ -1,5 +1,6 @@
 """Turning a user message (after any earlier turns) into prompt token ids with the model's chat
 template."""
+
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
@@ -34,7 +35,9 @@ def encode_prompt(tokenizer: Any, message: str, history: Turns = ()) -> list[int
     """
     if getattr(tokenizer, "chat_template", None):
         out = tokenizer.apply_chat_template(
-            [*history, {"role": "user", "content": message}], add_generation_prompt=True, tokenize=True,
+            [*history, {"role": "user", "content": message}],
+            add_generation_prompt=True,
+            tokenize=True,
             **template_kwargs(tokenizer),
         )
         # transformers 5 returns a BatchEncoding; 4.x returns a list of ids.

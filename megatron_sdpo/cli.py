@@ -3,6 +3,7 @@
 User mistakes (bad preset, key, path, data) print one `error: ...` line and exit 2; only bugs
 show a traceback.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -34,7 +35,11 @@ def _launch_window(launch, args) -> list[str]:
     from megatron_sdpo.planning import stop_grace
 
     lead, source = stop_grace.signal_lead(Path(args.job_script) if args.job_script else None)
-    print(f"stop signal: {lead} s before the kill ({source})" if lead is not None else f"stop signal: lead unknown ({source})")
+    print(
+        f"stop signal: {lead} s before the kill ({source})"
+        if lead is not None
+        else f"stop signal: lead unknown ({source})"
+    )
     for line in network.choose(dict(os.environ)):
         print(f"network: {line}")
     print(f"network: NCCL_NVLS_ENABLE={os.environ.get('NCCL_NVLS_ENABLE', '(NCCL default: on where supported)')}")
@@ -48,8 +53,10 @@ def _launch_window(launch, args) -> list[str]:
     if args.strict and not stop_grace.torchrun_has_shutdown_timeout():
         import torch
 
-        errors.append(f"torchrun of torch {torch.__version__} has no --shutdown-timeout (the stop's grace; "
-                      "torch >= 2.11): install a newer torch")
+        errors.append(
+            f"torchrun of torch {torch.__version__} has no --shutdown-timeout (the stop's grace; "
+            "torch >= 2.11): install a newer torch"
+        )
     return errors
 
 
@@ -135,9 +142,16 @@ def cmd_compare(args) -> int:
         arms.append(Arm(algo, tuple(ovs), preset=ref, description=f"`{ref}` {' '.join(ovs)}".strip()))
     out = Path(args.out or _default_out(f"compare-{Path(args.config).stem}"))
     study = Study(
-        preset=args.config, arms=arms, seeds=[None], out=out, overrides=args.overrides,
-        layout=lambda arm, seed: out / arm, quiet=args.quiet, verbose=args.verbose,
-        title=f"Compare: {args.config}, one seed", n_boot=args.bootstrap,
+        preset=args.config,
+        arms=arms,
+        seeds=[None],
+        out=out,
+        overrides=args.overrides,
+        layout=lambda arm, seed: out / arm,
+        quiet=args.quiet,
+        verbose=args.verbose,
+        title=f"Compare: {args.config}, one seed",
+        n_boot=args.bootstrap,
     )
     study.run()
     write_compare(out, {a: out / a for a in algorithms})
@@ -179,8 +193,17 @@ def cmd_study(args) -> int:
         raise UserError(f"--bootstrap must be >= 0, got {args.bootstrap}")
     out = Path(args.out or _default_out(f"study-{Path(args.config).stem}"))
     study = Study(
-        preset=args.config, arms=arms, seeds=seeds, out=out, overrides=args.overrides, baseline=args.baseline,
-        jobs=args.jobs, threads=args.threads, n_boot=args.bootstrap, quiet=args.quiet, verbose=args.verbose,
+        preset=args.config,
+        arms=arms,
+        seeds=seeds,
+        out=out,
+        overrides=args.overrides,
+        baseline=args.baseline,
+        jobs=args.jobs,
+        threads=args.threads,
+        n_boot=args.bootstrap,
+        quiet=args.quiet,
+        verbose=args.verbose,
         pilot_detect=_parse_detect(args.detect) if args.pilot is not None else None,
     )
     md = study.run()
@@ -194,8 +217,14 @@ def cmd_results(args) -> int:
     from megatron_sdpo.study import results
 
     if args.results_command == "export":
-        dest = results.export(Path(args.study_dir), Path(args.to), command=args.study_command or "", note=args.note or "",
-                              commit=args.commit, add=args.add)
+        dest = results.export(
+            Path(args.study_dir),
+            Path(args.to),
+            command=args.study_command or "",
+            note=args.note or "",
+            commit=args.commit,
+            add=args.add,
+        )
         print(f"exported: {dest} ({dest / results.STUDY_JSON})")
         return 0
     if args.results_command == "render":
@@ -260,11 +289,23 @@ def cmd_probe(args) -> int:
     out_dir = Path(args.out or _default_out(f"probe-{args.domain}"))
     out_dir.mkdir(parents=True, exist_ok=True)
     route_engine_logs(out_dir, verbose=args.verbose)
-    out = run_probe(cfg, args.domain, split=args.split, prompts=args.prompts, samples=args.samples,
-                    gains=not args.no_gains, work_dir=str(out_dir / ".rollout"))
-    options = [f"--domain {args.domain}", f"--split {args.split}", f"--prompts {args.prompts}",
-               *([f"--samples {args.samples}"] if args.samples else []), *(["--no-gains"] if args.no_gains else []),
-               f"--out {out_dir}"]
+    out = run_probe(
+        cfg,
+        args.domain,
+        split=args.split,
+        prompts=args.prompts,
+        samples=args.samples,
+        gains=not args.no_gains,
+        work_dir=str(out_dir / ".rollout"),
+    )
+    options = [
+        f"--domain {args.domain}",
+        f"--split {args.split}",
+        f"--prompts {args.prompts}",
+        *([f"--samples {args.samples}"] if args.samples else []),
+        *(["--no-gains"] if args.no_gains else []),
+        f"--out {out_dir}",
+    ]
     out["command"] = " ".join(["megatron-sdpo probe", args.model, args.config, *options, *args.overrides])
     (out_dir / "probe.json").write_text(json.dumps(out, indent=1) + "\n")
     table = format_probe(out)
@@ -316,8 +357,10 @@ def cmd_data(args) -> int:
     for name, reason in failed.items():
         print(f"error: set {name} failed: {reason}", file=sys.stderr)
     if failed:
-        print(f"retry with: megatron-sdpo data prepare {args.preset} --out {out} --only {','.join(failed)}",
-              file=sys.stderr)
+        print(
+            f"retry with: megatron-sdpo data prepare {args.preset} --out {out} --only {','.join(failed)}",
+            file=sys.stderr,
+        )
     return 1 if failed else 0
 
 
@@ -345,30 +388,38 @@ def build_parser(drift_arguments: bool = True) -> argparse.ArgumentParser:
     r.add_argument("--out", help="run directory (default: runs/<name>-<time>)")
     r.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
     r.add_argument(
-        "--resume-if-exists", action="store_true", help="resume when --out already holds a run, else start it (requeued jobs)"
+        "--resume-if-exists",
+        action="store_true",
+        help="resume when --out already holds a run, else start it (requeued jobs)",
     )
     r.add_argument("--quiet", action="store_true", help="plain log lines instead of progress bars")
     r.add_argument(
-        "--dry-run", action="store_true",
+        "--dry-run",
+        action="store_true",
         help="check config, layout, data and rollout plan, print ranks, TP/PP/DP, vLLM replicas and each "
         "phase's memory per rank (the memory ledger; a phase over --gpu-memory-gib fails); loads no weights",
     )
     r.add_argument(
-        "--strict", action="store_true",
+        "--strict",
+        action="store_true",
         help="with --dry-run, as the cluster preflight on the allocation: missing data files, a model path the "
         "ranks could not load and a memory plan over --gpu-memory-gib are errors (exit 2), not warnings",
     )
     r.add_argument("--world-size", type=int, help="ranks to plan for with --dry-run (default: WORLD_SIZE, else 1)")
     r.add_argument(
-        "--job-script", help="with --dry-run: the sbatch script whose #SBATCH --signal lead the stop grace must fit "
+        "--job-script",
+        help="with --dry-run: the sbatch script whose #SBATCH --signal lead the stop grace must fit "
         "(SDPO_STOP_LEAD_S wins: a --signal given to sbatch on its command line)",
     )
     r.add_argument(
-        "--launch-env", help="with --dry-run: write the launch environment (the stop lead and the save's reserve) "
+        "--launch-env",
+        help="with --dry-run: write the launch environment (the stop lead and the save's reserve) "
         "to this file, for the sbatch body to source",
     )
     r.add_argument(
-        "--gpu-memory-gib", type=float, default=H100_USABLE_GIB,
+        "--gpu-memory-gib",
+        type=float,
+        default=H100_USABLE_GIB,
         help="usable memory per GPU as torch reports it, for --dry-run's memory ledger (default: an H100-80GB's)",
     )
     r.add_argument("--verbose", action="store_true", help="show the engines' (vLLM, transformers) logs in the terminal")
@@ -388,7 +439,8 @@ def build_parser(drift_arguments: bool = True) -> argparse.ArgumentParser:
     )
     st.add_argument("config", nargs="?", help="preset name or YAML file")
     st.add_argument(
-        "--arms", default="grpo,sdpo_frozen",
+        "--arms",
+        default="grpo,sdpo_frozen",
         help="arms to run, comma-separated: built in grpo, grpo_mb4, sdpo_frozen, sdpo_ema5, stable_sdpo, "
         "sdpo_feedback_off, sdpo_old_defaults (the collapse control), or defined with --arm / --arms-file",
     )
@@ -403,10 +455,14 @@ def build_parser(drift_arguments: bool = True) -> argparse.ArgumentParser:
     st.add_argument("--pilot", type=int, help="run seeds 0..K-1 and print the seeds needed to detect --detect")
     st.add_argument("--detect", default="0.05", help="the difference the pilot sizes the study for (default 0.05)")
     st.add_argument("--quiet", action="store_true")
-    st.add_argument("--verbose", action="store_true", help="show the engines' (vLLM, transformers) logs in the terminal")
+    st.add_argument(
+        "--verbose", action="store_true", help="show the engines' (vLLM, transformers) logs in the terminal"
+    )
     st.set_defaults(fn=cmd_study)
 
-    rs = sub.add_parser("results", help="a study's data in the repository: export it, tabulate it, render the documents' tables")
+    rs = sub.add_parser(
+        "results", help="a study's data in the repository: export it, tabulate it, render the documents' tables"
+    )
     rsub = rs.add_subparsers(dest="results_command", required=True, parser_class=_Parser)
     rx = rsub.add_parser("export", help="keep what a study's metrics read (kilobytes a run) under results/<name>")
     rx.add_argument("study_dir", help="a study directory (its runs/<arm>/seed<k>)")
@@ -414,13 +470,18 @@ def build_parser(drift_arguments: bool = True) -> argparse.ArgumentParser:
     rx.add_argument("--command", dest="study_command", help="the command that ran the study (recorded)")
     rx.add_argument("--note", help="a line recorded beside it (e.g. what shared the machine)")
     rx.add_argument("--commit", help="the commit the runs ran (default: this checkout's HEAD)")
-    rx.add_argument("--add", action="store_true",
-                    help="add the study's finished runs to the study already exported there (a study run in parts)")
+    rx.add_argument(
+        "--add",
+        action="store_true",
+        help="add the study's finished runs to the study already exported there (a study run in parts)",
+    )
     rt = rsub.add_parser("tabulate", help="every table of an exported study, one per baseline, in one pass")
     rt.add_argument("results_dir", help="an exported study (results/<name>)")
     rt.add_argument("--baseline", action="append", help="an arm to compare the others with (repeatable)")
     rt.add_argument("--bootstrap", type=int, default=1000, help="bootstrap replicates (0: none)")
-    rr = rsub.add_parser("render", help="rewrite a document's generated tables (findings-table, metrics-table) from results/")
+    rr = rsub.add_parser(
+        "render", help="rewrite a document's generated tables (findings-table, metrics-table) from results/"
+    )
     rr.add_argument("docs", nargs="+", help="markdown files with generated blocks (e.g. docs/findings.md)")
     rs.set_defaults(fn=cmd_results)
 
@@ -431,8 +492,12 @@ def build_parser(drift_arguments: bool = True) -> argparse.ArgumentParser:
     e.add_argument("--verbose", action="store_true", help="show the engines' (vLLM, transformers) logs in the terminal")
     e.set_defaults(fn=cmd_eval)
 
-    pb = sub.add_parser("probe", help="the self-teacher's competence: pass rates with each kind of context", epilog=over)
-    pb.add_argument("model", help="HF model directory or packaged model name (e.g. RUN/checkpoints/stage_1_math/policy)")
+    pb = sub.add_parser(
+        "probe", help="the self-teacher's competence: pass rates with each kind of context", epilog=over
+    )
+    pb.add_argument(
+        "model", help="HF model directory or packaged model name (e.g. RUN/checkpoints/stage_1_math/policy)"
+    )
     pb.add_argument("config", nargs="?", help="preset name or YAML file (default: tiny)")
     pb.add_argument("--domain", required=True, help="the domain whose prompts are probed")
     pb.add_argument("--split", default="train", help="train (default) or one of the domain's eval splits")
@@ -440,7 +505,9 @@ def build_parser(drift_arguments: bool = True) -> argparse.ArgumentParser:
     pb.add_argument("--samples", type=int, help="student samples per prompt (default: the preset's group size)")
     pb.add_argument("--no-gains", action="store_true", help="skip the log-probability gains (no trainer backend)")
     pb.add_argument("--out", help="output directory (default: runs/probe-<domain>-<time>)")
-    pb.add_argument("--verbose", action="store_true", help="show the engines' (vLLM, transformers) logs in the terminal")
+    pb.add_argument(
+        "--verbose", action="store_true", help="show the engines' (vLLM, transformers) logs in the terminal"
+    )
     pb.set_defaults(fn=cmd_probe)
 
     d = sub.add_parser("drift", help="parameter drift between two HF checkpoints")
@@ -462,15 +529,22 @@ def build_parser(drift_arguments: bool = True) -> argparse.ArgumentParser:
     dsub = da.add_subparsers(dest="data_command", required=True, parser_class=_Parser)
     dl = dsub.add_parser("local", help="convert the benchmarks shipped in the `make data` packages (offline)")
     dl.add_argument("--out", required=True, help="output directory (e.g. data/real)")
-    dl.add_argument("--no-verify-code", action="store_true",
-                    help="keep code items without running their reference solutions in the sandbox")
+    dl.add_argument(
+        "--no-verify-code",
+        action="store_true",
+        help="keep code items without running their reference solutions in the sandbox",
+    )
     dp = dsub.add_parser("prepare", help="fetch a preset's datasets from the Hugging Face hub and convert them")
     dp.add_argument("preset", help="preset name or YAML file whose data files to write (e.g. qwen3_4b)")
     dp.add_argument("--out", required=True, help="output directory (the presets read data/)")
-    dp.add_argument("--from", dest="from_dir", help="a local copy of the hub sets instead of the network "
-                    "(DIR/<hub id>/[<config>/]<split files>)")
-    dp.add_argument("--only", help="comma-separated set names to (re)write, e.g. a set that failed; the "
-                    "manifest keeps the others")
+    dp.add_argument(
+        "--from",
+        dest="from_dir",
+        help="a local copy of the hub sets instead of the network (DIR/<hub id>/[<config>/]<split files>)",
+    )
+    dp.add_argument(
+        "--only", help="comma-separated set names to (re)write, e.g. a set that failed; the manifest keeps the others"
+    )
     da.set_defaults(fn=cmd_data)
     return p
 

@@ -3,6 +3,7 @@
 Read top to bottom, this file is the experiment; the maths lives in algorithms/, the engines in
 backends/ and rollout/, the measurements in diagnostics/.
 """
+
 from __future__ import annotations
 
 import functools
@@ -109,9 +110,7 @@ class ContinualRun:
             # The grad buffer and main params off the device before the engine takes its share:
             # the base eval and the first rollout run as every later one (memory_ledger.py, "start").
             self.backend.offload_training_state()
-        self.engine = builders.make_rollout(
-            cfg, self.model_path, self.tokenizer, str(self.run_dir.root / ".rollout")
-        )
+        self.engine = builders.make_rollout(cfg, self.model_path, self.tokenizer, str(self.run_dir.root / ".rollout"))
         self.trainer = Trainer(cfg, self.backend, self.engine, self.tokenizer)
         self.teacher = TeacherController(
             mode=cfg.teacher.mode,
@@ -145,7 +144,11 @@ class ContinualRun:
     def _eval_row(self, checkpoint: str | None) -> tuple[dict[str, float], dict[str, list[dict]]]:
         self.engine.wake()
         return evaluate_config(
-            self.engine, self.tokenizer, self.eval_sets, self.cfg, seed=step_seed(self.cfg.seed, 99, 0),
+            self.engine,
+            self.tokenizer,
+            self.eval_sets,
+            self.cfg,
+            seed=step_seed(self.cfg.seed, 99, 0),
             between=lambda: self._stop_if_asked(checkpoint),
         )
 
@@ -180,7 +183,11 @@ class ContinualRun:
         if column not in self.eval_sets:
             return {}
         accs, _ = evaluate_config(
-            self.engine, self.tokenizer, {column: self.eval_sets[column]}, self.cfg, seed=step_seed(self.cfg.seed, 99, 0)
+            self.engine,
+            self.tokenizer,
+            {column: self.eval_sets[column]},
+            self.cfg,
+            seed=step_seed(self.cfg.seed, 99, 0),
         )
         return {f"eval/{column}": accs[column]}
 
@@ -359,12 +366,13 @@ class ContinualRun:
             label=self._stage_label(k),
         )
         for step in range(first, stage.steps):
-            batch = train_batch(
-                records, seed=cfg.seed, stage=k, step=step, size=cfg.algorithm.prompts_per_step
-            )
+            batch = train_batch(records, seed=cfg.seed, stage=k, step=step, size=cfg.algorithm.prompts_per_step)
             try:
                 out = self.trainer.step(
-                    stage.domain, batch, seed=step_seed(cfg.seed, k, step), step=step,
+                    stage.domain,
+                    batch,
+                    seed=step_seed(cfg.seed, k, step),
+                    step=step,
                     label=f"stage {k + 1} step {step + 1}",
                     after_train=functools.partial(self._after_train, step),
                     refill=functools.partial(self._refill, records, k, step),
@@ -461,10 +469,16 @@ class ContinualRun:
                 pass
             self.monitor.log(f"parameter drift at stage {k + 1} step {step} not measured: {' '.join(str(exc).split())}")
             return
-        report.write_step_drift(self.run_dir, {
-            "stage": k + 1, "domain": self.cfg.stages[k].domain, "step": step,
-            "vs_stage_start": drift.get("stage_start", drift["base"]), "vs_base": drift["base"],
-        })
+        report.write_step_drift(
+            self.run_dir,
+            {
+                "stage": k + 1,
+                "domain": self.cfg.stages[k].domain,
+                "step": step,
+                "vs_stage_start": drift.get("stage_start", drift["base"]),
+                "vs_base": drift["base"],
+            },
+        )
 
     def _stage_diagnostics(self, k: int) -> None:
         """Drift of stage k's policy against the previous stage and the base, written to
@@ -489,10 +503,18 @@ class ContinualRun:
             probes[key] = ProbeLogprobs(policy, base, b.response_mask(), ids, pieces)
         if self.main:
             inputs = {
-                "stage": k, "domain": cfg.stages[k].domain, "algorithm": cfg.algorithm.name,
-                "policies": self._stage_policies(k), "base_label": "base", "cur_label": label,
-                "probes": probes, "svd_rank": d.svd_rank, "seed": cfg.seed, "probe_n": d.probe_n,
-                "response_drift": d.response_drift, "principal_overlap": d.principal_overlap,
+                "stage": k,
+                "domain": cfg.stages[k].domain,
+                "algorithm": cfg.algorithm.name,
+                "policies": self._stage_policies(k),
+                "base_label": "base",
+                "cur_label": label,
+                "probes": probes,
+                "svd_rank": d.svd_rank,
+                "seed": cfg.seed,
+                "probe_n": d.probe_n,
+                "response_drift": d.response_drift,
+                "principal_overlap": d.principal_overlap,
             }
             if k == 0 and d.ood_distance_n and d.response_drift:
                 # Once per run: the prompts of every stage's training set and every eval set.

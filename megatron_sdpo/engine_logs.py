@@ -10,6 +10,7 @@ engine re-reads the same setting when it starts). `route_engine_logs` writes tha
 the variable before vLLM is imported, and applies the same configuration at once so that a
 vLLM already imported in this process (tests) and the other libraries follow it too.
 """
+
 from __future__ import annotations
 
 import json

@@ -39,8 +39,7 @@ def require(module: str, extra: str, what: str = ""):
     except ImportError as exc:  # pragma: no cover - depends on the environment
         purpose = f" for {what}" if what else ""
         raise MissingDependencyError(
-            f"{module} is needed{purpose} but is not installed ({exc}); "
-            f"install it with `pip install -e .[{extra}]`"
+            f"{module} is needed{purpose} but is not installed ({exc}); install it with `pip install -e .[{extra}]`"
         ) from None
 
 

@@ -1,4 +1,5 @@
 """Evaluating a policy on every domain's eval splits (one row of the eval matrix)."""
+
 from __future__ import annotations
 
 import hashlib
@@ -127,8 +128,9 @@ def load_eval_sets(cfg) -> dict[str, list[dict]]:
     }
 
 
-def evaluate_config(engine, tokenizer, eval_sets: dict[str, list[dict]], cfg, *, seed: int,
-                    between: Callable[[], None] | None = None):
+def evaluate_config(
+    engine, tokenizer, eval_sets: dict[str, list[dict]], cfg, *, seed: int, between: Callable[[], None] | None = None
+):
     """`evaluate` with the settings of a RunConfig's `eval`, `rollout` and `rewards` sections."""
     e = cfg.eval
     return evaluate(

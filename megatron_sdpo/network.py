@@ -10,6 +10,7 @@ the first node MASTER_ADDR is its own address, and the interface holding it is t
 nodes reach, unless its name resolves to a loopback address there (/etc/hosts' 127.0.1.1): then
 the route to another node of the job (SDPO_NODES, the sbatch body's node list) decides.
 """
+
 from __future__ import annotations
 
 import fcntl

@@ -5,6 +5,7 @@ rollout replica generates its share and the completions are gathered to every ra
 rollout/replicas.py); the backend trains on its slice of each global batch. Only rank 0 writes
 the run directory.
 """
+
 from __future__ import annotations
 
 import datetime

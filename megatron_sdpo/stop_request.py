@@ -17,6 +17,7 @@ the teacher and the data position are still the last completed step's, so that s
 is written at once and a resumed run redoes the abandoned step exactly (its prompts and samples
 follow from its position).
 """
+
 from __future__ import annotations
 
 import os
@@ -71,7 +72,9 @@ class StopRequested(Exception):
 
     def __init__(self, signum: int, checkpoint: str | None):
         self.signum, self.checkpoint = signum, checkpoint
-        done = f"checkpoint {checkpoint} written" if checkpoint else "nothing to save yet (stopped in the base evaluation)"
+        done = (
+            f"checkpoint {checkpoint} written" if checkpoint else "nothing to save yet (stopped in the base evaluation)"
+        )
         super().__init__(f"stopped by {signal.Signals(signum).name}; {done}, --resume continues")
 
 
@@ -116,7 +119,9 @@ class StopRequest:
         world when launched, so that every rank takes the same decision from its own clock."""
         if not (dist.is_initialized() and dist.get_world_size() > 1):
             return self.received, vote
-        device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+        device = (
+            torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+        )
         flag = torch.tensor([self.received, int(vote)], dtype=torch.int64, device=device)
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
         received, voted = flag.tolist()
@@ -159,14 +164,16 @@ class StopWindow:
     def observe_step(self, metrics: Mapping[str, float]) -> str | None:
         """Record a completed step's phase times; a line (once) when the step and the reserve
         no longer fit the lead: a stop will then fall back to the last completed step."""
-        self.last_phases = {k[len("time/"):]: float(v) for k, v in metrics.items() if k.startswith("time/")}
+        self.last_phases = {k[len("time/") :]: float(v) for k, v in metrics.items() if k.startswith("time/")}
         step = self.last_phases.get("step", 0.0)
         if self.lead_s is None or self._warned or step + self.reserve() <= self.lead_s:
             return None
         self._warned = True
-        return (f"a step took {step:.0f} s; with the {self.reserve():.0f} s a save needs it does not fit the "
-                f"{self.lead_s:.0f} s between the stop signal and the kill: a stop will save the last completed "
-                f"step instead (raise the sbatch --signal lead)")
+        return (
+            f"a step took {step:.0f} s; with the {self.reserve():.0f} s a save needs it does not fit the "
+            f"{self.lead_s:.0f} s between the stop signal and the kill: a stop will save the last completed "
+            f"step instead (raise the sbatch --signal lead)"
+        )
 
     def observe_save(self, seconds: float) -> None:
         self.last_save_s = max(self.last_save_s, seconds)

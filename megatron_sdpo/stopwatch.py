@@ -4,6 +4,7 @@ On a GPU, kernels run asynchronously: a host timer around a launch measures the 
 work. A stopwatch on a CUDA device therefore synchronizes that device when it starts and stops
 (a handful of syncs per step, never inside a hot loop); on the CPU it only reads the clock.
 """
+
 from __future__ import annotations
 
 import contextlib

@@ -3,6 +3,7 @@
 The algorithm-specific parts are the loss object and the tensors it reads; everything else is
 shared between GRPO, SDPO, StableSDPO and the hybrid.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -51,8 +52,12 @@ def build_loss(cfg: RunConfig, *, topk_source: TopkSource):
     # One optimizer step per rollout batch: the behaviour policy is the current one (detached);
     # with mini-batches the old log-probs are the rollout-time policy's (minibatch_update).
     grpo = losses.GRPOLoss(
-        clip_low=g.clip_low, clip_high=g.clip_high, kl_coef=g.kl_coef, tis_cap=g.tis_cap,
-        on_policy=g.mini_batches == 1, dual_clip=g.dual_clip,
+        clip_low=g.clip_low,
+        clip_high=g.clip_high,
+        kl_coef=g.kl_coef,
+        tis_cap=g.tis_cap,
+        on_policy=g.mini_batches == 1,
+        dual_clip=g.dual_clip,
     )
     if not spec.uses_teacher:
         return grpo
@@ -144,7 +149,12 @@ def _old_logprobs(backend: Backend, batch: SequenceBatch, loss_fn: LossFn, skip:
     if TOKEN_WEIGHT not in t or (sel is not None and not sel.kept):
         return {}
     old = t["old_logprobs"]
-    guard = mismatch_metrics(old, t["rollout_logprobs"].to(old.device), weights[TOKEN_WEIGHT].to(old.device), weights[SEQ_WEIGHT].to(old.device))
+    guard = mismatch_metrics(
+        old,
+        t["rollout_logprobs"].to(old.device),
+        weights[TOKEN_WEIGHT].to(old.device),
+        weights[SEQ_WEIGHT].to(old.device),
+    )
     return {k: float(v) for k, v in guard.items()}
 
 
@@ -200,8 +210,15 @@ class Trainer:
         self.loss_fn = self._loss(cfg)
 
     def step(
-        self, domain: str, records: list[dict], *, seed: int, step: int = 0, label: str | None = None,
-        after_train: Callable[[], None] | None = None, refill: Callable[[int], list[dict]] | None = None,
+        self,
+        domain: str,
+        records: list[dict],
+        *,
+        seed: int,
+        step: int = 0,
+        label: str | None = None,
+        after_train: Callable[[], None] | None = None,
+        refill: Callable[[int], list[dict]] | None = None,
         between_phases: Callable[[tuple[str, ...]], None] | None = None,
     ) -> StepOutput:
         """One optimizer step on `records` (prompts_per_step records of one domain); `step`
@@ -248,7 +265,13 @@ class Trainer:
         if self.algorithm.uses_teacher:
             with times.phase("teacher"):
                 has_context, signal = self._attach_teacher(
-                    batch, sample_records, texts, rewards, results, seed, domain=domain,
+                    batch,
+                    sample_records,
+                    texts,
+                    rewards,
+                    results,
+                    seed,
+                    domain=domain,
                     truncated=[c.truncated for c in comps],
                 )
                 every = cfg.diagnostics.teacher_signal_every if cfg.diagnostics.enabled else 0
@@ -310,7 +333,10 @@ class Trainer:
                 self.engine.sleep()
         with times.phase("reward"):
             results = score_shared(
-                domain, [c.text for c in comps], [records[c.prompt_index] for c in comps], batched_code=cfg.rewards.batched_code
+                domain,
+                [c.text for c in comps],
+                [records[c.prompt_index] for c in comps],
+                batched_code=cfg.rewards.batched_code,
             )
         return prompt_ids, comps, results
 
@@ -347,7 +373,13 @@ class Trainer:
         chosen = pool.batch()
         comps = [dataclasses.replace(c, prompt_index=i) for i, g in enumerate(chosen) for c in g.completions]
         metrics = {**pool.metrics(n), "dynamic/extra_seconds": extra_s}
-        return [g.record for g in chosen], [g.prompt_ids for g in chosen], comps, [x for g in chosen for x in g.results], metrics
+        return (
+            [g.record for g in chosen],
+            [g.prompt_ids for g in chosen],
+            comps,
+            [x for g in chosen for x in g.results],
+            metrics,
+        )
 
     @contextlib.contextmanager
     def training_state_on_device(self) -> Iterator[None]:
@@ -371,7 +403,11 @@ class Trainer:
         """The optimizer step(s) on one rollout batch: `algorithm.grpo.mini_batches` of them."""
         a = self.cfg.algorithm
         return minibatch_update(
-            self.backend, batch, self.loss_fn, mini_batches=a.grpo.mini_batches, group_size=a.group_size,
+            self.backend,
+            batch,
+            self.loss_fn,
+            mini_batches=a.grpo.mini_batches,
+            group_size=a.group_size,
             skip=a.skip_zero_signal,
         )
 
@@ -397,14 +433,22 @@ class Trainer:
         # context, whatever a safeguard left of the mask.
         n = self.cfg.algorithm.group_size
         has = torch.tensor([t is not None for t in (batch.teacher_prompt_ids or [None] * len(batch))])
-        solved = (rewards.view(-1, n) >= 1.0).all(dim=1).repeat_interleave(n) if len(rewards) % n == 0 else torch.zeros_like(has)
+        solved = (
+            (rewards.view(-1, n) >= 1.0).all(dim=1).repeat_interleave(n)
+            if len(rewards) % n == 0
+            else torch.zeros_like(has)
+        )
         sel = batch.response_mask() * (solved & has).to(torch.float32)[:, None]
         if bool(sel.any()):
-            out["teacher/kl_all_success"] = float(((batch.tensors["rollout_logprobs"] - teacher) * sel).sum() / sel.sum())
+            out["teacher/kl_all_success"] = float(
+                ((batch.tensors["rollout_logprobs"] - teacher) * sel).sum() / sel.sum()
+            )
         out.update(self._artifact_endorsement(batch, teacher - batch.tensors["rollout_logprobs"], mask > 0))
         return out
 
-    def _artifact_endorsement(self, batch: SequenceBatch, gain: torch.Tensor, distilled: torch.Tensor) -> dict[str, float]:
+    def _artifact_endorsement(
+        self, batch: SequenceBatch, gain: torch.Tensor, distilled: torch.Tensor
+    ) -> dict[str, float]:
         """The teacher's endorsement of artifact tokens (a format marker that a well-formed answer
         holds once, repeated: `format_repeat_mask`): its mean log-prob gain over the student on
         those tokens (`teacher/artifact_gain`) minus its mean gain on the other distilled tokens

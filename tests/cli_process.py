@@ -2,6 +2,7 @@
 
 Importable from every test folder: pytest puts tests/ (the conftest's folder) on sys.path.
 """
+
 import os
 import signal
 import subprocess
@@ -13,8 +14,13 @@ from pathlib import Path
 def cli(*args, cwd, **kw) -> subprocess.Popen:
     """`python -m megatron_sdpo ARGS` in `cwd`, one torch thread, stdout and stderr together."""
     return subprocess.Popen(
-        [sys.executable, "-m", "megatron_sdpo", *args], cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}, **kw,
+        [sys.executable, "-m", "megatron_sdpo", *args],
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        **kw,
     )
 
 

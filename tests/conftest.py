@@ -1,4 +1,5 @@
 """Test configuration: skip a marker's tests, with the reason, when its capability is absent."""
+
 import importlib.util
 import os
 

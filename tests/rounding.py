@@ -20,6 +20,7 @@ gets twice the bound. That bound is norm-wise, per parameter tensor: an element 
 gradient is a sum over tokens whose terms can cancel, so its own relative error has no bound
 independent of the data, while the tensor's norm is what the next step moves the weights by.
 """
+
 from __future__ import annotations
 
 import math
@@ -37,9 +38,14 @@ def forward_rel(config: dict, seq_len: int) -> float:
     hd = config.get("head_dim") or h // config["num_attention_heads"]
     attn_width = config["num_attention_heads"] * hd
     per_layer = (
-        2 * math.sqrt(h) + 2 * math.sqrt(hd)  # input / post-attention norms, q / k norms
-        + math.sqrt(h) + math.sqrt(hd) + math.sqrt(seq_len) + math.sqrt(attn_width)  # qkv, QK^T, PV, o
-        + math.sqrt(h) + math.sqrt(inter)  # gate/up, down
+        2 * math.sqrt(h)
+        + 2 * math.sqrt(hd)  # input / post-attention norms, q / k norms
+        + math.sqrt(h)
+        + math.sqrt(hd)
+        + math.sqrt(seq_len)
+        + math.sqrt(attn_width)  # qkv, QK^T, PV, o
+        + math.sqrt(h)
+        + math.sqrt(inter)  # gate/up, down
     )
     return U * (layers * per_layer + 2 * math.sqrt(h))
 

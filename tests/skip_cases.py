@@ -1,6 +1,7 @@
 """Batches and losses for the zero-signal skipping tests (algorithms/signal.py), shared by the
 HF and megatron backends' tests. Importable from every test folder (pytest puts tests/ on
 sys.path)."""
+
 import torch
 
 GROUP = 4

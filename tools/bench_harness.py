@@ -23,6 +23,7 @@ Summary CSV (PATH with `.summary.csv` for `.csv`; none for `-`):
   the baseline arm's value of the same round: paired, since the two ran back to back, so drift
   between rounds cancels. Empty where the arm has no baseline measured.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -40,8 +41,20 @@ from collections.abc import Callable
 from pathlib import Path
 
 FIELDS = ["bench", "arm", "round", "metric", "value", "unit", "params", "note"]
-SUMMARY_FIELDS = ["bench", "arm", "metric", "median", "min", "max", "rounds", "unit", "baseline", "ratio",
-                  "params", "note"]
+SUMMARY_FIELDS = [
+    "bench",
+    "arm",
+    "metric",
+    "median",
+    "min",
+    "max",
+    "rounds",
+    "unit",
+    "baseline",
+    "ratio",
+    "params",
+    "note",
+]
 median = statistics.median
 
 
@@ -165,8 +178,12 @@ def run_child(cmd: list[str], *, timeout: float | None = None, env: dict | None 
         if killed.is_set():
             raise NoResult("failed", f"timed out after {timeout:.0f} s")
         if proc.returncode != 0 or not result.is_file():
-            print(f"child {' '.join(cmd[:3])} ... exited {proc.returncode}; log tail:", *lines[-20:], sep="\n",
-                  file=sys.stderr)
+            print(
+                f"child {' '.join(cmd[:3])} ... exited {proc.returncode}; log tail:",
+                *lines[-20:],
+                sep="\n",
+                file=sys.stderr,
+            )
             raise NoResult("failed", f"exit {proc.returncode}: " + (lines[-1:] or ["no output"])[0][:200])
         return json.loads(result.read_text()), usage.ru_maxrss * 1024
 
@@ -211,13 +228,28 @@ def summarize(rows: list[dict], baseline: str | Callable[[str], str | None] | No
     for (bench, params, arm, metric), rs in groups.items():
         vals = [r["value"] for r in rs if _num(r["value"])]
         ref = base_of(arm)
-        ratios = [r["value"] / b for r in rs if ref and _num(r["value"])
-                  and _num(b := value.get(((bench, params, ref, metric), r["round"]))) and b != 0]
+        ratios = [
+            r["value"] / b
+            for r in rs
+            if ref and _num(r["value"]) and _num(b := value.get(((bench, params, ref, metric), r["round"]))) and b != 0
+        ]
         notes = dict.fromkeys(r["note"] for r in rs if r["note"])
-        out.append({"bench": bench, "arm": arm, "metric": metric, "median": median(vals) if vals else "",
-                    "min": min(vals, default=""), "max": max(vals, default=""), "rounds": len(vals),
-                    "unit": rs[0]["unit"], "baseline": ref if ratios else "", "ratio": median(ratios) if ratios else "",
-                    "params": params, "note": "; ".join(notes)})
+        out.append(
+            {
+                "bench": bench,
+                "arm": arm,
+                "metric": metric,
+                "median": median(vals) if vals else "",
+                "min": min(vals, default=""),
+                "max": max(vals, default=""),
+                "rounds": len(vals),
+                "unit": rs[0]["unit"],
+                "baseline": ref if ratios else "",
+                "ratio": median(ratios) if ratios else "",
+                "params": params,
+                "note": "; ".join(notes),
+            }
+        )
     return out
 
 
@@ -250,16 +282,26 @@ def print_summary(summary: list[dict], metrics=None, file=None) -> None:
             print(f"  {s['arm']:20s} {s['metric']}: {s['note']}", file=file)
             continue
         ratio = f"  x{s['ratio']:.3f} vs {s['baseline']}" if s["baseline"] else ""
-        print(f"  {s['arm']:20s} {s['metric']:18s} median {_fmt(s['median']):>10s} {s['unit']:6s} "
-              f"[{_fmt(s['min'])}, {_fmt(s['max'])}] of {s['rounds']}{ratio}", file=file)
+        print(
+            f"  {s['arm']:20s} {s['metric']:18s} median {_fmt(s['median']):>10s} {s['unit']:6s} "
+            f"[{_fmt(s['min'])}, {_fmt(s['max'])}] of {s['rounds']}{ratio}",
+            file=file,
+        )
 
 
 class Bench:
     """The rows one script measures. With `out`, both CSVs are rewritten after every arm's
     round, so an interrupted run keeps the rounds it finished."""
 
-    def __init__(self, name: str, *, units: dict[str, str] | None = None, out: str | Path | None = None,
-                 baseline: str | Callable[[str], str | None] | None = None, verbose: bool = True):
+    def __init__(
+        self,
+        name: str,
+        *,
+        units: dict[str, str] | None = None,
+        out: str | Path | None = None,
+        baseline: str | Callable[[str], str | None] | None = None,
+        verbose: bool = True,
+    ):
         self.name, self.units, self.out, self.baseline, self.verbose = name, dict(units or {}), out, baseline, verbose
         self.rows: list[dict] = []
 
@@ -270,11 +312,22 @@ class Bench:
             v, why = v if isinstance(v, (tuple, list)) else (v, note)
             if not (_num(v) or v == ""):
                 raise TypeError(f"{self.name} {arm} {metric}: {v!r} is not a number")
-            self.rows.append({"bench": self.name, "arm": arm, "round": rnd, "metric": metric, "value": v,
-                              "unit": self.units.get(metric, ""), "params": p, "note": why})
+            self.rows.append(
+                {
+                    "bench": self.name,
+                    "arm": arm,
+                    "round": rnd,
+                    "metric": metric,
+                    "value": v,
+                    "unit": self.units.get(metric, ""),
+                    "params": p,
+                    "note": why,
+                }
+            )
 
-    def run(self, arms: dict[str, Callable[[], dict]], rounds: int, params: dict | None = None,
-            warmup: int = 0) -> None:
+    def run(
+        self, arms: dict[str, Callable[[], dict]], rounds: int, params: dict | None = None, warmup: int = 0
+    ) -> None:
         """Every arm once per round in rotated order, after `warmup` unrecorded rounds (lazy
         initialisation, caches, compilation). An arm returns its metrics (see record) or raises
         NoResult."""
@@ -289,10 +342,15 @@ class Bench:
                     continue
                 self.record(arm, rnd, metrics, params, note)
                 if self.verbose:
-                    shown = ", ".join(f"{r['metric']} {_fmt(r['value'])} {r['unit']}".rstrip()
-                                      for r in self.rows[len(self.rows) - len(metrics):])
-                    print(f"{self.name} round {rnd}/{rounds} {arm}: {shown} {note}".rstrip(), flush=True,
-                          file=sys.stderr if str(self.out) == "-" else sys.stdout)  # stdout may be the CSV
+                    shown = ", ".join(
+                        f"{r['metric']} {_fmt(r['value'])} {r['unit']}".rstrip()
+                        for r in self.rows[len(self.rows) - len(metrics) :]
+                    )
+                    print(
+                        f"{self.name} round {rnd}/{rounds} {arm}: {shown} {note}".rstrip(),
+                        flush=True,
+                        file=sys.stderr if str(self.out) == "-" else sys.stdout,
+                    )  # stdout may be the CSV
                 if self.out is not None and str(self.out) != "-":
                     self.write()
 

@@ -25,6 +25,7 @@ fused_linear_kl, what kernel.fused_kl=true runs).
     python tools/bench_kl.py --device cuda --hidden 4096 --dtype bfloat16 \
         --impls reference,chunked,triton,liger --tokens 1024,4096,8192,16384 --out gpu.csv
 """
+
 from __future__ import annotations
 
 import argparse
@@ -68,9 +69,7 @@ def _loss_fn(impl: str, alpha: float):
         from liger_kernel.chunked_loss import LigerFusedLinearJSDLoss
 
         mod = LigerFusedLinearJSDLoss(weight_hard_loss=0.0, weight_soft_loss=1.0, beta=alpha, compiled=False)
-        return lambda hs, ht, ws, wt: mod(
-            hs, ws, ht, wt, torch.zeros(hs.shape[0], dtype=torch.long, device=hs.device)
-        )
+        return lambda hs, ht, ws, wt: mod(hs, ws, ht, wt, torch.zeros(hs.shape[0], dtype=torch.long, device=hs.device))
     raise SystemExit(f"error: unknown impl {impl!r}")
 
 
@@ -123,8 +122,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--repeats", type=int, default=3, help="CUDA: timed steps per case and round (median)")
     ap.add_argument("--rounds", type=int, default=1, help="fresh-process runs of every case, interleaved")
     ap.add_argument("--timeout", type=float, default=1800.0, help="seconds per case")
-    ap.add_argument("--max-ref-bytes", type=float, default=None,
-                    help="skip 'reference' when its estimated peak exceeds this (default: 80%% of free memory)")
+    ap.add_argument(
+        "--max-ref-bytes",
+        type=float,
+        default=None,
+        help="skip 'reference' when its estimated peak exceeds this (default: 80%% of free memory)",
+    )
     ap.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     ap.add_argument("--out", default="bench_kl.csv")
     ap.add_argument("--case", help=argparse.SUPPRESS)
@@ -153,25 +156,45 @@ def main(argv: list[str] | None = None) -> None:
             est = 10 * 4 * n * args.vocab
             if impl in ("reference", "megatron_logits") and limit is not None and est > limit:
                 raise NoResult("skipped", f"estimated {est / 2**30:.1f} GiB exceeds {limit / 2**30:.1f} GiB")
-            cmd = [sys.executable, os.path.abspath(__file__), "--case", f"{impl},{n}",
-                   "--hidden", str(args.hidden), "--vocab", str(args.vocab), "--dtype", args.dtype,
-                   "--device", args.device, "--alpha", str(args.alpha), "--repeats", str(args.repeats)]
+            cmd = [
+                sys.executable,
+                os.path.abspath(__file__),
+                "--case",
+                f"{impl},{n}",
+                "--hidden",
+                str(args.hidden),
+                "--vocab",
+                str(args.vocab),
+                "--dtype",
+                args.dtype,
+                "--device",
+                args.device,
+                "--alpha",
+                str(args.alpha),
+                "--repeats",
+                str(args.repeats),
+            ]
             if args.threads:
                 cmd += ["--threads", str(args.threads)]
             return run_child(cmd, timeout=args.timeout)[0]
+
         return measure
 
     bench = Bench("kl", units=UNITS, out=args.out, baseline=lambda impl: BASELINE.get(impl, "reference"))
     impls = args.impls.split(",")
     for n in [int(x) for x in args.tokens.split(",")]:
-        bench.run({impl: case(impl, n) for impl in impls}, rounds=args.rounds,
-                  params={"N": n, "H": args.hidden, "V": args.vocab, "dtype": args.dtype, "device": args.device})
+        bench.run(
+            {impl: case(impl, n) for impl in impls},
+            rounds=args.rounds,
+            params={"N": n, "H": args.hidden, "V": args.vocab, "dtype": args.dtype, "device": args.device},
+        )
     summary = bench.write()
     print_summary(summary)
     for s in summary:
         if s["metric"] == "peak_mem_bytes" and s["ratio"] and s["arm"] != s["baseline"]:
             n = s["params"].split(";")[0]
             print(f"{n}: {s['arm']} / {s['baseline']} peak memory = {s['ratio']:.4f} (1/{1 / s['ratio']:.1f})")
+
 
 if __name__ == "__main__":
     main()

@@ -26,6 +26,7 @@ skipped), and times `backend.train_step` (`--rounds` after one warm-up).
 CSV: bench_harness's schema (rounds) and its .summary.csv (medians); `--json` writes the
 profile's breakdown too. CPU numbers are for this machine only; ratios (mfu) travel better.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -69,7 +70,15 @@ def _sync(device: torch.device) -> None:
 PRESETS = {"tiny": "tiny", "smollm2-135m-instruct": "smollm2_real"}
 
 
-def make_case(model: str, algorithm: str, prompts: int, samples: int, new_tokens: int, micro_batch: int | None = None, seed: int = 0):
+def make_case(
+    model: str,
+    algorithm: str,
+    prompts: int,
+    samples: int,
+    new_tokens: int,
+    micro_batch: int | None = None,
+    seed: int = 0,
+):
     """(backend, loss, batch, cfg) of one arm."""
     from megatron_sdpo import builders
     from megatron_sdpo.algorithms.grpo import group_advantages
@@ -79,7 +88,12 @@ def make_case(model: str, algorithm: str, prompts: int, samples: int, new_tokens
     from megatron_sdpo.interfaces.backend import SequenceBatch
     from megatron_sdpo.trainer import build_loss
 
-    overrides = [f"model.path={model}", f"algorithm.name={algorithm}", f"algorithm.prompts_per_step={prompts}", f"algorithm.group_size={samples}"]
+    overrides = [
+        f"model.path={model}",
+        f"algorithm.name={algorithm}",
+        f"algorithm.prompts_per_step={prompts}",
+        f"algorithm.group_size={samples}",
+    ]
     if micro_batch is not None:
         overrides.append(f"backend.micro_batch_size={micro_batch}")
     cfg = load_config(PRESETS.get(model, "tiny"), overrides)
@@ -103,7 +117,8 @@ def make_case(model: str, algorithm: str, prompts: int, samples: int, new_tokens
     mask = batch.response_mask()
     rewards = (torch.arange(len(rows_p)) % 2).float()  # both signs in every group
     batch.tensors.update(
-        loss_mask=mask, distill_mask=mask,
+        loss_mask=mask,
+        distill_mask=mask,
         advantages=group_advantages(rewards, group_size=samples, norm_by_std=False),
         rollout_logprobs=torch.full(mask.shape, -5.0) * mask,
     )
@@ -117,7 +132,11 @@ def model_flops(backend, batch, *, teacher: bool) -> float:
     """Model FLOPs of one train step (module docstring)."""
     cfg = backend.policy.config
     H, L, V = cfg.hidden_size, cfg.num_hidden_layers, cfg.vocab_size
-    matrix = sum(p.numel() for n, p in backend.policy.named_parameters() if p.ndim == 2 and "embed" not in n and "lm_head" not in n)
+    matrix = sum(
+        p.numel()
+        for n, p in backend.policy.named_parameters()
+        if p.ndim == 2 and "embed" not in n and "lm_head" not in n
+    )
     head = getattr(cfg, "head_dim", None) or H // cfg.num_attention_heads
     width = cfg.num_attention_heads * head
 
@@ -176,7 +195,9 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--micro-batch", type=int, default=None, help="samples per forward/backward (default: the preset's)")
+    ap.add_argument(
+        "--micro-batch", type=int, default=None, help="samples per forward/backward (default: the preset's)"
+    )
     ap.add_argument("--out", default="-")
     ap.add_argument("--json", default=None, help="also write the profiles' breakdown here")
     args = ap.parse_args()
@@ -189,25 +210,41 @@ def main() -> None:
     cases = [(m, a) for m in args.models.split(",") for a in args.algorithms.split(",")]
     peaks: dict[torch.dtype, float] = {}
     for model, algorithm in cases:
-        backend, loss, batch, cfg = make_case(model, algorithm, args.prompts, args.samples, args.new_tokens, args.micro_batch)
+        backend, loss, batch, cfg = make_case(
+            model, algorithm, args.prompts, args.samples, args.new_tokens, args.micro_batch
+        )
         dtype = backend.dtype
         if dtype not in peaks:
             peaks[dtype] = peak_matmul_flops(dtype, device)
         peak = peaks[dtype]
         flops = model_flops(backend, batch, teacher=algorithm != "grpo")
         params = {
-            "model": model, "algorithm": algorithm, "dtype": str(dtype).removeprefix("torch."), "device": device.type,
-            "threads": args.threads, "prompts": args.prompts, "samples": args.samples, "new_tokens": args.new_tokens,
+            "model": model,
+            "algorithm": algorithm,
+            "dtype": str(dtype).removeprefix("torch."),
+            "device": device.type,
+            "threads": args.threads,
+            "prompts": args.prompts,
+            "samples": args.samples,
+            "new_tokens": args.new_tokens,
             "micro_batch": backend.micro_batch_size,
         }
         arm = f"{model}_{algorithm}"
         timed_step(backend, loss, batch)  # warm-up
         for r in range(1, args.rounds + 1):
             s = timed_step(backend, loss, batch)
-            bench.record(arm, r, {
-                "train_step_s": s, "model_gflop": flops / 1e9, "achieved_gflops": flops / s / 1e9,
-                "peak_gflops": peak / 1e9, "mfu": flops / s / peak,
-            }, params)
+            bench.record(
+                arm,
+                r,
+                {
+                    "train_step_s": s,
+                    "model_gflop": flops / 1e9,
+                    "achieved_gflops": flops / s / 1e9,
+                    "peak_gflops": peak / 1e9,
+                    "mfu": flops / s / peak,
+                },
+                params,
+            )
         prof = profile_step(backend, loss, batch, peak)
         bench.record(arm, 1, {k: prof[k] for k in ("matmul_time_share", "matmul_rate_vs_peak")}, params)
         profiles[arm] = {**prof, "params": params}
@@ -219,8 +256,10 @@ def main() -> None:
         with open(args.json, "w") as f:
             json.dump(profiles, f, indent=1)
     for arm, p in profiles.items():
-        print(f"{arm}: matmul {p['matmul_time_share']:.0%} of the step at {p['matmul_rate_vs_peak']:.0%} of peak; "
-              f"then {', '.join(f'{k} {v:.0%}' for k, v in p['top_other_ops'])}")
+        print(
+            f"{arm}: matmul {p['matmul_time_share']:.0%} of the step at {p['matmul_rate_vs_peak']:.0%} of peak; "
+            f"then {', '.join(f'{k} {v:.0%}' for k, v in p['top_other_ops'])}"
+        )
 
 
 if __name__ == "__main__":

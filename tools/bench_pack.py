@@ -23,6 +23,7 @@ steps (megatron's parallel state is per process).
     python tools/bench_pack.py --backend megatron --rounds 5 --out bench_pack_megatron.csv
     python tools/bench_pack.py --model path/to/hf_dir --losses sdpo --row-tokens 0,512
 """
+
 from __future__ import annotations
 
 import argparse
@@ -50,7 +51,11 @@ def make_batch(n: int, vocab: int, seed: int, sdpo: bool, group: int = 1):
     for i, k in enumerate(r_len):
         mask[i, :k] = 1.0
     teacher = [p + ids(int(torch.randint(30, 61, (1,), generator=g))) for p in prompts] if sdpo else None
-    tensors = {"loss_mask": mask, "advantages": torch.randn(n, generator=g), "rollout_logprobs": -torch.rand(n, T, generator=g)}
+    tensors = {
+        "loss_mask": mask,
+        "advantages": torch.randn(n, generator=g),
+        "rollout_logprobs": -torch.rand(n, T, generator=g),
+    }
     return SequenceBatch(prompts, responses, teacher, tensors)
 
 
@@ -64,7 +69,9 @@ def model_tokens(batch, mbs: int, packing: bool, row_tokens: int, share: bool = 
         p, r = batch.prompt_ids[s : s + mbs], batch.response_ids[s : s + mbs]
         real += sum(len(a) + len(b) for a, b in zip(p, r, strict=True))
         if packing:
-            vb = pack_varlen(p, r, response_len=batch.max_response_len, pad_id=0, row_tokens=row_tokens, share_prompts=share)
+            vb = pack_varlen(
+                p, r, response_len=batch.max_response_len, pad_id=0, row_tokens=row_tokens, share_prompts=share
+            )
             total += vb.input_ids.numel()
         else:
             total += len(p) * (max(map(len, p)) + batch.max_response_len)
@@ -118,8 +125,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.group_size < 1:
         ap.error("--group-size must be >= 1")
     ks = list(map(int, args.row_tokens.split(",")))
-    arms = [("padded", False, 0, False)] + [(f"{name}_{k}", True, k, share) for k in ks
-                                            for name, share in (("packed", False), ("shared", True))]
+    arms = [("padded", False, 0, False)] + [
+        (f"{name}_{k}", True, k, share) for k in ks for name, share in (("packed", False), ("shared", True))
+    ]
     if args.backend == "megatron":
         arms = [("padded", False, 0, False), ("packed", True, 0, False)]
     bench = Bench("pack", units=UNITS, out=args.out, baseline="padded")
@@ -131,8 +139,16 @@ def main(argv: list[str] | None = None) -> int:
             backends = megatron_arms(model, args, with_teacher=name == "sdpo")
         else:
             backends = {
-                arm: HFBackend(model, lr=1e-5, micro_batch_size=args.micro_batch_size, seed=args.seed,
-                               with_teacher=name == "sdpo", packing=packing, pack_row_tokens=k, share_prompts=share)
+                arm: HFBackend(
+                    model,
+                    lr=1e-5,
+                    micro_batch_size=args.micro_batch_size,
+                    seed=args.seed,
+                    with_teacher=name == "sdpo",
+                    packing=packing,
+                    pack_row_tokens=k,
+                    share_prompts=share,
+                )
                 for arm, packing, k, share in arms
             }
 
@@ -145,12 +161,23 @@ def main(argv: list[str] | None = None) -> int:
             def measure() -> dict:
                 wall, cpu = timed(lambda: backends[arm].train_step(batch, losses[name]()))
                 return {"step_s": wall, "step_cpu_s": cpu, "model_tokens": fed, "real_tokens": real}
+
             return measure
 
-        params = {"loss": name, "samples": args.samples, "group_size": args.group_size,
-                  "micro_batch_size": args.micro_batch_size, "threads": args.threads, "backend": args.backend}
-        bench.run({arm: step(arm, packing, k, share) for arm, packing, k, share in arms}, rounds=args.rounds,
-                  params=params, warmup=1)
+        params = {
+            "loss": name,
+            "samples": args.samples,
+            "group_size": args.group_size,
+            "micro_batch_size": args.micro_batch_size,
+            "threads": args.threads,
+            "backend": args.backend,
+        }
+        bench.run(
+            {arm: step(arm, packing, k, share) for arm, packing, k, share in arms},
+            rounds=args.rounds,
+            params=params,
+            warmup=1,
+        )
     if args.backend == "megatron":
         from megatron_sdpo.backends.megatron.parallel import destroy
 
@@ -177,7 +204,9 @@ def megatron_arms(model: str, args, *, with_teacher: bool) -> dict:
     from megatron_sdpo.backends.megatron.parallel import destroy
 
     destroy()  # the previous loss's backend, if any
-    be = MegatronBackend(model, lr=1e-5, micro_batch_size=args.micro_batch_size, seed=args.seed, with_teacher=with_teacher)
+    be = MegatronBackend(
+        model, lr=1e-5, micro_batch_size=args.micro_batch_size, seed=args.seed, with_teacher=with_teacher
+    )
     if not be.packing:
         raise SystemExit(f"{model}: this model's layers take the padded layout only; nothing to compare")
     return {"padded": _Layout(be, False), "packed": _Layout(be, True)}

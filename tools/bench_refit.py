@@ -10,6 +10,7 @@ bench_harness.Bench.run); metrics per round: refit_s (the total refit), buckets,
 mbytes, in the bench_harness CSV schema. Prints, per bucket size, the median and the best (min)
 over rounds and the ratio to the largest bucket.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -41,13 +42,19 @@ def main() -> None:
                 engine.bucket_bytes = size
                 total, _ = timed(lambda: engine.update_weights(backend.export_weights()))
                 sync = engine.last_sync
-                return {"refit_s": total, "buckets": sync["sync_buckets"], "per_bucket_s": sync["sync_bucket_time_mean"],
-                        "mbytes": sync["sync_bytes"] / 1e6}
+                return {
+                    "refit_s": total,
+                    "buckets": sync["sync_buckets"],
+                    "per_bucket_s": sync["sync_bucket_time_mean"],
+                    "mbytes": sync["sync_bytes"] / 1e6,
+                }
+
             return measure
 
         bench = Bench("refit", units=UNITS, out=args.out, baseline=f"bucket_{max(sizes)}")
-        bench.run({f"bucket_{size}": arm(size) for size in sizes}, rounds=args.rounds, warmup=1,
-                  params={"model": "tiny_base"})
+        bench.run(
+            {f"bucket_{size}": arm(size) for size in sizes}, rounds=args.rounds, warmup=1, params={"model": "tiny_base"}
+        )
         print_summary(bench.write(), metrics=("refit_s", "per_bucket_s", "buckets"))
 
 

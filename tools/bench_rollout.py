@@ -21,6 +21,7 @@ max_new_tokens; metrics generate_s, refit_s (loop), generated_tokens, tokens_per
 start-up rows startup_s, first_generate_s) and its .summary.csv (medians, ratios to hf). Set
 OMP_NUM_THREADS the same way for every comparison.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -32,8 +33,14 @@ from pathlib import Path
 import torch
 from bench_harness import Bench, parse_params, print_summary, summary_path, timed
 
-UNITS = {"generate_s": "s", "refit_s": "s", "generated_tokens": "tokens", "tokens_per_s": "tokens/s",
-         "startup_s": "s", "first_generate_s": "s"}
+UNITS = {
+    "generate_s": "s",
+    "refit_s": "s",
+    "generated_tokens": "tokens",
+    "tokens_per_s": "tokens/s",
+    "startup_s": "s",
+    "first_generate_s": "s",
+}
 TINY_BASE_SHAPE = dict(num_hidden_layers=4, intermediate_size=384, vocab_size=659, max_position_embeddings=1024)
 
 
@@ -87,18 +94,25 @@ def bench_loop(args, path: str, work: Path, bench: Bench) -> None:
 
     prompts, tok = loop_prompts(args.cfg, path, args.prompts, args.seed)
     # The same settings the trainer's engines get (builders.make_rollout).
-    common = dict(seed=args.seed, max_model_len=args.cfg.rollout.max_model_len,
-                  eos_token_ids=[tok.eos_token_id], detokenize=True)
+    common = dict(
+        seed=args.seed, max_model_len=args.cfg.rollout.max_model_len, eos_token_ids=[tok.eos_token_id], detokenize=True
+    )
     extra = {
-        "vllm": {"run_dir": str(work / "vllm_run"), "max_num_seqs": args.prompts * args.n,
-                 "enforce_eager": args.cfg.rollout.enforce_eager},
+        "vllm": {
+            "run_dir": str(work / "vllm_run"),
+            "max_num_seqs": args.prompts * args.n,
+            "enforce_eager": args.cfg.rollout.enforce_eager,
+        },
         "hf": {"pad_token_id": tok.pad_token_id, "max_batch_size": 256},
     }
     params = {"workload": "loop", "preset": args.preset, "prompts": args.prompts, "n": args.n}
     engines = start_engines(
-        bench, params, args.engines.split(","),
+        bench,
+        params,
+        args.engines.split(","),
         lambda kind: make_engine(kind, model_path=path, **common, **extra[kind]),
-        lambda e: e.generate(prompts, SamplingConfig(n=args.n, max_new_tokens=args.loop_new_tokens, seed=0)))
+        lambda e: e.generate(prompts, SamplingConfig(n=args.n, max_new_tokens=args.loop_new_tokens, seed=0)),
+    )
     policy = AutoModelForCausalLM.from_pretrained(path)  # the trainer's side of the refit
 
     def arm(kind: str):
@@ -107,18 +121,28 @@ def bench_loop(args, path: str, work: Path, bench: Bench) -> None:
         def measure() -> dict:
             e = engines[kind]
             # The preset's sampling, as its trainer rolls out (smollm2_135m samples at 0.7).
-            cfg = SamplingConfig(n=args.n, temperature=args.cfg.rollout.temperature, top_p=args.cfg.rollout.top_p,
-                                 max_new_tokens=args.loop_new_tokens, seed=next(seeds))
+            cfg = SamplingConfig(
+                n=args.n,
+                temperature=args.cfg.rollout.temperature,
+                top_p=args.cfg.rollout.top_p,
+                max_new_tokens=args.loop_new_tokens,
+                seed=next(seeds),
+            )
             refit_s, _ = timed(lambda: e.update_weights((k, v.detach()) for k, v in policy.state_dict().items()))
             comps = []
             gen_s, _ = timed(lambda: comps.extend(e.generate(prompts, cfg)))
             tokens = sum(len(c.token_ids) for c in comps)
             return {"generate_s": gen_s, "refit_s": refit_s, "generated_tokens": tokens, "tokens_per_s": tokens / gen_s}
+
         return measure
 
     # The first two rounds warm up both engines.
-    bench.run({kind: arm(kind) for kind in engines}, rounds=args.loop_repeats, warmup=2,
-              params={**params, "max_new_tokens": args.loop_new_tokens})
+    bench.run(
+        {kind: arm(kind) for kind in engines},
+        rounds=args.loop_repeats,
+        warmup=2,
+        params={**params, "max_new_tokens": args.loop_new_tokens},
+    )
 
 
 def bench_fixed(args, path: str, work: Path, bench: Bench) -> None:
@@ -131,7 +155,9 @@ def bench_fixed(args, path: str, work: Path, bench: Bench) -> None:
     params = {"workload": "fixed", "prompts": args.prompts, "n": args.n}
 
     def make(kind: str):
-        extra = {"run_dir": str(work / "vllm_run_fixed"), "max_num_seqs": args.prompts * args.n} if kind == "vllm" else {}
+        extra = (
+            {"run_dir": str(work / "vllm_run_fixed"), "max_num_seqs": args.prompts * args.n} if kind == "vllm" else {}
+        )
         return make_engine(kind, model_path=path, seed=args.seed, max_model_len=max_len, eos_token_ids=[], **extra)
 
     def arm(engine, cfg):
@@ -140,12 +166,14 @@ def bench_fixed(args, path: str, work: Path, bench: Bench) -> None:
             seconds, _ = timed(lambda: comps.extend(engine.generate(prompts, cfg)))
             tokens = sum(len(c.token_ids) for c in comps)
             return {"generate_s": seconds, "generated_tokens": tokens, "tokens_per_s": tokens / seconds}
+
         return measure
 
     # One engine at a time, unlike the loop: a second engine's idle threads would slow the first.
     for kind in args.engines.split(","):
-        engine = start_engines(bench, params, [kind], make,
-                               lambda e: e.generate(prompts[:2], SamplingConfig(n=2, max_new_tokens=4)))[kind]
+        engine = start_engines(
+            bench, params, [kind], make, lambda e: e.generate(prompts[:2], SamplingConfig(n=2, max_new_tokens=4))
+        )[kind]
         for new in lengths:
             cfg = SamplingConfig(n=args.n, temperature=1.0, max_new_tokens=new)
             # One untimed round at the exact workload: vLLM's CPU path warms up per batch shape
@@ -166,9 +194,12 @@ def main() -> None:
     ap.add_argument("--loop-repeats", type=int, default=10, help="loop workload: timed rounds (median)")
     ap.add_argument("--engines", default="vllm,hf")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--preset", default="tiny",
-                    help="loop workload: the preset whose model and first-stage prompts to use "
-                         "(e.g. smollm2_135m; the fixed workload always uses the tiny base)")
+    ap.add_argument(
+        "--preset",
+        default="tiny",
+        help="loop workload: the preset whose model and first-stage prompts to use "
+        "(e.g. smollm2_135m; the fixed workload always uses the tiny base)",
+    )
     args = ap.parse_args()
     workloads = args.workload.split(",")
     if set(workloads) - {"loop", "fixed"} or set(args.engines.split(",")) - {"vllm", "hf"}:
@@ -196,8 +227,10 @@ def main() -> None:
         p = parse_params(s["params"])
         metric, what = compared[p["workload"]]
         if s["arm"] == "vllm" and s["baseline"] and s["metric"] == metric:
-            print(f"{p['workload']} max_new_tokens={p['max_new_tokens']}: vLLM / HF {what} = {s['ratio']:.2f}x "
-                  f"(median of per-round ratios)")
+            print(
+                f"{p['workload']} max_new_tokens={p['max_new_tokens']}: vLLM / HF {what} = {s['ratio']:.2f}x "
+                f"(median of per-round ratios)"
+            )
     print(f"wrote {args.out} and {summary_path(args.out)}")
 
 

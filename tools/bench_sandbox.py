@@ -6,6 +6,7 @@ programs, cases_per_program; the bench_harness CSV schema on stdout or --out (wi
 .summary.csv: medians, min = the old best of, ratios to per_program).
 Example: python tools/bench_sandbox.py --programs 32 --cases 4 --out bench.csv
 """
+
 import argparse
 import sys
 
@@ -24,8 +25,7 @@ def main() -> None:
     parser.add_argument("--out", default="-")
     args = parser.parse_args()
     sandbox = Sandbox(SandboxLimits(timeout_s=2.0))
-    programs = [Program(PROGRAM, [f"{i} {j}" for j in range(args.cases)])
-                for i in range(args.programs)]
+    programs = [Program(PROGRAM, [f"{i} {j}" for j in range(args.cases)]) for i in range(args.programs)]
 
     def arm(batched: bool):
         def measure() -> dict:
@@ -34,11 +34,16 @@ def main() -> None:
             if not all(o.status == "ok" for program in outcomes for o in program):
                 raise NoResult("failed", f"benchmark program failed: {outcomes[0]}")
             return {"seconds": seconds, "programs_per_s": args.programs / seconds}
+
         return measure
 
     bench = Bench("sandbox", units={"seconds": "s", "programs_per_s": "1/s"}, out=args.out, baseline="per_program")
-    bench.run({"per_program": arm(False), "batched": arm(True)}, rounds=args.rounds, warmup=1,
-              params={"isolation": isolation_mode(), "programs": args.programs, "cases_per_program": args.cases})
+    bench.run(
+        {"per_program": arm(False), "batched": arm(True)},
+        rounds=args.rounds,
+        warmup=1,
+        params={"isolation": isolation_mode(), "programs": args.programs, "cases_per_program": args.cases},
+    )
     summary = bench.write()
     print_summary(summary, file=sys.stderr if args.out == "-" else sys.stdout)
     if any(s["metric"] == "failed" for s in summary):

@@ -29,6 +29,7 @@ ratio to the TRL arm of its algorithm, paired by round.
 TRL arms need `pip install trl` (not a dependency of this project); without it they are
 reported as skipped with that reason.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -47,7 +48,15 @@ TRL = ("trl_grpo", "trl_sdpo")
 DEFAULT_ARMS = OURS + TRL
 ARMS = OURS + EAGER + TRL
 LR, CLIP_LOW, CLIP_HIGH, EMA_RATE, ALPHA = 1e-4, 0.2, 0.28, 0.05, 0.5
-UNITS = {"s_per_step": "s", "ms_per_token": "ms", "rows_skipped_frac": "ratio", "steps_timed": "steps", "peak_rss_mb": "MiB", "peak_tree_rss_mb": "MiB", "wall_s": "s"}
+UNITS = {
+    "s_per_step": "s",
+    "ms_per_token": "ms",
+    "rows_skipped_frac": "ratio",
+    "steps_timed": "steps",
+    "peak_rss_mb": "MiB",
+    "peak_tree_rss_mb": "MiB",
+    "wall_s": "s",
+}
 WORKLOAD = ("steps", "warmup", "prompts", "samples", "new_tokens", "threads", "dataset", "micro_batch")
 
 
@@ -129,7 +138,7 @@ def run_ours(args, arm: str, work: Path) -> dict:
     monitor.stage_start, monitor.step = on_stage_start, on_step
     run.run()
     records = [json.loads(line) for line in run.run_dir.metrics.read_text().splitlines() if line.strip()]
-    timed = records[args.warmup:]
+    timed = records[args.warmup :]
     phases = phase_medians(timed, lambda k: k.startswith("time/") or (k.endswith("_time") and k != "step_time"))
     # The rollout phase's time depends on the longest answer of the step, so its distribution
     # is skewed: the mean (the phase's share of the run's wall time) next to the median.
@@ -173,12 +182,31 @@ def run_trl(args, arm: str, work: Path) -> dict:
     batch = args.prompts * args.samples
     micro = min(args.micro_batch, batch)
     common = dict(
-        output_dir=str(work / "trl"), use_cpu=True, bf16=False, seed=0, report_to="none", save_strategy="no",
-        logging_steps=1, max_steps=args.steps, learning_rate=LR, lr_scheduler_type="constant", weight_decay=0.0,
-        max_grad_norm=1.0, warmup_steps=0, per_device_train_batch_size=micro,
-        gradient_accumulation_steps=batch // micro, num_generations=args.samples,
-        max_completion_length=args.new_tokens, temperature=1.0, top_p=1.0, beta=0.0, epsilon=CLIP_LOW,
-        epsilon_high=CLIP_HIGH, scale_rewards="none", gradient_checkpointing=False, dataloader_num_workers=0,
+        output_dir=str(work / "trl"),
+        use_cpu=True,
+        bf16=False,
+        seed=0,
+        report_to="none",
+        save_strategy="no",
+        logging_steps=1,
+        max_steps=args.steps,
+        learning_rate=LR,
+        lr_scheduler_type="constant",
+        weight_decay=0.0,
+        max_grad_norm=1.0,
+        warmup_steps=0,
+        per_device_train_batch_size=micro,
+        gradient_accumulation_steps=batch // micro,
+        num_generations=args.samples,
+        max_completion_length=args.new_tokens,
+        temperature=1.0,
+        top_p=1.0,
+        beta=0.0,
+        epsilon=CLIP_LOW,
+        epsilon_high=CLIP_HIGH,
+        scale_rewards="none",
+        gradient_checkpointing=False,
+        dataloader_num_workers=0,
         disable_tqdm=True,
     )
     if algorithm == "grpo":
@@ -189,8 +217,12 @@ def run_trl(args, arm: str, work: Path) -> dict:
         from trl.experimental.sdpo import SDPOTrainer as Trainer
 
         common.update(
-            distillation_mode="full_logits", distillation_alpha=ALPHA, distillation_weight=1.0,
-            teacher_model_kind="ema", teacher_update_rate=EMA_RATE, teacher_sync_steps=1,
+            distillation_mode="full_logits",
+            distillation_alpha=ALPHA,
+            distillation_weight=1.0,
+            teacher_model_kind="ema",
+            teacher_update_rate=EMA_RATE,
+            teacher_sync_steps=1,
             include_environment_feedback=False,
         )
     stamps: list[float] = []
@@ -222,11 +254,15 @@ def run_trl(args, arm: str, work: Path) -> dict:
                 tokens.append(logs["completions/mean_length"] * batch)
 
     trainer = Trainer(
-        model=model, reward_funcs=math_reward, args=Config(**common), train_dataset=trl_dataset(args),
-        processing_class=load_tokenizer(model), callbacks=[Clock()],
+        model=model,
+        reward_funcs=math_reward,
+        args=Config(**common),
+        train_dataset=trl_dataset(args),
+        processing_class=load_tokenizer(model),
+        callbacks=[Clock()],
     )
     trainer.train()
-    phases = phase_medians(per_step[args.warmup:], lambda k: k.startswith("profiling/"))
+    phases = phase_medians(per_step[args.warmup :], lambda k: k.startswith("profiling/"))
     return {"times": step_times(stamps), "phases": phases, "tokens": tokens}
 
 
@@ -252,22 +288,33 @@ def run_arm(args, arm: str) -> dict:
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", arm]
     for name in WORKLOAD:
         cmd += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
-    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "MKL_NUM_THREADS": str(args.threads),
-           "TOKENIZERS_PARALLELISM": "false"}
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": str(args.threads),
+        "MKL_NUM_THREADS": str(args.threads),
+        "TOKENIZERS_PARALLELISM": "false",
+    }
     out, peak_rss = run_child(cmd, env=env)
-    timed = out["times"][args.warmup:]
+    timed = out["times"][args.warmup :]
     extra = {}
-    tokens = out.get("tokens", [])[args.warmup:]
+    tokens = out.get("tokens", [])[args.warmup :]
     if len(tokens) == len(timed) and sum(tokens) > 0:
         # Whole timed steps over the completion tokens they generated: a step that samples
         # shorter answers is cheaper for that reason alone.
         extra["ms_per_token"] = 1000 * sum(timed) / sum(tokens)
-    skipped = out.get("rows_skipped", [])[args.warmup:]
+    skipped = out.get("rows_skipped", [])[args.warmup :]
     if skipped:
         extra["rows_skipped_frac"] = sum(skipped) / len(skipped)
-    return {"s_per_step": median(timed), "steps_timed": len(timed), "peak_rss_mb": peak_rss / 2**20,
-            "peak_tree_rss_mb": out["peak_tree_rss_mb"], "wall_s": out["wall_s"], "load_avg": load, **extra,
-            **out["phases"]}
+    return {
+        "s_per_step": median(timed),
+        "steps_timed": len(timed),
+        "peak_rss_mb": peak_rss / 2**20,
+        "peak_tree_rss_mb": out["peak_tree_rss_mb"],
+        "wall_s": out["wall_s"],
+        "load_avg": load,
+        **extra,
+        **out["phases"],
+    }
 
 
 def trl_peer(arm: str) -> str:
@@ -285,10 +332,14 @@ def measure(args) -> Bench:
             # The phase keys are whatever the trainers log; all are seconds.
             bench.units.update({k: "s" for k in metrics if k not in UNITS and k != "load_avg"})
             return metrics
+
         return run
 
-    bench.run({name: arm(name) for name in args.arm_list}, rounds=args.rounds,
-              params={name: getattr(args, name) for name in WORKLOAD})
+    bench.run(
+        {name: arm(name) for name in args.arm_list},
+        rounds=args.rounds,
+        params={name: getattr(args, name) for name in WORKLOAD},
+    )
     return bench
 
 
@@ -334,11 +385,16 @@ def main(argv=None) -> None:
     if any(a.startswith("trl_") for a in arms) and (why := trl_missing()):
         print(f"TRL arms skipped: {why}")
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    print(f"bench_step: {len(arms)} arms x {args.rounds} rounds, {args.prompts} prompts x {args.samples} samples, "
-          f"{args.new_tokens} new tokens, {args.threads} threads, steps {args.warmup + 1}-{args.steps} timed; "
-          f"load average {load:.1f} on {os.cpu_count()} CPUs")
+    print(
+        f"bench_step: {len(arms)} arms x {args.rounds} rounds, {args.prompts} prompts x {args.samples} samples, "
+        f"{args.new_tokens} new tokens, {args.threads} threads, steps {args.warmup + 1}-{args.steps} timed; "
+        f"load average {load:.1f} on {os.cpu_count()} CPUs"
+    )
     bench = measure(args)
-    print_summary(bench.write(), metrics=("s_per_step", "ms_per_token", "rows_skipped_frac", "peak_rss_mb", "peak_tree_rss_mb", "load_avg"))
+    print_summary(
+        bench.write(),
+        metrics=("s_per_step", "ms_per_token", "rows_skipped_frac", "peak_rss_mb", "peak_tree_rss_mb", "load_avg"),
+    )
     print(f"wrote {args.out}")
     if not any(r["metric"] == "s_per_step" for r in bench.rows):
         sys.exit(1)

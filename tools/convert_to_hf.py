@@ -5,6 +5,7 @@
 BASE_HF_DIR is the HF model the run started from (config and tokenizer are copied from it).
 Runs on CPU or one GPU as a single process, whatever TP/PP/DP layout wrote the checkpoint.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -28,7 +29,9 @@ def main(argv: list[str] | None = None) -> int:
 
         check_hf_model_dir(args.hf_model, weights=False, what="--hf-model")
 
-        names = convert_to_hf(args.checkpoint, args.hf_model, args.out, model=args.model, vocab_divisor=args.vocab_divisor)
+        names = convert_to_hf(
+            args.checkpoint, args.hf_model, args.out, model=args.model, vocab_divisor=args.vocab_divisor
+        )
     except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

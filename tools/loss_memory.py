@@ -17,6 +17,7 @@ Written: per loss and point the measured peak, the ledger's bytes for the same m
 their ratio (the ledger is an upper bound: at least 1.0). Sizes are the tiny model's; the counts
 carry to any model.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -28,8 +29,16 @@ MBS, SEQ = 2, 64
 # (prompt length, loss_chunk_tokens): response tokens 96, 32 and 96 per micro-batch, chunks
 # shorter than both, so that the three peaks separate the three parts of the count.
 POINTS = ((16, 8), (48, 8), (16, 16), (16, 0), (48, 0))
-LOSSES = ("grpo", "grpo_kl", "sdpo_full", "sdpo_full_clip", "sdpo_topk", "sdpo_topk_clip", "sdpo_topk_clip_t07",
-          "hybrid_topk_clip_kl")
+LOSSES = (
+    "grpo",
+    "grpo_kl",
+    "sdpo_full",
+    "sdpo_full_clip",
+    "sdpo_topk",
+    "sdpo_topk_clip",
+    "sdpo_topk_clip_t07",
+    "hybrid_topk_clip_kl",
+)
 
 
 def _loss(name: str):
@@ -38,9 +47,15 @@ def _loss(name: str):
     def sdpo(topk, clip, temperature=1.0):
         # As megatron runs them at scale: top-k ids picked from the shards, the full-vocabulary
         # JSD from the shards ("fused_kl"; the backend's kernel source holds no logits at all).
-        return SDPOLoss(variant="logits", alpha=0.5, topk=topk, is_clip=2.0 if clip else None,
-                        mask_key="distill_mask", temperature=temperature,
-                        **({"topk_source": "shards"} if topk else {"fused": True}))
+        return SDPOLoss(
+            variant="logits",
+            alpha=0.5,
+            topk=topk,
+            is_clip=2.0 if clip else None,
+            mask_key="distill_mask",
+            temperature=temperature,
+            **({"topk_source": "shards"} if topk else {"fused": True}),
+        )
 
     return {
         "grpo": lambda: GRPOLoss(on_policy=True),
@@ -50,8 +65,9 @@ def _loss(name: str):
         "sdpo_topk": lambda: sdpo(20, False),
         "sdpo_topk_clip": lambda: sdpo(20, True),
         "sdpo_topk_clip_t07": lambda: sdpo(20, True, 0.7),
-        "hybrid_topk_clip_kl": lambda: HybridLoss(sdpo=sdpo(20, True), grpo=GRPOLoss(on_policy=True, kl_coef=0.1),
-                                                  lam=0.5),
+        "hybrid_topk_clip_kl": lambda: HybridLoss(
+            sdpo=sdpo(20, True), grpo=GRPOLoss(on_policy=True, kl_coef=0.1), lam=0.5
+        ),
     }[name]()
 
 
@@ -77,9 +93,17 @@ def measure(model_dir: str, losses: list[str]) -> dict:
     from megatron_sdpo.backends.megatron.precision import PrecisionConfig
     from megatron_sdpo.planning.memory_census import TransientPeak
 
-    be = MegatronBackend(model_dir, lr=1e-4, micro_batch_size=MBS, parallel=ParallelConfig(tp=1, pp=1),
-                         with_teacher=True, with_reference=True, packing=False, fused_kl="shards",
-                         options=ModelOptions(precision=PrecisionConfig(params="bfloat16")))
+    be = MegatronBackend(
+        model_dir,
+        lr=1e-4,
+        micro_batch_size=MBS,
+        parallel=ParallelConfig(tp=1, pp=1),
+        with_teacher=True,
+        with_reference=True,
+        packing=False,
+        fused_kl="shards",
+        options=ModelOptions(precision=PrecisionConfig(params="bfloat16")),
+    )
     vocab, padded = be.vocab_width, be.wlayout.padded_vocab(be.spec) // be.layout.tp
     wide = lambda t: "vocab" if t.dim() and t.shape[-1] in (vocab, padded) else "other"  # noqa: E731
     out: dict = {"vocab": vocab, "padded_vocab": padded, "peaks": {}}
@@ -109,13 +133,30 @@ def _ledger_logits(model_dir: str, name: str, prompt: int, chunk: int) -> int:
     from megatron_sdpo.weights.plan import ModelSpec
 
     distills = name.startswith(("sdpo", "hybrid"))
-    counts = ml.logit_counts(distills=distills, topk=None if "full" in name else 20, is_clip="clip" in name,
-                             riders=int(distills) + int(name.endswith("kl")),
-                             temperature=0.7 if name.endswith("t07") else 1.0, chunked=chunk > 0)
+    counts = ml.logit_counts(
+        distills=distills,
+        topk=None if "full" in name else 20,
+        is_clip="clip" in name,
+        riders=int(distills) + int(name.endswith("kl")),
+        temperature=0.7 if name.endswith("t07") else 1.0,
+        chunked=chunk > 0,
+    )
     spec = ModelSpec.from_hf_config(AutoConfig.from_pretrained(model_dir))
-    led = ml.build(ml.LedgerInputs(spec=spec, megatron=True, param_bytes=2, activation_bytes=2, with_teacher=True,
-                                   with_reference=True, micro_batch_size=MBS, seq=SEQ, response=SEQ - prompt,
-                                   loss_chunk_tokens=chunk, logit_counts=counts))
+    led = ml.build(
+        ml.LedgerInputs(
+            spec=spec,
+            megatron=True,
+            param_bytes=2,
+            activation_bytes=2,
+            with_teacher=True,
+            with_reference=True,
+            micro_batch_size=MBS,
+            seq=SEQ,
+            response=SEQ - prompt,
+            loss_chunk_tokens=chunk,
+            logit_counts=counts,
+        )
+    )
     return led.categories["logits"]
 
 
@@ -148,12 +189,29 @@ def _report(got: dict, model_dir: str, losses: list[str], out: Path | None) -> i
     for name in losses:
         peaks = got["peaks"][name]
         ledger = {k: _ledger_logits(model_dir, name, p, c) for k, (p, c) in zip(keys, POINTS, strict=True)}
-        rows.append({"loss": name, "peaks": peaks, "ledger": ledger,
-                     "ledger_over_peak": {k: round(ledger[k] / peaks[k], 3) for k in keys}})
+        rows.append(
+            {
+                "loss": name,
+                "peaks": peaks,
+                "ledger": ledger,
+                "ledger_over_peak": {k: round(ledger[k] / peaks[k], 3) for k in keys},
+            }
+        )
         print(f"| {name} | " + " | ".join(f"{peaks[k]:,} / {rows[-1]['ledger_over_peak'][k]}x" for k in keys) + " |")
     if out is not None:
-        out.write_text(json.dumps({"mbs": MBS, "seq": SEQ, "points": POINTS, "vocab": got["vocab"],
-                                        "padded_vocab": got["padded_vocab"], "losses": rows}, indent=1))
+        out.write_text(
+            json.dumps(
+                {
+                    "mbs": MBS,
+                    "seq": SEQ,
+                    "points": POINTS,
+                    "vocab": got["vocab"],
+                    "padded_vocab": got["padded_vocab"],
+                    "losses": rows,
+                },
+                indent=1,
+            )
+        )
     return 0
 
 

@@ -8,6 +8,7 @@ domain and split on N synthetic records each (needs megatron_sdpo.rewards). --tr
 prints, every K warm-up steps, the sampled train accuracy and greedy id accuracy per domain
 (32 records each): RL needs the base at 20-50%, and this shows where the warm-up crosses it.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -29,12 +30,24 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--lr", type=float, default=defaults.lr)
     ap.add_argument("--n-train", type=int, default=defaults.n_train_per_domain, help="warm-up records per domain")
     ap.add_argument("--teacher-fraction", type=float, default=defaults.teacher_fraction)
-    ap.add_argument("--difficulty", action="append", default=[], metavar="DOMAIN=X",
-                    help="override a synthetic generator's difficulty (repeatable)")
-    ap.add_argument("--boxed-duplicate-rate", type=float, default=defaults.boxed_duplicate_rate,
-                    help="share of math warm-up solutions ending with a second identical \\boxed{} (artifact assay)")
-    ap.add_argument("--long-math", action="store_true",
-                    help="math warm-up solutions worked out in words (the tiny-long base of the long-answer probe)")
+    ap.add_argument(
+        "--difficulty",
+        action="append",
+        default=[],
+        metavar="DOMAIN=X",
+        help="override a synthetic generator's difficulty (repeatable)",
+    )
+    ap.add_argument(
+        "--boxed-duplicate-rate",
+        type=float,
+        default=defaults.boxed_duplicate_rate,
+        help="share of math warm-up solutions ending with a second identical \\boxed{} (artifact assay)",
+    )
+    ap.add_argument(
+        "--long-math",
+        action="store_true",
+        help="math warm-up solutions worked out in words (the tiny-long base of the long-answer probe)",
+    )
     ap.add_argument("--threads", type=int, default=defaults.threads)
     ap.add_argument("--eval", type=int, default=0, metavar="N", help="evaluate on N records per domain/split")
     ap.add_argument("--trace-every", type=int, default=0, metavar="K", help="trace calibration every K steps")
@@ -47,10 +60,18 @@ def main(argv: list[str] | None = None) -> int:
                 difficulty[dom] = float(val)
             except ValueError:
                 raise UserError(f"--difficulty expects DOMAIN=FLOAT, got {item!r}") from None
-        cfg = tiny.TinyConfig(seed=args.seed, steps=args.steps, batch_size=args.batch_size, lr=args.lr,
-                              n_train_per_domain=args.n_train, teacher_fraction=args.teacher_fraction,
-                              difficulty=difficulty, threads=args.threads,
-                              boxed_duplicate_rate=args.boxed_duplicate_rate, long_math=args.long_math)
+        cfg = tiny.TinyConfig(
+            seed=args.seed,
+            steps=args.steps,
+            batch_size=args.batch_size,
+            lr=args.lr,
+            n_train_per_domain=args.n_train,
+            teacher_fraction=args.teacher_fraction,
+            difficulty=difficulty,
+            threads=args.threads,
+            boxed_duplicate_rate=args.boxed_duplicate_rate,
+            long_math=args.long_math,
+        )
         if args.trace_every < 0:
             raise UserError(f"--trace-every must be >= 0, got {args.trace_every}")
         # Worked math answers run to ~110 tokens: a 48-token budget would cut them off.
@@ -59,8 +80,14 @@ def main(argv: list[str] | None = None) -> int:
         info = tiny.build_tiny_base(args.out, cfg, log=lambda s: print(s, flush=True), on_step=hook)
         print(json.dumps({k: v for k, v in info.items() if k != "config"}))
         if args.eval:
-            report = tiny.evaluate_base(args.out, n=args.eval, seed=args.seed + 100,
-                                        difficulty=difficulty, threads=args.threads, max_new_tokens=budget)
+            report = tiny.evaluate_base(
+                args.out,
+                n=args.eval,
+                seed=args.seed + 100,
+                difficulty=difficulty,
+                threads=args.threads,
+                max_new_tokens=budget,
+            )
             print(tiny.format_report(report))
     except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -8,6 +8,7 @@ Public API:
     reference_linear_kl / reference_linear_logprobs: plain torch, materializing the logits; the
         divergence itself is megatron_sdpo.algorithms.divergence (the specification).
 """
+
 from .chunked import ChunkSizes
 from .fused import IMPLS, fused_linear_kl, fused_linear_logprobs, resolve_impl
 from .reference import reference_linear_kl, reference_linear_logprobs

@@ -10,6 +10,7 @@ The divergence and its gradient with respect to the student logits are the tile-
 online log-sum-exp and the GEMMs live here. For labels/entropy the logit gradient is
 g_lp * (onehot - s) - g_H * s * (a + H).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -10,6 +10,7 @@ backward: recompute tiles, student gradients only; the hidden-state gradient is 
 tensor-parallel group here, so callers must *not* wrap the hidden states in Megatron's
 ``copy_to_tensor_model_parallel_region`` (that would sum it twice).
 """
+
 from __future__ import annotations
 
 import types
@@ -114,8 +115,17 @@ class _LinearLogprobs(torch.autograd.Function):
             g_lp = torch.where(mask, g_lp, torch.zeros_like(g_lp))
             g_ent = torch.where(mask, g_ent, torch.zeros_like(g_ent))
         dh, dw = engine.lp_backward(
-            h, w, local_labels, temperature, lse, entropy, g_lp.contiguous(), g_ent.contiguous(),
-            need_dh, need_dw, **kw,
+            h,
+            w,
+            local_labels,
+            temperature,
+            lse,
+            entropy,
+            g_lp.contiguous(),
+            g_ent.contiguous(),
+            need_dh,
+            need_dw,
+            **kw,
         )
         if dh is not None:
             dh = all_reduce_sum(dh, group).to(h.dtype)
@@ -164,16 +174,29 @@ def fused_linear_kl(
         if group_size(tp_group) > 1:
             raise ConfigError("impl='reference' does not support a sharded vocabulary (tp_group of size > 1)")
         return reference_linear_kl(
-            student_hidden, teacher_hidden, student_weight, teacher_weight,
-            alpha=alpha, temperature=temperature, mask=mask,
+            student_hidden,
+            teacher_hidden,
+            student_weight,
+            teacher_weight,
+            alpha=alpha,
+            temperature=temperature,
+            mask=mask,
         )
     engine = _engine(impl, student_hidden.device)
     if student_hidden.shape[0] == 0:
         # An empty micro-batch (e.g. no sample had a teacher): keep the graph, skip the kernels.
         return (student_hidden.sum() * 0 + student_weight.sum() * 0).float().expand(0)
     return _LinearKL.apply(
-        student_hidden, teacher_hidden.detach(), student_weight, teacher_weight.detach(),
-        mask, alpha, temperature, tp_group, engine, chunk_sizes or ChunkSizes(),
+        student_hidden,
+        teacher_hidden.detach(),
+        student_weight,
+        teacher_weight.detach(),
+        mask,
+        alpha,
+        temperature,
+        tp_group,
+        engine,
+        chunk_sizes or ChunkSizes(),
     )
 
 

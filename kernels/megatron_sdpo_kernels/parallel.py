@@ -4,6 +4,7 @@ Megatron splits the LM head into equal contiguous row blocks (``VocabUtility``):
 tensor-parallel group of size P owns ids ``[r * V/P, (r + 1) * V/P)``. Every collective sends a
 contiguous fp32 buffer (gloo silently mishandles non-contiguous views).
 """
+
 from __future__ import annotations
 
 import torch

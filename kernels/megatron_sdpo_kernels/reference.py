@@ -9,6 +9,7 @@ the SDPO/GKD papers; alpha = 0 the forward KL(q || s), alpha = 1 the reverse KL(
 module only adds the LM head, the temperature and the log-softmax around it, so the engines are
 tested against that one definition.
 """
+
 from __future__ import annotations
 
 import torch

@@ -16,6 +16,7 @@ The kernel bodies necessarily restate the generalized JSD (``_kl_parts_kernel``)
 gradient (``_kl_bwd_kernel``) of ``megatron_sdpo.algorithms.divergence``, the one definition;
 tests/kernels hold them to it through the reference engine.
 """
+
 from __future__ import annotations
 
 import os
@@ -57,16 +58,35 @@ def _blocks(n: int, v: int, h: int) -> tuple[int, int, int]:
 if triton is not None:
 
     @triton.jit
-    def _logits_tile(h_ptr, w_ptr, offs_n, offs_v, N, V, H, stride_h, stride_w, inv_t,
-                     BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr,
-                     DOT_FP32: tl.constexpr):
+    def _logits_tile(
+        h_ptr,
+        w_ptr,
+        offs_n,
+        offs_v,
+        N,
+        V,
+        H,
+        stride_h,
+        stride_w,
+        inv_t,
+        BLOCK_N: tl.constexpr,
+        BLOCK_V: tl.constexpr,
+        BLOCK_K: tl.constexpr,
+        DOT_FP32: tl.constexpr,
+    ):
         acc = tl.zeros((BLOCK_N, BLOCK_V), dtype=tl.float32)
         for k0 in range(0, H, BLOCK_K):
             offs_k = k0 + tl.arange(0, BLOCK_K)
-            h = tl.load(h_ptr + offs_n[:, None] * stride_h + offs_k[None, :],
-                        mask=(offs_n[:, None] < N) & (offs_k[None, :] < H), other=0.0)
-            w = tl.load(w_ptr + offs_v[:, None] * stride_w + offs_k[None, :],
-                        mask=(offs_v[:, None] < V) & (offs_k[None, :] < H), other=0.0)
+            h = tl.load(
+                h_ptr + offs_n[:, None] * stride_h + offs_k[None, :],
+                mask=(offs_n[:, None] < N) & (offs_k[None, :] < H),
+                other=0.0,
+            )
+            w = tl.load(
+                w_ptr + offs_v[:, None] * stride_w + offs_k[None, :],
+                mask=(offs_v[:, None] < V) & (offs_k[None, :] < H),
+                other=0.0,
+            )
             if DOT_FP32:
                 acc = tl.dot(h.to(tl.float32), tl.trans(w.to(tl.float32)), acc, input_precision="ieee")
             else:
@@ -74,10 +94,26 @@ if triton is not None:
         return acc * inv_t
 
     @triton.jit
-    def _kl_stats_kernel(hs_ptr, ht_ptr, ws_ptr, wt_ptr, out_ptr, N, V, HS, HT,
-                         stride_hs, stride_ht, stride_ws, stride_wt, inv_t,
-                         BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr,
-                         DOT_FP32: tl.constexpr):
+    def _kl_stats_kernel(
+        hs_ptr,
+        ht_ptr,
+        ws_ptr,
+        wt_ptr,
+        out_ptr,
+        N,
+        V,
+        HS,
+        HT,
+        stride_hs,
+        stride_ht,
+        stride_ws,
+        stride_wt,
+        inv_t,
+        BLOCK_N: tl.constexpr,
+        BLOCK_V: tl.constexpr,
+        BLOCK_K: tl.constexpr,
+        DOT_FP32: tl.constexpr,
+    ):
         offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
         m_s = tl.full((BLOCK_N,), float("-inf"), tl.float32)
         m_t = tl.full((BLOCK_N,), float("-inf"), tl.float32)
@@ -86,10 +122,38 @@ if triton is not None:
         for v0 in range(0, V, BLOCK_V):
             offs_v = v0 + tl.arange(0, BLOCK_V)
             valid = offs_v[None, :] < V
-            zs = _logits_tile(hs_ptr, ws_ptr, offs_n, offs_v, N, V, HS, stride_hs, stride_ws, inv_t,
-                              BLOCK_N, BLOCK_V, BLOCK_K, DOT_FP32)
-            zt = _logits_tile(ht_ptr, wt_ptr, offs_n, offs_v, N, V, HT, stride_ht, stride_wt, inv_t,
-                              BLOCK_N, BLOCK_V, BLOCK_K, DOT_FP32)
+            zs = _logits_tile(
+                hs_ptr,
+                ws_ptr,
+                offs_n,
+                offs_v,
+                N,
+                V,
+                HS,
+                stride_hs,
+                stride_ws,
+                inv_t,
+                BLOCK_N,
+                BLOCK_V,
+                BLOCK_K,
+                DOT_FP32,
+            )
+            zt = _logits_tile(
+                ht_ptr,
+                wt_ptr,
+                offs_n,
+                offs_v,
+                N,
+                V,
+                HT,
+                stride_ht,
+                stride_wt,
+                inv_t,
+                BLOCK_N,
+                BLOCK_V,
+                BLOCK_K,
+                DOT_FP32,
+            )
             zs = tl.where(valid, zs, float("-inf"))
             zt = tl.where(valid, zt, float("-inf"))
             ms_new = tl.maximum(m_s, tl.max(zs, 1))
@@ -103,33 +167,92 @@ if triton is not None:
         tl.store(out_ptr + N + offs_n, m_t + tl.log(s_t), mask=row)
 
     @triton.jit
-    def _kl_log_probs(hs_ptr, ht_ptr, ws_ptr, wt_ptr, lse_ptr, offs_n, offs_v, N, V, HS, HT,
-                      stride_hs, stride_ht, stride_ws, stride_wt, inv_t,
-                      BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr,
-                      DOT_FP32: tl.constexpr):
+    def _kl_log_probs(
+        hs_ptr,
+        ht_ptr,
+        ws_ptr,
+        wt_ptr,
+        lse_ptr,
+        offs_n,
+        offs_v,
+        N,
+        V,
+        HS,
+        HT,
+        stride_hs,
+        stride_ht,
+        stride_ws,
+        stride_wt,
+        inv_t,
+        BLOCK_N: tl.constexpr,
+        BLOCK_V: tl.constexpr,
+        BLOCK_K: tl.constexpr,
+        DOT_FP32: tl.constexpr,
+    ):
         row = offs_n < N
         lse_s = tl.load(lse_ptr + offs_n, mask=row, other=0.0)
         lse_t = tl.load(lse_ptr + N + offs_n, mask=row, other=0.0)
-        zs = _logits_tile(hs_ptr, ws_ptr, offs_n, offs_v, N, V, HS, stride_hs, stride_ws, inv_t,
-                          BLOCK_N, BLOCK_V, BLOCK_K, DOT_FP32)
-        zt = _logits_tile(ht_ptr, wt_ptr, offs_n, offs_v, N, V, HT, stride_ht, stride_wt, inv_t,
-                          BLOCK_N, BLOCK_V, BLOCK_K, DOT_FP32)
+        zs = _logits_tile(
+            hs_ptr, ws_ptr, offs_n, offs_v, N, V, HS, stride_hs, stride_ws, inv_t, BLOCK_N, BLOCK_V, BLOCK_K, DOT_FP32
+        )
+        zt = _logits_tile(
+            ht_ptr, wt_ptr, offs_n, offs_v, N, V, HT, stride_ht, stride_wt, inv_t, BLOCK_N, BLOCK_V, BLOCK_K, DOT_FP32
+        )
         return zs - lse_s[:, None], zt - lse_t[:, None]
 
     @triton.jit
-    def _kl_parts_kernel(hs_ptr, ht_ptr, ws_ptr, wt_ptr, lse_ptr, out_ptr, N, V, HS, HT,
-                         stride_hs, stride_ht, stride_ws, stride_wt, inv_t, log_1ma, log_a,
-                         MODE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr,
-                         BLOCK_K: tl.constexpr, DOT_FP32: tl.constexpr):
+    def _kl_parts_kernel(
+        hs_ptr,
+        ht_ptr,
+        ws_ptr,
+        wt_ptr,
+        lse_ptr,
+        out_ptr,
+        N,
+        V,
+        HS,
+        HT,
+        stride_hs,
+        stride_ht,
+        stride_ws,
+        stride_wt,
+        inv_t,
+        log_1ma,
+        log_a,
+        MODE: tl.constexpr,
+        BLOCK_N: tl.constexpr,
+        BLOCK_V: tl.constexpr,
+        BLOCK_K: tl.constexpr,
+        DOT_FP32: tl.constexpr,
+    ):
         offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
         p_s = tl.zeros((BLOCK_N,), tl.float32)
         p_q = tl.zeros((BLOCK_N,), tl.float32)
         for v0 in range(0, V, BLOCK_V):
             offs_v = v0 + tl.arange(0, BLOCK_V)
             valid = (offs_v[None, :] < V) & (offs_n[:, None] < N)
-            a, b = _kl_log_probs(hs_ptr, ht_ptr, ws_ptr, wt_ptr, lse_ptr, offs_n, offs_v, N, V, HS, HT,
-                                 stride_hs, stride_ht, stride_ws, stride_wt, inv_t,
-                                 BLOCK_N, BLOCK_V, BLOCK_K, DOT_FP32)
+            a, b = _kl_log_probs(
+                hs_ptr,
+                ht_ptr,
+                ws_ptr,
+                wt_ptr,
+                lse_ptr,
+                offs_n,
+                offs_v,
+                N,
+                V,
+                HS,
+                HT,
+                stride_hs,
+                stride_ht,
+                stride_ws,
+                stride_wt,
+                inv_t,
+                BLOCK_N,
+                BLOCK_V,
+                BLOCK_K,
+                DOT_FP32,
+            )
             if MODE == 0:
                 p_q += tl.sum(tl.where(valid, tl.exp(b) * (b - a), 0.0), 1)
             elif MODE == 1:
@@ -146,44 +269,102 @@ if triton is not None:
         tl.store(out_ptr + N + offs_n, p_q, mask=row)
 
     @triton.jit
-    def _accumulate_grads(gz, h_ptr, w_ptr, dh_ptr, dw_ptr, offs_n, offs_v, N, V, H, stride_h, stride_w,
-                          NEED_DH: tl.constexpr, NEED_DW: tl.constexpr, BLOCK_K: tl.constexpr,
-                          DOT_FP32: tl.constexpr):
+    def _accumulate_grads(
+        gz,
+        h_ptr,
+        w_ptr,
+        dh_ptr,
+        dw_ptr,
+        offs_n,
+        offs_v,
+        N,
+        V,
+        H,
+        stride_h,
+        stride_w,
+        NEED_DH: tl.constexpr,
+        NEED_DW: tl.constexpr,
+        BLOCK_K: tl.constexpr,
+        DOT_FP32: tl.constexpr,
+    ):
         for k0 in range(0, H, BLOCK_K):
             offs_k = k0 + tl.arange(0, BLOCK_K)
             kmask = offs_k[None, :] < H
             if NEED_DH:
-                w = tl.load(w_ptr + offs_v[:, None] * stride_w + offs_k[None, :],
-                            mask=(offs_v[:, None] < V) & kmask, other=0.0).to(tl.float32)
+                w = tl.load(
+                    w_ptr + offs_v[:, None] * stride_w + offs_k[None, :], mask=(offs_v[:, None] < V) & kmask, other=0.0
+                ).to(tl.float32)
                 if DOT_FP32:
                     part = tl.dot(gz, w, input_precision="ieee")
                 else:
                     part = tl.dot(gz, w)
-                tl.atomic_add(dh_ptr + offs_n[:, None] * H + offs_k[None, :], part,
-                              mask=(offs_n[:, None] < N) & kmask)
+                tl.atomic_add(dh_ptr + offs_n[:, None] * H + offs_k[None, :], part, mask=(offs_n[:, None] < N) & kmask)
             if NEED_DW:
-                h = tl.load(h_ptr + offs_n[:, None] * stride_h + offs_k[None, :],
-                            mask=(offs_n[:, None] < N) & kmask, other=0.0).to(tl.float32)
+                h = tl.load(
+                    h_ptr + offs_n[:, None] * stride_h + offs_k[None, :], mask=(offs_n[:, None] < N) & kmask, other=0.0
+                ).to(tl.float32)
                 if DOT_FP32:
                     part = tl.dot(tl.trans(gz), h, input_precision="ieee")
                 else:
                     part = tl.dot(tl.trans(gz), h)
-                tl.atomic_add(dw_ptr + offs_v[:, None] * H + offs_k[None, :], part,
-                              mask=(offs_v[:, None] < V) & kmask)
+                tl.atomic_add(dw_ptr + offs_v[:, None] * H + offs_k[None, :], part, mask=(offs_v[:, None] < V) & kmask)
 
     @triton.jit
-    def _kl_bwd_kernel(hs_ptr, ht_ptr, ws_ptr, wt_ptr, lse_ptr, resid_ptr, coef_ptr, dh_ptr, dw_ptr,
-                       N, V, HS, HT, stride_hs, stride_ht, stride_ws, stride_wt, inv_t, log_1ma, log_a,
-                       MODE: tl.constexpr, NEED_DH: tl.constexpr, NEED_DW: tl.constexpr,
-                       BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr,
-                       DOT_FP32: tl.constexpr):
+    def _kl_bwd_kernel(
+        hs_ptr,
+        ht_ptr,
+        ws_ptr,
+        wt_ptr,
+        lse_ptr,
+        resid_ptr,
+        coef_ptr,
+        dh_ptr,
+        dw_ptr,
+        N,
+        V,
+        HS,
+        HT,
+        stride_hs,
+        stride_ht,
+        stride_ws,
+        stride_wt,
+        inv_t,
+        log_1ma,
+        log_a,
+        MODE: tl.constexpr,
+        NEED_DH: tl.constexpr,
+        NEED_DW: tl.constexpr,
+        BLOCK_N: tl.constexpr,
+        BLOCK_V: tl.constexpr,
+        BLOCK_K: tl.constexpr,
+        DOT_FP32: tl.constexpr,
+    ):
         offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
         offs_v = tl.program_id(1) * BLOCK_V + tl.arange(0, BLOCK_V)
         row = offs_n < N
         valid = (offs_v[None, :] < V) & row[:, None]
-        a, b = _kl_log_probs(hs_ptr, ht_ptr, ws_ptr, wt_ptr, lse_ptr, offs_n, offs_v, N, V, HS, HT,
-                             stride_hs, stride_ht, stride_ws, stride_wt, inv_t,
-                             BLOCK_N, BLOCK_V, BLOCK_K, DOT_FP32)
+        a, b = _kl_log_probs(
+            hs_ptr,
+            ht_ptr,
+            ws_ptr,
+            wt_ptr,
+            lse_ptr,
+            offs_n,
+            offs_v,
+            N,
+            V,
+            HS,
+            HT,
+            stride_hs,
+            stride_ht,
+            stride_ws,
+            stride_wt,
+            inv_t,
+            BLOCK_N,
+            BLOCK_V,
+            BLOCK_K,
+            DOT_FP32,
+        )
         coef = tl.load(coef_ptr + offs_n, mask=row, other=0.0)
         r = tl.load(resid_ptr + offs_n, mask=row, other=0.0)
         if MODE == 0:
@@ -197,13 +378,42 @@ if triton is not None:
             log_m = mx + tl.log(tl.exp(x - mx) + tl.exp(y - mx))
             gz = tl.exp(a) * (a - log_m - r[:, None])
         gz = tl.where(valid, gz * coef[:, None], 0.0)
-        _accumulate_grads(gz, hs_ptr, ws_ptr, dh_ptr, dw_ptr, offs_n, offs_v, N, V, HS, stride_hs, stride_ws,
-                          NEED_DH, NEED_DW, BLOCK_K, DOT_FP32)
+        _accumulate_grads(
+            gz,
+            hs_ptr,
+            ws_ptr,
+            dh_ptr,
+            dw_ptr,
+            offs_n,
+            offs_v,
+            N,
+            V,
+            HS,
+            stride_hs,
+            stride_ws,
+            NEED_DH,
+            NEED_DW,
+            BLOCK_K,
+            DOT_FP32,
+        )
 
     @triton.jit
-    def _lp_stats_kernel(h_ptr, w_ptr, lab_ptr, out_ptr, N, V, H, stride_h, stride_w, inv_t,
-                         BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr,
-                         DOT_FP32: tl.constexpr):
+    def _lp_stats_kernel(
+        h_ptr,
+        w_ptr,
+        lab_ptr,
+        out_ptr,
+        N,
+        V,
+        H,
+        stride_h,
+        stride_w,
+        inv_t,
+        BLOCK_N: tl.constexpr,
+        BLOCK_V: tl.constexpr,
+        BLOCK_K: tl.constexpr,
+        DOT_FP32: tl.constexpr,
+    ):
         offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
         row = offs_n < N
         lab = tl.load(lab_ptr + offs_n, mask=row, other=-1)
@@ -214,8 +424,9 @@ if triton is not None:
         for v0 in range(0, V, BLOCK_V):
             offs_v = v0 + tl.arange(0, BLOCK_V)
             valid = offs_v[None, :] < V
-            z = _logits_tile(h_ptr, w_ptr, offs_n, offs_v, N, V, H, stride_h, stride_w, inv_t,
-                             BLOCK_N, BLOCK_V, BLOCK_K, DOT_FP32)
+            z = _logits_tile(
+                h_ptr, w_ptr, offs_n, offs_v, N, V, H, stride_h, stride_w, inv_t, BLOCK_N, BLOCK_V, BLOCK_K, DOT_FP32
+            )
             zl += tl.sum(tl.where(lab[:, None] == offs_v[None, :], z, 0.0), 1)
             z_inf = tl.where(valid, z, float("-inf"))
             m_new = tl.maximum(m, tl.max(z_inf, 1))
@@ -231,11 +442,29 @@ if triton is not None:
         tl.store(out_ptr + 3 * N + offs_n, zl, mask=row)
 
     @triton.jit
-    def _lp_bwd_kernel(h_ptr, w_ptr, lab_ptr, lse_ptr, ent_ptr, glp_ptr, gent_ptr, dh_ptr, dw_ptr,
-                       N, V, H, stride_h, stride_w, inv_t,
-                       NEED_DH: tl.constexpr, NEED_DW: tl.constexpr,
-                       BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr,
-                       DOT_FP32: tl.constexpr):
+    def _lp_bwd_kernel(
+        h_ptr,
+        w_ptr,
+        lab_ptr,
+        lse_ptr,
+        ent_ptr,
+        glp_ptr,
+        gent_ptr,
+        dh_ptr,
+        dw_ptr,
+        N,
+        V,
+        H,
+        stride_h,
+        stride_w,
+        inv_t,
+        NEED_DH: tl.constexpr,
+        NEED_DW: tl.constexpr,
+        BLOCK_N: tl.constexpr,
+        BLOCK_V: tl.constexpr,
+        BLOCK_K: tl.constexpr,
+        DOT_FP32: tl.constexpr,
+    ):
         offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
         offs_v = tl.program_id(1) * BLOCK_V + tl.arange(0, BLOCK_V)
         row = offs_n < N
@@ -245,14 +474,34 @@ if triton is not None:
         ent = tl.load(ent_ptr + offs_n, mask=row, other=0.0)
         glp = tl.load(glp_ptr + offs_n, mask=row, other=0.0)
         gent = tl.load(gent_ptr + offs_n, mask=row, other=0.0)
-        a = _logits_tile(h_ptr, w_ptr, offs_n, offs_v, N, V, H, stride_h, stride_w, inv_t,
-                         BLOCK_N, BLOCK_V, BLOCK_K, DOT_FP32) - lse[:, None]
+        a = (
+            _logits_tile(
+                h_ptr, w_ptr, offs_n, offs_v, N, V, H, stride_h, stride_w, inv_t, BLOCK_N, BLOCK_V, BLOCK_K, DOT_FP32
+            )
+            - lse[:, None]
+        )
         p = tl.exp(a)
         onehot = tl.where(lab[:, None] == offs_v[None, :], 1.0, 0.0)
         gz = glp[:, None] * (onehot - p) - gent[:, None] * p * (a + ent[:, None])
         gz = tl.where(valid, gz, 0.0)
-        _accumulate_grads(gz, h_ptr, w_ptr, dh_ptr, dw_ptr, offs_n, offs_v, N, V, H, stride_h, stride_w,
-                          NEED_DH, NEED_DW, BLOCK_K, DOT_FP32)
+        _accumulate_grads(
+            gz,
+            h_ptr,
+            w_ptr,
+            dh_ptr,
+            dw_ptr,
+            offs_n,
+            offs_v,
+            N,
+            V,
+            H,
+            stride_h,
+            stride_w,
+            NEED_DH,
+            NEED_DW,
+            BLOCK_K,
+            DOT_FP32,
+        )
 
 
 def _dot_fp32(*tensors: torch.Tensor) -> bool:
@@ -279,8 +528,24 @@ def kl_stats(hs, ht, ws, wt, temperature: float) -> torch.Tensor:
     bn, bv, bk = _blocks(n, v, max(hs.shape[1], ht.shape[1]))
     out = torch.empty(2, n, dtype=torch.float32, device=hs.device)
     _kl_stats_kernel[(triton.cdiv(n, bn),)](
-        hs, ht, ws, wt, out, n, v, hs.shape[1], ht.shape[1], hs.stride(0), ht.stride(0), ws.stride(0),
-        wt.stride(0), 1.0 / temperature, BLOCK_N=bn, BLOCK_V=bv, BLOCK_K=bk, DOT_FP32=_dot_fp32(hs, ws),
+        hs,
+        ht,
+        ws,
+        wt,
+        out,
+        n,
+        v,
+        hs.shape[1],
+        ht.shape[1],
+        hs.stride(0),
+        ht.stride(0),
+        ws.stride(0),
+        wt.stride(0),
+        1.0 / temperature,
+        BLOCK_N=bn,
+        BLOCK_V=bv,
+        BLOCK_K=bk,
+        DOT_FP32=_dot_fp32(hs, ws),
     )
     return out
 
@@ -293,9 +558,28 @@ def kl_parts(hs, ht, ws, wt, temperature: float, lse: torch.Tensor, alpha: float
     mode, log_1ma, log_a = _mode(alpha)
     out = torch.empty(2, n, dtype=torch.float32, device=hs.device)
     _kl_parts_kernel[(triton.cdiv(n, bn),)](
-        hs, ht, ws, wt, lse.contiguous(), out, n, v, hs.shape[1], ht.shape[1], hs.stride(0), ht.stride(0),
-        ws.stride(0), wt.stride(0), 1.0 / temperature, log_1ma, log_a,
-        MODE=mode, BLOCK_N=bn, BLOCK_V=bv, BLOCK_K=bk, DOT_FP32=_dot_fp32(hs, ws),
+        hs,
+        ht,
+        ws,
+        wt,
+        lse.contiguous(),
+        out,
+        n,
+        v,
+        hs.shape[1],
+        ht.shape[1],
+        hs.stride(0),
+        ht.stride(0),
+        ws.stride(0),
+        wt.stride(0),
+        1.0 / temperature,
+        log_1ma,
+        log_a,
+        MODE=mode,
+        BLOCK_N=bn,
+        BLOCK_V=bv,
+        BLOCK_K=bk,
+        DOT_FP32=_dot_fp32(hs, ws),
     )
     return out
 
@@ -309,10 +593,33 @@ def kl_backward(hs, ht, ws, wt, temperature: float, lse, resid, coef, alpha: flo
     dh = torch.zeros(hs.shape, dtype=torch.float32, device=hs.device)
     dw = torch.zeros(ws.shape, dtype=torch.float32, device=hs.device) if need_dw else dh
     _kl_bwd_kernel[(triton.cdiv(n, bn), triton.cdiv(v, bv))](
-        hs, ht, ws, wt, lse.contiguous(), resid.contiguous(), coef.contiguous(), dh, dw,
-        n, v, hs.shape[1], ht.shape[1], hs.stride(0), ht.stride(0), ws.stride(0), wt.stride(0),
-        1.0 / temperature, log_1ma, log_a, MODE=mode, NEED_DH=need_dh, NEED_DW=need_dw,
-        BLOCK_N=bn, BLOCK_V=bv, BLOCK_K=bk, DOT_FP32=_dot_fp32(hs, ws),
+        hs,
+        ht,
+        ws,
+        wt,
+        lse.contiguous(),
+        resid.contiguous(),
+        coef.contiguous(),
+        dh,
+        dw,
+        n,
+        v,
+        hs.shape[1],
+        ht.shape[1],
+        hs.stride(0),
+        ht.stride(0),
+        ws.stride(0),
+        wt.stride(0),
+        1.0 / temperature,
+        log_1ma,
+        log_a,
+        MODE=mode,
+        NEED_DH=need_dh,
+        NEED_DW=need_dw,
+        BLOCK_N=bn,
+        BLOCK_V=bv,
+        BLOCK_K=bk,
+        DOT_FP32=_dot_fp32(hs, ws),
     )
     return (dh if need_dh else None), (dw if need_dw else None)
 
@@ -324,8 +631,20 @@ def lp_stats(h, w, local_labels, temperature: float) -> torch.Tensor:
     bn, bv, bk = _blocks(n, v, h.shape[1])
     out = torch.empty(4, n, dtype=torch.float32, device=h.device)
     _lp_stats_kernel[(triton.cdiv(n, bn),)](
-        h, w, local_labels.contiguous(), out, n, v, h.shape[1], h.stride(0), w.stride(0), 1.0 / temperature,
-        BLOCK_N=bn, BLOCK_V=bv, BLOCK_K=bk, DOT_FP32=_dot_fp32(h, w),
+        h,
+        w,
+        local_labels.contiguous(),
+        out,
+        n,
+        v,
+        h.shape[1],
+        h.stride(0),
+        w.stride(0),
+        1.0 / temperature,
+        BLOCK_N=bn,
+        BLOCK_V=bv,
+        BLOCK_K=bk,
+        DOT_FP32=_dot_fp32(h, w),
     )
     return out
 
@@ -338,8 +657,26 @@ def lp_backward(h, w, local_labels, temperature: float, lse, entropy, g_lp, g_en
     dh = torch.zeros(h.shape, dtype=torch.float32, device=h.device)
     dw = torch.zeros(w.shape, dtype=torch.float32, device=h.device) if need_dw else dh
     _lp_bwd_kernel[(triton.cdiv(n, bn), triton.cdiv(v, bv))](
-        h, w, local_labels.contiguous(), lse.contiguous(), entropy.contiguous(), g_lp, g_ent, dh, dw,
-        n, v, h.shape[1], h.stride(0), w.stride(0), 1.0 / temperature,
-        NEED_DH=need_dh, NEED_DW=need_dw, BLOCK_N=bn, BLOCK_V=bv, BLOCK_K=bk, DOT_FP32=_dot_fp32(h, w),
+        h,
+        w,
+        local_labels.contiguous(),
+        lse.contiguous(),
+        entropy.contiguous(),
+        g_lp,
+        g_ent,
+        dh,
+        dw,
+        n,
+        v,
+        h.shape[1],
+        h.stride(0),
+        w.stride(0),
+        1.0 / temperature,
+        NEED_DH=need_dh,
+        NEED_DW=need_dw,
+        BLOCK_N=bn,
+        BLOCK_V=bv,
+        BLOCK_K=bk,
+        DOT_FP32=_dot_fp32(h, w),
     )
     return (dh if need_dh else None), (dw if need_dw else None)

@@ -1,4 +1,5 @@
 """Argument checks shared by every implementation: one clear line per mistake, before any work."""
+
 from __future__ import annotations
 
 import math

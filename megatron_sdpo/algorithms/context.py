@@ -9,6 +9,7 @@ verifier accepted; never the sample itself), the feedback block the environment'
 the sample's own failed attempt. The student's response tokens are later appended unchanged to
 the tokenized message, so teacher and student score the same tokens.
 """
+
 from __future__ import annotations
 
 import random
@@ -60,7 +61,9 @@ class ContextTemplates:
 
     def __post_init__(self) -> None:
         if not any(f in self.solution_template for f in _SOLUTION_FIELDS):
-            raise ConfigError("context.solution_template must contain the field {solution} (or {successful_previous_attempt})")
+            raise ConfigError(
+                "context.solution_template must contain the field {solution} (or {successful_previous_attempt})"
+            )
         if not any(f in self.feedback_template for f in _FEEDBACK_FIELDS):
             raise ConfigError("context.feedback_template must contain the field {feedback} (or {feedback_raw})")
         if self.reprompt_template is not None:
@@ -69,7 +72,9 @@ class ContextTemplates:
                     raise ConfigError(f"context.reprompt_template must contain the field {f}")
         for name in ("max_solution_chars", "max_feedback_chars"):
             value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= len(_TRUNCATION_MARK)):
+            if value is not None and (
+                isinstance(value, bool) or not isinstance(value, int) or value <= len(_TRUNCATION_MARK)
+            ):
                 raise ConfigError(f"context.{name} must be None or an integer > {len(_TRUNCATION_MARK)}, got {value!r}")
 
 
@@ -89,7 +94,7 @@ def strip_thinking(text: str) -> str:
 def _truncate(text: str, limit: int | None) -> str:
     if limit is None or len(text) <= limit:
         return text
-    return _TRUNCATION_MARK + text[len(text) - (limit - len(_TRUNCATION_MARK)):]
+    return _TRUNCATION_MARK + text[len(text) - (limit - len(_TRUNCATION_MARK)) :]
 
 
 def build_teacher_message(

@@ -26,6 +26,7 @@ a = log s and b = log q are fp32 log-probabilities, finite (floor -inf entries f
 (`megatron_sdpo_kernels.triton_kl`) necessarily restates the same expressions inside its kernel
 body; the kernel tests hold it to this module through the reference engine.
 """
+
 from __future__ import annotations
 
 import math

@@ -8,6 +8,7 @@ Conventions shared with the backends (see `megatron_sdpo.interfaces.backend`):
 - metrics are shares too (`sum(metric_t) / normalizer`), except those whose name ends in `_max`
   or `_min`, which reduce by max / min (see `losses.metric_reduce`).
 """
+
 from __future__ import annotations
 
 import torch
@@ -26,9 +27,7 @@ from megatron_sdpo.errors import ConfigError
 _LOG_RATIO_CLAMP = 20.0
 
 
-def group_advantages(
-    rewards: torch.Tensor, *, group_size: int, norm_by_std: bool, eps: float = 1e-6
-) -> torch.Tensor:
+def group_advantages(rewards: torch.Tensor, *, group_size: int, norm_by_std: bool, eps: float = 1e-6) -> torch.Tensor:
     """Group-relative advantages.
 
     Args:
@@ -57,7 +56,7 @@ def group_advantages(
     adv = r - r.mean(dim=1, keepdim=True)
     if norm_by_std and group_size > 1:
         adv = adv / (r.std(dim=1, keepdim=True, unbiased=True) + eps)
-    constant = (r.amax(dim=1, keepdim=True) == r.amin(dim=1, keepdim=True))
+    constant = r.amax(dim=1, keepdim=True) == r.amin(dim=1, keepdim=True)
     adv = torch.where(constant, torch.zeros_like(adv), adv)
     return adv.reshape(-1)
 

@@ -5,6 +5,7 @@ from the batch's tensors, and maps (outputs, tensors, normalizer) to the pure ma
 `grpo` / `sdpo`. Losses and metrics are shares: the backend adds them over micro-batches and
 ranks (metrics with `metric_reduce(name)`), which gives global token means.
 """
+
 from __future__ import annotations
 
 from typing import cast
@@ -179,9 +180,13 @@ class SDPOLoss:
         if topk_source not in ("logits", "shards"):
             raise ConfigError(f"topk_source must be 'logits' or 'shards', got {topk_source!r}")
         if topk_source == "shards" and (topk is None or variant != "logits" or fused):
-            raise ConfigError("topk_source='shards' is the top-k path: it needs variant=logits, a topk and no fused kernel")
+            raise ConfigError(
+                "topk_source='shards' is the top-k path: it needs variant=logits, a topk and no fused kernel"
+            )
         if fused and (variant != "logits" or topk is not None):
-            raise ConfigError("kernel.fused_kl is the full-vocabulary path: it needs sdpo.variant=logits and sdpo.topk=null")
+            raise ConfigError(
+                "kernel.fused_kl is the full-vocabulary path: it needs sdpo.variant=logits and sdpo.topk=null"
+            )
         if variant not in SDPO_VARIANTS:
             raise ConfigError(f"sdpo.variant must be one of {', '.join(SDPO_VARIANTS)}, got {variant!r}")
         if variant == "sampled" and alpha != 1.0:
@@ -316,7 +321,9 @@ class HybridLoss:
         self, outputs: dict[str, torch.Tensor], tensors: dict[str, torch.Tensor], normalizer: torch.Tensor
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         if normalizer.shape != (2,):
-            raise ValueError(f"HybridLoss needs the [2] normalizer of its global_normalizer, got shape {tuple(normalizer.shape)}")
+            raise ValueError(
+                f"HybridLoss needs the [2] normalizer of its global_normalizer, got shape {tuple(normalizer.shape)}"
+            )
         grpo_loss, grpo_metrics = self.grpo(outputs, tensors, normalizer[0])
         sdpo_loss, sdpo_metrics = self.sdpo(outputs, tensors, normalizer[1])
         metrics = {**grpo_metrics, **sdpo_metrics}

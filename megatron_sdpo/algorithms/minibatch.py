@@ -6,6 +6,7 @@ sampled the batch, computed once before the first update, so from the second min
 importance ratio differs from 1 and the clip acts (the paper's GRPO baseline: 32 prompts per
 rollout in mini-batches of 8, 4 optimizer steps).
 """
+
 from __future__ import annotations
 
 from megatron_sdpo.algorithms.losses import metric_reduce

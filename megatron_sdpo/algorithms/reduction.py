@@ -4,6 +4,7 @@ Every loss is written as `sum(per_token) / normalizer` so that a backend can spl
 batch into micro-batches (and ranks) and add their shares. The helpers here keep that
 convention in one place.
 """
+
 from __future__ import annotations
 
 import torch

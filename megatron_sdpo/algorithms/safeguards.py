@@ -19,6 +19,7 @@ Both act on the mask the loss already reads, so every backend and loss path (ful
 top-k, fused kernel, sampled) takes them unchanged, the loss's normalizer counts the weighted
 tokens, and a row left without weight leaves the step (`skip_zero_signal`).
 """
+
 from __future__ import annotations
 
 import torch
@@ -41,13 +42,16 @@ def contrast_weights(rewards: torch.Tensor, *, group_size: int, s0: float) -> to
     return w.repeat_interleave(group_size)
 
 
-def agreement_mask(teacher_logprobs: torch.Tensor, student_logprobs: torch.Tensor, rewards: torch.Tensor,
-                   *, group_size: int) -> torch.Tensor:
+def agreement_mask(
+    teacher_logprobs: torch.Tensor, student_logprobs: torch.Tensor, rewards: torch.Tensor, *, group_size: int
+) -> torch.Tensor:
     """[B, T] fp32 1 where sign(teacher - student log-prob of the sampled token) equals the sign
     of the sample's group-relative advantage (0 on a zero advantage or a zero log-ratio)."""
     if teacher_logprobs.shape != student_logprobs.shape:
-        raise ValueError(f"teacher {tuple(teacher_logprobs.shape)} and student {tuple(student_logprobs.shape)} "
-                         "log-probs differ in shape")
+        raise ValueError(
+            f"teacher {tuple(teacher_logprobs.shape)} and student {tuple(student_logprobs.shape)} "
+            "log-probs differ in shape"
+        )
     adv = group_advantages(rewards.to(torch.float32), group_size=group_size, norm_by_std=False)
     ratio = teacher_logprobs.to(torch.float32) - student_logprobs.to(torch.float32)
     agree = (torch.sign(ratio) == torch.sign(adv)[:, None]) & (adv != 0)[:, None]

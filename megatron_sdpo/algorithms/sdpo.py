@@ -9,6 +9,7 @@ masking, importance weights, normalization).
 Aggregation follows the SDPO paper: mean over the masked tokens of the *global* batch
 (`sum(mask * w * loss_t) / normalizer`); TRL's trainer instead averages per sequence first.
 """
+
 from __future__ import annotations
 
 import math
@@ -104,8 +105,13 @@ def token_distillation_loss(
         logp_s_full = torch.log_softmax(s, dim=-1).clamp_min(_LOGP_FLOOR)
         ids = logp_s_full.detach().topk(topk, dim=-1).indices
         loss, metrics = topk_distillation_loss(
-            logp_s_full.gather(-1, ids), logp_t_full.gather(-1, ids), mask,
-            alpha=alpha, add_tail=add_tail, is_weights=is_weights, normalizer=norm,
+            logp_s_full.gather(-1, ids),
+            logp_t_full.gather(-1, ids),
+            mask,
+            alpha=alpha,
+            add_tail=add_tail,
+            is_weights=is_weights,
+            normalizer=norm,
         )
         student_entropy = _entropy(logp_s_full.detach())
     with torch.no_grad():

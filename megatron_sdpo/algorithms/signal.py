@@ -25,6 +25,7 @@ extrema are over the trained rows' tokens, as verl reports them after DAPO's fil
 left out for a term with no trained token. "samples" counts the mini-batch's rows and
 "train/rows_skipped" those left out (placeholders included).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -62,7 +63,9 @@ def select_signal_rows(batch: SequenceBatch, loss_fn: LossFn, *, min_rows: int =
     if len(keep) == len(batch):
         return None
     # The cheapest skipped rows hold the places.
-    skipped = sorted((i for i, s in enumerate(signal) if not s), key=lambda i: len(batch.prompt_ids[i]) + len(batch.response_ids[i]))
+    skipped = sorted(
+        (i for i, s in enumerate(signal) if not s), key=lambda i: len(batch.prompt_ids[i]) + len(batch.response_ids[i])
+    )
     places = set(skipped[: max(0, min_rows - len(keep))])
     idx = sorted(set(keep) | places)
     sub = batch.select(idx)

@@ -19,6 +19,7 @@ checkpoint and the run's first stage start keeps it instead of copying the stude
 A new teacher variant is a new schedule here (and its config keys): the backends only know how
 to apply a blend.
 """
+
 from __future__ import annotations
 
 import math

@@ -5,6 +5,7 @@ written last, and the directory is renamed into place; a reader that does not fi
 treats the directory as partial. Every failure a user can cause (missing, partial, truncated or
 foreign files) becomes a one-line CheckpointError.
 """
+
 from __future__ import annotations
 
 import contextlib

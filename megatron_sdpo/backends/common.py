@@ -6,6 +6,7 @@ Both backends take the same contiguous data-parallel slices and reduce metrics b
 convention (`metric_reduce`), which is what lets a test hold their loss, metrics and updated
 weights equal.
 """
+
 from __future__ import annotations
 
 from pathlib import Path

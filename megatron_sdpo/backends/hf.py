@@ -11,6 +11,7 @@ Dropout is disabled (the model stays in eval mode while training): the importanc
 GRPO/SDPO compare the trainer's distribution with the sampler's, which must be the same
 function of the weights.
 """
+
 from __future__ import annotations
 
 import copy
@@ -132,8 +133,9 @@ class HFBackend(Backend):
         self.device = next(self.policy.parameters()).device
         self._offload = StateOffload(self.device)
         # The teacher (model, fp32 shadow, trust-region mix, forward clock): hf_teacher.py.
-        self.teacher_state = (HFTeacher(self._frozen_copy(), self.device, logit_mix=teacher_logit_mix)
-                              if with_teacher else None)
+        self.teacher_state = (
+            HFTeacher(self._frozen_copy(), self.device, logit_mix=teacher_logit_mix) if with_teacher else None
+        )
         self.reference = self._frozen_copy() if with_reference else None
         # State updated by small steps lives in fp32 whatever the model dtype: with a bf16/fp16
         # model AdamW updates fp32 master copies of the policy (cast into the model after each
@@ -246,7 +248,12 @@ class HFBackend(Backend):
 
     # ------------------------------------------------------------------ forward
     def _run(
-        self, module: nn.Module, prompts: list[list[int]], responses: list[list[int]], T: int, hidden_only: bool = False,
+        self,
+        module: nn.Module,
+        prompts: list[list[int]],
+        responses: list[list[int]],
+        T: int,
+        hidden_only: bool = False,
         keep: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """-> ([b, T, V] fp32 logits predicting each response token, or with hidden_only their
@@ -257,19 +264,28 @@ class HFBackend(Backend):
             module = ResponseLogits(module, self.logit_temperature)
         if self.packing:
             vb = pack_varlen(
-                prompts, responses, response_len=T, pad_id=self.pad_token_id, row_tokens=self.pack_row_tokens,
-                share_prompts=self.share_prompts, device=self.device,
+                prompts,
+                responses,
+                response_len=T,
+                pad_id=self.pad_token_id,
+                row_tokens=self.pack_row_tokens,
+                share_prompts=self.share_prompts,
+                device=self.device,
             )
             mask = self._attention_mask(vb.attention_mask, vb.position_ids)
             return module(vb.input_ids, mask, vb.position_ids, vb.hidden_index, hidden_only, keep=keep), vb.response_ids
         pk = pack(prompts, responses, response_len=T, pad_id=self.pad_token_id)
         return module(pk.input_ids, pk.attention_mask, pk.position_ids, T, hidden_only, keep=keep), pk.response_ids
 
-    def _logprobs(self, module: nn.Module, prompts: list[list[int]], responses: list[list[int]], T: int) -> torch.Tensor:
+    def _logprobs(
+        self, module: nn.Module, prompts: list[list[int]], responses: list[list[int]], T: int
+    ) -> torch.Tensor:
         """[b, T] fp32 log-probs of the response tokens, 0 on padding columns: the output
         projection and the log-softmax run on the real tokens only (T is the longest response
         of the batch; on the tiny math workload a third of the columns are real)."""
-        keep = torch.arange(T, device=self.device) < torch.tensor([len(r) for r in responses], device=self.device)[:, None]
+        keep = (
+            torch.arange(T, device=self.device) < torch.tensor([len(r) for r in responses], device=self.device)[:, None]
+        )
         logits, targets = self._run(module, prompts, responses, T, keep=keep)
         return masked_token_logprobs(logits, targets, keep)
 
@@ -292,7 +308,9 @@ class HFBackend(Backend):
         from megatron_sdpo_kernels import ChunkSizes, fused_linear_kl
 
         if self._teacher.logit_mix is not None:
-            raise ConfigError("the trust-region teacher mixes logits, which the fused kernel never builds: set kernel.fused_kl=false")
+            raise ConfigError(
+                "the trust-region teacher mixes logits, which the fused kernel never builds: set kernel.fused_kl=false"
+            )
         heads = [cast(Any, m).get_output_embeddings() for m in (self.policy, self._model("teacher"))]
         if any(h.bias is not None for h in heads):
             raise ConfigError("kernel.fused_kl needs an LM head without bias")
@@ -302,8 +320,13 @@ class HFBackend(Backend):
         mask = mb.tensors[spec.mask_key] > 0
         b, _, H = h_s.shape
         per_token = fused_linear_kl(
-            h_s.reshape(b * T, H), h_t.reshape(b * T, -1), heads[0].weight, heads[1].weight,
-            alpha=spec.alpha, temperature=spec.temperature * self.logit_temperature, mask=mask.reshape(-1),
+            h_s.reshape(b * T, H),
+            h_t.reshape(b * T, -1),
+            heads[0].weight,
+            heads[1].weight,
+            alpha=spec.alpha,
+            temperature=spec.temperature * self.logit_temperature,
+            mask=mask.reshape(-1),
             impl=spec.kernel_impl,
             chunk_sizes=ChunkSizes(tokens=spec.chunk_tokens, vocab=spec.chunk_vocab),
         )
@@ -333,7 +356,9 @@ class HFBackend(Backend):
             out["logprobs"] = self._logprobs(module, mb.prompt_ids, mb.response_ids, T)
         if requires & _TEACHER_NEEDS == {"teacher_logprobs"} and self._teacher.logit_mix is None:
             with torch.no_grad(), self._teacher.clock.measure():
-                out["teacher_logprobs"] = self._logprobs(self._model("teacher"), mb.teacher_prompts(), mb.response_ids, T)
+                out["teacher_logprobs"] = self._logprobs(
+                    self._model("teacher"), mb.teacher_prompts(), mb.response_ids, T
+                )
         elif requires & _TEACHER_NEEDS:
             with torch.no_grad(), self._teacher.clock.measure():
                 t_logits, targets = self._teacher_logits(mb, T)
@@ -348,7 +373,6 @@ class HFBackend(Backend):
             with torch.no_grad():
                 out["ref_logprobs"] = self._logprobs(self._model("reference"), mb.prompt_ids, mb.response_ids, T)
         return out
-
 
     # ------------------------------------------------------------------ public API
     def compute(

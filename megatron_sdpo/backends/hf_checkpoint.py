@@ -1,6 +1,7 @@
 """Checkpoints of the HF backend: HF safetensors directories of its models plus the optimizer,
 fp32 state and RNG, written atomically (backends/checkpoint.py) and read back strictly. `be` is
 the HFBackend whose state is saved or restored."""
+
 from __future__ import annotations
 
 import json
@@ -58,6 +59,7 @@ def save(be, path: str, *, extra: dict | None = None) -> None:
     if be.world > 1:
         dist.barrier()
 
+
 @torch.no_grad()
 def _load_fp32_state(be, root: Path) -> None:
     """Restore the fp32 masters / teacher shadow saved next to the bf16 weights; without
@@ -72,11 +74,13 @@ def _load_fp32_state(be, root: Path) -> None:
     if be.teacher_state is not None:
         be.teacher_state.resync(state.get("teacher"))
 
+
 def _copy_tokenizer(be, dest: Path) -> None:
     for f in _TOKENIZER_FILES:
         src = Path(be.model_path, f)
         if src.is_file():
             shutil.copyfile(src, dest / f)
+
 
 def load(be, path: str, *, weights_only: bool = False) -> dict:
     """Restores a checkpoint written by `save`; returns its extra dict. weights_only loads

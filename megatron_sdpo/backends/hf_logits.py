@@ -1,5 +1,6 @@
 """The HF backend's output head: the decoder's hidden states at the response columns through the
 output projection in fp32, and the per-token quantities the losses take from those logits."""
+
 from __future__ import annotations
 
 from typing import Any, cast
@@ -31,8 +32,7 @@ class ResponseLogits(nn.Module):
         for unsupported in ("final_logit_softcapping", "logit_scale"):
             if getattr(cfg, unsupported, None) not in (None, 1.0):
                 raise ConfigError(
-                    f"model config sets {unsupported}; the HF backend's fp32 output projection "
-                    "does not implement it"
+                    f"model config sets {unsupported}; the HF backend's fp32 output projection does not implement it"
                 )
 
     def forward(
@@ -96,10 +96,15 @@ def layer_masks(allowed: torch.Tensor, positions: torch.Tensor, config) -> torch
         return allowed & near
     unknown = types - {"full_attention", "sliding_attention"}
     if unknown:
-        raise ConfigError(f"share_prompts: layer types {sorted(unknown)} have no mask here; set backend.share_prompts=false")
+        raise ConfigError(
+            f"share_prompts: layer types {sorted(unknown)} have no mask here; set backend.share_prompts=false"
+        )
     return {"full_attention": allowed, "sliding_attention": allowed & near}
 
-def topk_logprobs(logits: torch.Tensor, t_logits: torch.Tensor, spec: DistillationSpec) -> tuple[torch.Tensor, torch.Tensor]:
+
+def topk_logprobs(
+    logits: torch.Tensor, t_logits: torch.Tensor, spec: DistillationSpec
+) -> tuple[torch.Tensor, torch.Tensor]:
     """[B, T, V] student / teacher logits -> [B, T, k] full-vocabulary log-probs of the
     student's top-k ids (k and temperature from the spec): megatron's vocab-parallel
     selection over a single shard, so both backends pick the ids the same way."""
@@ -108,7 +113,9 @@ def topk_logprobs(logits: torch.Tensor, t_logits: torch.Tensor, spec: Distillati
     if spec.topk is None:
         raise ValueError("top-k log-probs need spec.topk")
     temp = spec.temperature
-    top_s, top_t, _ = vocab_parallel_topk(logits.float() / temp, t_logits.float() / temp, spec.topk, 0, logits.shape[-1], None)
+    top_s, top_t, _ = vocab_parallel_topk(
+        logits.float() / temp, t_logits.float() / temp, spec.topk, 0, logits.shape[-1], None
+    )
     return top_s, top_t
 
 

@@ -6,6 +6,7 @@ EMA teacher is an fp32 shadow, rounded once into the model used for forwards aft
 (at an EMA rate of 0.05 most bf16 weights would otherwise never move). The megatron side keeps the
 same pieces as its teacher module and `megatron/teacher_state.FP32TeacherShadow` (sharded there).
 """
+
 from __future__ import annotations
 
 from pathlib import Path

@@ -10,6 +10,7 @@ views of one buffer): each distinct storage is copied to host memory (pinned on 
 resized to 0 bytes; reload resizes it back and copies the bytes in. Gradient buffers are zeroed
 at the start of every step, so they are freed and re-allocated without a copy.
 """
+
 from __future__ import annotations
 
 import functools
@@ -25,6 +26,7 @@ def needs_training_state(method: F) -> F:
     """A backend method that reads or writes the training state (optimizer, main params, grad
     buffers): the state comes back on the device first (`reload_training_state`), wherever the
     trainer left it. The one place a backend says so."""
+
     @functools.wraps(method)
     def wrapper(self, *args, **kwargs):
         self.reload_training_state()
@@ -57,7 +59,9 @@ class StateOffload:
         return sum(h.numel() for _, h in self._copied)
 
     @torch.no_grad()
-    def offload(self, copied: Iterable[torch.Tensor], dropped: Iterable[torch.Tensor], *, keep: Iterable[torch.Tensor] = ()) -> int:
+    def offload(
+        self, copied: Iterable[torch.Tensor], dropped: Iterable[torch.Tensor], *, keep: Iterable[torch.Tensor] = ()
+    ) -> int:
         """Copy `copied` tensors' storages to host and free them; free `dropped` ones (contents
         not needed); storages shared with `keep` (model weights) stay. Returns bytes freed."""
         if self.active:

@@ -30,6 +30,7 @@ which is what G separate copies would accumulate. A varlen kernel's `cu_seqlens`
 that mask, so the shared layout carries the mask instead (`attention_mask` [R, 1, W, W] bool,
 True = attend) and no `cu_seqlens`.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -1,4 +1,5 @@
 """Typed configuration: dataclass schema, YAML presets and dotted overrides."""
+
 from megatron_sdpo.config.construction import dump_yaml, to_dict
 from megatron_sdpo.config.loader import load_config
 from megatron_sdpo.config.presets import list_presets

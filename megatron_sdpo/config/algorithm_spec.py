@@ -4,6 +4,7 @@ Code asks the spec (does this algorithm need a teacher? advantages? which mask d
 distillation read?) instead of comparing names, so a new algorithm is one row here. The table
 lives in config/ because config validation reads it and config imports nothing above itself.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -32,13 +33,29 @@ class AlgorithmSpec:
 ALGORITHMS: dict[str, AlgorithmSpec] = {
     s.name: s
     for s in (
-        AlgorithmSpec("grpo", uses_teacher=False, uses_advantages=True, distill_mask_key=None, supports_mini_batches=True),
-        AlgorithmSpec("sdpo", uses_teacher=True, uses_advantages=False, distill_mask_key="loss_mask",
-                      supports_mini_batches=False, teacher_mode="ema"),
-        AlgorithmSpec("stable_sdpo", uses_teacher=True, uses_advantages=False, distill_mask_key="loss_mask",
-                      supports_mini_batches=False, teacher_mode="restart_freeze", requires_teacher_mode=True),
-        AlgorithmSpec("hybrid", uses_teacher=True, uses_advantages=True, distill_mask_key="sdpo_mask",
-                      supports_mini_batches=False),
+        AlgorithmSpec(
+            "grpo", uses_teacher=False, uses_advantages=True, distill_mask_key=None, supports_mini_batches=True
+        ),
+        AlgorithmSpec(
+            "sdpo",
+            uses_teacher=True,
+            uses_advantages=False,
+            distill_mask_key="loss_mask",
+            supports_mini_batches=False,
+            teacher_mode="ema",
+        ),
+        AlgorithmSpec(
+            "stable_sdpo",
+            uses_teacher=True,
+            uses_advantages=False,
+            distill_mask_key="loss_mask",
+            supports_mini_batches=False,
+            teacher_mode="restart_freeze",
+            requires_teacher_mode=True,
+        ),
+        AlgorithmSpec(
+            "hybrid", uses_teacher=True, uses_advantages=True, distill_mask_key="sdpo_mask", supports_mini_batches=False
+        ),
     )
 }
 

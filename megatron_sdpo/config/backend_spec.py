@@ -7,6 +7,7 @@ of comparing names (does it initialise the teacher from a checkpoint, run the tr
 teacher); `builders.py` is the one place a name picks a class. The tri-state keys
 `backend.packing` and `backend.share_prompts` (null: the backend's default) are resolved here.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -58,12 +59,28 @@ class BackendSpec:
 BACKENDS: dict[str, BackendSpec] = {
     s.name: s
     for s in (
-        BackendSpec("hf", topk_source="logits", model_parallel=False, vocab_sharded_logits=False,
-                    shares_prompts=True, fp8=False, packs_every_model=True, teacher_init=True,
-                    trust_region_teacher=True),
-        BackendSpec("megatron", topk_source="shards", model_parallel=True, vocab_sharded_logits=True,
-                    shares_prompts=False, fp8=True, packs_every_model=False, teacher_init=False,
-                    trust_region_teacher=False),
+        BackendSpec(
+            "hf",
+            topk_source="logits",
+            model_parallel=False,
+            vocab_sharded_logits=False,
+            shares_prompts=True,
+            fp8=False,
+            packs_every_model=True,
+            teacher_init=True,
+            trust_region_teacher=True,
+        ),
+        BackendSpec(
+            "megatron",
+            topk_source="shards",
+            model_parallel=True,
+            vocab_sharded_logits=True,
+            shares_prompts=False,
+            fp8=True,
+            packs_every_model=False,
+            teacher_init=False,
+            trust_region_teacher=False,
+        ),
     )
 }
 

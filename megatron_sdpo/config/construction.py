@@ -1,5 +1,6 @@
 """Typed configs from mappings: a (partial) mapping coerced into its dataclass, with unknown
 keys and wrong types as errors naming the dotted key; and back to plain mappings / YAML."""
+
 from __future__ import annotations
 
 import dataclasses

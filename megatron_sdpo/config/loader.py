@@ -1,5 +1,6 @@
 """The config entry point: a preset name or YAML path plus dotted overrides, merged
 (config/presets.py), typed (config/construction.py) and validated (config/validation.py)."""
+
 from __future__ import annotations
 
 from megatron_sdpo.config.construction import build, to_dict

@@ -1,5 +1,6 @@
 """Typed run configuration. Every field here has the default that the `base` preset states too
 (a test checks that the dataclass defaults and `presets/base.yaml` agree)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -61,9 +62,7 @@ class Shot:
 @dataclass
 class DomainConfig:
     train: DataSource = field(default_factory=DataSource)
-    eval: dict[str, DataSource] = field(
-        default_factory=lambda: {s: DataSource(n=64) for s in EVAL_SPLITS}
-    )
+    eval: dict[str, DataSource] = field(default_factory=lambda: {s: DataSource(n=64) for s in EVAL_SPLITS})
     # Worked examples placed before every prompt of this domain (training and evaluation, student
     # and SDPO teacher) as earlier user / assistant chat turns: the answer format shown rather
     # than described, which a small instruct model follows (smollm2_135m) where it ignores a
@@ -421,12 +420,8 @@ class RunConfig:
     name: str = "run"
     seed: int = 0
     model: ModelConfig = field(default_factory=ModelConfig)
-    stages: list[StageConfig] = field(
-        default_factory=lambda: [StageConfig(domain=d) for d in DOMAINS]
-    )
-    domains: dict[str, DomainConfig] = field(
-        default_factory=lambda: {d: DomainConfig() for d in DOMAINS}
-    )
+    stages: list[StageConfig] = field(default_factory=lambda: [StageConfig(domain=d) for d in DOMAINS])
+    domains: dict[str, DomainConfig] = field(default_factory=lambda: {d: DomainConfig() for d in DOMAINS})
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     teacher: TeacherConfig = field(default_factory=TeacherConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)

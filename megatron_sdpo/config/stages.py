@@ -10,6 +10,7 @@ naming `stages.<i>.<section>.<key>`) and applied by the continual loop at the st
 that fix what the backend builds (the algorithm's name, the teacher mode, the backend and its
 parallel layout) cannot change between stages.
 """
+
 from __future__ import annotations
 
 import dataclasses

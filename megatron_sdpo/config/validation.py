@@ -1,5 +1,6 @@
 """Cross-field checks of a typed `RunConfig` that types alone cannot express: the one place
 each bound of a config value is checked (engines and maths below trust a validated config)."""
+
 from __future__ import annotations
 
 from megatron_sdpo.config.algorithm_spec import algorithm_spec
@@ -29,9 +30,7 @@ def _check(cfg: RunConfig) -> None:
         raise ConfigError("stages: at least one stage is needed")
     for i, stage in enumerate(cfg.stages):
         if stage.domain not in cfg.domains:
-            raise ConfigError(
-                f"stages.{i}.domain: unknown domain {stage.domain!r}; known: {', '.join(cfg.domains)}"
-            )
+            raise ConfigError(f"stages.{i}.domain: unknown domain {stage.domain!r}; known: {', '.join(cfg.domains)}")
         if stage.steps < 0:
             raise ConfigError(f"stages.{i}.steps must be >= 0")
     for name, dcfg in cfg.domains.items():
@@ -56,16 +55,22 @@ def _check(cfg: RunConfig) -> None:
     if not 0.0 <= a.sdpo.hybrid_lambda <= 1.0:
         raise ConfigError("algorithm.sdpo.hybrid_lambda must be in [0, 1]")
     if not 0.0 <= a.sdpo.mask_ratio < 1.0:
-        raise ConfigError(f"algorithm.sdpo.mask_ratio must be in [0, 1) (1 would distil no token), got {a.sdpo.mask_ratio:g}")
+        raise ConfigError(
+            f"algorithm.sdpo.mask_ratio must be in [0, 1) (1 would distil no token), got {a.sdpo.mask_ratio:g}"
+        )
     if a.sdpo.contrast_gate is not None and not a.sdpo.contrast_gate >= 0:
-        raise ConfigError(f"algorithm.sdpo.contrast_gate must be >= 0 (0: the binary gate) or null, got {a.sdpo.contrast_gate:g}")
+        raise ConfigError(
+            f"algorithm.sdpo.contrast_gate must be >= 0 (0: the binary gate) or null, got {a.sdpo.contrast_gate:g}"
+        )
     _validate_context(a.sdpo.context, "algorithm.sdpo.context")
     if a.grpo.mini_batches < 1:
         raise ConfigError("algorithm.grpo.mini_batches must be >= 1")
     if not cfg.checkpoint.write_gib_per_s > 0:
         raise ConfigError(f"checkpoint.write_gib_per_s must be > 0, got {cfg.checkpoint.write_gib_per_s}")
     if a.filter_groups.max_extra_rounds < 0:
-        raise ConfigError(f"algorithm.filter_groups.max_extra_rounds must be >= 0, got {a.filter_groups.max_extra_rounds}")
+        raise ConfigError(
+            f"algorithm.filter_groups.max_extra_rounds must be >= 0, got {a.filter_groups.max_extra_rounds}"
+        )
     if a.grpo.mini_batches > 1 and not spec.supports_mini_batches:
         raise ConfigError("algorithm.grpo.mini_batches > 1 needs algorithm.name=grpo")
     if a.prompts_per_step % a.grpo.mini_batches:
@@ -79,7 +84,9 @@ def _check(cfg: RunConfig) -> None:
         raise ConfigError(f"algorithm.name={a.name} needs teacher.mode={spec.teacher_mode}")
     if not 0.0 < cfg.teacher.ema_rate <= 1.0:
         # 0 would be a teacher that never moves: that is teacher.mode=frozen.
-        raise ConfigError(f"teacher.ema_rate must be in (0, 1] (a frozen teacher is teacher.mode=frozen), got {cfg.teacher.ema_rate:g}")
+        raise ConfigError(
+            f"teacher.ema_rate must be in (0, 1] (a frozen teacher is teacher.mode=frozen), got {cfg.teacher.ema_rate:g}"
+        )
     if not 0.0 < cfg.teacher.freeze_fraction <= 1.0:
         raise ConfigError("teacher.freeze_fraction must be in (0, 1]")
     _validate_teacher(cfg)
@@ -123,7 +130,9 @@ def _check(cfg: RunConfig) -> None:
     if isinstance(m.vocab_divisor, bool) or m.vocab_divisor < 1:
         raise ConfigError(f"backend.megatron.vocab_divisor must be >= 1, got {m.vocab_divisor!r}")
     if isinstance(m.loss_chunk_tokens, bool) or m.loss_chunk_tokens < 0:
-        raise ConfigError(f"backend.megatron.loss_chunk_tokens must be >= 0 (0: no chunking), got {m.loss_chunk_tokens!r}")
+        raise ConfigError(
+            f"backend.megatron.loss_chunk_tokens must be >= 0 (0: no chunking), got {m.loss_chunk_tokens!r}"
+        )
     if m.sequence_parallel and m.tensor_parallel == 1:
         raise ConfigError("backend.megatron.sequence_parallel needs tensor_parallel > 1")
     if cfg.kernel.fused_kl and spec.uses_teacher and (a.sdpo.topk is not None or a.sdpo.variant != "logits"):
@@ -134,9 +143,13 @@ def _check(cfg: RunConfig) -> None:
         # Full logits are vocab-sharded under TP: the full-vocabulary distillation goes through
         # the vocab-parallel KL (top-k is computed from shards by the backend).
         if a.sdpo.topk is None and not cfg.kernel.fused_kl:
-            raise ConfigError("full-vocabulary SDPO (sdpo.topk=null) with backend.megatron.tensor_parallel > 1 needs kernel.fused_kl=true")
+            raise ConfigError(
+                "full-vocabulary SDPO (sdpo.topk=null) with backend.megatron.tensor_parallel > 1 needs kernel.fused_kl=true"
+            )
     if not cfg.launch.distributed_timeout_minutes > 0:
-        raise ConfigError(f"launch.distributed_timeout_minutes must be > 0, got {cfg.launch.distributed_timeout_minutes:g}")
+        raise ConfigError(
+            f"launch.distributed_timeout_minutes must be > 0, got {cfg.launch.distributed_timeout_minutes:g}"
+        )
     ro = cfg.rollout
     if not ro.temperature > 0:
         raise ConfigError(f"rollout.temperature must be > 0 (greedy evaluation is eval.greedy), got {ro.temperature}")
@@ -155,7 +168,9 @@ def _check(cfg: RunConfig) -> None:
                 "the whole vocabulary, not the top-p nucleus: it needs rollout.top_p=1 (or rollout.guard.max_mismatch=null)"
             )
     if m.fp8.recipe != "none" and not bspec.fp8:
-        raise ConfigError(f"backend.megatron.fp8.recipe needs backend.name={' or '.join(n for n, s in BACKENDS.items() if s.fp8)}")
+        raise ConfigError(
+            f"backend.megatron.fp8.recipe needs backend.name={' or '.join(n for n, s in BACKENDS.items() if s.fp8)}"
+        )
 
 
 def _validate_source(src, key: str, *, train: bool) -> None:
@@ -213,15 +228,21 @@ def _validate_teacher(cfg: RunConfig) -> None:
     spec = backend_spec(cfg.backend.name)
     able = ", ".join(n for n, s in BACKENDS.items() if s.trust_region_teacher)
     if t.mode == "trust_region" and not spec.trust_region_teacher:
-        raise ConfigError(f"teacher.mode=trust_region needs backend.name={able} (the {cfg.backend.name} backend does not implement it)")
+        raise ConfigError(
+            f"teacher.mode=trust_region needs backend.name={able} (the {cfg.backend.name} backend does not implement it)"
+        )
     able = ", ".join(n for n, s in BACKENDS.items() if s.teacher_init)
     if t.init_path is not None and not spec.teacher_init:
-        raise ConfigError(f"teacher.init_path needs backend.name={able} (the {cfg.backend.name} backend does not implement it)")
+        raise ConfigError(
+            f"teacher.init_path needs backend.name={able} (the {cfg.backend.name} backend does not implement it)"
+        )
     if not 0.0 <= t.trust_region_mix <= 1.0:
         raise ConfigError(f"teacher.trust_region_mix must be in [0, 1], got {t.trust_region_mix:g}")
     if t.mode == "trust_region":
         if cfg.kernel.fused_kl:
-            raise ConfigError("teacher.mode=trust_region mixes the teacher's and the student's logits: it needs kernel.fused_kl=false")
+            raise ConfigError(
+                "teacher.mode=trust_region mixes the teacher's and the student's logits: it needs kernel.fused_kl=false"
+            )
         # ema_rate was once this mode's mixing coefficient: a value set for it here is refused, not ignored.
         moved = "the trust-region teacher has no EMA; its logit mix is teacher.trust_region_mix (one per run)"
         if t.ema_rate != TeacherConfig.ema_rate:

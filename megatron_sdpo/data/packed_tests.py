@@ -7,6 +7,7 @@ JSON-like data. Two more ways a hostile blob can hurt are capped: zlib can infla
 a thousandfold, and memo references let a small pickle describe a tree exponentially larger
 than itself, which the JSON written from it would spell out.
 """
+
 from __future__ import annotations
 
 import base64

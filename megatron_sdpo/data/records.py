@@ -14,6 +14,7 @@ argument values), "history" (earlier chat turns shown before the prompt: a list 
 {"role": "user" | "assistant", "content": str}, user first, alternating, ending with the
 assistant's), any other key a loader keeps for provenance.
 """
+
 from __future__ import annotations
 
 import hashlib

@@ -9,6 +9,7 @@ prompt, as the reference rendered it:
 - SciKnowEval (data/format/sciknoweval.py there): `<question>\\n\\nA: <choice>\\nB: ...` then
   `\\nPlease reason step by step.`; `answer` is the letter.
 """
+
 from __future__ import annotations
 
 import json
@@ -68,7 +69,7 @@ def mcq_from_prompt(prompt: str) -> tuple[str, list[str]]:
         label = chr(ord("A") + i)
         if not part.startswith(f"{label}: "):
             raise ReferenceRowError(f"choice {i + 1} is not labelled {label!r}")
-        choices.append(part[len(label) + 2:].strip())
+        choices.append(part[len(label) + 2 :].strip())
     if len(choices) < 2:
         raise ReferenceRowError("the prompt lists fewer than two choices")
     return question.strip(), choices

@@ -1,4 +1,5 @@
 """Resolving a config `DataSource` (synthetic suite or a file in a public schema) to records."""
+
 from __future__ import annotations
 
 import random
@@ -27,7 +28,9 @@ def with_shots(records: list[dict], shots) -> list[dict]:
     each record's "history" (before any turns the record brings)."""
     if not shots:
         return records
-    turns = [t for s in shots for t in ({"role": "user", "content": s.user}, {"role": "assistant", "content": s.assistant})]
+    turns = [
+        t for s in shots for t in ({"role": "user", "content": s.user}, {"role": "assistant", "content": s.assistant})
+    ]
     return [{**r, "history": [*turns, *r.get("history", ())]} for r in records]
 
 
@@ -35,15 +38,18 @@ def _load(source, domain: str, split: str, seed: int) -> list[dict]:
     if source.source == "synthetic":
         from megatron_sdpo.data import synthetic
 
-        return synthetic.generate(domain, split, source.n, seed, source.difficulty, instruction=source.instruction,
-                                  compact=source.compact)
+        return synthetic.generate(
+            domain, split, source.n, seed, source.difficulty, instruction=source.instruction, compact=source.compact
+        )
     from megatron_sdpo.data.loaders import SCHEMAS, load_records
 
     schema_domain = SCHEMAS[source.schema][0] if source.schema in SCHEMAS else None
     # An eval split may list another domain's set (out-of-domain evaluation, e.g. MMLU-Redux under
     # math): its records keep their own domain, which scores them.
     keep = domain if split == "train" or schema_domain is None else None
-    records: list[dict] = load_records(source.source, source.schema, domain=keep, split=split, where=source.where or None)
+    records: list[dict] = load_records(
+        source.source, source.schema, domain=keep, split=split, where=source.where or None
+    )
     if source.part is not None:
         lo, hi = source.part
         records = [r for r in records if lo <= question_share(r["prompt"]) < hi]

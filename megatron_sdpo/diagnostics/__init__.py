@@ -14,6 +14,7 @@ Submodules (import what you need; plotting and embedding models load lazily):
   drift           checkpoint_drift (drift.json + PNGs) and the `drift` command line
   probes          generation on probe prompts for response drift (transformers)
 """
+
 from megatron_sdpo.diagnostics.artifacts import (
     ArtifactConfig,
     CollapseConfig,

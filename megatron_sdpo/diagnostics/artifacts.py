@@ -4,6 +4,7 @@ The SDPO collapse mode the paper reports is a formatting artifact (e.g. a second
 that the teacher-student loop amplifies until every answer is degenerate. These statistics
 are cheap (string work only) so they run every step and every eval.
 """
+
 from __future__ import annotations
 
 import json
@@ -185,9 +186,7 @@ class CollapseMonitor:
     the config allows stopping.
     """
 
-    def __init__(
-        self, config: CollapseConfig | None = None, *, marker_path: str | Path | None = None, label: str = ""
-    ):
+    def __init__(self, config: CollapseConfig | None = None, *, marker_path: str | Path | None = None, label: str = ""):
         # A fresh default each: the config is a mutable dataclass kept on the monitor.
         self.config = CollapseConfig() if config is None else config
         self.marker_path = Path(marker_path) if marker_path is not None else None
@@ -256,8 +255,13 @@ class CollapseMonitor:
             self.consecutive = 0
             return Alarm(False, [], step)
         self.consecutive += 1
-        event = {"label": self.label, "step": step, "update": self.updates, "reasons": reasons,
-                 "consecutive": self.consecutive}
+        event = {
+            "label": self.label,
+            "step": step,
+            "update": self.updates,
+            "reasons": reasons,
+            "consecutive": self.consecutive,
+        }
         self.events.append(event)
         log.warning("collapse alarm%s: %s", f" at step {step}" if step is not None else "", "; ".join(reasons))
         if self.marker_path is not None:
@@ -280,8 +284,13 @@ class CollapseMonitor:
 
     def state_dict(self) -> dict:
         """For checkpoints: the counters and events (the config comes from the run config)."""
-        return {"events": list(self.events), "consecutive": self.consecutive, "updates": self.updates,
-                "lengths": list(self.lengths), "rewards": list(self.rewards)}
+        return {
+            "events": list(self.events),
+            "consecutive": self.consecutive,
+            "updates": self.updates,
+            "lengths": list(self.lengths),
+            "rewards": list(self.rewards),
+        }
 
     def load_state_dict(self, state: dict) -> None:
         self.events = list(state["events"])

@@ -5,6 +5,7 @@
 Library use (the continual loop calls this after each stage):
     checkpoint_drift(prev_dir, stage_dir, out_dir=run/"drift"/f"stage_{k}")
 """
+
 from __future__ import annotations
 
 import argparse
@@ -20,7 +21,12 @@ from megatron_sdpo.errors import UserError
 DRIFT_FILE = "drift.json"
 _PLOTTED = (  # (metric key in by_layer entries, figure title, y label, file)
     ("mean_rel_frob", "Relative Frobenius change", "||B-A|| / ||A||", "rel_frob_per_layer.png"),
-    ("mean_spectral_shift", "Spectral shift (top-k singular values)", "||s_B-s_A|| / ||s_A||", "spectral_shift_per_layer.png"),
+    (
+        "mean_spectral_shift",
+        "Spectral shift (top-k singular values)",
+        "||s_B-s_A|| / ||s_A||",
+        "spectral_shift_per_layer.png",
+    ),
     ("mean_angle_mean_deg", "Mean principal angle of top-r singular subspaces", "degrees", "angle_per_layer.png"),
 )
 
@@ -139,9 +145,7 @@ def checkpoint_drift(
     if not 0.0 < top_percent <= 100.0:
         raise UserError(f"top_percent must be in (0, 100], got {top_percent}")
     out = Path(out_dir)
-    result = parameter_drift(
-        a_dir, b_dir, rank=rank, spectrum_k=spectrum_k, exact_max_dim=exact_max_dim, seed=seed
-    )
+    result = parameter_drift(a_dir, b_dir, rank=rank, spectrum_k=spectrum_k, exact_max_dim=exact_max_dim, seed=seed)
     if overlap_with is not None:
         result["mask_overlap"] = update_mask_overlap((a_dir, b_dir), overlap_with, top_percent=top_percent)
     out.mkdir(parents=True, exist_ok=True)

@@ -15,6 +15,7 @@ Domains without a stage row get ``untrained_transfer`` = a_{F,c} - a_{base,c}. P
 headline numbers use the `id_split` column; all columns are reported under "columns".
 OOD accuracy is grouped by distance from split names ``ood_near`` / ``ood_mid`` / ``ood_far``.
 """
+
 from __future__ import annotations
 
 import csv

@@ -11,6 +11,7 @@ two or more runs is, unless given, the smallest of their final gains: every run 
 A curve should start at the base, (0, 0); `gain_kl_curve` builds one from an eval matrix and
 the runs' stage drift records.
 """
+
 from __future__ import annotations
 
 import math
@@ -53,7 +54,9 @@ def matched_gain_kl(curves: Mapping[str, Curve], level: float | None = None) -> 
     return {"level": level, "kl": {name: kl_at_gain(c, level) for name, c in curves.items()}}
 
 
-def gain_kl_curve(matrix: EvalMatrix, drift: Sequence[Mapping], domain: str, *, id_split: str = "id") -> list[tuple[float, float]]:
+def gain_kl_curve(
+    matrix: EvalMatrix, drift: Sequence[Mapping], domain: str, *, id_split: str = "id"
+) -> list[tuple[float, float]]:
     """(gain, kl) points of one run for `domain`: (0, 0) for the base, then every stage row that
     trained `domain` with its drift record's excess KL (k3) on "<domain>/<id_split>": gain =
     a_{row} - a_{base} on that column. Stages without both numbers are skipped."""

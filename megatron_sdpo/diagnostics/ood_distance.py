@@ -13,6 +13,7 @@ Near / mid / far: the (stage, OOD eval set) pairs sorted by distance and cut int
 of equal size (the first groups take one more when the count does not divide): terciles of the
 run's own distances, not fixed thresholds, so every group is populated whatever the domains.
 """
+
 from __future__ import annotations
 
 import json
@@ -124,8 +125,16 @@ def ood_change_by_distance(matrix: EvalMatrix, table: Mapping, *, id_split: str 
             dist = row_dist[col]
             if now is None or before is None or base is None or dist is None or not math.isfinite(dist):
                 continue
-            pairs.append({"stage": k, "domain": row, "column": col, "distance": float(dist),
-                          "in_stage": now - before, "from_base": now - base})
+            pairs.append(
+                {
+                    "stage": k,
+                    "domain": row,
+                    "column": col,
+                    "distance": float(dist),
+                    "in_stage": now - before,
+                    "from_base": now - base,
+                }
+            )
     pairs.sort(key=lambda p: (p["distance"], p["stage"], p["column"]))
     groups = {}
     size, extra = divmod(len(pairs), len(GROUPS))

@@ -12,6 +12,7 @@ Memory: one tensor per source at a time, cast to fp32, plus the difference and a
 workspace of O((m + n) * (k + p)) for the randomized path: a small multiple of the largest
 matrix, never the whole model.
 """
+
 from __future__ import annotations
 
 import math
@@ -105,9 +106,7 @@ def matrix_drift(
     ua, sa, va, method = top_singular(a, k, exact_max_dim=exact_max_dim, seed=seed)
     ub, sb, vb, _ = top_singular(b, k, exact_max_dim=exact_max_dim, seed=seed)
     ks = sa.numel() if spectrum_k is None else min(spectrum_k, sa.numel())
-    shift = _ratio(
-        torch.linalg.vector_norm(sb[:ks] - sa[:ks]).item(), torch.linalg.vector_norm(sa[:ks]).item()
-    )
+    shift = _ratio(torch.linalg.vector_norm(sb[:ks] - sa[:ks]).item(), torch.linalg.vector_norm(sa[:ks]).item())
     left = principal_angles(ua[:, :r], ub[:, :r])
     right = principal_angles(va[:, :r], vb[:, :r])
     out = {
@@ -212,13 +211,16 @@ def parameter_drift(
             raise CheckpointError(
                 f"{name}: shape {tuple(ta.shape)} in {src_a.label} but {tuple(tb.shape)} in {src_b.label}"
             )
-        base: dict[str, Any] = {"name": name, "type": layer_type(name), "layer": layer_index(name), "shape": list(ta.shape)}
+        base: dict[str, Any] = {
+            "name": name,
+            "type": layer_type(name),
+            "layer": layer_index(name),
+            "shape": list(ta.shape),
+        }
         if ta.dim() == 2 and base["type"] != "norm":
             if progress is not None:
                 progress(name)
-            base.update(
-                matrix_drift(ta, tb, rank=rank, spectrum_k=spectrum_k, exact_max_dim=exact_max_dim, seed=seed)
-            )
+            base.update(matrix_drift(ta, tb, rank=rank, spectrum_k=spectrum_k, exact_max_dim=exact_max_dim, seed=seed))
             matrices.append(base)
         else:
             fa, fb = ta.to(torch.float32), tb.to(torch.float32)
@@ -432,9 +434,15 @@ def principal_weight_overlap(
         if ta.dim() != 2 or layer_type(name) == "norm" or not ta.is_floating_point():
             continue
         if ta.shape != tb.shape:
-            raise CheckpointError(f"{name}: shape {tuple(ta.shape)} in {src_a.label} but {tuple(tb.shape)} in {src_b.label}")
+            raise CheckpointError(
+                f"{name}: shape {tuple(ta.shape)} in {src_a.label} but {tuple(tb.shape)} in {src_b.label}"
+            )
         rec: dict[str, Any] = {"name": name, "type": layer_type(name), "layer": layer_index(name)}
-        rec.update(principal_overlap_tensors(ta, tb, rank=rank, top_percent=top_percent, exact_max_dim=exact_max_dim, seed=seed))
+        rec.update(
+            principal_overlap_tensors(
+                ta, tb, rank=rank, top_percent=top_percent, exact_max_dim=exact_max_dim, seed=seed
+            )
+        )
         records.append(rec)
         del ta, tb
     if not records:

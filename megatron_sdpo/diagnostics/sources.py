@@ -13,6 +13,7 @@ Drift diagnostics never hold a whole model. A source is read one tensor at a tim
 matching tensors by name, so per-tensor metrics can be computed with a memory peak of a few
 copies of the largest tensor.
 """
+
 from __future__ import annotations
 
 import json

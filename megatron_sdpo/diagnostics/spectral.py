@@ -4,6 +4,7 @@ Large matrices (embeddings, MLP projections of a 7B model) use a seeded randomiz
 iteration (Halko, Martinsson & Tropp 2011, Alg. 4.4): memory O((m + n) * (k + p)) beyond the
 matrix itself, and deterministic for a given seed, so identical inputs give identical factors.
 """
+
 from __future__ import annotations
 
 import math

@@ -11,6 +11,7 @@ Everything comes in explicitly: checkpoint directories, the eval answers, and th
 the probe answers under the policy and the base (scored by the caller's backend on the batches
 `probe_batches` builds). The continual loop gathers them; report.py writes the result.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -57,7 +58,9 @@ def in_domain_sets(samples: dict[str, list[dict]]) -> list[str]:
     return sorted(key for key in samples if key.endswith("/id"))
 
 
-def probe_batches(tokenizer, cur_samples: dict[str, list[dict]], eval_sets: dict[str, list[dict]], probe_n: int) -> dict:
+def probe_batches(
+    tokenizer, cur_samples: dict[str, list[dict]], eval_sets: dict[str, list[dict]], probe_n: int
+) -> dict:
     """{eval set: SequenceBatch} of the first `probe_n` answers of the policy to each in-domain
     eval set (prompts through the chat template; an empty answer scored as one eos token);
     answers whose record is not in `eval_sets` are left out."""
@@ -71,7 +74,9 @@ def probe_batches(tokenizer, cur_samples: dict[str, list[dict]], eval_sets: dict
         if not probe:
             continue
         prompts = record_prompts(tokenizer, [records[s["id"]] for s in probe])
-        ids = [tokenizer(s["response"], add_special_tokens=False)["input_ids"] or [tokenizer.eos_token_id] for s in probe]
+        ids = [
+            tokenizer(s["response"], add_special_tokens=False)["input_ids"] or [tokenizer.eos_token_id] for s in probe
+        ]
         out[key] = SequenceBatch(prompt_ids=prompts, response_ids=ids)
     return out
 

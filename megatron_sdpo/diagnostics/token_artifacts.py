@@ -16,6 +16,7 @@ on marked tokens against its mean on the other response tokens of the same respo
 Inputs are per-token text pieces (each token id decoded alone) for format strings, which may
 span several tokens and tokenize differently in context, and token ids for n-grams.
 """
+
 from __future__ import annotations
 
 import math
@@ -88,7 +89,9 @@ def token_artifact_masks(
         [any(out[k][i][j] for k in fmt_keys) for j in range(len(pieces[i]))] for i in range(len(pieces))
     ]
     out["ngram"] = [repeated_ngram_mask(t, ngram) for t in ids]
-    out["any"] = [[f or g for f, g in zip(fa, ng, strict=True)] for fa, ng in zip(out["format_any"], out["ngram"], strict=True)]
+    out["any"] = [
+        [f or g for f, g in zip(fa, ng, strict=True)] for fa, ng in zip(out["format_any"], out["ngram"], strict=True)
+    ]
     return out
 
 

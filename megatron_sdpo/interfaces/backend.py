@@ -12,6 +12,7 @@ to a common length T, so response token j of every sample sits at column P + j a
 logits come from column P + j - 1. Teacher prompts are padded to their own length P'; the
 response columns then line up token for token between student and teacher.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterator
@@ -102,9 +103,7 @@ class SequenceBatch:
         return SequenceBatch(
             prompt_ids=[self.prompt_ids[i] for i in idx],
             response_ids=[self.response_ids[i] for i in idx],
-            teacher_prompt_ids=None
-            if self.teacher_prompt_ids is None
-            else [self.teacher_prompt_ids[i] for i in idx],
+            teacher_prompt_ids=None if self.teacher_prompt_ids is None else [self.teacher_prompt_ids[i] for i in idx],
             tensors=sub,
         )
 
@@ -133,8 +132,7 @@ class LossFn(Protocol):
     distillation: DistillationSpec | None
     on_policy: bool
 
-    def global_normalizer(self, tensors: dict[str, torch.Tensor]) -> torch.Tensor:
-        ...
+    def global_normalizer(self, tensors: dict[str, torch.Tensor]) -> torch.Tensor: ...
 
     @property
     def mask_keys(self) -> tuple[str, ...]:
@@ -152,8 +150,7 @@ class LossFn(Protocol):
         outputs: dict[str, torch.Tensor],
         tensors: dict[str, torch.Tensor],
         normalizer: torch.Tensor,
-    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        ...
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]: ...
 
 
 class Backend(Protocol):

@@ -5,6 +5,7 @@ Each rank passes its local shards of the weight sets in the same order, so any b
 torch, DDP, Megatron TP/PP -- applies a blend with no communication of its own. This module is
 the seam type the backends share with the teacher schedules (algorithms/teacher.py): torch only.
 """
+
 from __future__ import annotations
 
 import math
@@ -62,7 +63,9 @@ class TeacherBlend:
         return {name: getattr(self, name) for name in SOURCES if getattr(self, name) > 0.0}
 
 
-def _pairs(name_a: str, a: Iterable[torch.Tensor], name_b: str, b: Iterable[torch.Tensor]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def _pairs(
+    name_a: str, a: Iterable[torch.Tensor], name_b: str, b: Iterable[torch.Tensor]
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
     la, lb = list(a), list(b)
     if len(la) != len(lb):
         raise ValueError(f"{name_a} has {len(la)} tensors but {name_b} has {len(lb)}: the layouts differ")
@@ -73,7 +76,9 @@ def _pairs(name_a: str, a: Iterable[torch.Tensor], name_b: str, b: Iterable[torc
 
 
 @torch.no_grad()
-def blend_(teacher_params: Iterable[torch.Tensor], sources: Mapping[str, Iterable[torch.Tensor]], blend: TeacherBlend) -> None:
+def blend_(
+    teacher_params: Iterable[torch.Tensor], sources: Mapping[str, Iterable[torch.Tensor]], blend: TeacherBlend
+) -> None:
     """In place, shard-local: teacher <- `blend` of the teacher and `sources` ({"policy": ...,
     "reference": ...}, each in the teacher's order and shapes; only those the blend draws on are
     read). Arithmetic in fp32, one rounding into the teacher's dtype; a pure copy is exact.
@@ -109,5 +114,3 @@ def copy_(teacher_params: Iterable[torch.Tensor], student_params: Iterable[torch
     """In place: teacher <- student (cast to the teacher's dtype)."""
     for t, s in _pairs("teacher_params", teacher_params, "student_params", student_params):
         t.copy_(s)
-
-

@@ -5,6 +5,7 @@ attribute (part of the `LossFn` protocol in `megatron_sdpo.interfaces.backend`; 
 do not distill). Backends read these fields and nothing else off the loss to fill the
 distillation outputs ("fused_kl", "topk_logprobs", "teacher_topk_logprobs").
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -56,7 +57,9 @@ class DistillationSpec:
         if self.topk_source not in TOPK_SOURCES:
             raise ConfigError(f"topk_source must be one of {', '.join(TOPK_SOURCES)}, got {self.topk_source!r}")
         if (self.topk is None) != (self.topk_source == "full"):
-            raise ConfigError(f"topk_source 'full' goes with topk=None and only with it (topk={self.topk!r}, topk_source={self.topk_source!r})")
+            raise ConfigError(
+                f"topk_source 'full' goes with topk=None and only with it (topk={self.topk!r}, topk_source={self.topk_source!r})"
+            )
         if self.fused and self.topk is not None:
             raise ConfigError("kernel.fused_kl is the full-vocabulary path: it needs sdpo.topk=null")
         if self.chunk_tokens < 1 or self.chunk_vocab < 1:

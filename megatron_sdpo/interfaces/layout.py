@@ -5,6 +5,7 @@ token j of every sample sits at column P + j and is predicted by the logits at c
 With left padding the position of a token is its index among the *real* tokens of its row, so
 position ids come from the attention mask, never from the column index.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -49,9 +50,7 @@ def left_pad(rows: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Te
     return ids, mask
 
 
-def pack(
-    prompts: list[list[int]], responses: list[list[int]], *, response_len: int, pad_id: int
-) -> PackedBatch:
+def pack(prompts: list[list[int]], responses: list[list[int]], *, response_len: int, pad_id: int) -> PackedBatch:
     """Concatenate left-padded prompts [B, P] and right-padded responses [B, response_len].
 
     `response_len` is the global T (a micro-batch keeps the global batch's T so per-token

@@ -7,6 +7,7 @@ uses that class itself, the HF backend this function, and a test holds the two e
 Step k is the number of optimizer steps already taken in the stage; with warmup the first step
 runs at lr 0, as in megatron, verl and transformers.
 """
+
 from __future__ import annotations
 
 import math

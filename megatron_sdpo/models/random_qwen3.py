@@ -3,6 +3,7 @@
 The shape is the smallest one every engine accepts: vLLM's CPU attention needs head_dim >= 32,
 so 4 heads x 32 = hidden 128. Weights are random but seeded, so two calls give the same model.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -30,8 +31,15 @@ TINY_QWEN3 = dict(
 # Widths that differ from the hidden size as Qwen3-4B's do (q = 8 x 16 = 2h, kv = h / 2, a gated
 # MLP of 3.75h, not 4h), and every layer narrower than the vocabulary (718, padded 768), so a
 # census by width tells the logits from the activations (planning/memory_ledger.py's tests).
-QWEN3_SHAPED = dict(vocab_size=718, hidden_size=64, intermediate_size=240, num_attention_heads=8, num_key_value_heads=2,
-                    head_dim=16, max_position_embeddings=128)
+QWEN3_SHAPED = dict(
+    vocab_size=718,
+    hidden_size=64,
+    intermediate_size=240,
+    num_attention_heads=8,
+    num_key_value_heads=2,
+    head_dim=16,
+    max_position_embeddings=128,
+)
 
 
 def save_random(model_cls, cfg, path: str | Path, *, seed: int, norms: bool = False) -> str:

@@ -16,6 +16,7 @@ the warm-up mid-way up the learning curve (400 steps, 1000 records per domain) r
 saturation; `tools/make_tiny_base.py --trace-every K` prints where each domain stands during a
 build, and `evaluate_base` gives the full train/id/OOD table.
 """
+
 from __future__ import annotations
 
 import json
@@ -117,8 +118,7 @@ def inject_boxed_duplicates(records: list[dict], rate: float, seed: int) -> list
     the other draws of a build stay as they are), ends with a second `\\boxed{answer}`."""
     rng = random.Random(f"tiny-boxed-duplicate|{seed}")
     return [
-        {**r, "solution": f"{r['solution']} \\boxed{{{r['answer']}}}"} if rng.random() < rate else r
-        for r in records
+        {**r, "solution": f"{r['solution']} \\boxed{{{r['answer']}}}"} if rng.random() < rate else r for r in records
     ]
 
 
@@ -259,8 +259,13 @@ def collate(pairs: list[tuple[list[int], list[int]]], pad_id: int) -> dict[str, 
     return {"input_ids": ids, "attention_mask": mask, "labels": labels}
 
 
-def warmup(model, examples, cfg: TinyConfig, log: Callable[[str], None] | None = None,
-           on_step: Callable[[int, object], None] | None = None) -> list[float]:
+def warmup(
+    model,
+    examples,
+    cfg: TinyConfig,
+    log: Callable[[str], None] | None = None,
+    on_step: Callable[[int, object], None] | None = None,
+) -> list[float]:
     """Supervised warm-up; returns the per-step loss (mean over response tokens).
 
     on_step(step, model) runs after each optimizer step (e.g. a calibration eval); it must leave
@@ -304,8 +309,9 @@ def warmup(model, examples, cfg: TinyConfig, log: Callable[[str], None] | None =
 
 
 @torch.no_grad()
-def sample_responses(model, tokenizer, prompts: list[str], *, greedy: bool, seed: int = 0,
-                     max_new_tokens: int = 48, batch_size: int = 64) -> list[str]:
+def sample_responses(
+    model, tokenizer, prompts: list[str], *, greedy: bool, seed: int = 0, max_new_tokens: int = 48, batch_size: int = 64
+) -> list[str]:
     """Decoded responses (EOS stripped) to each user message; temperature 1 when not greedy."""
     gen = torch.Generator().manual_seed(seed)
     out = []
@@ -324,8 +330,9 @@ def sample_responses(model, tokenizer, prompts: list[str], *, greedy: bool, seed
         pos = (mask.cumsum(-1) - 1).clamp(min=0)
         cur_pos = pos
         for _ in range(max_new_tokens):
-            res = model(input_ids=cur_ids, attention_mask=cur_mask, position_ids=cur_pos,
-                        past_key_values=past, use_cache=True)
+            res = model(
+                input_ids=cur_ids, attention_mask=cur_mask, position_ids=cur_pos, past_key_values=past, use_cache=True
+            )
             past = res.past_key_values
             logits = res.logits[:, -1].float()
             if greedy:
@@ -352,8 +359,9 @@ def accuracy(model, tokenizer, records: list[dict], *, greedy: bool, seed: int =
     """Mean verifier score of the model's responses to `records` (megatron_sdpo.rewards.score)."""
     from megatron_sdpo.rewards import score
 
-    responses = sample_responses(model, tokenizer, [r["prompt"] for r in records], greedy=greedy, seed=seed,
-                                 max_new_tokens=max_new_tokens)
+    responses = sample_responses(
+        model, tokenizer, [r["prompt"] for r in records], greedy=greedy, seed=seed, max_new_tokens=max_new_tokens
+    )
     return sum(score(r["domain"], y, r).score for r, y in zip(records, responses, strict=True)) / max(1, len(records))
 
 
@@ -372,8 +380,14 @@ def mean_response_logprob(model, tokenizer, prompts: list[str], responses: list[
 # ----------------------------------------------------------------------------- build / ship
 
 
-def build_tiny_base(out_dir: str | Path, cfg: TinyConfig | None = None, *, log: Callable[[str], None] | None = None,
-                    feedback_fn=None, on_step: Callable[[int, object, object], None] | None = None) -> dict:
+def build_tiny_base(
+    out_dir: str | Path,
+    cfg: TinyConfig | None = None,
+    *,
+    log: Callable[[str], None] | None = None,
+    feedback_fn=None,
+    on_step: Callable[[int, object, object], None] | None = None,
+) -> dict:
     """Train tokenizer + model per `cfg` and save them (safetensors) to `out_dir`, atomically.
 
     Returns build info (config, parameter count, final loss, seconds), also written to
@@ -478,8 +492,15 @@ def load_tiny_base(path: str | Path | None = None):
     return model, tok
 
 
-def evaluate_base(path: str | Path | None = None, *, n: int = 64, seed: int = 100,
-                  difficulty: dict | None = None, threads: int = 1, max_new_tokens: int = 48) -> dict:
+def evaluate_base(
+    path: str | Path | None = None,
+    *,
+    n: int = 64,
+    seed: int = 100,
+    difficulty: dict | None = None,
+    threads: int = 1,
+    max_new_tokens: int = 48,
+) -> dict:
     """Accuracy of the base at `path` per (domain, split, mode): mode "greedy" or "t1" (sampled at
     temperature 1), on `n` synthetic records per domain and split (data seed `seed`)."""
     from megatron_sdpo.data.synthetic import SPLITS

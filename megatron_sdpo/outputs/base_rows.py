@@ -8,6 +8,7 @@ directory's config and weight files (names and sizes), the eval items, the eval 
 engine and, where evaluation samples, the seed. A run finds its row there or evaluates it and
 writes it (atomically: two runs starting together both evaluate, one file results).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -24,8 +25,10 @@ def _model_identity(model_path: str) -> dict[str, Any]:
     if not d.is_dir():
         return {"path": model_path}
     files = sorted(p for p in d.iterdir() if p.is_file() and p.suffix in (".json", ".safetensors", ".bin", ".jinja"))
-    return {"config": (d / "config.json").read_text() if (d / "config.json").is_file() else None,
-            "files": [(p.name, p.stat().st_size) for p in files]}
+    return {
+        "config": (d / "config.json").read_text() if (d / "config.json").is_file() else None,
+        "files": [(p.name, p.stat().st_size) for p in files],
+    }
 
 
 def row_key(cfg, model_path: str, eval_sets: dict[str, list[dict]]) -> str:
@@ -37,8 +40,10 @@ def row_key(cfg, model_path: str, eval_sets: dict[str, list[dict]]) -> str:
         "dtype": cfg.model.dtype,
         "chat_template_kwargs": cfg.model.chat_template_kwargs,
         "eval": e,
-        "sets": {k: hashlib.sha256(json.dumps(v, sort_keys=True, default=str).encode()).hexdigest()
-                 for k, v in eval_sets.items()},
+        "sets": {
+            k: hashlib.sha256(json.dumps(v, sort_keys=True, default=str).encode()).hexdigest()
+            for k, v in eval_sets.items()
+        },
         "engine": {"kind": cfg.rollout.engine, "max_model_len": cfg.rollout.max_model_len},
         "sampling": {"seed": cfg.seed, "temperature": cfg.rollout.temperature} if sampled else None,
     }

@@ -11,6 +11,7 @@ run waits for its jobs only when it ends, before report.md is written.
 A stop request ends the running jobs; `--resume` starts again those whose input is still
 pending, without training or evaluating again.
 """
+
 from __future__ import annotations
 
 import os
@@ -91,8 +92,17 @@ class DriftJobs:
         log = open(self.run_dir.drift / f"stage_{stage}.log", "w")
         with log:
             self.running[stage] = subprocess.Popen(
-                [sys.executable, "-m", "megatron_sdpo.outputs.drift_jobs", str(self.input_path(stage)), str(os.getpid())],
-                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                [
+                    sys.executable,
+                    "-m",
+                    "megatron_sdpo.outputs.drift_jobs",
+                    str(self.input_path(stage)),
+                    str(os.getpid()),
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=env,
                 # Its own session: a signal to the launch's process group reaches the ranks,
                 # which end their jobs themselves (stop()), not the job half-way through a write.
                 start_new_session=True,
@@ -164,8 +174,15 @@ def run_job(path: Path) -> Path:
     base_samples = report.read_eval_samples(rd, inputs.pop("base_label"))
     cur_samples = report.read_eval_samples(rd, inputs.pop("cur_label"))
     record = stage_diagnostics(
-        inputs.pop("stage"), inputs.pop("domain"), inputs.pop("algorithm"), inputs.pop("policies"),
-        base_samples, cur_samples, inputs.pop("probes"), embedder=embedder, **inputs,
+        inputs.pop("stage"),
+        inputs.pop("domain"),
+        inputs.pop("algorithm"),
+        inputs.pop("policies"),
+        base_samples,
+        cur_samples,
+        inputs.pop("probes"),
+        embedder=embedder,
+        **inputs,
     )
     out = report.write_stage_drift(rd, record)
     path.unlink(missing_ok=True)

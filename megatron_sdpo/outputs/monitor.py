@@ -1,4 +1,5 @@
 """What a run shows while it trains: a progress bar (or plain lines), metrics.jsonl and wandb."""
+
 from __future__ import annotations
 
 import os
@@ -45,8 +46,12 @@ class RunMonitor:
         except Exception as exc:  # noqa: BLE001 - wandb raises several types when its server is out of reach
             # Compute nodes often have no route to the server: keep the run and log to the run
             # directory (`wandb sync` uploads it later).
-            print(f"warning: wandb could not reach its server ({type(exc).__name__}: {' '.join(str(exc).split())[:200]}); "
-                  f"logging offline under {self.run_dir.root}/wandb", file=sys.stderr, flush=True)
+            print(
+                f"warning: wandb could not reach its server ({type(exc).__name__}: {' '.join(str(exc).split())[:200]}); "
+                f"logging offline under {self.run_dir.root}/wandb",
+                file=sys.stderr,
+                flush=True,
+            )
             return wandb.init(mode="offline", **kwargs)
 
     # -- stages -----------------------------------------------------------------------------
@@ -108,8 +113,12 @@ class RunMonitor:
         """wandb logs through a service process of its own, which a scheduler's stop signal (sent
         to every process of the job) or an OOM kill ends: the run goes on, its save included,
         without it; metrics.jsonl holds every record."""
-        print(f"warning: wandb stopped ({type(exc).__name__}: {' '.join(str(exc).split())[:160]}); the run goes on "
-              f"without it (every step is in {self.run_dir.root}/metrics.jsonl)", file=sys.stderr, flush=True)
+        print(
+            f"warning: wandb stopped ({type(exc).__name__}: {' '.join(str(exc).split())[:160]}); the run goes on "
+            f"without it (every step is in {self.run_dir.root}/metrics.jsonl)",
+            file=sys.stderr,
+            flush=True,
+        )
         self._wandb = None
         # Its exit hook would talk to the dead service again and print a traceback at exit.
         teardown = getattr(sys.modules.get("wandb"), "teardown", None)

@@ -1,4 +1,5 @@
 """PNG figures of a run and of a comparison (matplotlib, Agg: no display needed)."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -68,8 +69,18 @@ def drift_per_layer(drift: list[dict], path: Path, title: str) -> Path | None:
         if not layers:
             continue
         idx = sorted(layers, key=int)
-        a1.plot([int(i) for i in idx], [layers[i]["all"]["rel_frob_pooled"] for i in idx], marker="o", label=f"after {d['domain']}")
-        a2.plot([int(i) for i in idx], [layers[i]["all"]["mean_angle_mean_deg"] for i in idx], marker="o", label=f"after {d['domain']}")
+        a1.plot(
+            [int(i) for i in idx],
+            [layers[i]["all"]["rel_frob_pooled"] for i in idx],
+            marker="o",
+            label=f"after {d['domain']}",
+        )
+        a2.plot(
+            [int(i) for i in idx],
+            [layers[i]["all"]["mean_angle_mean_deg"] for i in idx],
+            marker="o",
+            label=f"after {d['domain']}",
+        )
         any_line = True
     if not any_line:
         plt.close(fig)

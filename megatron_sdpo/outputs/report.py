@@ -4,6 +4,7 @@ Reads and writes files only: the stage diagnostics computed after every stage
 (diagnostics/stage.py) are written to drift/stage_<k>.json here; `write_report` turns a run
 directory into report.md + plots; `write_compare` puts several runs side by side.
 """
+
 from __future__ import annotations
 
 import json
@@ -194,8 +195,13 @@ def summary(rd: RunDir) -> dict:
 
     table = read_distance_table(rd.root)
     ood = ood_change_by_distance(read_eval_matrix(rd.eval_matrix), table) if table is not None else None
-    return {"forgetting": fm, "id_gains": gains, "drift": _load_drift(rd), "metrics": rd.read_metrics(),
-            "ood_by_distance": ood}
+    return {
+        "forgetting": fm,
+        "id_gains": gains,
+        "drift": _load_drift(rd),
+        "metrics": rd.read_metrics(),
+        "ood_by_distance": ood,
+    }
 
 
 def write_report(run_dir: RunDir, cfg, *, wall_seconds: float | None = None) -> Path:
@@ -213,7 +219,12 @@ def write_report(run_dir: RunDir, cfg, *, wall_seconds: float | None = None) -> 
     )
     lines += ["", "## Eval matrix (accuracy after each stage)", "", _matrix_table(run_dir.read_eval_matrix()), ""]
     lines += ["## In-domain accuracy of each stage's domain, before → after its stage", ""]
-    lines.append(_table(["stage", "before", "after", "gain"], [[d, b, a, (a - b) if None not in (a, b) else None] for d, (b, a) in s["id_gains"].items()]))
+    lines.append(
+        _table(
+            ["stage", "before", "after", "gain"],
+            [[d, b, a, (a - b) if None not in (a, b) else None] for d, (b, a) in s["id_gains"].items()],
+        )
+    )
     lines += ["", "## Forgetting (in-distribution split)", ""]
     lines.append(
         _table(
@@ -233,7 +244,10 @@ def write_report(run_dir: RunDir, cfg, *, wall_seconds: float | None = None) -> 
         lines += ["## Out-of-distribution accuracy by distance", ""]
         names = [r for r, _ in run_dir.read_eval_matrix()]
         lines.append(
-            _table(["distance", *names, "final − base"], [[d, *(e["by_row"].get(n) for n in names), e["final_minus_base"]] for d, e in fm["ood"].items()])
+            _table(
+                ["distance", *names, "final − base"],
+                [[d, *(e["by_row"].get(n) for n in names), e["final_minus_base"]] for d, e in fm["ood"].items()],
+            )
         )
         lines.append("")
     if s["ood_by_distance"] and s["ood_by_distance"]["pairs"]:

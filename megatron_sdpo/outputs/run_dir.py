@@ -1,4 +1,5 @@
 """The run directory: where every output of a run lives, and how it is read back on resume."""
+
 from __future__ import annotations
 
 import csv
@@ -51,9 +52,7 @@ class RunDir:
     def prepare(self, *, resume: bool) -> None:
         """Create the directory (and check it is writable) or check it can be resumed."""
         if self.config.exists() and not resume:
-            raise UserError(
-                f"{self.root} already holds a run; pass --resume to continue it or choose another --out"
-            )
+            raise UserError(f"{self.root} already holds a run; pass --resume to continue it or choose another --out")
         if resume and not self.config.exists():
             raise UserError(f"--resume: {self.root} holds no run to resume (no {self.config.name})")
         try:

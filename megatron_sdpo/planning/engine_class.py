@@ -18,6 +18,7 @@ plan prints it. The gathered q and k (tokens x (q + k width) per layer, transien
 activation peak vLLM profiles and takes from its KV budget; the plan prints their size at vLLM's
 batched-token cap.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -41,14 +42,20 @@ class EngineClass:
         return 0.0 if rollout_tp == 1 else decode_steps * layers * self.collectives_per_layer * TP_COLLECTIVE_S
 
     def line(self, layers: int, decode_steps: int, rollout_tp: int) -> str:
-        text = (f"vLLM class: {self.vllm_class}; TP {rollout_tp}: {self.collectives_per_layer} collectives a layer "
-                f"and forward")
+        text = (
+            f"vLLM class: {self.vllm_class}; TP {rollout_tp}: {self.collectives_per_layer} collectives a layer "
+            f"and forward"
+        )
         if self.gather_bytes_per_layer:
-            text += (f" (2 of them the full-width QK-norm's all-gathers of q and k, transient "
-                     f"{self.gather_bytes_per_layer / 2**20:.0f} MiB at {MAX_BATCHED_TOKENS} batched tokens)")
+            text += (
+                f" (2 of them the full-width QK-norm's all-gathers of q and k, transient "
+                f"{self.gather_bytes_per_layer / 2**20:.0f} MiB at {MAX_BATCHED_TOKENS} batched tokens)"
+            )
         if rollout_tp > 1:
-            text += (f"; {decode_steps:,} decode steps x {layers} layers at {TP_COLLECTIVE_S * 1e6:.0f} us each = "
-                     f"{self.decode_seconds(layers, decode_steps, rollout_tp):.0f} s a step, in the planned step")
+            text += (
+                f"; {decode_steps:,} decode steps x {layers} layers at {TP_COLLECTIVE_S * 1e6:.0f} us each = "
+                f"{self.decode_seconds(layers, decode_steps, rollout_tp):.0f} s a step, in the planned step"
+            )
         return text
 
 
@@ -56,6 +63,9 @@ def engine_class(spec: ModelSpec, dtype_bytes: int = 2) -> EngineClass:
     """The pinned vLLM's class for `spec` and its TP collectives."""
     full_norm = spec.qk_norm == "full"
     gather = (spec.num_heads + spec.num_kv_heads) * spec.head_dim * MAX_BATCHED_TOKENS * dtype_bytes if full_norm else 0
-    name = ("TransformersForCausalLM (vLLM's Transformers backend)" if spec.arch in TRANSFORMERS_BACKEND
-            else f"vLLM's own {spec.arch} class")
+    name = (
+        "TransformersForCausalLM (vLLM's Transformers backend)"
+        if spec.arch in TRANSFORMERS_BACKEND
+        else f"vLLM's own {spec.arch} class"
+    )
     return EngineClass(name, ALL_REDUCES_PER_LAYER + 2 * full_norm, gather)

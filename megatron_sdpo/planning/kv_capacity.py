@@ -8,6 +8,7 @@ its samples, and answers end early) and every layer with a full-length cache (sl
 layers need less once a sequence passes the window). Each rank of a replica holds the KV heads of
 its TP shard: ceil(kv_heads / TP) heads (vLLM replicates KV heads when TP exceeds them).
 """
+
 from __future__ import annotations
 
 import math

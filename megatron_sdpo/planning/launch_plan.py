@@ -10,6 +10,7 @@ there, else from a small built-in table of the paper models (with a note saying 
 Every error is one line (ConfigError / DataError); `LaunchPlan.render()` is what `--dry-run`
 prints.
 """
+
 from __future__ import annotations
 
 import json
@@ -37,19 +38,46 @@ SCHEMA_CHECK_ROWS = 64
 # not on this machine (weights are downloaded by the job).
 BUILTIN_ARCHS: dict[str, dict] = {
     "qwen/qwen3-4b": dict(
-        model_type="qwen3", vocab_size=151936, hidden_size=2560, intermediate_size=9728, num_hidden_layers=36,
-        num_attention_heads=32, num_key_value_heads=8, head_dim=128, tie_word_embeddings=True,
-        max_position_embeddings=40960, rms_norm_eps=1e-6, rope_theta=1000000.0,
+        model_type="qwen3",
+        vocab_size=151936,
+        hidden_size=2560,
+        intermediate_size=9728,
+        num_hidden_layers=36,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=128,
+        tie_word_embeddings=True,
+        max_position_embeddings=40960,
+        rms_norm_eps=1e-6,
+        rope_theta=1000000.0,
     ),
     "allenai/olmo-3-7b-instruct": dict(
-        model_type="olmo3", vocab_size=100278, hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
-        num_attention_heads=32, num_key_value_heads=32, tie_word_embeddings=False, max_position_embeddings=65536,
-        rms_norm_eps=1e-6, rope_theta=500000.0, sliding_window=4096,
+        model_type="olmo3",
+        vocab_size=100278,
+        hidden_size=4096,
+        intermediate_size=11008,
+        num_hidden_layers=32,
+        num_attention_heads=32,
+        num_key_value_heads=32,
+        tie_word_embeddings=False,
+        max_position_embeddings=65536,
+        rms_norm_eps=1e-6,
+        rope_theta=500000.0,
+        sliding_window=4096,
     ),
     "smollm2-135m-instruct": dict(
-        model_type="llama", vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
-        num_attention_heads=9, num_key_value_heads=3, head_dim=64, tie_word_embeddings=True,
-        max_position_embeddings=8192, rms_norm_eps=1e-5, rope_theta=100000.0,
+        model_type="llama",
+        vocab_size=49152,
+        hidden_size=576,
+        intermediate_size=1536,
+        num_hidden_layers=30,
+        num_attention_heads=9,
+        num_key_value_heads=3,
+        head_dim=64,
+        tie_word_embeddings=True,
+        max_position_embeddings=8192,
+        rms_norm_eps=1e-5,
+        rope_theta=100000.0,
     ),
 }
 
@@ -72,7 +100,9 @@ class Arch:
     def params(self) -> int:
         """Parameter count (norm weights included; no biases in the supported models)."""
         attn = self.hidden * self.head_dim * (2 * self.heads + 2 * self.kv_heads)
-        per_layer = attn + 3 * self.hidden * self.ffn + 2 * self.hidden + 2 * self.head_dim * (self.heads + self.kv_heads)
+        per_layer = (
+            attn + 3 * self.hidden * self.ffn + 2 * self.hidden + 2 * self.head_dim * (self.heads + self.kv_heads)
+        )
         return self.layers * per_layer + self.vocab * self.hidden * (1 if self.tied else 2) + self.hidden
 
     def kv_bytes_per_token(self, dtype_bytes: int = 2) -> int:
@@ -118,10 +148,14 @@ def resolve_arch(cfg: RunConfig) -> tuple[Arch | None, ModelSpec | None, list[st
         key = cfg.model.path.rstrip("/").lower()
         match = next((k for k in BUILTIN_ARCHS if key == k or key.endswith("/" + k.split("/")[-1])), None)
         if match is None:
-            return None, None, [
-                f"model.path {cfg.model.path!r}: no config.json there and no built-in architecture for it "
-                f"(built in: {', '.join(BUILTIN_ARCHS)}): model checks and the memory estimate are skipped"
-            ]
+            return (
+                None,
+                None,
+                [
+                    f"model.path {cfg.model.path!r}: no config.json there and no built-in architecture for it "
+                    f"(built in: {', '.join(BUILTIN_ARCHS)}): model checks and the memory estimate are skipped"
+                ],
+            )
         fields = dict(BUILTIN_ARCHS[match])
         source = f"built-in table ({match})"
         notes.append(
@@ -134,8 +168,14 @@ def resolve_arch(cfg: RunConfig) -> tuple[Arch | None, ModelSpec | None, list[st
         raise ConfigError(f"model config from {source}: {exc}") from None
     spec = ModelSpec.from_hf_config(hf)
     arch = Arch(
-        source=source, vocab=spec.vocab_size, hidden=spec.hidden_size, ffn=spec.ffn_hidden_size,
-        layers=spec.num_layers, heads=spec.num_heads, kv_heads=spec.num_kv_heads, head_dim=spec.head_dim,
+        source=source,
+        vocab=spec.vocab_size,
+        hidden=spec.hidden_size,
+        ffn=spec.ffn_hidden_size,
+        layers=spec.num_layers,
+        heads=spec.num_heads,
+        kv_heads=spec.num_kv_heads,
+        head_dim=spec.head_dim,
         tied=spec.tie_word_embeddings,
     )
     return arch, spec, notes
@@ -173,7 +213,9 @@ def check_data(cfg: RunConfig) -> tuple[list[DataCheck], list[str]]:
                 checks.append(DataCheck(where, src.source, "synthetic", "synthetic"))
                 continue
             if src.schema not in SCHEMAS:
-                raise DataError(f"{where}.schema: unknown data schema {src.schema!r}; expected one of {', '.join(sorted(SCHEMAS))}")
+                raise DataError(
+                    f"{where}.schema: unknown data schema {src.schema!r}; expected one of {', '.join(sorted(SCHEMAS))}"
+                )
             schema_domain = SCHEMAS[src.schema][0]
             # Eval splits may hold other domains' sets (out-of-domain evaluation).
             if split == "train" and schema_domain is not None and schema_domain != domain:
@@ -227,8 +269,10 @@ class LaunchPlan:
 
     def _data_summary(self) -> str:
         counts = {k: sum(d.status.split()[0] == k for d in self.data) for k in ("ok", "synthetic", "missing")}
-        return (f"{len(self.data)} sources of the stages' domains: {counts['ok']} parsed with their schema, "
-                f"{counts['synthetic']} synthetic, {counts['missing']} not on this machine")
+        return (
+            f"{len(self.data)} sources of the stages' domains: {counts['ok']} parsed with their schema, "
+            f"{counts['synthetic']} synthetic, {counts['missing']} not on this machine"
+        )
 
     def render(self) -> str:
         g = lambda b: f"{b / GIB:.2f}"  # noqa: E731
@@ -286,8 +330,13 @@ def world_size_from(requested: int | None) -> tuple[int, str]:
     return n, "WORLD_SIZE"
 
 
-def plan(cfg: RunConfig, world_size: int | None = None, *, gpu_memory_gib: float = H100_USABLE_GIB,
-         world_source: str | None = None) -> LaunchPlan:
+def plan(
+    cfg: RunConfig,
+    world_size: int | None = None,
+    *,
+    gpu_memory_gib: float = H100_USABLE_GIB,
+    world_source: str | None = None,
+) -> LaunchPlan:
     """The launch plan of `cfg` on `world_size` ranks (None: --world-size/WORLD_SIZE rules)."""
     from megatron_sdpo.backends.megatron.parallel import ParallelConfig
     from megatron_sdpo.weights.plan import Layout
@@ -335,23 +384,58 @@ def plan(cfg: RunConfig, world_size: int | None = None, *, gpu_memory_gib: float
     warnings += data_warn
 
     device_bytes = int(gpu_memory_gib * GIB)
-    ledger = memory_ledger.build(ledger_inputs(cfg, spec, layout.tp, layout.pp, layout.dp, rtp, device_bytes)) if spec is not None else None
+    ledger = (
+        memory_ledger.build(ledger_inputs(cfg, spec, layout.tp, layout.pp, layout.dp, rtp, device_bytes))
+        if spec is not None
+        else None
+    )
     kv = kv_capacity(cfg, spec, ledger, rtp, replicas, per_replica, device_bytes)
     warnings += kv.warnings(replicas) if kv is not None else []
     engine = engine_class(spec) if spec is not None and cfg.rollout.engine in ("vllm", "auto") else None
-    stop = stop_budget(cfg, arch, ledger, kv, world_size, samples, engine, rtp) if arch is not None and ledger is not None else None
+    stop = (
+        stop_budget(cfg, arch, ledger, kv, world_size, samples, engine, rtp)
+        if arch is not None and ledger is not None
+        else None
+    )
     return LaunchPlan(
-        preset=cfg.name, world_size=world_size, world_source=world_source, tp=layout.tp, pp=layout.pp,
-        dp=layout.dp, sequence_parallel=sp, rollout_engine=cfg.rollout.engine, rollout_tp=rtp,
-        rollout_tp_source=rtp_source, replicas=replicas, prompts_per_replica=per_replica, samples_per_step=samples,
-        samples_per_dp_rank=per_dp, micro_batches=micro, arch=arch, ledger=ledger, kv=kv,
-        gpu_memory_bytes=device_bytes, data=data, notes=notes, warnings=warnings, stop=stop, engine=engine,
+        preset=cfg.name,
+        world_size=world_size,
+        world_source=world_source,
+        tp=layout.tp,
+        pp=layout.pp,
+        dp=layout.dp,
+        sequence_parallel=sp,
+        rollout_engine=cfg.rollout.engine,
+        rollout_tp=rtp,
+        rollout_tp_source=rtp_source,
+        replicas=replicas,
+        prompts_per_replica=per_replica,
+        samples_per_step=samples,
+        samples_per_dp_rank=per_dp,
+        micro_batches=micro,
+        arch=arch,
+        ledger=ledger,
+        kv=kv,
+        gpu_memory_bytes=device_bytes,
+        data=data,
+        notes=notes,
+        warnings=warnings,
+        stop=stop,
+        engine=engine,
         decode_steps=decode_steps(cfg, kv.waves(kv.rollout_seqs) if kv is not None else 1),
     )
 
 
-def stop_budget(cfg: RunConfig, arch: Arch, ledger: Ledger, kv: KVCapacity | None, world: int,
-                samples: int, engine: EngineClass | None = None, rollout_tp: int = 1) -> StopBudget:
+def stop_budget(
+    cfg: RunConfig,
+    arch: Arch,
+    ledger: Ledger,
+    kv: KVCapacity | None,
+    world: int,
+    samples: int,
+    engine: EngineClass | None = None,
+    rollout_tp: int = 1,
+) -> StopBudget:
     """The grace a stop needs on this layout, before any step is measured: the planned step
     (every answer at max_model_len, the engine's TP collectives included), the save of one
     node's ranks, the refit after it."""
@@ -362,17 +446,25 @@ def stop_budget(cfg: RunConfig, arch: Arch, ledger: Ledger, kv: KVCapacity | Non
     engine_bytes = kv.engine_weight_bytes if kv is not None else 2 * arch.params
     waves = kv.waves(kv.rollout_seqs) if kv is not None else 1
     step_s, source = stop_grace.planned_step_seconds(
-        params=arch.params, world=world, samples=samples, max_len=cfg.rollout.max_model_len,
-        new_tokens=cfg.rollout.max_new_tokens, waves=waves,
+        params=arch.params,
+        world=world,
+        samples=samples,
+        max_len=cfg.rollout.max_model_len,
+        new_tokens=cfg.rollout.max_new_tokens,
+        waves=waves,
         wave_seqs=min(kv.rollout_seqs, kv.sequences) if kv is not None else 0,
-        kv_bytes_per_token=kv.per_token if kv is not None else 0, engine_weight_bytes=engine_bytes,
+        kv_bytes_per_token=kv.per_token if kv is not None else 0,
+        engine_weight_bytes=engine_bytes,
         extra_forwards=extra,
         collectives_s=engine.decode_seconds(arch.layers, decode_steps(cfg, waves), rollout_tp) if engine else 0.0,
     )
     return stop_grace.planned_budget(
-        step_s=step_s, step_source=source, node_bytes=max(ledger.node_save_bytes(stop_grace.ranks_per_node(world))),
+        step_s=step_s,
+        step_source=source,
+        node_bytes=max(ledger.node_save_bytes(stop_grace.ranks_per_node(world))),
         write_gib_s=cfg.checkpoint.write_gib_per_s,
-        refit_bytes_per_rank=engine_bytes, offloaded=cfg.backend.offload_training_state,
+        refit_bytes_per_rank=engine_bytes,
+        offloaded=cfg.backend.offload_training_state,
     )
 
 
@@ -381,8 +473,15 @@ def decode_steps(cfg: RunConfig, waves: int) -> int:
     return cfg.rollout.max_new_tokens * max(waves, 1)
 
 
-def kv_capacity(cfg: RunConfig, spec: ModelSpec | None, ledger: Ledger | None, rollout_tp: int, replicas: int,
-                prompts_per_replica: int, device_bytes: int) -> KVCapacity | None:
+def kv_capacity(
+    cfg: RunConfig,
+    spec: ModelSpec | None,
+    ledger: Ledger | None,
+    rollout_tp: int,
+    replicas: int,
+    prompts_per_replica: int,
+    device_bytes: int,
+) -> KVCapacity | None:
     """One vLLM replica's KV cache against a step's and an eval call's sequences."""
     if spec is None or ledger is None or not ledger.categories["kv_cache"]:
         return None
@@ -390,13 +489,19 @@ def kv_capacity(cfg: RunConfig, spec: ModelSpec | None, ledger: Ledger | None, r
     samples = eval_samples_per_item(e.greedy, e.avg_k)
     records = -(-e.batch_size // replicas)
     return KVCapacity(
-        per_token=kv_bytes_per_token(spec, rollout_tp), cache_bytes=ledger.categories["kv_cache"],
-        engine_weight_bytes=ledger.categories["engine_weights"], device_bytes=device_bytes,
-        utilization=cfg.rollout.gpu_memory_utilization, max_len=cfg.rollout.max_model_len,
-        rollout_seqs=prompts_per_replica * cfg.algorithm.group_size, eval_seqs=records * samples,
-        samples_per_record=samples, room_bytes=device_bytes - ledger.context_bytes,
+        per_token=kv_bytes_per_token(spec, rollout_tp),
+        cache_bytes=ledger.categories["kv_cache"],
+        engine_weight_bytes=ledger.categories["engine_weights"],
+        device_bytes=device_bytes,
+        utilization=cfg.rollout.gpu_memory_utilization,
+        max_len=cfg.rollout.max_model_len,
+        rollout_seqs=prompts_per_replica * cfg.algorithm.group_size,
+        eval_seqs=records * samples,
+        samples_per_record=samples,
+        room_bytes=device_bytes - ledger.context_bytes,
         awake_other_bytes=max(ledger.phase_total(p) for p in ("rollout", "eval"))
-        - ledger.categories["engine_weights"] - ledger.categories["kv_cache"],
+        - ledger.categories["engine_weights"]
+        - ledger.categories["kv_cache"],
     )
 
 
@@ -409,7 +514,9 @@ def teacher_seq(cfg: RunConfig) -> int:
     return (cap if cap is not None else r.max_model_len - r.max_new_tokens) + r.max_new_tokens
 
 
-def ledger_inputs(cfg: RunConfig, spec: ModelSpec, tp: int, pp: int, dp: int, rollout_tp: int, device_bytes: int) -> LedgerInputs:
+def ledger_inputs(
+    cfg: RunConfig, spec: ModelSpec, tp: int, pp: int, dp: int, rollout_tp: int, device_bytes: int
+) -> LedgerInputs:
     """The memory ledger's view of `cfg` on one rank of a TP x PP x DP layout."""
     m = cfg.backend.megatron
     model_parallel = backend_spec(cfg.backend.name).model_parallel
@@ -419,20 +526,39 @@ def ledger_inputs(cfg: RunConfig, spec: ModelSpec, tp: int, pp: int, dp: int, ro
     riders = int(with_teacher) + int(a.grpo.kl_coef > 0)
     engine = "vllm" if cfg.rollout.engine in ("vllm", "auto") else "hf"
     return LedgerInputs(
-        spec=spec, megatron=model_parallel, tp=tp, pp=pp, dp=dp, vocab_divisor=m.vocab_divisor,
-        param_bytes=2 if sixteen else 4, distributed_optimizer=m.distributed_optimizer,
-        with_teacher=with_teacher, with_reference=a.grpo.kl_coef > 0 or cfg.diagnostics.enabled,
-        offload=cfg.backend.offload_training_state, engine=engine, rollout_tp=rollout_tp,
+        spec=spec,
+        megatron=model_parallel,
+        tp=tp,
+        pp=pp,
+        dp=dp,
+        vocab_divisor=m.vocab_divisor,
+        param_bytes=2 if sixteen else 4,
+        distributed_optimizer=m.distributed_optimizer,
+        with_teacher=with_teacher,
+        with_reference=a.grpo.kl_coef > 0 or cfg.diagnostics.enabled,
+        offload=cfg.backend.offload_training_state,
+        engine=engine,
+        rollout_tp=rollout_tp,
         engine_bytes=int(cfg.rollout.gpu_memory_utilization * device_bytes) if engine == "vllm" else 0,
-        micro_batch_size=cfg.backend.micro_batch_size, seq=cfg.rollout.max_model_len,
-        teacher_seq=teacher_seq(cfg) if with_teacher else 0, rollout_replicas=tp * pp * dp // rollout_tp,
+        micro_batch_size=cfg.backend.micro_batch_size,
+        seq=cfg.rollout.max_model_len,
+        teacher_seq=teacher_seq(cfg) if with_teacher else 0,
+        rollout_replicas=tp * pp * dp // rollout_tp,
         engine_graphs=engine == "vllm" and not cfg.rollout.enforce_eager,
         recompute=m.recompute if model_parallel else "none",
-        sequence_parallel=m.sequence_parallel and model_parallel, activation_bytes=2 if sixteen else 4,
-        fused_kl=cfg.kernel.fused_kl, riders=riders, bucket_bytes=cfg.rollout.bucket_bytes, device_bytes=device_bytes,
-        response=cfg.rollout.max_new_tokens, loss_chunk_tokens=m.loss_chunk_tokens if model_parallel else 0,
+        sequence_parallel=m.sequence_parallel and model_parallel,
+        activation_bytes=2 if sixteen else 4,
+        fused_kl=cfg.kernel.fused_kl,
+        riders=riders,
+        bucket_bytes=cfg.rollout.bucket_bytes,
+        device_bytes=device_bytes,
+        response=cfg.rollout.max_new_tokens,
+        loss_chunk_tokens=m.loss_chunk_tokens if model_parallel else 0,
         logit_counts=memory_ledger.logit_counts(
-            distills=with_teacher, topk=a.sdpo.topk, is_clip=a.sdpo.is_clip is not None, riders=riders,
+            distills=with_teacher,
+            topk=a.sdpo.topk,
+            is_clip=a.sdpo.is_clip is not None,
+            riders=riders,
             # The HF backend and the whole-vocabulary losses (top-k picked from full logits, the
             # JSD from them at TP 1) take the micro-batch whole.
             chunked=model_parallel and m.loss_chunk_tokens > 0 and not (with_teacher and a.sdpo.topk is None),
@@ -452,7 +578,8 @@ def preflight_errors(cfg: RunConfig, p: LaunchPlan) -> list[str]:
 
     errors = [
         f"{d.where}: data file not found: {d.source}{prepare_hint(cfg, d.source)}"
-        for d in p.data if d.status == "missing"
+        for d in p.data
+        if d.status == "missing"
     ]
     path = cfg.model.path
     if path not in VARIANTS and path not in PACKAGED_MODELS:

@@ -11,6 +11,7 @@ storage, through `torch.autograd.graph.saved_tensors_hooks`. `TransientPeak` rec
 created inside a block (a dispatch mode) and the most bytes of them alive at once: what an
 operation adds on top of the state it started from, on any device.
 """
+
 from __future__ import annotations
 
 import math
@@ -66,7 +67,9 @@ def tensors_of(root: Any, *, walk: tuple[str, ...] = ()) -> list[torch.Tensor]:
     return out
 
 
-def storage_bytes(tensors: Iterable[torch.Tensor], *, exclude: set | None = None, device: str | None = None) -> tuple[int, set]:
+def storage_bytes(
+    tensors: Iterable[torch.Tensor], *, exclude: set | None = None, device: str | None = None
+) -> tuple[int, set]:
     """(bytes of the distinct storages of `tensors` not in `exclude`, their keys); only tensors
     on `device` when given ("cpu", "cuda:0")."""
     keys: dict[tuple[str, int], int] = {}
@@ -82,7 +85,9 @@ def storage_bytes(tensors: Iterable[torch.Tensor], *, exclude: set | None = None
     return sum(keys.values()), set(keys)
 
 
-def held_bytes(root: Any, *, exclude: set | None = None, device: str | None = None, walk: tuple[str, ...] = ()) -> tuple[int, set]:
+def held_bytes(
+    root: Any, *, exclude: set | None = None, device: str | None = None, walk: tuple[str, ...] = ()
+) -> tuple[int, set]:
     """Bytes of the distinct tensor storages reachable from `root` (and their keys)."""
     return storage_bytes(tensors_of(root, walk=walk), exclude=exclude, device=device)
 

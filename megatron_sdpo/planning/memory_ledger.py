@@ -25,6 +25,7 @@ Outside the phases: the CUDA context and NCCL's buffers, one per communicator th
 among them), vLLM's CUDA graph pool, and the caching allocator's fragmentation (usable memory is
 what torch reports).
 """
+
 from __future__ import annotations
 
 import math
@@ -35,14 +36,33 @@ from megatron_sdpo.weights.plan import REPLICATED, Layout, ModelSpec, plan
 
 GIB = 1024**3
 CATEGORIES = (
-    "params", "grads", "optimizer", "teacher", "teacher_shadow", "reference",
-    "engine_weights", "kv_cache", "activations", "logits",
+    "params",
+    "grads",
+    "optimizer",
+    "teacher",
+    "teacher_shadow",
+    "reference",
+    "engine_weights",
+    "kv_cache",
+    "activations",
+    "logits",
 )
 TRANSIENTS = ("teacher_update", "hf_export", "refit_buckets", "probe_logprobs", "eval_gathers")
 LABELS = {
-    "params": "params", "grads": "grads", "optimizer": "optim", "teacher": "teacher", "teacher_shadow": "shadow",
-    "reference": "ref", "engine_weights": "vllm_w", "kv_cache": "kv", "activations": "act", "logits": "logits",
-    "teacher_update": "+ema", "hf_export": "+export", "refit_buckets": "+refit", "probe_logprobs": "+probe",
+    "params": "params",
+    "grads": "grads",
+    "optimizer": "optim",
+    "teacher": "teacher",
+    "teacher_shadow": "shadow",
+    "reference": "ref",
+    "engine_weights": "vllm_w",
+    "kv_cache": "kv",
+    "activations": "act",
+    "logits": "logits",
+    "teacher_update": "+ema",
+    "hf_export": "+export",
+    "refit_buckets": "+refit",
+    "probe_logprobs": "+probe",
     "eval_gathers": "+eval",
 }
 PHASES = ("start", "rollout", "train", "teacher_update", "refit", "checkpoint", "resume", "eval")
@@ -165,7 +185,8 @@ class Ledger:
         return [
             f"memory plan: phase {p} needs {self.phase_total(p) / GIB:.1f} GiB per rank, more than the "
             f"{room / GIB:.1f} GiB usable ({usable_bytes / GIB:.1f} GiB less {context_bytes / GIB:.1f} GiB of context)"
-            for p in PHASES if self.phase_total(p) > room
+            for p in PHASES
+            if self.phase_total(p) > room
         ]
 
     def render(self, usable_bytes: int, context_bytes: int | None = None) -> list[str]:
@@ -180,18 +201,26 @@ class Ledger:
         for p in PHASES:
             row = self.phases[p]
             cells = [f"{row[c] / GIB:.2f}" if row.get(c) else "-" for c in cols]
-            lines.append(" ".join([p.ljust(14), *(c.rjust(width) for c in cells), f"{self.phase_total(p) / GIB:.2f}".rjust(width)]))
+            lines.append(
+                " ".join(
+                    [p.ljust(14), *(c.rjust(width) for c in cells), f"{self.phase_total(p) / GIB:.2f}".rjust(width)]
+                )
+            )
         zero = [c for c in (*CATEGORIES, *TRANSIENTS) if c not in cols]
         if zero:
             lines.append("none on the device in this run: " + ", ".join(zero))
-        lines.append(f"a checkpoint writes {self.checkpoint_bytes / GIB:.2f} GiB per rank (the stop signal's grace "
-                     "must cover a step and this save)")
+        lines.append(
+            f"a checkpoint writes {self.checkpoint_bytes / GIB:.2f} GiB per rank (the stop signal's grace "
+            "must cover a step and this save)"
+        )
         lines += self.host_lines()
         items = context_items(self.inputs)
         lines.append(f"context {context_bytes / GIB:.2f} GiB: " + ", ".join(f"{n} {b / GIB:.2f}" for n, b in items))
         name, peak = self.peak
-        lines.append(f"peak: {name} {peak / GIB:.2f} GiB of {(usable_bytes - context_bytes) / GIB:.2f} GiB usable "
-                     f"({usable_bytes / GIB:.2f} GiB less {context_bytes / GIB:.2f} GiB of context)")
+        lines.append(
+            f"peak: {name} {peak / GIB:.2f} GiB of {(usable_bytes - context_bytes) / GIB:.2f} GiB usable "
+            f"({usable_bytes / GIB:.2f} GiB less {context_bytes / GIB:.2f} GiB of context)"
+        )
         return lines
 
     def host_lines(self) -> list[str]:
@@ -203,8 +232,10 @@ class Ledger:
         if not (i.megatron and i.distributed_optimizer):
             return []
         whole = self.categories["optimizer"] * (i.dp if i.megatron and i.distributed_optimizer else 1)
-        return [f"host memory of the optimizer at a save: {whole / GIB:.2f} GiB on DP rank 0 of each of the "
-                f"{i.tp * i.pp} TP x PP positions; at a resume {whole / GIB:.2f} GiB on every rank"]
+        return [
+            f"host memory of the optimizer at a save: {whole / GIB:.2f} GiB on DP rank 0 of each of the "
+            f"{i.tp * i.pp} TP x PP positions; at a resume {whole / GIB:.2f} GiB on every rank"
+        ]
 
 
 def context_items(i: LedgerInputs) -> list[tuple[str, int]]:
@@ -219,14 +250,22 @@ def context_items(i: LedgerInputs) -> list[tuple[str, int]]:
     (`VLLM_CUDA_GRAPH_BYTES`), resident in every phase, the engine's sleep included."""
     comms = [("world", 1)]
     if i.megatron:
-        comms += [("tp", int(i.tp > 1)), ("dp", 2 * int(i.dp > 1)), ("model_parallel", int(i.tp * i.pp > 1)),
-                  ("pp", 2 * int(i.pp > 1))]
+        comms += [
+            ("tp", int(i.tp > 1)),
+            ("dp", 2 * int(i.dp > 1)),
+            ("model_parallel", int(i.tp * i.pp > 1)),
+            ("pp", 2 * int(i.pp > 1)),
+        ]
     if i.engine == "vllm":
         comms += [("vllm_tp", int(i.rollout_tp > 1)), ("vllm_dp", int(i.rollout_replicas > 1))]
     n = sum(k for _, k in comms)
     graphs = [("vllm_cuda_graphs", VLLM_CUDA_GRAPH_BYTES)] if i.engine == "vllm" and i.engine_graphs else []
-    return [("cuda_context", CUDA_CONTEXT_BYTES), ("fragmentation", FRAGMENTATION_BYTES),
-            (f"nccl x{n} (" + "+".join(name for name, k in comms if k) + ")", n * NCCL_COMM_BYTES), *graphs]
+    return [
+        ("cuda_context", CUDA_CONTEXT_BYTES),
+        ("fragmentation", FRAGMENTATION_BYTES),
+        (f"nccl x{n} (" + "+".join(name for name, k in comms if k) + ")", n * NCCL_COMM_BYTES),
+        *graphs,
+    ]
 
 
 def _split(kind: str, tp: int) -> int:
@@ -326,8 +365,9 @@ class LogitCounts:
     chunked: bool
 
 
-def logit_counts(*, distills: bool, topk: int | None, is_clip: bool, riders: int, temperature: float = 1.0,
-                 chunked: bool = True) -> LogitCounts:
+def logit_counts(
+    *, distills: bool, topk: int | None, is_clip: bool, riders: int, temperature: float = 1.0, chunked: bool = True
+) -> LogitCounts:
     """What a megatron train step's loss holds at its peak, counted on CPU through every tensor
     the step creates (tools/loss_memory.py; tests/unit/planning/test_memory_ledger.py holds
     each count an upper bound at most 60% above the measured peak):
@@ -340,10 +380,14 @@ def logit_counts(*, distills: bool, topk: int | None, is_clip: bool, riders: int
         full-vocabulary JSD 8 more, the importance weight 1, a distillation temperature 2;
       chunked (step_loss.py), the same over one chunk of tokens and 1 more: the 16-bit gradients
         of the chunk's inputs while its backward recomputes it."""
-    fp32 = (3 + 2 * riders + (8 if distills and topk is None else 0) + (1 if distills and is_clip else 0)
-            + (2 if distills and temperature != 1.0 else 0))
-    return LogitCounts(full_rows=3 + max(0, riders - 1), response=1 + riders, fp32=fp32 + int(chunked),
-                       chunked=chunked)
+    fp32 = (
+        3
+        + 2 * riders
+        + (8 if distills and topk is None else 0)
+        + (1 if distills and is_clip else 0)
+        + (2 if distills and temperature != 1.0 else 0)
+    )
+    return LogitCounts(full_rows=3 + max(0, riders - 1), response=1 + riders, fp32=fp32 + int(chunked), chunked=chunked)
 
 
 def _logits(i: LedgerInputs, vocab_local: int, padded_local: int) -> int:
@@ -360,15 +404,21 @@ def _logits(i: LedgerInputs, vocab_local: int, padded_local: int) -> int:
     # The teacher's context is longer than the student's prompt: its row's extra tokens.
     teacher_extra = i.micro_batch_size * max(0, i.teacher_seq - i.seq) if (i.with_teacher and i.riders) else 0
     # The 16-bit tensors keep the padded columns (the slice to the real vocabulary is a view).
-    return (c.full_rows * b * rows * padded_local + b * teacher_extra * padded_local + c.response * b * response * padded_local
-            + c.fp32 * 4 * fp32_tokens * vocab_local)
+    return (
+        c.full_rows * b * rows * padded_local
+        + b * teacher_extra * padded_local
+        + c.response * b * response * padded_local
+        + c.fp32 * 4 * fp32_tokens * vocab_local
+    )
 
 
 def _refit_cap(i: LedgerInputs, held: int) -> int:
     """The refit's bucket cap as rollout/vllm.py sets it: at most 30% of what is free then."""
     if not i.device_bytes:
         return i.bucket_bytes
-    return min(i.bucket_bytes, int(REFIT_FREE_SHARE * max(i.device_bytes - sum(b for _, b in context_items(i)) - held, 0)))
+    return min(
+        i.bucket_bytes, int(REFIT_FREE_SHARE * max(i.device_bytes - sum(b for _, b in context_items(i)) - held, 0))
+    )
 
 
 def build(i: LedgerInputs) -> Ledger:
@@ -402,7 +452,8 @@ def build(i: LedgerInputs) -> Ledger:
         "reference": p * n if i.with_reference else 0,
         "engine_weights": engine_weights,
         "kv_cache": (i.kv_cache_bytes if i.kv_cache_bytes is not None else max(0, i.engine_bytes - engine_weights))
-        if i.engine == "vllm" else 0,
+        if i.engine == "vllm"
+        else 0,
         "activations": _activations(i, layers),
         "logits": _logits(i, vocab_local, padded_local),
     }
@@ -417,7 +468,8 @@ def build(i: LedgerInputs) -> Ledger:
         "refit_buckets": 0,  # below: it depends on what the refit phase holds
         # Stage-end probes (forward only): per logit the 16-bit output, its fp32 copy and its
         # log-softmax (10 bytes), plus one layer's working set; fp32 log-probs of every probe row.
-        "probe_logprobs": 4 * i.probe_rows * i.seq + probe_rows * i.seq * 10 * vocab_local
+        "probe_logprobs": 4 * i.probe_rows * i.seq
+        + probe_rows * i.seq * 10 * vocab_local
         + _activations(replace(i, micro_batch_size=probe_rows), 1),
         # Eval (and reward) scores are gathered as objects on a gloo group (rollout/scoring.py):
         # through host memory, nothing on the device.
@@ -429,8 +481,11 @@ def build(i: LedgerInputs) -> Ledger:
         # layer), while the export already produces the next tensor: up to three copies of the
         # largest (gathered, reordered, final).
         held = sum(_phases(i, categories, transients)["refit"].values())
-        layer = 2 * sum(math.prod(m.shape) for m in plan(i.spec, Layout(vocab_divisor=layout.vocab_divisor), 0)
-                        if m.megatron.startswith("decoder.layers.0."))
+        layer = 2 * sum(
+            math.prod(m.shape)
+            for m in plan(i.spec, Layout(vocab_divisor=layout.vocab_divisor), 0)
+            if m.megatron.startswith("decoder.layers.0.")
+        )
         transients["refit_buckets"] = max(_refit_cap(i, held), layer) + 3 * 2 * max(padded_sizes)
     return Ledger(i, categories, transients, _phases(i, categories, transients))
 
@@ -442,8 +497,11 @@ def _phases(i: LedgerInputs, c: dict[str, int], t: dict[str, int]) -> dict[str, 
     engine = {"engine_weights": c["engine_weights"], "kv_cache": c["kv_cache"]}
     # Before the first optimizer step: DDP's grad buffer and the fp32 main params exist, Adam's
     # moments not yet; with offload the backend moved them off before the engine started.
-    first = {} if i.offload else {"grads": c["grads"] if i.megatron else 0,
-                                  "optimizer": c["optimizer"] // 3 if i.param_bytes == 2 else 0}
+    first = (
+        {}
+        if i.offload
+        else {"grads": c["grads"] if i.megatron else 0, "optimizer": c["optimizer"] // 3 if i.param_bytes == 2 else 0}
+    )
     return {
         "start": {**state, **first, **engine, "probe_logprobs": t["probe_logprobs"]},
         "rollout": {**state, **awake, **engine},

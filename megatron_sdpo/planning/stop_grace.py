@@ -16,6 +16,7 @@ The planned step is an estimate with stated constants, not a measurement: every 
 bf16 peak, decoding memory-bound: every decode step of a wave reads the engine's weights and the
 wave's KV cache (its sequences at their mean length) at `DECODE_HBM_SHARE` of HBM bandwidth.
 """
+
 from __future__ import annotations
 
 import math
@@ -62,13 +63,26 @@ class StopBudget:
         return self.step_s + self.reserve_s
 
     def line(self) -> str:
-        return (f"stop grace: {self.total_s:.0f} s = step {self.step_s:.0f} s ({self.step_source}) + save "
-                f"{self.save_s:.0f} s ({self.save_source}) + refit {self.refit_s:.0f} s + margin {self.margin_s:.0f} s")
+        return (
+            f"stop grace: {self.total_s:.0f} s = step {self.step_s:.0f} s ({self.step_source}) + save "
+            f"{self.save_s:.0f} s ({self.save_source}) + refit {self.refit_s:.0f} s + margin {self.margin_s:.0f} s"
+        )
 
 
-def planned_step_seconds(*, params: int, world: int, samples: int, max_len: int, new_tokens: int, waves: int,
-                         wave_seqs: int, kv_bytes_per_token: int, engine_weight_bytes: int,
-                         extra_forwards: int, collectives_s: float = 0.0) -> tuple[float, str]:
+def planned_step_seconds(
+    *,
+    params: int,
+    world: int,
+    samples: int,
+    max_len: int,
+    new_tokens: int,
+    waves: int,
+    wave_seqs: int,
+    kv_bytes_per_token: int,
+    engine_weight_bytes: int,
+    extra_forwards: int,
+    collectives_s: float = 0.0,
+) -> tuple[float, str]:
     """One step's seconds when every answer runs to the length limit: train (fwd + bwd, 6 N
     FLOPs a token, plus 2 N for each extra forward: teacher, reference, old log-probs) at
     TRAIN_MFU of the world's peak, and decoding that reads the engine's weights and the wave's
@@ -79,18 +93,21 @@ def planned_step_seconds(*, params: int, world: int, samples: int, max_len: int,
     train = (6 + 2 * extra_forwards) * params * tokens / (world * PEAK_FLOPS * TRAIN_MFU)
     per_token = engine_weight_bytes + wave_seqs * (max_len - new_tokens / 2) * kv_bytes_per_token
     decode = new_tokens * max(waves, 1) * per_token / (HBM_BYTES_S * DECODE_HBM_SHARE) + collectives_s
-    return train + decode, (f"planned: rollout {decode:.0f} s + train {train:.0f} s, every answer at "
-                            f"{max_len} tokens, MFU {TRAIN_MFU:.2f}")
+    return train + decode, (
+        f"planned: rollout {decode:.0f} s + train {train:.0f} s, every answer at {max_len} tokens, MFU {TRAIN_MFU:.2f}"
+    )
 
 
-def planned_budget(*, step_s: float, step_source: str, node_bytes: int, write_gib_s: float,
-                   refit_bytes_per_rank: int, offloaded: bool) -> StopBudget:
+def planned_budget(
+    *, step_s: float, step_source: str, node_bytes: int, write_gib_s: float, refit_bytes_per_rank: int, offloaded: bool
+) -> StopBudget:
     """`node_bytes`: what the node that writes the most writes at a save (the ledger's
     node_save_bytes): the nodes write side by side, so the save lasts as long as that node's."""
     save = node_bytes / (write_gib_s * 2**30)
     refit = refit_bytes_per_rank / REFIT_BYTES_S if offloaded else 0.0
-    return StopBudget(step_s, step_source, save,
-                      f"{node_bytes / 2**30:.1f} GiB per node at {write_gib_s:g} GiB/s", refit)
+    return StopBudget(
+        step_s, step_source, save, f"{node_bytes / 2**30:.1f} GiB per node at {write_gib_s:g} GiB/s", refit
+    )
 
 
 def ranks_per_node(world: int) -> int:
@@ -125,7 +142,9 @@ def signal_lead(job_script: Path | None) -> tuple[int | None, str]:
     if not found:
         return None, f"{job_script.name} has no #SBATCH --signal line"
     sig, lead = found[-1]
-    return (int(lead) if lead else SLURM_DEFAULT_LEAD_S), f"{job_script.name}: #SBATCH --signal {sig}@{lead or '(default 60)'}"
+    return (
+        int(lead) if lead else SLURM_DEFAULT_LEAD_S
+    ), f"{job_script.name}: #SBATCH --signal {sig}@{lead or '(default 60)'}"
 
 
 def lead_error(lead: int, source: str, budget: StopBudget) -> str | None:
@@ -133,9 +152,11 @@ def lead_error(lead: int, source: str, budget: StopBudget) -> str | None:
     if lead >= budget.total_s:
         return None
     need = int(math.ceil(budget.total_s / 60.0) * 60)
-    return (f"stop signal lead {lead} s ({source}) is shorter than the {budget.total_s:.0f} s a stop needs "
-            f"({budget.line().split(' = ', 1)[1]}): submit with #SBATCH --signal=B:USR1@{need}, or lower the step "
-            f"(rollout.max_model_len) or raise checkpoint.write_gib_per_s where the filesystem is faster")
+    return (
+        f"stop signal lead {lead} s ({source}) is shorter than the {budget.total_s:.0f} s a stop needs "
+        f"({budget.line().split(' = ', 1)[1]}): submit with #SBATCH --signal=B:USR1@{need}, or lower the step "
+        f"(rollout.max_model_len) or raise checkpoint.write_gib_per_s where the filesystem is faster"
+    )
 
 
 def env_lines(lead: int | None, budget: StopBudget | None) -> str:

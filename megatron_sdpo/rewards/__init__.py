@@ -4,6 +4,7 @@
 score 0 with feedback); it raises for a bad record (DataError), an unknown domain (ValueError)
 or a broken sandbox (SandboxError), which are the caller's problems, not the model's.
 """
+
 from __future__ import annotations
 
 import logging
@@ -51,9 +52,12 @@ def _guarded(domain: str, fn: Callable[[], Sequence[_R]], n: int) -> list[_R | R
         raise
     except Exception as exc:  # a verifier bug triggered by a response: log it, score 0
         log.exception("%s verifier failed on a response", domain)
-        return [RewardResult(0.0, "The response could not be checked.",
-                             {"error": "verifier_exception", "exception": repr(exc)[:200]})
-                for _ in range(n)]
+        return [
+            RewardResult(
+                0.0, "The response could not be checked.", {"error": "verifier_exception", "exception": repr(exc)[:200]}
+            )
+            for _ in range(n)
+        ]
 
 
 def _as_text(response: object) -> str:
@@ -69,8 +73,9 @@ def score(domain: str, response: str, record: dict) -> RewardResult:
     return _guarded(domain, lambda: [fn(text, record)], 1)[0]
 
 
-def score_batch(domain: str, responses: list[str], records: list[dict], *,
-                batched_code: bool = False) -> list[RewardResult]:
+def score_batch(
+    domain: str, responses: list[str], records: list[dict], *, batched_code: bool = False
+) -> list[RewardResult]:
     """Score responses[i] against records[i]. Math sends the batch's answers to the math-verify
     worker in one request; code batches share sandbox work when `batched_code` (one pre-warmed
     sandbox forks per test case for the whole batch)."""

@@ -16,6 +16,7 @@ Three kinds of test case (a record's cases are all of one kind):
   with True, or reads the runner's frames, can pass a verbatim assert: as with the reference's
   and the set builder's own runners, which do the same.
 """
+
 from __future__ import annotations
 
 import json
@@ -72,8 +73,7 @@ def _tests(record: dict) -> tuple[list[dict], str | None]:
         if isinstance(tests, str):
             tests = json.loads(tests)
         # Not a list (None, a number): the iteration's TypeError names the record below.
-        cases = [{"input": str(t["input"]), "output": str(t["output"]), "kind": _kind(t)}
-                 for t in cast(list, tests)]
+        cases = [{"input": str(t["input"]), "output": str(t["output"]), "kind": _kind(t)} for t in cast(list, tests)]
     except (ValueError, TypeError, KeyError, AttributeError) as exc:
         raise DataError(f"record {record.get('id')!r}: malformed code tests ({exc})") from None
     if not cases:
@@ -138,9 +138,11 @@ def _feedback(index: int, case: dict, outcome: CaseOutcome, timeout_s: float) ->
             return f"The program does not compile:\n{tail}"
         return f"Runtime error on {where}:\n{tail}\nInput:\n{shown_input}"
     got = outcome.result if case["kind"] == "functional" else outcome.stdout
-    return (f"Wrong answer on {where}.\nInput:\n{shown_input}\n"
-            f"Expected:\n{clip_text(case['output'].strip(), _SHOW)}\n"
-            f"Got:\n{clip_text((got or '').strip(), _SHOW)}")
+    return (
+        f"Wrong answer on {where}.\nInput:\n{shown_input}\n"
+        f"Expected:\n{clip_text(case['output'].strip(), _SHOW)}\n"
+        f"Got:\n{clip_text((got or '').strip(), _SHOW)}"
+    )
 
 
 def _stopped(where: str, outcome: CaseOutcome, timeout_s: float) -> str | None:
@@ -170,17 +172,21 @@ def _script_feedback(where: str, shown_test: str, outcome: CaseOutcome, timeout_
 
 def _result(cases: list[dict], outcomes: list[CaseOutcome], timeout_s: float) -> RewardResult:
     passed = [_passed(c, o) for c, o in zip(cases, outcomes, strict=True)]
-    details = {"passed": sum(passed), "total": len(cases),
-               "pass_fraction": sum(passed) / len(cases),
-               "statuses": [o.status for o in outcomes]}
+    details = {
+        "passed": sum(passed),
+        "total": len(cases),
+        "pass_fraction": sum(passed) / len(cases),
+        "statuses": [o.status for o in outcomes],
+    }
     if all(passed):
         return RewardResult(1.0, f"All {len(cases)} tests passed.", details)
     first = passed.index(False)
     return RewardResult(0.0, _feedback(first, cases[first], outcomes[first], timeout_s), details)
 
 
-def score_code_batch(responses: list[str], records: list[dict], *, sandbox: Sandbox | None = None,
-                     batched: bool = False) -> list[RewardResult]:
+def score_code_batch(
+    responses: list[str], records: list[dict], *, sandbox: Sandbox | None = None, batched: bool = False
+) -> list[RewardResult]:
     """Score many responses; with `batched` all programs share one sandbox process (cheaper,
     see Sandbox.run_batch), otherwise each gets its own."""
     if len(responses) != len(records):
@@ -192,18 +198,23 @@ def score_code_batch(responses: list[str], records: list[dict], *, sandbox: Sand
         cases, fn_name = _tests(record)
         code = extract_code(response)
         if code is None:
-            results[i] = RewardResult(0.0, "Format error: no Python code found in the response.",
-                                      {"error": "no_code", "pass_fraction": 0.0})
+            results[i] = RewardResult(
+                0.0, "Format error: no Python code found in the response.", {"error": "no_code", "pass_fraction": 0.0}
+            )
         elif len(code) > _MAX_CODE_CHARS:
-            results[i] = RewardResult(0.0, f"Format error: the program is longer than "
-                                      f"{_MAX_CODE_CHARS} characters.",
-                                      {"error": "too_long", "pass_fraction": 0.0})
+            results[i] = RewardResult(
+                0.0,
+                f"Format error: the program is longer than {_MAX_CODE_CHARS} characters.",
+                {"error": "too_long", "pass_fraction": 0.0},
+            )
         elif "\x00" in code:
-            results[i] = RewardResult(0.0, "Format error: the program contains NUL bytes.",
-                                      {"error": "binary", "pass_fraction": 0.0})
+            results[i] = RewardResult(
+                0.0, "Format error: the program contains NUL bytes.", {"error": "binary", "pass_fraction": 0.0}
+            )
         else:
-            jobs.append((i, cases, Program(code, [c["input"] for c in cases], fn_name,
-                                           scripts=cases[0]["kind"] == "code")))
+            jobs.append(
+                (i, cases, Program(code, [c["input"] for c in cases], fn_name, scripts=cases[0]["kind"] == "code"))
+            )
     if jobs:
         # A SandboxError (the sandbox itself broke) propagates: it is never the model's fault.
         outcomes = sandbox.run_batch([p for _, _, p in jobs], batched=batched)

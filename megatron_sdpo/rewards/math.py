@@ -6,6 +6,7 @@ comparison runs in a worker process (:mod:`math_worker`) that is killed and rest
 misses its deadline; before that, answers are bounded in length and obvious power towers are
 refused, which keeps the worker from being killed in the common degenerate cases.
 """
+
 from __future__ import annotations
 
 import atexit
@@ -87,8 +88,11 @@ class MathVerifier:
         worker = os.path.join(os.path.dirname(os.path.abspath(__file__)), "math_worker.py")
         self._buf = b""
         self._proc = subprocess.Popen(
-            [sys.executable, "-I", worker, str(os.getpid())], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL, bufsize=0,
+            [sys.executable, "-I", worker, str(os.getpid())],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            bufsize=0,
         )
         ready = self._readline(self.startup_timeout_s)
         if ready is None or not json.loads(ready).get("ready"):
@@ -182,45 +186,53 @@ def prepare_math(response: str, record: dict, *, reveal_gold: bool = False) -> R
     shown = clip_text(answer, 80)
     suffix = f" The correct answer is {gold}." if reveal_gold else ""
     if len(answer) > _MAX_ANSWER_CHARS or _TOWER.search(answer):
-        return RewardResult(0.0, f"Your final answer {shown} is too long or too large to check."
-                            + suffix, {"error": "too_complex", "answer": shown})
+        return RewardResult(
+            0.0,
+            f"Your final answer {shown} is too long or too large to check." + suffix,
+            {"error": "too_complex", "answer": shown},
+        )
     return _Pending(gold, answer, shown, suffix)
 
 
 def _finish(p: _Pending, result: dict | None) -> RewardResult:
     if result is None:
-        return RewardResult(0.0, f"Your final answer {p.shown} could not be checked in time."
-                            + p.suffix, {"error": "timeout", "answer": p.shown})
+        return RewardResult(
+            0.0,
+            f"Your final answer {p.shown} could not be checked in time." + p.suffix,
+            {"error": "timeout", "answer": p.shown},
+        )
     details = {"answer": p.shown, "parsed": result["parsed"], "error": result["error"]}
     if result["correct"]:
         return RewardResult(1.0, f"Your final answer {p.shown} is correct.", details)
     return RewardResult(0.0, f"Your final answer {p.shown} is incorrect." + p.suffix, details)
 
 
-def score_math(response: str, record: dict, *, reveal_gold: bool = False,
-               verifier: MathVerifier | None = None) -> RewardResult:
+def score_math(
+    response: str, record: dict, *, reveal_gold: bool = False, verifier: MathVerifier | None = None
+) -> RewardResult:
     """1.0 iff the last boxed answer of `response` equals `record["answer"]` per math-verify.
 
     Feedback names the model's own answer, and the gold only when `reveal_gold`."""
     return score_math_batch([response], [record], reveal_gold=reveal_gold, verifier=verifier)[0]
 
 
-def check_math_batch(prepared: list[RewardResult | _Pending],
-                     verifier: MathVerifier | None = None) -> list[RewardResult]:
+def check_math_batch(
+    prepared: list[RewardResult | _Pending], verifier: MathVerifier | None = None
+) -> list[RewardResult]:
     """Results for `prepare_math` outputs: every pending answer of the batch goes to the
     worker in one request (MathVerifier.check_many)."""
     pending = [p for p in prepared if isinstance(p, _Pending)]
-    checked = iter((verifier or _VERIFIER.get()).check_many([(p.gold, p.answer) for p in pending])
-                   if pending else [])
+    checked = iter((verifier or _VERIFIER.get()).check_many([(p.gold, p.answer) for p in pending]) if pending else [])
     return [_finish(p, next(checked)) if isinstance(p, _Pending) else p for p in prepared]
 
 
-def score_math_batch(responses: list[str], records: list[dict], *, reveal_gold: bool = False,
-                     verifier: MathVerifier | None = None) -> list[RewardResult]:
+def score_math_batch(
+    responses: list[str], records: list[dict], *, reveal_gold: bool = False, verifier: MathVerifier | None = None
+) -> list[RewardResult]:
     """score_math of each (response, record) pair, with one worker request for the batch."""
-    return check_math_batch([prepare_math(r, rec, reveal_gold=reveal_gold)
-                             for r, rec in zip(responses, records, strict=True)], verifier)
-
+    return check_math_batch(
+        [prepare_math(r, rec, reveal_gold=reveal_gold) for r, rec in zip(responses, records, strict=True)], verifier
+    )
 
 
 # The reference's math reward feedback with its default `format_feedback=True` and

@@ -7,6 +7,7 @@ order and flushed as each is done ({"correct": bool, "parsed": str, "error": str
 parent holds every answer to its own deadline. A first line {"ready": true} announces that the
 imports are done.
 """
+
 import json
 import os
 import signal

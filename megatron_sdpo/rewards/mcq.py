@@ -1,4 +1,5 @@
 """Multiple-choice verifier: the letter inside the last ``<answer>...</answer>``."""
+
 from __future__ import annotations
 
 import re
@@ -39,12 +40,18 @@ def score_mcq(response: str, record: dict) -> RewardResult:
     valid = [chr(ord("A") + i) for i in range(n)]
     letter, raw = extract_choice(response)
     if raw is None:
-        return RewardResult(0.0, "No <answer>...</answer> tag found; end with <answer>X</answer> "
-                            "where X is the letter of your choice.", {"error": "no_tag"})
+        return RewardResult(
+            0.0,
+            "No <answer>...</answer> tag found; end with <answer>X</answer> where X is the letter of your choice.",
+            {"error": "no_tag"},
+        )
     if letter is None or letter not in valid:
-        return RewardResult(0.0, f"Invalid answer {clip_text(raw, 40)!r}: the <answer> tag must "
-                            f"contain one letter from {valid[0]} to {valid[-1]}.",
-                            {"error": "invalid_letter", "raw": clip_text(raw, 40)})
+        return RewardResult(
+            0.0,
+            f"Invalid answer {clip_text(raw, 40)!r}: the <answer> tag must "
+            f"contain one letter from {valid[0]} to {valid[-1]}.",
+            {"error": "invalid_letter", "raw": clip_text(raw, 40)},
+        )
     if letter == gold:
         return RewardResult(1.0, f"Your answer {letter} is correct.", {"answer": letter})
     return RewardResult(0.0, f"Your answer {letter} is incorrect.", {"answer": letter})

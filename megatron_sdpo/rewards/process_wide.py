@@ -1,6 +1,7 @@
 """One instance per process of a verifier's heavy helper (a sandbox's workers, a math-verify
 pool), built on first use. Rollout scoring runs in threads, so the first use is under a lock:
 two threads never start two pools."""
+
 from __future__ import annotations
 
 import threading

@@ -1,4 +1,5 @@
 """The value every verifier returns."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field

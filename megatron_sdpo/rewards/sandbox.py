@@ -20,6 +20,7 @@ Without namespaces ("rlimits" mode, e.g. an unprivileged trainer) only the rlimi
 kill, scrubbed environment and audit hook apply; programs that mention networking or process
 spawning APIs are refused up front with a clear message, since nothing else would stop them.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -82,13 +83,25 @@ class SandboxLimits:
     startup_s: float = 5.0  # allowance for interpreter start-up in the per-run deadline
 
     def __post_init__(self) -> None:
-        for name in ("timeout_s", "cpu_s", "wall_factor", "memory_mb", "nproc", "fsize_mb", "nofile",
-                     "output_chars", "tmpfs_mb", "max_timeouts", "startup_s"):
+        for name in (
+            "timeout_s",
+            "cpu_s",
+            "wall_factor",
+            "memory_mb",
+            "nproc",
+            "fsize_mb",
+            "nofile",
+            "output_chars",
+            "tmpfs_mb",
+            "max_timeouts",
+            "startup_s",
+        ):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"sandbox.{name} must be > 0, got {getattr(self, name)!r}")
         if self.wall_factor < 1:
-            raise ConfigError(f"sandbox.wall_factor must be >= 1 (a backstop above the CPU limit), "
-                              f"got {self.wall_factor!r}")
+            raise ConfigError(
+                f"sandbox.wall_factor must be >= 1 (a backstop above the CPU limit), got {self.wall_factor!r}"
+            )
 
     @property
     def wall_s(self) -> float:
@@ -151,8 +164,11 @@ def isolation_mode() -> str:
                 except SandboxError as exc:
                     reason = str(exc)
             if mode != "namespaces":
-                log.warning("code sandbox: namespaces unavailable (%s); running with rlimits only "
-                            "and refusing programs that use network or process APIs", reason)
+                log.warning(
+                    "code sandbox: namespaces unavailable (%s); running with rlimits only "
+                    "and refusing programs that use network or process APIs",
+                    reason,
+                )
             _mode_cache["mode"] = mode
         return _mode_cache["mode"]
 
@@ -189,11 +205,11 @@ class Sandbox:
     per-run deadline, so one slow program delays the rest of its batch.
     """
 
-    def __init__(self, limits: SandboxLimits = SandboxLimits(), isolation: str = "auto",
-                 python: str | None = None) -> None:
+    def __init__(
+        self, limits: SandboxLimits = SandboxLimits(), isolation: str = "auto", python: str | None = None
+    ) -> None:
         if isolation not in ("auto", "namespaces", "rlimits"):
-            raise ConfigError(f"sandbox isolation must be auto, namespaces or rlimits, "
-                              f"got {isolation!r}")
+            raise ConfigError(f"sandbox isolation must be auto, namespaces or rlimits, got {isolation!r}")
         self.limits = limits
         self._isolation = isolation
         self.python = python or sys.executable
@@ -217,8 +233,10 @@ class Sandbox:
             return None
         hit = _NETWORK_PATTERN.search(program.source)
         if hit:
-            return (f"Refused: the program uses `{hit.group(0)}`, but this sandbox has no network "
-                    f"isolation, so network and process-spawning APIs are not allowed.")
+            return (
+                f"Refused: the program uses `{hit.group(0)}`, but this sandbox has no network "
+                f"isolation, so network and process-spawning APIs are not allowed."
+            )
         return None
 
     def _run(self, programs: list[Program]) -> list[list[CaseOutcome]]:
@@ -250,22 +268,37 @@ class Sandbox:
         else:
             # RLIMIT_NPROC counts every process of the real uid: leave room for the ones running.
             nproc_abs = _user_process_count(os.getuid()) + limits.nproc
-        env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8",
-               "HOME": "/nonexistent", "PYTHONHASHSEED": "0"}
+        env = {
+            "PATH": "/usr/local/bin:/usr/bin:/bin",
+            "LANG": "C.UTF-8",
+            "LC_ALL": "C.UTF-8",
+            "HOME": "/nonexistent",
+            "PYTHONHASHSEED": "0",
+        }
         job = {
-            "mode": mode, "uid": uid, "gid": gid, "env": env,
+            "mode": mode,
+            "uid": uid,
+            "gid": gid,
+            "env": env,
             "limits": {**asdict(limits), "nproc_abs": nproc_abs, "wall_s": limits.wall_s},
             "max_timeouts": limits.max_timeouts,
-            "programs": [{"source": p.source, "inputs": list(p.inputs), "fn_name": p.fn_name,
-                          "scripts": p.scripts} for p in programs],
+            "programs": [
+                {"source": p.source, "inputs": list(p.inputs), "fn_name": p.fn_name, "scripts": p.scripts}
+                for p in programs
+            ],
         }
         n_cases = sum(len(p.inputs) for p in programs)
         deadline = limits.startup_s + n_cases * (limits.wall_s + 0.25)
         proc = None
         try:
             proc = subprocess.Popen(
-                [self.python, "-I", _RUNNER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE, cwd=workdir, env=env, start_new_session=True,
+                [self.python, "-I", _RUNNER],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                cwd=workdir,
+                env=env,
+                start_new_session=True,
                 close_fds=True,
             )
             try:
@@ -285,8 +318,10 @@ class Sandbox:
         if timed_out:
             # Only a runaway batch gets here (per-case limits fire first): every case counts
             # as timed out rather than guessing which one hung.
-            return [[CaseOutcome("timeout", stderr=f"sandbox deadline of {deadline:.1f}s exceeded")
-                     for _ in p.inputs] for p in programs]
+            return [
+                [CaseOutcome("timeout", stderr=f"sandbox deadline of {deadline:.1f}s exceeded") for _ in p.inputs]
+                for p in programs
+            ]
         try:
             report = json.loads(out.decode("utf-8", errors="replace"))
         except ValueError:
@@ -294,8 +329,10 @@ class Sandbox:
             raise SandboxError(f"sandbox runner failed (exit {proc.returncode}): {tail}") from None
         if report.get("setup_error"):
             raise SandboxError(f"sandbox setup failed: {report['setup_error']}")
-        return [[CaseOutcome(**{k: c[k] for k in CaseOutcome.__dataclass_fields__}) for c in cases]
-                for cases in report["programs"]]
+        return [
+            [CaseOutcome(**{k: c[k] for k in CaseOutcome.__dataclass_fields__}) for c in cases]
+            for cases in report["programs"]
+        ]
 
 
 def _kill_group(pgid: int) -> None:

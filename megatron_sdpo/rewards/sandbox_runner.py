@@ -19,6 +19,7 @@ dies the kernel kills the whole namespace, so nothing can outlive the sandbox.
 "rlimits" mode (no namespaces available) uses the same loop without the isolation steps; each
 case child gets its own process group, killed after the case.
 """
+
 import builtins
 import ctypes
 import io
@@ -86,8 +87,11 @@ def _expose_interpreter() -> None:
     """Let the sandbox uid import the stdlib even when it lives under a closed directory (e.g.
     a pyenv under /root): mask the closed directory with an empty tmpfs (hiding everything else
     in it) and bind only the interpreter's own directories back in."""
-    wanted = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix,
-                                            sys.base_exec_prefix, *sys.path) if p}
+    wanted = {
+        os.path.realpath(p)
+        for p in (sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix, *sys.path)
+        if p
+    }
     wanted = {p for p in wanted if os.path.isdir(p)}
     # Binding a directory covers its subdirectories.
     outermost = sorted(p for p in wanted if not any(p.startswith(q + "/") for q in wanted))
@@ -108,8 +112,7 @@ def _expose_interpreter() -> None:
 
 def isolate(limits: dict) -> None:
     """Enter fresh namespaces and make the whole file system read-only except the cwd."""
-    _check(_libc.unshare(CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS),
-           "unshare")
+    _check(_libc.unshare(CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS), "unshare")
     _mount(None, "/", None, MS_REC | MS_PRIVATE)
     workdir = os.getcwd()
     _mount(workdir, workdir, None, MS_BIND | MS_REC)
@@ -129,8 +132,7 @@ def isolate(limits: dict) -> None:
         if not os.path.isdir(scratch) or exe.startswith(scratch + "/"):
             continue
         # A private, size-capped tmpfs: writes to /tmp vanish with the sandbox.
-        _mount("tmpfs", scratch, "tmpfs", MS_NOSUID | MS_NODEV,
-               f"size={int(limits['tmpfs_mb'])}m,mode=1777")
+        _mount("tmpfs", scratch, "tmpfs", MS_NOSUID | MS_NODEV, f"size={int(limits['tmpfs_mb'])}m,mode=1777")
 
 
 def _clear_scratch() -> None:
@@ -149,8 +151,11 @@ def _clear_scratch() -> None:
 
 
 def _block_network(mode: str):
-    blocked = ("socket.",) if mode == "namespaces" else (
-        "socket.", "ctypes.", "subprocess.", "os.exec", "os.posix_spawn", "os.system", "pty.")
+    blocked = (
+        ("socket.",)
+        if mode == "namespaces"
+        else ("socket.", "ctypes.", "subprocess.", "os.exec", "os.posix_spawn", "os.system", "pty.")
+    )
 
     def hook(event: str, args) -> None:
         if event.startswith(blocked):
@@ -223,12 +228,11 @@ def _child(job: dict, program: dict, case_input: str, fds, mode: str, token: byt
         for src, dst in ((in_fd, 0), (out_fd, 1), (err_fd, 2), (res_fd, RESULT_FD)):
             os.dup2(src, dst)
         os.closerange(RESULT_FD + 1, 1 << 16)
-        sys.stdin = io.TextIOWrapper(io.FileIO(0, "r", closefd=False), encoding="utf-8",
-                                     errors="replace")
-        sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), encoding="utf-8",
-                                      errors="replace")
-        sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), encoding="utf-8",
-                                      errors="replace", line_buffering=True)
+        sys.stdin = io.TextIOWrapper(io.FileIO(0, "r", closefd=False), encoding="utf-8", errors="replace")
+        sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), encoding="utf-8", errors="replace")
+        sys.stderr = io.TextIOWrapper(
+            io.FileIO(2, "w", closefd=False), encoding="utf-8", errors="replace", line_buffering=True
+        )
         signal.signal(signal.SIGXFSZ, signal.SIG_DFL)
         _set_limits(job["limits"])
         if job.get("uid") is not None:
@@ -240,8 +244,9 @@ def _child(job: dict, program: dict, case_input: str, fds, mode: str, token: byt
         os.environ.update(job["env"])
         sys.addaudithook(_block_network(mode))
         script = case_input if program.get("scripts") else None
-        status = _run_program(program["source"], program.get("fn_name"),
-                              "" if script is not None else case_input, script, token)
+        status = _run_program(
+            program["source"], program.get("fn_name"), "" if script is not None else case_input, script, token
+        )
         sys.stdout.flush()
         sys.stderr.flush()
     except BaseException:
@@ -349,11 +354,13 @@ def _run_case(job: dict, program: dict, case_input: str, mode: str) -> dict:
         if scripts and result != token.decode() and os.WIFEXITED(wstatus) and os.WEXITSTATUS(wstatus) == 0:
             stderr += "\nThe program ended (exit status 0) before the test ran.\n"
         outcome = {
-            "stdout": _read_fd(fds[1], cap), "stderr": stderr,
+            "stdout": _read_fd(fds[1], cap),
+            "stderr": stderr,
             "result": None if scripts else result,
             "wall_s": round(wall, 4),
             "cpu_s": round(max(tree_cpu, usage.ru_utime + usage.ru_stime), 4),
-            "returncode": None, "signal": None,
+            "returncode": None,
+            "signal": None,
         }
     finally:
         for fd in fds:
@@ -389,8 +396,18 @@ def run_jobs(job: dict, mode: str) -> list:
         outcomes, timeouts = [], 0
         for case_input in program["inputs"]:
             if timeouts >= job["max_timeouts"]:
-                outcomes.append({"status": "skipped", "stdout": "", "stderr": "", "result": None,
-                                 "wall_s": 0.0, "cpu_s": 0.0, "returncode": None, "signal": None})
+                outcomes.append(
+                    {
+                        "status": "skipped",
+                        "stdout": "",
+                        "stderr": "",
+                        "result": None,
+                        "wall_s": 0.0,
+                        "cpu_s": 0.0,
+                        "returncode": None,
+                        "signal": None,
+                    }
+                )
                 continue
             outcome = _run_case(job, program, case_input, mode)
             timeouts += outcome["status"] == "timeout"

@@ -7,6 +7,7 @@ BFCL-style records may instead carry ``allowed``: a list of {"Action": fn, "Acti
 values]}}), where "" in a
 list marks the argument optional; then every call is checked against its function's table.
 """
+
 from __future__ import annotations
 
 import json
@@ -161,15 +162,21 @@ def score_tooluse(response: str, record: dict) -> RewardResult:
     if errors:
         return RewardResult(0.0, errors[0], {**details, "error": "bad_json"})
     if not calls:
-        return RewardResult(0.0, "No tool call found: write `Action: <tool name>` followed by "
-                            "`Action Input: <JSON object>`.", {**details, "error": "no_action"})
+        return RewardResult(
+            0.0,
+            "No tool call found: write `Action: <tool name>` followed by `Action Input: <JSON object>`.",
+            {**details, "error": "no_action"},
+        )
     # A gold call's function is never unknown, documented or not (a few of the reference's
     # ToolAlpaca answers call a function its prompt does not document, e.g. `getDetails`).
     known = set(tool_names) | {n for n, _ in gold}
     for name, _ in calls:
         if tool_names and name not in known:
-            return RewardResult(0.0, f"Unknown tool {clip_text(name, 40)!r}; available tools: "
-                                f"{', '.join(tool_names)}.", {**details, "error": "unknown_tool"})
+            return RewardResult(
+                0.0,
+                f"Unknown tool {clip_text(name, 40)!r}; available tools: {', '.join(tool_names)}.",
+                {**details, "error": "unknown_tool"},
+            )
     want, got = Counter(n for n, _ in gold), Counter(n for n, _ in calls)
     if want != got:
         # Like an environment: say which of the model's own calls were wrong or missing in
@@ -179,8 +186,7 @@ def score_tooluse(response: str, record: dict) -> RewardResult:
             parts.append("call(s) to " + ", ".join(sorted(got - want)) + " do not solve this task")
         if sum((want - got).values()):
             parts.append(f"{sum(want.values())} call(s) are needed, {sum(got.values())} were made")
-        return RewardResult(0.0, "Wrong tool calls: " + "; ".join(parts) + ".",
-                            {**details, "error": "wrong_actions"})
+        return RewardResult(0.0, "Wrong tool calls: " + "; ".join(parts) + ".", {**details, "error": "wrong_actions"})
     if allowed:
         problem = _check_allowed(calls, allowed)
     else:

@@ -1,4 +1,5 @@
 """Rollout engines: colocated vLLM or HF generate behind one seam (see base.py)."""
+
 from __future__ import annotations
 
 import importlib.util

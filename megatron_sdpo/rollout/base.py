@@ -1,4 +1,5 @@
 """The rollout seam: sample n responses per prompt, with the sampler's own logprobs."""
+
 from __future__ import annotations
 
 import contextlib

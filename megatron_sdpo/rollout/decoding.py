@@ -8,6 +8,7 @@ take `enable_gqa` with a mask and give the same numbers (each query head reads i
 head); one query token per row is the case measured faster (tools/bench_rollout.py), so prefill
 and every other shape keep transformers' own path.
 """
+
 from __future__ import annotations
 
 import torch
@@ -31,8 +32,16 @@ def decode_sdpa(
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     groups = getattr(module, "num_key_value_groups", 1)
-    if groups == 1 or query.shape[2] != 1 or query.device.type != "cpu" or dropout or kwargs.get("position_bias") is not None:
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
+    if (
+        groups == 1
+        or query.shape[2] != 1
+        or query.device.type != "cpu"
+        or dropout
+        or kwargs.get("position_bias") is not None
+    ):
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
+        )
     out = F.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask, scale=scaling, enable_gqa=True)
     return out.transpose(1, 2).contiguous(), None
 

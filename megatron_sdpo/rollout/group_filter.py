@@ -12,6 +12,7 @@ leaves those rows out of the forward and backward at no cost.
 The extra rounds' prompts and seeds are pure functions of (stage, step, round), like the first
 round's, so a resumed run draws the same ones.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field

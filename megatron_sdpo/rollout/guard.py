@@ -14,6 +14,7 @@ step and, from per-tensor checksums of what the trainer sent against what the en
 received at the last refit, the first tensor that differs. A checksum difference alone stops
 the run too: in-process the bytes cannot legitimately change on the way.
 """
+
 from __future__ import annotations
 
 import torch
@@ -28,7 +29,9 @@ SEQ_WEIGHT = "guard_seq_weight"  # [B] 1 / global batch size
 _SUM_CAP = 80.0
 
 
-def attach_guard_tensors(tensors: dict[str, torch.Tensor], response_mask: torch.Tensor, rows: torch.Tensor | None = None) -> None:
+def attach_guard_tensors(
+    tensors: dict[str, torch.Tensor], response_mask: torch.Tensor, rows: torch.Tensor | None = None
+) -> None:
     """Adds the per-token and per-sequence weights that make the guard metrics shares of
     global means (the backends sum metric shares over micro-batches and ranks).
     response_mask: [B, T] 1 on response tokens; rows: [B] bool, the rows measured (None: all)."""
@@ -92,7 +95,9 @@ class GuardedLoss:
         loss, metrics = self.inner(outputs, tensors, normalizer)
         metrics = dict(metrics)
         metrics.update(
-            mismatch_metrics(outputs["logprobs"], tensors["rollout_logprobs"], tensors[TOKEN_WEIGHT], tensors[SEQ_WEIGHT])
+            mismatch_metrics(
+                outputs["logprobs"], tensors["rollout_logprobs"], tensors[TOKEN_WEIGHT], tensors[SEQ_WEIGHT]
+            )
         )
         return loss, metrics
 

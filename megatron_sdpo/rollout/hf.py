@@ -18,6 +18,7 @@ has ended leave the decoding batch: a group's answers end at very different leng
 math workload a mean of 12 of 32 new tokens), and without it every row is decoded until the
 longest answer of the chunk ends.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
@@ -289,7 +290,9 @@ class HFRolloutEngine(RolloutEngine):
             if name not in own:
                 raise ValueError(f"update_weights: unknown tensor {name!r}")
             if tuple(t.shape) != tuple(own[name].shape):
-                raise ValueError(f"update_weights: {name} has shape {tuple(t.shape)}, expected {tuple(own[name].shape)}")
+                raise ValueError(
+                    f"update_weights: {name} has shape {tuple(t.shape)}, expected {tuple(own[name].shape)}"
+                )
             own[name].copy_(t)
             done_ptrs.add(own[name].untyped_storage().data_ptr())
         missing = [n for n, p in self._params.items() if p.untyped_storage().data_ptr() not in done_ptrs]

@@ -7,6 +7,7 @@ prompt's n samples stay on its replica (whole groups). Each replica generates it
 completions are all-gathered in replica order, so every rank ends with the batch a single
 process would produce, in the same order; the trainer then takes its data-parallel slice.
 """
+
 from __future__ import annotations
 
 import os
@@ -31,9 +32,7 @@ class ReplicaLayout:
         if self.tp < 1:
             raise ConfigError(f"rollout.tensor_parallel_size must be >= 1, got {self.tp}")
         if self.world % self.tp:
-            raise ConfigError(
-                f"rollout.tensor_parallel_size={self.tp} must divide the number of ranks ({self.world})"
-            )
+            raise ConfigError(f"rollout.tensor_parallel_size={self.tp} must divide the number of ranks ({self.world})")
 
     @classmethod
     def of_launch(cls, tp: int) -> ReplicaLayout:

@@ -5,6 +5,7 @@ Before, every rank scored the whole batch: at 16 ranks the code sandbox ran each
 times. The gather is an object gather on a gloo group (on GPU launches, a gloo group over the
 world made once: small pickled results need no trip through device memory).
 """
+
 from __future__ import annotations
 
 import torch.distributed as dist

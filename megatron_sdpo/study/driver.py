@@ -1,5 +1,6 @@
 """A study from arms and seeds to study.csv and study.md (`megatron-sdpo study`; `compare` is
 its one-seed case): validate every run's config, run what is not finished, tabulate."""
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -70,8 +71,13 @@ class Study:
         # Seed by seed: a study stopped early (or out of budget) holds whole seeds, every arm paired.
         order = sorted(specs, key=lambda s: self.seeds.index(s.seed))
         failed = StudyRunner(
-            order, jobs=self.jobs, threads=self.threads, log_dir=self.out / "logs" if self.jobs > 1 else None,
-            timings=timings, quiet=self.quiet, verbose=self.verbose,
+            order,
+            jobs=self.jobs,
+            threads=self.threads,
+            log_dir=self.out / "logs" if self.jobs > 1 else None,
+            timings=timings,
+            quiet=self.quiet,
+            verbose=self.verbose,
         ).run()
         md = self.tabulate(specs, baseline, timings)
         if failed:
@@ -88,9 +94,15 @@ class Study:
         return write_markdown(
             self.out / "study.md",
             title=self.title or f"Study: {self.preset}, arms {', '.join(names)}",
-            arms={a.name: " ".join(a.overrides) + (f" (restart every {a.restart_every} steps)" if a.restart_every else "")
-                  for a in self.arms},
-            runs=runs, planned=len(specs), baseline=baseline, comparisons=comparisons, n_boot=self.n_boot,
+            arms={
+                a.name: " ".join(a.overrides) + (f" (restart every {a.restart_every} steps)" if a.restart_every else "")
+                for a in self.arms
+            },
+            runs=runs,
+            planned=len(specs),
+            baseline=baseline,
+            comparisons=comparisons,
+            n_boot=self.n_boot,
             pilot_detect=self.pilot_detect,
         )
 

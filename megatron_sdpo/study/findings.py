@@ -2,6 +2,7 @@
 finding, its metrics per arm against the baseline arm: the paired-by-seed mean difference with
 its 95% t-interval and hierarchical bootstrap, the sign count and the verdict; with `--pilot`
 the seeds needed for a detectable difference)."""
+
 from __future__ import annotations
 
 import csv
@@ -147,18 +148,26 @@ def compare_arms(runs: list[StudyRun], baseline: str, arms: list[str], *, n_boot
                 if a is not None and b is not None and None not in (a.values[m.name], b.values[m.name]):
                     diffs.append(a.values[m.name] - b.values[m.name])  # type: ignore[operator]
             summary = stats.paired_summary(diffs) if diffs else None
-            out.append(Comparison(
-                m, arm, _mean([r.values[m.name] for r in runs if r.arm == arm]), _mean(base_vals),
-                summary, boot.get((arm, m.name)), stats.DESCRIPTIVE if direction is None else stats.INCONCLUSIVE,
-                direction,
-            ))
+            out.append(
+                Comparison(
+                    m,
+                    arm,
+                    _mean([r.values[m.name] for r in runs if r.arm == arm]),
+                    _mean(base_vals),
+                    summary,
+                    boot.get((arm, m.name)),
+                    stats.DESCRIPTIVE if direction is None else stats.INCONCLUSIVE,
+                    direction,
+                )
+            )
     for key in FINDINGS:
         for arm in others:
             mine = [c for c in out if c.metric.finding == key and c.arm == arm]
             names = [c.metric.name for c in mine]
             primary = names.index(paper.PRIMARY[key]) if paper.PRIMARY.get(key) in names else 0
-            judged = inference.judge_finding([c.summary for c in mine], [c.direction for c in mine],
-                                             [c.metric.margin for c in mine], primary)
+            judged = inference.judge_finding(
+                [c.summary for c in mine], [c.direction for c in mine], [c.metric.margin for c in mine], primary
+            )
             for c, j in zip(mine, judged, strict=True):
                 c.judgement, c.verdict = j, j.verdict
     return out
@@ -262,16 +271,37 @@ def write_markdown(
                 s, j = c.summary, c.judgement
                 role = "primary" if j is not None and j.primary else "secondary"
                 level = f"{100 * j.level:.2f}%".replace(".00%", "%") if j is not None else "–"
-                rows.append([
-                    f"`{c.metric.name}`", role, c.arm, _f(c.arm_mean), _f(c.base_mean),
-                    _f(s.mean) if s else "–", f"{_interval(j.lo, j.hi) if j else '–'} ({level})",
-                    _interval(*c.boot) if c.boot else "–", _signs(c),
-                    _f(j.p_adjusted) if j is not None and j.p_adjusted is not None else "–", direction,
-                    f"*{c.verdict}*",
-                ])
+                rows.append(
+                    [
+                        f"`{c.metric.name}`",
+                        role,
+                        c.arm,
+                        _f(c.arm_mean),
+                        _f(c.base_mean),
+                        _f(s.mean) if s else "–",
+                        f"{_interval(j.lo, j.hi) if j else '–'} ({level})",
+                        _interval(*c.boot) if c.boot else "–",
+                        _signs(c),
+                        _f(j.p_adjusted) if j is not None and j.p_adjusted is not None else "–",
+                        direction,
+                        f"*{c.verdict}*",
+                    ]
+                )
             lines += _table(
-                ["metric", "role", "arm", "arm mean", f"{baseline} mean", "Δ mean", "t-interval (level)",
-                 "95% bootstrap", "sign agrees", "p (Holm)", "paper", "verdict"],
+                [
+                    "metric",
+                    "role",
+                    "arm",
+                    "arm mean",
+                    f"{baseline} mean",
+                    "Δ mean",
+                    "t-interval (level)",
+                    "95% bootstrap",
+                    "sign agrees",
+                    "p (Holm)",
+                    "paper",
+                    "verdict",
+                ],
                 rows,
             )
             lines.append("")

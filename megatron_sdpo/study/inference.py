@@ -12,6 +12,7 @@ confidence level L (0.95 for a primary metric, Holm's adjusted level for a secon
                 names, in either direction;
   inconclusive  otherwise.
 """
+
 from __future__ import annotations
 
 import math
@@ -58,8 +59,9 @@ def tost_equivalent(summary: stats.PairedSummary, margin: float, alpha: float = 
     return lo is not None and hi is not None and -margin < lo and hi < margin
 
 
-def verdict_at(summary: stats.PairedSummary, direction: int | None, *, level: float = 1.0 - ALPHA,
-               margin: float | None = None) -> str:
+def verdict_at(
+    summary: stats.PairedSummary, direction: int | None, *, level: float = 1.0 - ALPHA, margin: float | None = None
+) -> str:
     """The module docstring's verdict at confidence `level`."""
     lo, hi = interval_at(summary, level)
     sided = stats.sided_verdict(summary, direction, lo, hi)
@@ -143,8 +145,9 @@ def bootstrap(
     for _ in range(n_boot):
         picks = rng.integers(0, n, size=n)
         shared = ItemDraws(rng) if crossed else None
-        draws = [np.asarray(paired_diff(units[i], shared if crossed else ItemDraws(rng)), dtype=np.float64)
-                 for i in picks]
+        draws = [
+            np.asarray(paired_diff(units[i], shared if crossed else ItemDraws(rng)), dtype=np.float64) for i in picks
+        ]
         reps.append(np.nanmean(np.stack(draws), axis=0))
     alpha = (1.0 - level) / 2.0
     lo, hi = np.nanquantile(np.stack(reps), [alpha, 1.0 - alpha], axis=0)
@@ -173,7 +176,11 @@ def judge_finding(
     """A finding's metrics (one arm against the baseline): the primary at 95%, the others with
     Holm's levels over the secondaries that have a paper direction (descriptive metrics are not
     tested and keep 95%)."""
-    tested = [i for i, (s, d) in enumerate(zip(summaries, directions, strict=True)) if i != primary and d is not None and s is not None]
+    tested = [
+        i
+        for i, (s, d) in enumerate(zip(summaries, directions, strict=True))
+        if i != primary and d is not None and s is not None
+    ]
     pvals = [t_pvalue(summaries[i]) for i in tested]  # type: ignore[arg-type]
     levels = dict(zip(tested, holm_levels(pvals), strict=True))
     known = [(i, p) for i, p in zip(tested, pvals, strict=True) if p is not None]
@@ -182,8 +189,9 @@ def judge_finding(
     for i, (s, d, m) in enumerate(zip(summaries, directions, margins, strict=True)):
         level = levels.get(i, 1.0 - ALPHA)
         if s is None:
-            out.append(Judgement(i == primary, level, None, None, None,
-                                 stats.DESCRIPTIVE if d is None else stats.INCONCLUSIVE))
+            out.append(
+                Judgement(i == primary, level, None, None, None, stats.DESCRIPTIVE if d is None else stats.INCONCLUSIVE)
+            )
             continue
         lo, hi = interval_at(s, level)
         p = t_pvalue(s) if i == primary else adjusted.get(i)

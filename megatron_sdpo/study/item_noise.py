@@ -8,6 +8,7 @@ the same n items, sd(after_i - before_i) / sqrt(n) (n - 1 in the sd); the mean o
 sqrt(sum of the squared run errors) / S. It is what the gain would scatter by had the items been
 drawn afresh, whether or not this study's items are a whole (exhaustive) space.
 """
+
 from __future__ import annotations
 
 import math
@@ -26,6 +27,7 @@ class StudyRun(Protocol):
 
     arm: str
     view: RunView
+
 
 K_SE = 3.0
 
@@ -101,6 +103,8 @@ def markdown(checks: Sequence[GainCheck]) -> list[str]:
     for c in checks:
         se = "–" if c.item_se is None else f"{c.item_se:.4f}"
         seeds = ", ".join(f"{g:+.3f}" for g in c.gains)
-        lines.append(f"| {c.arm} | {c.domain} | {seeds} | {c.positive}/{len(c.gains)} | {c.mean:+.3f} | {se} | "
-                     f"{'yes' if c.passed else 'no'} |")
+        lines.append(
+            f"| {c.arm} | {c.domain} | {seeds} | {c.positive}/{len(c.gains)} | {c.mean:+.3f} | {se} | "
+            f"{'yes' if c.passed else 'no'} |"
+        )
     return lines + [""]

@@ -8,6 +8,7 @@ hierarchical bootstrap can recompute them on a matrix rebuilt from resampled eva
 are bootstrapped over seeds only. A new metric is one `Metric` row in `METRICS` (or
 `register`): the study's CSV, tables and statistics pick it up.
 """
+
 from __future__ import annotations
 
 import gzip
@@ -231,8 +232,11 @@ def mid_stage_gain(view: RunView, domain: str | None = None) -> float | None:
         if domain not in (None, name):
             continue
         key, before = f"eval/{name}/id", m.values[m.rows[i - 1]].get(f"{name}/id")
-        mids = sorted((int(r["step"]), float(r[key])) for r in view.metrics
-                      if r.get("stage") == i - 1 and isinstance(r.get(key), (int, float)))
+        mids = sorted(
+            (int(r["step"]), float(r[key]))
+            for r in view.metrics
+            if r.get("stage") == i - 1 and isinstance(r.get(key), (int, float))
+        )
         gains.append(mids[0][1] - before if mids and before is not None else None)
     return _mean(gains)
 
@@ -375,59 +379,201 @@ def _bwt(view: RunView, domain: str) -> float | None:
 
 
 METRICS: list[Metric] = [
-    Metric("in_stage_gain", "specialization", in_stage_gain, True,
-           "mean over stages of the stage domain's ID accuracy after its stage minus before"),
-    *(Metric(f"in_stage_gain/{d}", "specialization", partial(in_stage_gain, domain=d), True,
-             f"{d} ID accuracy after its stage minus before") for d in DOMAINS),
-    Metric("mid_stage_gain", "specialization", mid_stage_gain, False,
-           "mean over stages of the stage domain's ID accuracy at its first eval.at_steps eval minus before the stage"),
-    *(Metric(f"mid_stage_gain/{d}", "specialization", partial(mid_stage_gain, domain=d), False,
-             f"{d} ID accuracy at the stage's first eval.at_steps eval minus before") for d in DOMAINS),
-    Metric("reward_auc", "specialization", reward_auc, False,
-           "mean over stages of the mean training reward over the stage's steps"),
-    *(Metric(f"reward_auc/{d}", "specialization", partial(reward_auc, domain=d), False,
-             f"mean training reward over the {d} stage's steps") for d in DOMAINS),
-    Metric("backward_transfer", "forgetting", lambda v: v.forgetting["average"]["bwt"], True,
-           "mean over domains but the last of final ID accuracy minus its value just after the domain's stage"),
-    *(Metric(f"backward_transfer/{d}", "forgetting", partial(_bwt, domain=d), True,
-             f"{d} final ID accuracy minus its value just after the {d} stage") for d in DOMAINS),
-    Metric("forgetting", "forgetting", lambda v: v.forgetting["average"]["forgetting"], True,
-           "mean over domains but the last of (best ID accuracy from its stage on) minus final"),
-    Metric("forgetting_noise_floor", "forgetting", forgetting_noise_floor, True,
-           "what `forgetting` reads with nothing forgotten: binomial SE of the item count × E[max of m normals]"),
-    Metric("final_avg_id", "final_average", lambda v: v.forgetting["final_avg_id"], True,
-           "mean ID accuracy over domains after the last stage"),
-    *(Metric(f"final_id/{d}", "final_average", partial(_final_id, domain=d), True,
-             f"{d} ID accuracy after the last stage") for d in DOMAINS),
-    *(Metric(f"ood_change/{dist}", "ood_distance", partial(_ood, distance=dist), True,
-             f"mean ood_{dist} accuracy, final minus base") for dist in ("near", "mid", "far")),
+    Metric(
+        "in_stage_gain",
+        "specialization",
+        in_stage_gain,
+        True,
+        "mean over stages of the stage domain's ID accuracy after its stage minus before",
+    ),
+    *(
+        Metric(
+            f"in_stage_gain/{d}",
+            "specialization",
+            partial(in_stage_gain, domain=d),
+            True,
+            f"{d} ID accuracy after its stage minus before",
+        )
+        for d in DOMAINS
+    ),
+    Metric(
+        "mid_stage_gain",
+        "specialization",
+        mid_stage_gain,
+        False,
+        "mean over stages of the stage domain's ID accuracy at its first eval.at_steps eval minus before the stage",
+    ),
+    *(
+        Metric(
+            f"mid_stage_gain/{d}",
+            "specialization",
+            partial(mid_stage_gain, domain=d),
+            False,
+            f"{d} ID accuracy at the stage's first eval.at_steps eval minus before",
+        )
+        for d in DOMAINS
+    ),
+    Metric(
+        "reward_auc",
+        "specialization",
+        reward_auc,
+        False,
+        "mean over stages of the mean training reward over the stage's steps",
+    ),
+    *(
+        Metric(
+            f"reward_auc/{d}",
+            "specialization",
+            partial(reward_auc, domain=d),
+            False,
+            f"mean training reward over the {d} stage's steps",
+        )
+        for d in DOMAINS
+    ),
+    Metric(
+        "backward_transfer",
+        "forgetting",
+        lambda v: v.forgetting["average"]["bwt"],
+        True,
+        "mean over domains but the last of final ID accuracy minus its value just after the domain's stage",
+    ),
+    *(
+        Metric(
+            f"backward_transfer/{d}",
+            "forgetting",
+            partial(_bwt, domain=d),
+            True,
+            f"{d} final ID accuracy minus its value just after the {d} stage",
+        )
+        for d in DOMAINS
+    ),
+    Metric(
+        "forgetting",
+        "forgetting",
+        lambda v: v.forgetting["average"]["forgetting"],
+        True,
+        "mean over domains but the last of (best ID accuracy from its stage on) minus final",
+    ),
+    Metric(
+        "forgetting_noise_floor",
+        "forgetting",
+        forgetting_noise_floor,
+        True,
+        "what `forgetting` reads with nothing forgotten: binomial SE of the item count × E[max of m normals]",
+    ),
+    Metric(
+        "final_avg_id",
+        "final_average",
+        lambda v: v.forgetting["final_avg_id"],
+        True,
+        "mean ID accuracy over domains after the last stage",
+    ),
+    *(
+        Metric(
+            f"final_id/{d}",
+            "final_average",
+            partial(_final_id, domain=d),
+            True,
+            f"{d} ID accuracy after the last stage",
+        )
+        for d in DOMAINS
+    ),
+    *(
+        Metric(
+            f"ood_change/{dist}",
+            "ood_distance",
+            partial(_ood, distance=dist),
+            True,
+            f"mean ood_{dist} accuracy, final minus base",
+        )
+        for dist in ("near", "mid", "far")
+    ),
     # One domain's OOD sets: the average above can hide a drop in one domain behind a gain in another.
-    *(Metric(f"ood_change/{d}/{dist}", "ood_distance",
-             partial(_ood_domain, domain=d, distance=dist), True, f"{d} ood_{dist} accuracy, final minus base")
-      for d in DOMAINS for dist in ("near", "mid", "far")),
-    *(Metric(f"ood_mmd/{group}", "ood_distance", partial(_ood_mmd, group=group), True,
-             f"mean in-stage OOD change of the {third} third of (stage, OOD set) pairs by RBF-MMD")
-      for group, third in (("near", "nearest"), ("mid", "middle"), ("far", "farthest"))),
-    Metric("spectral_shift", "drift", lambda v: _last_drift(v, "param_vs_base", "summary", "mean_spectral_shift"),
-           False, "mean spectral shift of the final policy vs the base"),
-    Metric("max_angle_deg", "drift", lambda v: _last_drift(v, "param_vs_base", "summary", "mean_angle_max_deg"),
-           False, "mean over matrices of the max principal angle, final policy vs base (degrees)"),
-    Metric("response_cosine", "drift", lambda v: _last_drift(v, "response_cosine_mean"), False,
-           "mean cosine of the final policy's answers' embeddings to the base's"),
-    Metric("excess_kl", "drift", lambda v: _last_drift(v, "excess_kl_mean_k3"), False,
-           "excess KL (k3) of the final policy to the base on its own answers"),
-    Metric("boxed_repeat_max", "artifacts", lambda v: _artifact(v, "artifacts/fmt_boxed_repeat_rate", "max"), False,
-           "max over steps of the share of responses repeating \\boxed"),
-    Metric("boxed_repeat_gain", "artifacts", lambda v: _artifact(v, "artifacts/fmt_boxed_repeat_rate", "gain"),
-           False, "share of responses repeating \\boxed, last 20% of a stage's steps minus its first 20%, mean over the stages where it occurs, 0 where it never does (the assay's endpoint)"),
-    Metric("reward_change", "artifacts", reward_change, False,
-           "mean training reward over a stage's last 3 steps minus its first 3 (the collapse monitor's windows), "
-           "mean over stages of at least 6 steps"),
-    Metric("repeated_ngram_late", "artifacts", lambda v: _artifact(v, "artifacts/repeated_ngram_rate", "tail"),
-           False, "repeated 4-gram rate over the run's last 20% of steps"),
-    Metric("teacher_artifact_endorsement", "artifacts",
-           lambda v: _artifact(v, "teacher/artifact_endorsement", "mean"), False,
-           "the teacher's log-prob gain over the student on repeated-format-marker tokens minus on the other distilled tokens, mean over the teacher-signal steps that had such tokens (SDPO only)"),
+    *(
+        Metric(
+            f"ood_change/{d}/{dist}",
+            "ood_distance",
+            partial(_ood_domain, domain=d, distance=dist),
+            True,
+            f"{d} ood_{dist} accuracy, final minus base",
+        )
+        for d in DOMAINS
+        for dist in ("near", "mid", "far")
+    ),
+    *(
+        Metric(
+            f"ood_mmd/{group}",
+            "ood_distance",
+            partial(_ood_mmd, group=group),
+            True,
+            f"mean in-stage OOD change of the {third} third of (stage, OOD set) pairs by RBF-MMD",
+        )
+        for group, third in (("near", "nearest"), ("mid", "middle"), ("far", "farthest"))
+    ),
+    Metric(
+        "spectral_shift",
+        "drift",
+        lambda v: _last_drift(v, "param_vs_base", "summary", "mean_spectral_shift"),
+        False,
+        "mean spectral shift of the final policy vs the base",
+    ),
+    Metric(
+        "max_angle_deg",
+        "drift",
+        lambda v: _last_drift(v, "param_vs_base", "summary", "mean_angle_max_deg"),
+        False,
+        "mean over matrices of the max principal angle, final policy vs base (degrees)",
+    ),
+    Metric(
+        "response_cosine",
+        "drift",
+        lambda v: _last_drift(v, "response_cosine_mean"),
+        False,
+        "mean cosine of the final policy's answers' embeddings to the base's",
+    ),
+    Metric(
+        "excess_kl",
+        "drift",
+        lambda v: _last_drift(v, "excess_kl_mean_k3"),
+        False,
+        "excess KL (k3) of the final policy to the base on its own answers",
+    ),
+    Metric(
+        "boxed_repeat_max",
+        "artifacts",
+        lambda v: _artifact(v, "artifacts/fmt_boxed_repeat_rate", "max"),
+        False,
+        "max over steps of the share of responses repeating \\boxed",
+    ),
+    Metric(
+        "boxed_repeat_gain",
+        "artifacts",
+        lambda v: _artifact(v, "artifacts/fmt_boxed_repeat_rate", "gain"),
+        False,
+        "share of responses repeating \\boxed, last 20% of a stage's steps minus its first 20%, mean over the stages where it occurs, 0 where it never does (the assay's endpoint)",
+    ),
+    Metric(
+        "reward_change",
+        "artifacts",
+        reward_change,
+        False,
+        "mean training reward over a stage's last 3 steps minus its first 3 (the collapse monitor's windows), "
+        "mean over stages of at least 6 steps",
+    ),
+    Metric(
+        "repeated_ngram_late",
+        "artifacts",
+        lambda v: _artifact(v, "artifacts/repeated_ngram_rate", "tail"),
+        False,
+        "repeated 4-gram rate over the run's last 20% of steps",
+    ),
+    Metric(
+        "teacher_artifact_endorsement",
+        "artifacts",
+        lambda v: _artifact(v, "teacher/artifact_endorsement", "mean"),
+        False,
+        "the teacher's log-prob gain over the student on repeated-format-marker tokens minus on the other distilled tokens, mean over the teacher-signal steps that had such tokens (SDPO only)",
+    ),
 ]
 
 

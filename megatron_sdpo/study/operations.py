@@ -13,6 +13,7 @@ the accuracy, each averaged over seeds.
 
 Only the synthetic math sets carry a worked solution with the operation; other sets are skipped.
 """
+
 from __future__ import annotations
 
 import argparse

@@ -14,6 +14,7 @@ transcribed them, not checked against the paper's PDF here) or *read off a plot*
 read by eye, to a stated resolution in the number's own unit). A plot reading whose two values
 differ by less than twice its resolution gives no direction: the metric is descriptive.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -71,15 +72,19 @@ _GAIN_RES, _SHIFT_RES, _ANGLE_RES, _COS_RES = 5.0, 1.0, 0.5, 1.0
 
 PAPER: dict[str, PaperNumber] = {
     "in_stage_gain/math": PaperNumber(73.0, 38.0, 1, _MATH_STAGE, _STAGES, PLOT, _GAIN_RES),
-    "mid_stage_gain/math": PaperNumber(73.0, 38.0, 1, _MATH_STAGE + " (the faster specialization)", _STAGES, PLOT,
-                                       _GAIN_RES),
-    "in_stage_gain/tooluse": PaperNumber(-25.0, 24.0, 1, "TOOLUSE stage, relative to the base: SDPO₀ ≈ −25% vs "
-                                         "GRPO ≈ +24%", _STAGES, PLOT, _GAIN_RES),
+    "mid_stage_gain/math": PaperNumber(
+        73.0, 38.0, 1, _MATH_STAGE + " (the faster specialization)", _STAGES, PLOT, _GAIN_RES
+    ),
+    "in_stage_gain/tooluse": PaperNumber(
+        -25.0, 24.0, 1, "TOOLUSE stage, relative to the base: SDPO₀ ≈ −25% vs GRPO ≈ +24%", _STAGES, PLOT, _GAIN_RES
+    ),
     # 17 vs 21 is 4 points apart, under two readings' resolution: no direction (descriptive).
-    "in_stage_gain/code": PaperNumber(17.0, 21.0, 1, "CODING stage, relative to the base: SDPO₀ ≈ +17% vs GRPO "
-                                      "≈ +21%", _STAGES, PLOT, _GAIN_RES),
-    "backward_transfer": PaperNumber(34.4 + 9.9, 57.3 + 57.7, 1, _FINAL + "; GRPO improves earlier domains", _RESULTS,
-                                     TRANSCRIBED),
+    "in_stage_gain/code": PaperNumber(
+        17.0, 21.0, 1, "CODING stage, relative to the base: SDPO₀ ≈ +17% vs GRPO ≈ +21%", _STAGES, PLOT, _GAIN_RES
+    ),
+    "backward_transfer": PaperNumber(
+        34.4 + 9.9, 57.3 + 57.7, 1, _FINAL + "; GRPO improves earlier domains", _RESULTS, TRANSCRIBED
+    ),
     "backward_transfer/math": PaperNumber(34.4, 57.3, 1, "final MATH 34.4 vs 57.3", _RESULTS, TRANSCRIBED),
     "backward_transfer/tooluse": PaperNumber(9.9, 57.7, 1, "final TOOLUSE 9.9 vs 57.7", _RESULTS, TRANSCRIBED),
     "forgetting": PaperNumber(34.4 + 9.9, 57.3 + 57.7, -1, _FINAL, _RESULTS, TRANSCRIBED),
@@ -88,8 +93,9 @@ PAPER: dict[str, PaperNumber] = {
     "final_id/tooluse": PaperNumber(9.9, 57.7, 1, "final TOOLUSE 9.9 vs 57.7", _RESULTS, TRANSCRIBED),
     "spectral_shift": PaperNumber(4.0, 1.0, 1, "spectral shift ≈ 4× GRPO's", _DRIFT, PLOT, _SHIFT_RES),
     "max_angle_deg": PaperNumber(2.5, 0.5, 1, "max principal angle ≈ 2.5° vs 0–0.5°", _DRIFT, PLOT, _ANGLE_RES),
-    "response_cosine": PaperNumber(92.5, 96.5, 1, "response cosine to the base 91–94% vs 96–97%", _DRIFT, PLOT,
-                                   _COS_RES),
+    "response_cosine": PaperNumber(
+        92.5, 96.5, 1, "response cosine to the base 91–94% vs 96–97%", _DRIFT, PLOT, _COS_RES
+    ),
 }
 
 # One primary metric per finding (the one its verdict is read from; the others are secondary,
@@ -115,8 +121,10 @@ def direction(metric: str, baseline: str) -> int | None:
 
 def direction_table() -> list[str]:
     """The directions as docs/studies.md shows them (a test holds the two equal)."""
-    lines = ["| metric | paper (SDPO vs GRPO) | direction of SDPO − GRPO | source | provenance |",
-             "|---|---|---|---|---|"]
+    lines = [
+        "| metric | paper (SDPO vs GRPO) | direction of SDPO − GRPO | source | provenance |",
+        "|---|---|---|---|---|",
+    ]
     for name, n in PAPER.items():
         sign = {1: "+", -1: "−", None: "none (descriptive)"}[n.direction]
         lines.append(f"| `{name}` | {n.stated} | {sign} | {n.source} | {n.provenance_text} |")

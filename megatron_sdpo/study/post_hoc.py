@@ -11,6 +11,7 @@ each computed from the exported runs and labelled post hoc where docs/findings.m
   bounds against the effect that matters; the sd the seed count was sized from, beside the
   confirmatory data's and the primary's own.
 """
+
 from __future__ import annotations
 
 import math
@@ -44,9 +45,11 @@ def _ci(d: Sequence[float]) -> str:
 
 def collapse_table(runs: Runs) -> list[str]:
     """docs/findings.md's safeguard-collapse block (module docstring)."""
-    lines = ["| arm | seeds | training reward, last 3 − first 3 steps, 95% | seeds where it fell | repeated `\\boxed`, "
-             "peak share | repeated `\\boxed`, last − first step | teacher endorsement of repeated `\\boxed`, 95% (runs) |",
-             "|---|---|---|---|---|---|---|"]
+    lines = [
+        "| arm | seeds | training reward, last 3 − first 3 steps, 95% | seeds where it fell | repeated `\\boxed`, "
+        "peak share | repeated `\\boxed`, last − first step | teacher endorsement of repeated `\\boxed`, 95% (runs) |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for arm in dict.fromkeys(a for a, _, _ in runs):
         vals = [v for a, _, v in runs if a == arm]
         change = [x for v in vals if (x := v.get("reward_change")) is not None]
@@ -74,39 +77,65 @@ def table(runs: Runs, tuning: Runs) -> list[str]:
     gain = stats.paired_summary(gains)
     direction = paper.direction(GAIN, BASELINE)
     agree = gain.positive if direction == 1 else gain.negative
-    lines.append(f"| in-stage math gain, SDPO₀ − GRPO (paper: SDPO specializes faster, {paper.PAPER[GAIN].stated}) | "
-                 f"{_ci(gains)} | {agree} of {gain.n} in the paper's direction | *{stats.verdict(gain, direction)}* by the "
-                 "study rule |")
+    lines.append(
+        f"| in-stage math gain, SDPO₀ − GRPO (paper: SDPO specializes faster, {paper.PAPER[GAIN].stated}) | "
+        f"{_ci(gains)} | {agree} of {gain.n} in the paper's direction | *{stats.verdict(gain, direction)}* by the "
+        "study rule |"
+    )
     # λ = 0.5: D = E(hybrid) − E(SDPO₀) above half the gap E(GRPO) − E(SDPO₀) is the same event as
     # E(hybrid) above (1 − λ)·E(SDPO₀) + λ·E(GRPO), the endpoint of a plain mixture of the two.
     mid = [h - (LAMBDA * g + (1 - LAMBDA) * s) for h, g, s in _triples(runs, HYBRID, BASELINE, REFERENCE, endpoint)]
     if mid:
         m = stats.paired_summary(mid)
-        lines.append(f"| E(hybrid) − (E(GRPO) + E(SDPO₀)) / 2: the λ = 0.5 hybrid against the dilution midpoint | "
-                     f"{_ci(mid)} | {m.positive} of {m.n} above | "
-                     + _reading(m.lo, m.hi, 0.0, "above the midpoint", "below the midpoint",
-                                "not resolved from the midpoint: a 50/50 dilution gives this endpoint") + " |")
+        lines.append(
+            f"| E(hybrid) − (E(GRPO) + E(SDPO₀)) / 2: the λ = 0.5 hybrid against the dilution midpoint | "
+            f"{_ci(mid)} | {m.positive} of {m.n} above | "
+            + _reading(
+                m.lo,
+                m.hi,
+                0.0,
+                "above the midpoint",
+                "below the midpoint",
+                "not resolved from the midpoint: a 50/50 dilution gives this endpoint",
+            )
+            + " |"
+        )
     result = analyse(runs)
     half = result["gate"]["gap"] / 2
     for o in result["outcomes"]:
         if o.arm == HYBRID:
             continue
         d = stats.paired_summary(paired(runs, o.arm, REFERENCE, endpoint))
-        lines.append(f"| D = E({o.arm}) − E(SDPO₀), against the effect that matters ({half:.3f}) | {_ci(paired(runs, o.arm, REFERENCE, endpoint))} | "
-                     f"{d.positive} of {d.n} above 0 | "
-                     + _reading(d.lo, d.hi, half, "above the effect that matters", f"upper bound below {half:.3f}: rules out "
-                                "the effect that matters", "does not rule out the effect that matters") + " |")
+        lines.append(
+            f"| D = E({o.arm}) − E(SDPO₀), against the effect that matters ({half:.3f}) | {_ci(paired(runs, o.arm, REFERENCE, endpoint))} | "
+            f"{d.positive} of {d.n} above 0 | "
+            + _reading(
+                d.lo,
+                d.hi,
+                half,
+                "above the effect that matters",
+                f"upper bound below {half:.3f}: rules out the effect that matters",
+                "does not rule out the effect that matters",
+            )
+            + " |"
+        )
     for label, data in (("tuning", tuning), ("confirmatory", runs)):
         diffs = paired(data, REFERENCE, BASELINE, lambda v: v.get(GAIN))
         s = stats.paired_summary(diffs)
         if s.sd is None:
             continue
         asked = math.ceil(((Z_975 + Z_80) * s.sd / DETECT) ** 2)
-        ds = [stats.paired_summary(paired(data, v, REFERENCE, endpoint)).sd for v in VARIANTS if paired(data, v, REFERENCE, endpoint)]
+        ds = [
+            stats.paired_summary(paired(data, v, REFERENCE, endpoint)).sd
+            for v in VARIANTS
+            if paired(data, v, REFERENCE, endpoint)
+        ]
         d_sd = ", ".join("–" if x is None else f"{x:.3f}" for x in ds)
-        lines.append(f"| sd of the in-stage math gain difference SDPO₀ − GRPO ({label} seeds), which sized N | sd {s.sd:.3f} | "
-                     f"{s.n} | the rule asks {asked} seeds; the primary's D has sd {d_sd} ({', '.join(VARIANTS)}): N was "
-                     "not sized from it |")
+        lines.append(
+            f"| sd of the in-stage math gain difference SDPO₀ − GRPO ({label} seeds), which sized N | sd {s.sd:.3f} | "
+            f"{s.n} | the rule asks {asked} seeds; the primary's D has sd {d_sd} ({', '.join(VARIANTS)}): N was "
+            "not sized from it |"
+        )
     return lines
 
 

@@ -13,6 +13,7 @@ Paired by seed:
   and non-inferior to SDPO₀'s with margin 0.05 (the lower one-sided 97.5% bound of the paired
   difference above −0.05).
 """
+
 from __future__ import annotations
 
 import math
@@ -92,7 +93,9 @@ def analyse(runs: Sequence[tuple[str, int, dict]]) -> dict:
     for v, s, p in zip(present, summaries, adjusted, strict=True):
         needed = math.ceil(7 * s.n / 8)
         passed = p < ALPHA and s.positive >= needed
-        primary = ("passed" if s.mean >= gap.mean / 2 else "passed, below the effect that matters") if passed else "failed"
+        primary = (
+            ("passed" if s.mean >= gap.mean / 2 else "passed, below the effect that matters") if passed else "failed"
+        )
         out = Outcome(v, s.n, s.mean, p, s.positive, needed, primary)
         if passed:
             gains = [g for a, _, vals in runs if a == v and (g := vals.get(GAIN)) is not None]
@@ -101,8 +104,9 @@ def analyse(runs: Sequence[tuple[str, int, dict]]) -> dict:
             g_p = one_sided_p(g) if g is not None else 1.0
             lo = d.lo if d.lo is not None else -math.inf  # the two-sided 95% lower bound
             co = "passed" if g_p < ALPHA and lo > -MARGIN else "failed"
-            out = Outcome(v, s.n, s.mean, p, s.positive, needed, primary,
-                          g.mean if g is not None else None, g_p, lo, co)
+            out = Outcome(
+                v, s.n, s.mean, p, s.positive, needed, primary, g.mean if g is not None else None, g_p, lo, co
+            )
         outcomes.append(out)
     return {"gate": gate, "outcomes": outcomes}
 
@@ -154,20 +158,29 @@ def tuning_table(runs: Sequence[tuple[str, int, dict]]) -> list[str]:
     t = tuning(runs)
     seeds = sorted({s for _, s, _ in runs})
     arms = list(dict.fromkeys(a for a, _, _ in runs))
-    lines = ["| arm | seeds | E = (near + far) / 2 | near | far | in-stage math gain | E − E(SDPO₀) |",
-             "|---|---|---|---|---|---|---|"]
+    lines = [
+        "| arm | seeds | E = (near + far) / 2 | near | far | in-stage math gain | E − E(SDPO₀) |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for arm in arms:
         vals = [v for a, _, v in runs if a == arm]
 
         d = paired(runs, arm, REFERENCE, endpoint) if arm != REFERENCE else []
-        lines.append(f"| `{arm}` | {len(vals)} | {cell([endpoint(v) for v in vals])} | "
-                     f"{cell([v.get(NEAR) for v in vals])} | {cell([v.get(FAR) for v in vals])} | "
-                     f"{cell([v.get(GAIN) for v in vals])} | {cell(d)} |")
+        lines.append(
+            f"| `{arm}` | {len(vals)} | {cell([endpoint(v) for v in vals])} | "
+            f"{cell([v.get(NEAR) for v in vals])} | {cell([v.get(FAR) for v in vals])} | "
+            f"{cell([v.get(GAIN) for v in vals])} | {cell(d)} |"
+        )
     gates = ", ".join(f"s₀ = {s0:g}: {d:+.3f}" for s0, d in t.gate_d.items())
-    capped = f" (the rule asked {t.n_asked}; the cap runs {t.n})" if t.n_asked > N_MAX else f" (the rule asked {t.n_asked})"
-    lines += ["", f"Tuning seeds {', '.join(map(str, seeds))}. The gate's mean E − E(SDPO₀): {gates}; "
-              f"s₀ = {t.s0:g}. The sd of the paired in-stage math gain difference SDPO₀ − GRPO is {t.gain_sd:.4f}: "
-              f"N = {t.n} confirmatory seeds{capped}."]
+    capped = (
+        f" (the rule asked {t.n_asked}; the cap runs {t.n})" if t.n_asked > N_MAX else f" (the rule asked {t.n_asked})"
+    )
+    lines += [
+        "",
+        f"Tuning seeds {', '.join(map(str, seeds))}. The gate's mean E − E(SDPO₀): {gates}; "
+        f"s₀ = {t.s0:g}. The sd of the paired in-stage math gain difference SDPO₀ − GRPO is {t.gain_sd:.4f}: "
+        f"N = {t.n} confirmatory seeds{capped}.",
+    ]
     return lines
 
 
@@ -175,15 +188,23 @@ def table(runs: Sequence[tuple[str, int, dict]]) -> list[str]:
     """The pre-registered verdicts as markdown lines (docs/findings.md's safeguard block)."""
     result = analyse(runs)
     g = result["gate"]
-    lines = [f"Gate: E({BASELINE}) − E({REFERENCE}) = {g['gap']:+.3f} over {g['n']} seeds, one-sided p = {g['p']:.4f}: "
-             + ("passed" if g["passed"] else "not passed; no safeguard is judged"), ""]
+    lines = [
+        f"Gate: E({BASELINE}) − E({REFERENCE}) = {g['gap']:+.3f} over {g['n']} seeds, one-sided p = {g['p']:.4f}: "
+        + ("passed" if g["passed"] else "not passed; no safeguard is judged"),
+        "",
+    ]
     if not result["outcomes"]:
         return lines
-    lines += ["| variant | D = E(variant) − E(SDPO₀) | Holm p | seeds D > 0 (needed) | primary | in-stage math gain, p | "
-              "gain − SDPO₀'s, 95% lower bound | co-primary |", "|---|---|---|---|---|---|---|---|"]
+    lines += [
+        "| variant | D = E(variant) − E(SDPO₀) | Holm p | seeds D > 0 (needed) | primary | in-stage math gain, p | "
+        "gain − SDPO₀'s, 95% lower bound | co-primary |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for o in result["outcomes"]:
         gain = "–" if o.gain_mean is None else f"{o.gain_mean:+.3f}, {o.gain_p:.4f}"
         lo = "–" if o.noninferior_lo is None else f"{o.noninferior_lo:+.3f}"
-        lines.append(f"| `{o.arm}` | {o.mean:+.3f} | {o.p_holm:.4f} | {o.positive} of {o.n} ({o.needed}) | "
-                     f"*{o.primary}* | {gain} | {lo} | {o.co_primary or '–'} |")
+        lines.append(
+            f"| `{o.arm}` | {o.mean:+.3f} | {o.p_holm:.4f} | {o.positive} of {o.n} ({o.needed}) | "
+            f"*{o.primary}* | {gain} | {lo} | {o.co_primary or '–'} |"
+        )
     return lines

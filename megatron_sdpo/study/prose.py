@@ -16,6 +16,7 @@ not disagree with its interval. Two ways to write one:
 that is neither: what a test holds docs/findings.md to. Uses of the words that state nothing
 about a metric ("the same items", "its Holm level") are the phrases of `NOT_A_VERDICT`.
 """
+
 from __future__ import annotations
 
 import re
@@ -25,30 +26,47 @@ from pathlib import Path
 from megatron_sdpo.study.findings import Comparison, _f
 
 # The verdict words (the issue's list; "held" / "hold" with "holds").
-WORDS = ("established", "contradicted", "equivalent", "inconclusive", "holds", "held", "hold", "level", "same",
-         "no faster", "less", "more", "lower", "higher")
+WORDS = (
+    "established",
+    "contradicted",
+    "equivalent",
+    "inconclusive",
+    "holds",
+    "held",
+    "hold",
+    "level",
+    "same",
+    "no faster",
+    "less",
+    "more",
+    "lower",
+    "higher",
+)
 _WORD = re.compile(r"\b(" + "|".join(w.replace(" ", r"\s+") for w in WORDS) + r")\b", re.I)
 # Phrases where a verdict word names no verdict about a metric (each checked by hand).
-NOT_A_VERDICT = tuple(re.compile(p, re.I) for p in (
-    r"(\b(Holm's|Holm|its|the|a|each|their|this|that|whose|confidence|significance)|%)\s+level\b",
-    r"\blevel\s+(it|they)\s+(is|are)\s+judged",
-    r"\b(lower|upper)\s+(one-sided\s+)?(bound|end|third)",
-    r"\ba\s+test\s+holds\b",
-    r"\bthe\s+same\s+(items|exhaustive\s+items|prompts?|way|eval\s+numbers|bytes|seed|`results/|commit|model|"
-    r"values\s+within|numbers\s+on\s+every\s+seed|as\s+tiny's|design|preset|checkpoint|runs?\b)",
-    r"\"same\s+operation",
-    # The verdicts' definitions (docs/findings.md's first paragraph), not verdicts about a metric.
-    r"\*established\*\s*/\s*\*contradicted\*:\s*the\s+interval",
-    r"\*equivalent\*:\s*two\s+one-sided",
-    r"\*inconclusive\*\s+otherwise",
-    # The regime rule's definitions (docs/findings.md, the competence probe); its outcomes are generated.
-    r"\*(not\s+)?held\*\s+when",
-    r"\bor\s+more\b",
-    r"\bone\s+or\s+more\b",
-    r"\bmore\s+than\s+(one|two|half|\d)",
-    r"\bno\s+more\s+than\s+\d",
-    r"\bmore\s+(runs|seeds|steps|items|prompts|samples|time|memory)\b",
-))
+NOT_A_VERDICT = tuple(
+    re.compile(p, re.I)
+    for p in (
+        r"(\b(Holm's|Holm|its|the|a|each|their|this|that|whose|confidence|significance)|%)\s+level\b",
+        r"\blevel\s+(it|they)\s+(is|are)\s+judged",
+        r"\b(lower|upper)\s+(one-sided\s+)?(bound|end|third)",
+        r"\ba\s+test\s+holds\b",
+        r"\bthe\s+same\s+(items|exhaustive\s+items|prompts?|way|eval\s+numbers|bytes|seed|`results/|commit|model|"
+        r"values\s+within|numbers\s+on\s+every\s+seed|as\s+tiny's|design|preset|checkpoint|runs?\b)",
+        r"\"same\s+operation",
+        # The verdicts' definitions (docs/findings.md's first paragraph), not verdicts about a metric.
+        r"\*established\*\s*/\s*\*contradicted\*:\s*the\s+interval",
+        r"\*equivalent\*:\s*two\s+one-sided",
+        r"\*inconclusive\*\s+otherwise",
+        # The regime rule's definitions (docs/findings.md, the competence probe); its outcomes are generated.
+        r"\*(not\s+)?held\*\s+when",
+        r"\bor\s+more\b",
+        r"\bone\s+or\s+more\b",
+        r"\bmore\s+than\s+(one|two|half|\d)",
+        r"\bno\s+more\s+than\s+\d",
+        r"\bmore\s+(runs|seeds|steps|items|prompts|samples|time|memory)\b",
+    )
+)
 _CELL = re.compile(r"<!-- cell: ([^>]*?) -->(.*?)<!-- /cell -->", re.S)
 _BLOCKS = re.compile(r"<!-- ([a-z-]+)-table: [^>]*?-->.*?<!-- /\1-table -->|```.*?```", re.S)
 # An end of sentence: . ! ? before white space and a capital, a list item or a paragraph break.
@@ -85,8 +103,10 @@ def cell_text(c: Comparison) -> str:
     level = c.judgement.level if c.judgement is not None else 0.95
     interval = "" if lo is None or hi is None else f" [{_f(lo)}, {_f(hi)}]"
     pct = f"{100 * level:.2f}".rstrip("0").rstrip(".")
-    return (f"{direction_word(c)}: {_f(s.mean)}{interval} ({pct}%), +{s.positive} −{s.negative} of {s.n} seeds, "
-            f"*{c.verdict}*")
+    return (
+        f"{direction_word(c)}: {_f(s.mean)}{interval} ({pct}%), +{s.positive} −{s.negative} of {s.n} seeds, "
+        f"*{c.verdict}*"
+    )
 
 
 def render_cells(text: str, comparisons) -> str:
@@ -136,7 +156,9 @@ def _agrees(word: str, negated: bool, cell: tuple[str, str]) -> bool:
         return (verdict == "established") != negated
     if w == "no faster":
         return direction in ("lower", "level")
-    want = {"lower": "lower", "less": "lower", "higher": "higher", "more": "higher", "same": "level", "level": "level"}[w]
+    want = {"lower": "lower", "less": "lower", "higher": "higher", "more": "higher", "same": "level", "level": "level"}[
+        w
+    ]
     if negated:
         return direction != want and direction != "not resolved"
     return direction == want
@@ -164,10 +186,12 @@ def check(text: str) -> list[Problem]:
                 problems.append(Problem(m.group(1), shown, "is not generated and its sentence has no cell"))
                 continue
             nearest = min(mine, key=lambda c: min(abs(c[0] - start), abs(c[1] - start)))
-            before = flat[max(a, start - 30):start].lower()  # "not", "no", or one word between
+            before = flat[max(a, start - 30) : start].lower()  # "not", "no", or one word between
             negated = bool(re.search(r"\b(not|no)\s+(\w+\s+)?$", before))
             if not _agrees(m.group(1), negated, nearest[2]):
-                problems.append(Problem(m.group(1), shown, f"disagrees with its cell ({nearest[2][0]}, *{nearest[2][1]}*)"))
+                problems.append(
+                    Problem(m.group(1), shown, f"disagrees with its cell ({nearest[2][0]}, *{nearest[2][1]}*)")
+                )
     return problems
 
 

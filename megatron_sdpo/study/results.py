@@ -17,6 +17,7 @@ nothing else (kilobytes a run, no checkpoints, no answer texts):
 from those files and writes one table per baseline (`study_vs_<baseline>.md`) in one pass; a
 study's published tables are these files.
 """
+
 from __future__ import annotations
 
 import gzip
@@ -37,8 +38,16 @@ from megatron_sdpo.study.runner import read_timings
 
 STUDY_JSON = "study.json"
 # metrics.jsonl keys the study's metrics read (study/metrics.py), by name or prefix.
-_METRIC_KEYS = ("stage", "step", "stage_domain", "reward_mean", "artifacts/fmt_boxed_repeat_rate",
-                "artifacts/repeated_ngram_rate", "teacher/artifact_endorsement", *secondary.STEP_KEYS)
+_METRIC_KEYS = (
+    "stage",
+    "step",
+    "stage_domain",
+    "reward_mean",
+    "artifacts/fmt_boxed_repeat_rate",
+    "artifacts/repeated_ngram_rate",
+    "teacher/artifact_endorsement",
+    *secondary.STEP_KEYS,
+)
 _METRIC_PREFIXES = ("eval/",)
 # drift/stage_<k>.json: the summaries the drift metrics read.
 _DRIFT_KEYS = ("param_vs_base", "response_cosine_mean", "excess_kl_mean_k3")
@@ -46,8 +55,13 @@ _DRIFT_KEYS = ("param_vs_base", "response_cosine_mean", "excess_kl_mean_k3")
 
 def _commit() -> str:
     try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10,
-                             cwd=Path(__file__).resolve().parent)
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            cwd=Path(__file__).resolve().parent,
+        )
     except (OSError, subprocess.SubprocessError):
         return "unknown"
     return out.stdout.strip() or "unknown"
@@ -74,8 +88,10 @@ def _prune_samples(src: Path, dst: Path) -> None:
     out = {col: [{"id": s.get("id"), "score": s["score"]} for s in samples] for col, samples in cols.items()}
     data = (json.dumps(out, separators=(",", ":")) + "\n").encode("utf-8")
     # mtime 0 and no file name in the header: the same bytes on every export of the same run.
-    with dst.with_name(dst.name + ".gz").open("wb") as raw, \
-            gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0, compresslevel=9) as f:
+    with (
+        dst.with_name(dst.name + ".gz").open("wb") as raw,
+        gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0, compresslevel=9) as f,
+    ):
         f.write(data)
 
 
@@ -86,8 +102,10 @@ def _write_operations(src: Path, dst: Path) -> None:
         return
     found = operations.operations(src, operations.SPLITS)
     if found:
-        rows = [{"row": i, "label": label, "split": split, "right": right, "plus": plus, "accuracy": acc, "n": n}
-                for (i, label, split), (right, plus, acc, n) in sorted(found.items())]
+        rows = [
+            {"row": i, "label": label, "split": split, "right": right, "plus": plus, "accuracy": acc, "n": n}
+            for (i, label, split), (right, plus, acc, n) in sorted(found.items())
+        ]
         dst.write_text(json.dumps({"rows": rows}, indent=1) + "\n")
 
 
@@ -99,9 +117,11 @@ def export_run(src: Path, dst: Path) -> None:
         if path.is_file():
             shutil.copyfile(path, dst / path.name)
     # The marker of a finished run; the report itself (plots, checkpoints) stays with the run.
-    RunDir(dst).report.write_text("# Exported run\n\nWhat the study's metrics read of a finished run "
-                                  "(megatron_sdpo/study/results.py); its report, plots and checkpoints stay with "
-                                  "the original run directory.\n")
+    RunDir(dst).report.write_text(
+        "# Exported run\n\nWhat the study's metrics read of a finished run "
+        "(megatron_sdpo/study/results.py); its report, plots and checkpoints stay with "
+        "the original run directory.\n"
+    )
     if rd.metrics.is_file():
         _prune_metrics(rd.metrics, dst / rd.metrics.name)
     _write_operations(src, dst / secondary.OPERATIONS_JSON)
@@ -130,8 +150,9 @@ def _base_row(run: Path) -> dict[str, float] | None:
     return rows[0][1] if rows and rows[0][0] == "base" else None
 
 
-def export(study_dir: Path, dest: Path, *, command: str, note: str = "", commit: str | None = None,
-           add: bool = False) -> Path:
+def export(
+    study_dir: Path, dest: Path, *, command: str, note: str = "", commit: str | None = None, add: bool = False
+) -> Path:
     """Export a finished study directory into `dest` (which must not hold another study);
     `commit`: the code the runs ran (default: this checkout's HEAD). With `add`, `dest` holds
     an exported study and the study's finished runs join it, each part (its command, commit,
@@ -181,15 +202,23 @@ def export(study_dir: Path, dest: Path, *, command: str, note: str = "", commit:
     else:
         labels = set(part["runs"])
         if (study_dir / "timings.jsonl").is_file():
-            lines = [line for line in (study_dir / "timings.jsonl").read_text().splitlines()
-                     if line.strip() and json.loads(line).get("run") in labels]
+            lines = [
+                line
+                for line in (study_dir / "timings.jsonl").read_text().splitlines()
+                if line.strip() and json.loads(line).get("run") in labels
+            ]
             with (dest / "timings.jsonl").open("a") as f:
                 f.write("".join(line + "\n" for line in lines))
         all_runs = _study_runs(dest)
         write_csv(dest / "study.csv", load_runs(all_runs, read_timings(dest / "timings.jsonl")), relative_to=dest)
         meta = dict(before)
-        first = {k: v for k, v in before.items() if k in ("command", "commit", "machine", "exported", "wall_s_total", "note")}
-        meta["parts"] = [*before.get("parts", [{**first, "runs": sorted(set(f"{a}/seed{s}" for a, s, _ in all_runs) - labels)}]), part]
+        first = {
+            k: v for k, v in before.items() if k in ("command", "commit", "machine", "exported", "wall_s_total", "note")
+        }
+        meta["parts"] = [
+            *before.get("parts", [{**first, "runs": sorted(set(f"{a}/seed{s}" for a, s, _ in all_runs) - labels)}]),
+            part,
+        ]
         meta["arms"] = sorted({a for a, _, _ in all_runs})
         meta["seeds"] = sorted({s for _, s, _ in all_runs if s is not None})
         walls = [p["wall_s_total"] for p in meta["parts"] if p.get("wall_s_total") is not None]
@@ -214,11 +243,18 @@ def tabulate(results: Path, baselines: list[str], *, n_boot: int = 1000, title: 
     out = []
     for baseline in baselines:
         comparisons = compare_arms(runs, baseline, arms, n_boot=n_boot)
-        out.append(write_markdown(
-            results / f"study_vs_{baseline}.md", title=title or f"{results.name}: every arm against {baseline}",
-            arms={a: "" for a in arms}, runs=runs, planned=len(entries), baseline=baseline,
-            comparisons=comparisons, n_boot=n_boot,
-        ))
+        out.append(
+            write_markdown(
+                results / f"study_vs_{baseline}.md",
+                title=title or f"{results.name}: every arm against {baseline}",
+                arms={a: "" for a in arms},
+                runs=runs,
+                planned=len(entries),
+                baseline=baseline,
+                comparisons=comparisons,
+                n_boot=n_boot,
+            )
+        )
     return out
 
 
@@ -250,8 +286,11 @@ def findings_table(results: Path, baseline: str, arm: str) -> list[str]:
     from megatron_sdpo.study.findings import FINDINGS, _f, _interval
 
     comps = _comparisons(results, baseline, arm)
-    lines = ["| finding (paper) | paper's number | primary metric | Δ " + f"{arm} − {baseline}, 95% t-interval "
-             "| seeds | verdict | data |", "|---|---|---|---|---|---|---|"]
+    lines = [
+        "| finding (paper) | paper's number | primary metric | Δ " + f"{arm} − {baseline}, 95% t-interval "
+        "| seeds | verdict | data |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for key, claim in FINDINGS.items():
         name = paper.PRIMARY[key]
         c = comps.get(name)
@@ -260,8 +299,9 @@ def findings_table(results: Path, baseline: str, arm: str) -> list[str]:
         ours = f"{_f(s.mean)} {_interval(s.lo, s.hi)}" if s is not None else "–"
         seeds = str(s.n) if s is not None else "–"
         verdict = f"*{c.verdict}*" if c is not None else "–"
-        lines.append(f"| {claim.split(' (')[0]} | {number} | `{name}` | {ours} | {seeds} | {verdict} | "
-                     f"`{results.as_posix()}` |")
+        lines.append(
+            f"| {claim.split(' (')[0]} | {number} | `{name}` | {ours} | {seeds} | {verdict} | `{results.as_posix()}` |"
+        )
     return lines
 
 
@@ -291,8 +331,11 @@ def metrics_table(results: Path, baseline: str, arm: str, metrics: list[str]) ->
 
 
 # A generated block names its data; `render_blocks` rewrites what lies between its markers.
-_BLOCK = re.compile(r"(<!-- (findings|metrics|probe|regime|safeguard|safeguard-tuning|safeguard-secondary|safeguard-collapse|"
-                    r"safeguard-post-hoc)-table: ([^>]*?) -->\n)(.*?)(\n<!-- /\2-table -->)", re.S)
+_BLOCK = re.compile(
+    r"(<!-- (findings|metrics|probe|regime|safeguard|safeguard-tuning|safeguard-secondary|safeguard-collapse|"
+    r"safeguard-post-hoc)-table: ([^>]*?) -->\n)(.*?)(\n<!-- /\2-table -->)",
+    re.S,
+)
 
 
 def _block_lines(kind: str, args: str) -> list[str]:
@@ -321,11 +364,21 @@ def _block_lines(kind: str, args: str) -> list[str]:
         if kind == "safeguard-collapse":
             return post_hoc.collapse_table([(r.arm, r.seed or 0, r.values) for r in loaded])
         if kind == "safeguard-secondary":
-            return secondary.table([(r.arm, r.seed or 0, {**r.values, **secondary.step_values(r.view.metrics, r.view.root)})
-                                    for r in loaded])
+            return secondary.table(
+                [
+                    (r.arm, r.seed or 0, {**r.values, **secondary.step_values(r.view.metrics, r.view.root)})
+                    for r in loaded
+                ]
+            )
         runs = [(r.arm, r.seed or 0, r.values) for r in loaded]
         return preregistered.table(runs) if kind == "safeguard" else preregistered.tuning_table(runs)
-    want = "FOLDER TUNING_FOLDER" if kind == "safeguard-post-hoc" else "FOLDER" if kind in ("probe", "regime") or kind.startswith("safeguard") else "FOLDER BASELINE ARM" + (" METRIC,METRIC,..." if kind == "metrics" else "")
+    want = (
+        "FOLDER TUNING_FOLDER"
+        if kind == "safeguard-post-hoc"
+        else "FOLDER"
+        if kind in ("probe", "regime") or kind.startswith("safeguard")
+        else "FOLDER BASELINE ARM" + (" METRIC,METRIC,..." if kind == "metrics" else "")
+    )
     raise UserError(f"<!-- {kind}-table: {args} -->: expected <!-- {kind}-table: {want} -->")
 
 

@@ -6,6 +6,7 @@ A run is finished when its report.md exists (written last, after the eval matrix
 drift of the last stage); a run directory that holds a resolved_config.yaml but no report is
 continued with `run --resume` (its last checkpoint: the run-level resume machinery).
 """
+
 from __future__ import annotations
 
 import json
@@ -167,8 +168,11 @@ class StudyRunner:
     def _loop(self, pending: list[RunSpec], running: list[_Running], failed: list, stop: StopRequest) -> None:
         while pending or running:
             if stop.received:
-                raise Stopped(stop.received, f"study stopped by {signal.Signals(stop.received).name}: the runs "
-                                             "still going were asked to save and stop; the same command again resumes them")
+                raise Stopped(
+                    stop.received,
+                    f"study stopped by {signal.Signals(stop.received).name}: the runs "
+                    "still going were asked to save and stop; the same command again resumes them",
+                )
             while pending and len(running) < self.jobs:
                 running.append(self._start(pending.pop(0)))
             time.sleep(0.2)

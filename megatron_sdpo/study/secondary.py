@@ -7,6 +7,7 @@ Everything is read from an exported run: its metrics values (study/metrics.py), 
 metrics.jsonl (the per-step keys listed in `STEP_KEYS`, kept by the export) and operations.json
 (the export's right-operation shares, study/operations.py).
 """
+
 from __future__ import annotations
 
 import json
@@ -35,8 +36,13 @@ def step_values(rows: Sequence[dict], root: Path) -> dict[str, float | None]:
         return math.fsum(vals) / len(vals) if vals else None
 
     compute = [float(r[k]) for r in rows for k in COMPUTE if isinstance(r.get(k), (int, float))]
-    out: dict[str, float | None] = {KL: mean(KL), GATE: mean(GATE), AGREE: mean(AGREE),
-                                    "compute_s": math.fsum(compute) if compute else None, "right_op/near": None}
+    out: dict[str, float | None] = {
+        KL: mean(KL),
+        GATE: mean(GATE),
+        AGREE: mean(AGREE),
+        "compute_s": math.fsum(compute) if compute else None,
+        "right_op/near": None,
+    }
     path = root / OPERATIONS_JSON
     if path.is_file():
         near = [r for r in json.loads(path.read_text())["rows"] if r["split"] == "ood_near"]
@@ -59,9 +65,12 @@ def table(runs: Sequence[tuple[str, int, dict]]) -> list[str]:
     """docs/findings.md's safeguard-secondary block from (arm, seed, values) of every run, values
     holding the study's metrics and `step_values`."""
     arms = list(dict.fromkeys(a for a, _, _ in runs))
-    lines = [f"| arm | seeds | E − E({BASELINE}), 95% | in-stage math gain − {BASELINE}'s, 95% | near answers with "
-             "the item's operation | spectral shift | max angle (°) | KL on all-success groups | gate weight | "
-             "agreeing tokens | rollout + teacher + train s |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"| arm | seeds | E − E({BASELINE}), 95% | in-stage math gain − {BASELINE}'s, 95% | near answers with "
+        "the item's operation | spectral shift | max angle (°) | KL on all-success groups | gate weight | "
+        "agreeing tokens | rollout + teacher + train s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for arm in arms:
         vals = [v for a, _, v in runs if a == arm]
 

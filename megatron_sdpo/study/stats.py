@@ -15,6 +15,7 @@ direction s in {+1, -1},
 A metric with no stated direction is "descriptive". A difference of exactly 0 agrees with
 neither side.
 """
+
 from __future__ import annotations
 
 import math

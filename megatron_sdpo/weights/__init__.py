@@ -1,4 +1,5 @@
 """HF <-> megatron-core weight plan (pure) and conversions; see `plan` and `convert`."""
+
 from megatron_sdpo.weights.convert import (
     full_to_hf,
     hf_to_full,
@@ -11,6 +12,17 @@ from megatron_sdpo.weights.convert import (
 from megatron_sdpo.weights.plan import Layout, Mapping, ModelSpec, hf_names, owner_stage, plan
 
 __all__ = [
-    "Layout", "Mapping", "ModelSpec", "plan", "hf_names", "owner_stage",
-    "hf_to_full", "full_to_hf", "shard", "unshard", "hf_to_megatron", "megatron_to_hf", "iter_hf",
+    "Layout",
+    "Mapping",
+    "ModelSpec",
+    "plan",
+    "hf_names",
+    "owner_stage",
+    "hf_to_full",
+    "full_to_hf",
+    "shard",
+    "unshard",
+    "hf_to_megatron",
+    "megatron_to_hf",
+    "iter_hf",
 ]

@@ -3,6 +3,7 @@
 Every function is pure (no process groups) and copies: results never alias their inputs, and
 shards are contiguous (gloo scatters/gathers of non-contiguous views silently corrupt data).
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
@@ -92,9 +93,7 @@ def hf_to_megatron(
     hf: MappingT[str, torch.Tensor], spec: ModelSpec, layout: Layout, tp_rank: int, pp_rank: int
 ) -> dict[str, torch.Tensor]:
     """The megatron state dict (parameters only) of one (TP rank, PP stage) from an HF state dict."""
-    return {
-        mp.megatron: shard(mp, hf_to_full(spec, mp, hf), layout.tp, tp_rank) for mp in plan(spec, layout, pp_rank)
-    }
+    return {mp.megatron: shard(mp, hf_to_full(spec, mp, hf), layout.tp, tp_rank) for mp in plan(spec, layout, pp_rank)}
 
 
 def megatron_to_hf(

@@ -6,6 +6,7 @@ and no full state dict is held, on the device or on the host. Config and tokeniz
 from the model directory the run started from (config's dtype set to what was written); the
 tensor names are checked against that directory's own safetensors headers.
 """
+
 from __future__ import annotations
 
 import json
@@ -67,7 +68,9 @@ class HFDirWriter:
     def _flush(self) -> None:
         from safetensors.torch import save_file
 
-        save_file(self._pending, str(self.out / f".shard-{len(self._shards):05d}.safetensors"), metadata={"format": "pt"})
+        save_file(
+            self._pending, str(self.out / f".shard-{len(self._shards):05d}.safetensors"), metadata={"format": "pt"}
+        )
         self._shards.append(list(self._pending))
         self._pending, self._pending_bytes = {}, 0
 
@@ -88,8 +91,10 @@ class HFDirWriter:
         for i, final in enumerate(names):
             (self.out / f".shard-{i:05d}.safetensors").rename(self.out / final)
         if n > 1:
-            index = {"metadata": {"total_size": self._total},
-                     "weight_map": {t: names[i] for i, s in enumerate(self._shards) for t in s}}
+            index = {
+                "metadata": {"total_size": self._total},
+                "weight_map": {t: names[i] for i, s in enumerate(self._shards) for t in s},
+            }
             (self.out / INDEX_FILE).write_text(json.dumps(index, indent=2, sort_keys=True))
         self._write_config()
         for f in self.source.iterdir():
@@ -107,8 +112,14 @@ class HFDirWriter:
         (self.out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
 
 
-def write_hf_dir(named_tensors: Iterable[tuple[str, torch.Tensor]], source_dir: str | Path, out_dir: str | Path,
-                 *, tied: bool, shard_bytes: int = SHARD_BYTES) -> list[str]:
+def write_hf_dir(
+    named_tensors: Iterable[tuple[str, torch.Tensor]],
+    source_dir: str | Path,
+    out_dir: str | Path,
+    *,
+    tied: bool,
+    shard_bytes: int = SHARD_BYTES,
+) -> list[str]:
     """Stream `named_tensors` into an HF model directory at `out_dir` (see HFDirWriter)."""
     writer = HFDirWriter(out_dir, source_dir, tied=tied, shard_bytes=shard_bytes)
     for name, t in named_tensors:

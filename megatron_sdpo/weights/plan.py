@@ -27,6 +27,7 @@ Olmo-2/3 (``norm_placement="post"``, ``qk_norm="full"``; modules in
 * ``q_norm`` / ``k_norm`` span all heads ([heads * D]). TP rank t holds the heads of its query
   groups, which are contiguous in HF order, so they split along dim 0 in tp equal blocks.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -95,7 +96,9 @@ class ModelSpec:
         what has no mapping (biases, other activations, rope types, sliding windows outside Olmo)."""
         arch = getattr(config, "model_type", None)
         if arch not in SUPPORTED:
-            raise ConfigError(f"model_type={arch!r} is not supported by the megatron backend; expected one of {SUPPORTED}")
+            raise ConfigError(
+                f"model_type={arch!r} is not supported by the megatron backend; expected one of {SUPPORTED}"
+            )
         if getattr(config, "attention_bias", False) or getattr(config, "mlp_bias", False):
             raise ConfigError(f"{arch}: attention_bias/mlp_bias=True is not supported by the weight plan")
         act = getattr(config, "hidden_act", "silu")
@@ -276,7 +279,9 @@ def plan(spec: ModelSpec, layout: Layout, pp_rank: int) -> list[Mapping]:
         proj = f"{m}.self_attention.linear_proj"
         out.append(Mapping(f"{proj}.weight", (f"{h}.self_attn.o_proj.weight",), ROW, (H, spec.num_heads * D)))
         if post:
-            out.append(Mapping(f"{proj}.post_layernorm.weight", (f"{h}.post_attention_layernorm.weight",), REPLICATED, (H,)))
+            out.append(
+                Mapping(f"{proj}.post_layernorm.weight", (f"{h}.post_attention_layernorm.weight",), REPLICATED, (H,))
+            )
         else:
             mlp_norm = f"{m}.mlp.linear_fc1.layer_norm_weight" if layout.te_names else f"{m}.pre_mlp_layernorm.weight"
             out.append(Mapping(mlp_norm, (f"{h}.post_attention_layernorm.weight",), REPLICATED, (H,)))
@@ -285,7 +290,9 @@ def plan(spec: ModelSpec, layout: Layout, pp_rank: int) -> list[Mapping]:
         fc2 = f"{m}.mlp.linear_fc2"
         out.append(Mapping(f"{fc2}.weight", (f"{h}.mlp.down_proj.weight",), ROW, (H, spec.ffn_hidden_size)))
         if post:
-            out.append(Mapping(f"{fc2}.post_layernorm.weight", (f"{h}.post_feedforward_layernorm.weight",), REPLICATED, (H,)))
+            out.append(
+                Mapping(f"{fc2}.post_layernorm.weight", (f"{h}.post_feedforward_layernorm.weight",), REPLICATED, (H,))
+            )
     if last:
         out.append(Mapping("decoder.final_layernorm.weight", ("model.norm.weight",), REPLICATED, (H,)))
         if not spec.tie_word_embeddings:

@@ -5,6 +5,7 @@ safetensors reader: only the tensors this stage needs are read). `export_hf` str
 (HF name, full tensor) pairs on every rank, one megatron tensor at a time: the owning stage
 gathers it over its TP group, then broadcasts it over the PP group.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterator
@@ -25,7 +26,9 @@ def _params(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 
 @torch.no_grad()
-def load_hf(model: torch.nn.Module, hf: MappingT[str, torch.Tensor], spec: ModelSpec, layout: Layout, tp_rank: int, pp_rank: int) -> None:
+def load_hf(
+    model: torch.nn.Module, hf: MappingT[str, torch.Tensor], spec: ModelSpec, layout: Layout, tp_rank: int, pp_rank: int
+) -> None:
     """Copy HF tensors into this rank's parameters (in place, dtype cast to the parameter's).
 
     Raises CheckpointError if the model has a parameter the plan does not cover or vice versa."""

@@ -1,5 +1,6 @@
 """The real two-node Slurm of tools/cluster.sh, up for the session and down after it (the
 `cluster` marker: root, Linux network namespaces and the distribution's Slurm packages)."""
+
 import subprocess
 from pathlib import Path
 
@@ -37,7 +38,9 @@ def slurm_cluster():
     is taken down first."""
     if leftovers():
         earlier = _script("down", timeout=300)
-        assert earlier.returncode == 0, f"tools/cluster.sh down (an earlier session's cluster) failed:\n{earlier.stderr}"
+        assert earlier.returncode == 0, (
+            f"tools/cluster.sh down (an earlier session's cluster) failed:\n{earlier.stderr}"
+        )
     munged_before = _running("munged")
     up = _script("up", timeout=900)
     try:
@@ -48,4 +51,3 @@ def slurm_cluster():
         down = _script("down", timeout=300)
         assert down.returncode == 0, f"tools/cluster.sh down failed:\n{down.stdout}\n{down.stderr}"
         assert leftovers(munged_before) == [], f"left running after tools/cluster.sh down: {leftovers(munged_before)}"
-

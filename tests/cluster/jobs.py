@@ -1,4 +1,5 @@
 """Submitting the repository's sbatch scripts to the test cluster and watching their jobs."""
+
 from __future__ import annotations
 
 import json
@@ -17,13 +18,22 @@ NODES = ("sdpo-node1", "sdpo-node2")
 # steps on synthetic data, short answers. Only key=value overrides: the scripts are unchanged.
 _SPLIT = "{source: synthetic, schema: records, n: 16, extra_files: []}"
 TINY = [
-    "model.path=tiny", "model.dtype=float32",
+    "model.path=tiny",
+    "model.dtype=float32",
     "stages=[{domain: math, steps: 3}, {domain: science, steps: 3}]",
-    "domains.tooluse=null", "domains.code=null",
-    *(f"domains.{d}.{s}={_SPLIT}" for d in ("math", "science")
-      for s in ("train", "eval.id", "eval.ood_near", "eval.ood_mid", "eval.ood_far")),
-    "rollout.max_new_tokens=16", "rollout.max_model_len=384", "eval.max_new_tokens=16",
-    "algorithm.prompts_per_step=4", "algorithm.group_size=4", "backend.lr_schedule.warmup_steps=0",
+    "domains.tooluse=null",
+    "domains.code=null",
+    *(
+        f"domains.{d}.{s}={_SPLIT}"
+        for d in ("math", "science")
+        for s in ("train", "eval.id", "eval.ood_near", "eval.ood_mid", "eval.ood_far")
+    ),
+    "rollout.max_new_tokens=16",
+    "rollout.max_model_len=384",
+    "eval.max_new_tokens=16",
+    "algorithm.prompts_per_step=4",
+    "algorithm.group_size=4",
+    "backend.lr_schedule.warmup_steps=0",
 ]
 # The smallest job that spans two hosts: one rank a node, the HF backend and HF generation.
 TINY_HF = [*TINY, "backend=hf", "rollout.engine=hf", "rollout.tensor_parallel_size=1", "backend.micro_batch_size=16"]
@@ -44,22 +54,36 @@ def submit_dir(tmp: Path) -> Path:
     (tmp / "logs").mkdir(exist_ok=True)
     bin_dir = tmp / "bin"
     bin_dir.mkdir(exist_ok=True)
-    (bin_dir / "python").write_text(SHIM.format(python=sys.executable, slowed=REPO / "tests" / "cluster" / "slowed_run.py"))
+    (bin_dir / "python").write_text(
+        SHIM.format(python=sys.executable, slowed=REPO / "tests" / "cluster" / "slowed_run.py")
+    )
     (bin_dir / "python").chmod(0o755)
     return tmp
 
 
 def job_env(cluster: dict, sub: Path, **extra: str) -> dict:
     venv_bin = str(Path(sys.executable).parent)
-    env = {**os.environ, **cluster, "PATH": f"{sub / 'bin'}{os.pathsep}{venv_bin}{os.pathsep}{os.environ['PATH']}",
-           "OMP_NUM_THREADS": "1", "SDPO_TEST_SLOW_FLAG": str(sub / "slow"), "WANDB_MODE": "offline"}
+    env = {
+        **os.environ,
+        **cluster,
+        "PATH": f"{sub / 'bin'}{os.pathsep}{venv_bin}{os.pathsep}{os.environ['PATH']}",
+        "OMP_NUM_THREADS": "1",
+        "SDPO_TEST_SLOW_FLAG": str(sub / "slow"),
+        "WANDB_MODE": "offline",
+    }
     env.update(extra)
     return env
 
 
 def sbatch(script: str, sub: Path, env: dict, *args: str, sbatch_args: tuple[str, ...] = ()) -> int:
-    out = subprocess.run(["sbatch", "--parsable", *sbatch_args, f"slurm/{script}", *args], cwd=sub, env=env,
-                         capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        ["sbatch", "--parsable", *sbatch_args, f"slurm/{script}", *args],
+        cwd=sub,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 0, out.stderr
     return int(out.stdout.strip().split(";")[0])
 

@@ -2,6 +2,7 @@
 named by SDPO_TEST_SLOW_FLAG exists, each rollout touches `<flag>.in_rollout` and sleeps the
 seconds the flag holds. The cluster tests put a `python` that runs this first on the job's PATH,
 so that a signal lands in the middle of a step; the sbatch scripts themselves are unchanged."""
+
 import os
 import pathlib
 import sys

@@ -1,6 +1,7 @@
 """`sbatch slurm/continual_7b.sh` as GPU users run it (the megatron backend at TP 2, colocated vLLM
 replicas of TP 2, torchrun across two hosts), made a tiny CPU job by overrides and environment
 variables only: 2 nodes x 2 ranks over gloo."""
+
 import re
 from pathlib import Path
 
@@ -11,7 +12,11 @@ from jobs import TINY, job_env, log_of, no_job_processes, rewards, sbatch, submi
 pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.megatron, pytest.mark.vllm]
 
 SCRIPT = "continual_7b.sh"
-MEGATRON = ["backend.megatron.tensor_parallel=2", "backend.megatron.params_dtype=float32", "rollout.tensor_parallel_size=2"]
+MEGATRON = [
+    "backend.megatron.tensor_parallel=2",
+    "backend.megatron.params_dtype=float32",
+    "rollout.tensor_parallel_size=2",
+]
 
 
 def test_the_7b_script_runs_megatron_and_vllm_across_two_hosts(slurm_cluster, tmp_path):
@@ -30,7 +35,9 @@ def test_the_7b_script_runs_megatron_and_vllm_across_two_hosts(slurm_cluster, tm
     # torchrun's rendezvous across the hosts; every rank on the veth, not loopback.
     nodes = [ln for ln in text.splitlines() if ln.startswith("[node of rank ") and "(route to " in ln]
     # (one line a node: its first rank's)
-    assert len(nodes) == 2 and all("NCCL_SOCKET_IFNAME=sdpo0" in ln and "GLOO_SOCKET_IFNAME=sdpo0" in ln for ln in nodes), nodes
+    assert len(nodes) == 2 and all(
+        "NCCL_SOCKET_IFNAME=sdpo0" in ln and "GLOO_SOCKET_IFNAME=sdpo0" in ln for ln in nodes
+    ), nodes
     assert sum("from 10.231.0.12" in ln for ln in nodes) == 1, nodes
     run = sub / "run"
     assert (run / "report.md").is_file() and (run / "eval_matrix.csv").is_file()

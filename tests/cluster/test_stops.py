@@ -3,6 +3,7 @@ time-limit USR1 (save, requeue, resume), scancel (save, stay cancelled, resubmit
 (save, requeue) and a node's processes killed (the job ends, a resubmission resumes). Each run
 must equal an uninterrupted one (eval matrix and every step's reward), and no process of a job
 may outlive it. The job: the smallest that spans two hosts (one HF rank a node, `--nodes=2`)."""
+
 import subprocess
 import time
 from pathlib import Path
@@ -93,17 +94,24 @@ def test_time_limit_signal_saves_the_step_requeues_and_resumes(slurm_cluster, un
     before, t0 = _latest(run), time.monotonic()
     subprocess.run(["scancel", "--batch", "--signal=USR1", str(job_id)], env=env, check=True, timeout=30)
     # The step in flight finishes (the lead allows it) and is saved, within the lead.
-    saved = wait_for("the stop's checkpoint",
-                     lambda: _latest(run) not in (None, before) and (run / "checkpoints" / str(_latest(run)) / "COMPLETE").is_file(),
-                     timeout=LEAD_S)
+    saved = wait_for(
+        "the stop's checkpoint",
+        lambda: _latest(run) not in (None, before) and (run / "checkpoints" / str(_latest(run)) / "COMPLETE").is_file(),
+        timeout=LEAD_S,
+    )
     done = records(run)
-    assert _latest(run) in (f"step_{done[-1]['stage']}_{done[-1]['step']:06d}", "stage_1_math"), (_latest(run), done[-1])
+    assert _latest(run) in (f"step_{done[-1]['stage']}_{done[-1]['step']:06d}", "stage_1_math"), (
+        _latest(run),
+        done[-1],
+    )
     text = _finished(job_id, env, log, restarts=1)
     assert "stopped by SIGTERM" in text and f"requeueing job {job_id}" in text, text[-4000:]
     assert "resumed from" in text
     _same_as(sub / "run", uninterrupted[0])
-    print(f"USR1 -> checkpoint {saved:.1f} s after the signal (lead {LEAD_S} s); requeued and resumed "
-          f"{time.monotonic() - t0:.0f} s after it")
+    print(
+        f"USR1 -> checkpoint {saved:.1f} s after the signal (lead {LEAD_S} s); requeued and resumed "
+        f"{time.monotonic() - t0:.0f} s after it"
+    )
 
 
 def test_scancel_saves_and_stays_cancelled_and_a_resubmission_resumes(slurm_cluster, uninterrupted, tmp_path):
@@ -132,16 +140,37 @@ def test_preemption_saves_and_requeues(slurm_cluster, uninterrupted, tmp_path):
     sub = submit_dir(tmp_path)
     job_id, env, log = _submit(slurm_cluster, sub)
     _mid_step(sub)
-    urgent = subprocess.run(["sbatch", "--parsable", "-p", "urgent", "-N2", "--exclusive", "-o", str(sub / "urgent.out"),
-                             "--wrap", "sleep 1"], env=env, capture_output=True, text=True, timeout=30, cwd=sub)
+    urgent = subprocess.run(
+        [
+            "sbatch",
+            "--parsable",
+            "-p",
+            "urgent",
+            "-N2",
+            "--exclusive",
+            "-o",
+            str(sub / "urgent.out"),
+            "--wrap",
+            "sleep 1",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        cwd=sub,
+    )
     assert urgent.returncode == 0, urgent.stderr
     text = _finished(job_id, env, log, restarts=1)
-    assert f"job {job_id} was preempted" in text and "stopped by SIGTERM" in text and "resumed from" in text, text[-4000:]
+    assert f"job {job_id} was preempted" in text and "stopped by SIGTERM" in text and "resumed from" in text, text[
+        -4000:
+    ]
     assert job(int(urgent.stdout.strip()), env)["JobState"] == "COMPLETED"
     _same_as(sub / "run", uninterrupted[0])
 
 
-def test_a_nodes_processes_killed_mid_step_end_the_job_and_a_resubmission_resumes(slurm_cluster, uninterrupted, tmp_path):
+def test_a_nodes_processes_killed_mid_step_end_the_job_and_a_resubmission_resumes(
+    slurm_cluster, uninterrupted, tmp_path
+):
     sub = submit_dir(tmp_path)
     job_id, env, log = _submit(slurm_cluster, sub, "checkpoint.save_every=1")
     _mid_step(sub, seconds=20)

@@ -1,4 +1,5 @@
 """Fixtures of the multi-rank tests."""
+
 import pytest
 
 

@@ -1,4 +1,5 @@
 """The continual job under torchrun: two gloo ranks train one policy with DDP; rank 0 writes."""
+
 import json
 import os
 import subprocess
@@ -7,7 +8,9 @@ import sys
 import pytest
 
 SECTIONS = dict(
-    rollout="{engine: auto, max_new_tokens: 16}", eval="{max_new_tokens: 16}", diagnostics="{probe_n: 2}",
+    rollout="{engine: auto, max_new_tokens: 16}",
+    eval="{max_new_tokens: 16}",
+    diagnostics="{probe_n: 2}",
 )
 
 
@@ -22,10 +25,24 @@ def test_two_rank_run_completes_and_slow_stage_end_diagnostics_do_not_hold_the_r
     from megatron_sdpo.outputs.drift_jobs import DELAY_ENV
 
     cfg = tmp_path / "ddp.yaml"
-    cfg.write_text(tiny_two_stage("ddp", checkpoint="{save_every: 1}", launch="{distributed_timeout_minutes: 0.25}",
-                                  **SECTIONS))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           "-m", "megatron_sdpo", "run", str(cfg), "--out", "run", "--quiet"]
+    cfg.write_text(
+        tiny_two_stage("ddp", checkpoint="{save_every: 1}", launch="{distributed_timeout_minutes: 0.25}", **SECTIONS)
+    )
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        "-m",
+        "megatron_sdpo",
+        "run",
+        str(cfg),
+        "--out",
+        "run",
+        "--quiet",
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": "1", DELAY_ENV: "30"}  # twice the 15 s timeout
     proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=900, env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

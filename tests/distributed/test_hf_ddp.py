@@ -6,6 +6,7 @@ with rows without signal skipped (algorithms/signal.py): one row with signal (th
 runs a placeholder) and none (both do): no rank hangs in the gradient all-reduce, and the steps
 match the single process's.
 """
+
 import faulthandler
 import os
 import time
@@ -53,7 +54,14 @@ def run_backend(model_dir: str, micro_batch_size: int) -> dict:
         b.tensors["advantages"] = b.tensors["advantages"] * keep
         skipped.append(minibatch_update(backend, b, WeightedNLL(), mini_batches=1, group_size=1, skip=True))
     after = {k: v.detach().clone() for k, v in backend.policy.state_dict().items()}
-    return {"metrics": metrics, "logprobs": logprobs, "moments": moments, "params": params, "skipped": skipped, "after": after}
+    return {
+        "metrics": metrics,
+        "logprobs": logprobs,
+        "moments": moments,
+        "params": params,
+        "skipped": skipped,
+        "after": after,
+    }
 
 
 def _worker(rank: int, world: int, model_dir: str, init_file: str, out_dir: str) -> None:

@@ -5,6 +5,7 @@ adapters compute the loss, torch AdamW + clip_grad_norm_ take the step. The mega
 must match loss and gradient norm at every layout, micro-batch count and DP size, on packed
 (THD) rows (its default) and on the padded layout.
 """
+
 import pytest
 import torch
 
@@ -85,11 +86,16 @@ def reference(model_dir: str, kind: str) -> list[tuple[float, float]]:
     params = list(model.parameters())
     opt = torch.optim.AdamW(
         [{"params": [p for p in params if p.ndim >= 2]}, {"params": [p for p in params if p.ndim < 2]}],
-        lr=LR, weight_decay=0.0, eps=1e-8,
+        lr=LR,
+        weight_decay=0.0,
+        eps=1e-8,
     )
     with torch.no_grad():
         lg = _hf_logits(model, b.prompt_ids, b.response_ids, T)
-        old = (torch.log_softmax(lg, -1).gather(-1, torch.tensor(_targets(b, T)).unsqueeze(-1)).squeeze(-1) + b.tensors["noise"]) * b.tensors["loss_mask"]
+        old = (
+            torch.log_softmax(lg, -1).gather(-1, torch.tensor(_targets(b, T)).unsqueeze(-1)).squeeze(-1)
+            + b.tensors["noise"]
+        ) * b.tensors["loss_mask"]
     b.tensors["old_logprobs"] = old
     out = []
     for _ in range(1 if kind.startswith("sdpo") else STEPS):
@@ -101,7 +107,9 @@ def reference(model_dir: str, kind: str) -> list[tuple[float, float]]:
             if kind == "grpo_kl":
                 with torch.no_grad():
                     rl = _hf_logits(teacher, b.prompt_ids, b.response_ids, T)
-                outputs["ref_logprobs"] = torch.log_softmax(rl, -1).gather(-1, torch.tensor(_targets(b, T)).unsqueeze(-1)).squeeze(-1)
+                outputs["ref_logprobs"] = (
+                    torch.log_softmax(rl, -1).gather(-1, torch.tensor(_targets(b, T)).unsqueeze(-1)).squeeze(-1)
+                )
         else:
             loss_fn = SDPOLoss(variant="logits", alpha=0.5, topk=None, is_clip=None, mask_key="distill_mask")
             if kind == "sdpo_topk":
@@ -135,8 +143,13 @@ def _backend_worker(model_dir: str, layouts: list) -> list:
         sp = bool(rest[0]) if rest else False
         packing = rest[1] if len(rest) > 1 else None
         be = MegatronBackend(
-            model_dir, lr=LR, micro_batch_size=mbs, parallel=ParallelConfig(tp=tp, pp=pp, sequence_parallel=sp),
-            options=ModelOptions(sequence_parallel=sp), grad_clip=1.0, with_reference=kind == "grpo_kl",
+            model_dir,
+            lr=LR,
+            micro_batch_size=mbs,
+            parallel=ParallelConfig(tp=tp, pp=pp, sequence_parallel=sp),
+            options=ModelOptions(sequence_parallel=sp),
+            grad_clip=1.0,
+            with_reference=kind == "grpo_kl",
             packing=packing,
         )
         b = make_batch()
@@ -155,7 +168,6 @@ def _backend_worker(model_dir: str, layouts: list) -> list:
         del be
         destroy()
     return results
-
 
 
 @pytest.fixture(scope="module")
@@ -194,8 +206,12 @@ def test_world1_grpo_steps_and_sdpo_match_hf(model_dir, refs):
 
     # Packed rows by default; the last two run the padded layout.
     layouts = [
-        (1, 1, 2, "grpo"), (1, 1, 4, "sdpo"), (1, 1, 3, "grpo_kl"), (1, 1, 2, "sdpo_topk"),
-        (1, 1, 4, "grpo", False, False), (1, 1, 3, "sdpo", False, False),
+        (1, 1, 2, "grpo"),
+        (1, 1, 4, "sdpo"),
+        (1, 1, 3, "grpo_kl"),
+        (1, 1, 2, "sdpo_topk"),
+        (1, 1, 4, "grpo", False, False),
+        (1, 1, 3, "sdpo", False, False),
     ]
     (r,) = spawn(_backend_worker, 1, model_dir, layouts, timeout_s=300)
     for got, layout in zip(r, layouts, strict=True):
@@ -207,12 +223,21 @@ def test_world2_tp2_pp2_dp2_match_hf(model_dir, refs):
     from megatron_sdpo.backends.megatron.launch import spawn
 
     layouts = [
-        (2, 1, 3, "grpo"), (2, 1, 2, "sdpo"), (2, 1, 4, "sdpo_topk"), (1, 2, 4, "grpo"), (1, 2, 2, "sdpo"),
-        (1, 2, 2, "grpo_kl"), (1, 1, 1, "grpo"), (1, 1, 2, "sdpo_topk"),
+        (2, 1, 3, "grpo"),
+        (2, 1, 2, "sdpo"),
+        (2, 1, 4, "sdpo_topk"),
+        (1, 2, 4, "grpo"),
+        (1, 2, 2, "sdpo"),
+        (1, 2, 2, "grpo_kl"),
+        (1, 1, 1, "grpo"),
+        (1, 1, 2, "sdpo_topk"),
         # Sequence parallelism: norms' grads summed over TP, activations sequence-sharded.
-        (2, 1, 2, "grpo", True), (2, 1, 3, "sdpo", True), (2, 1, 2, "sdpo_topk", True),
+        (2, 1, 2, "grpo", True),
+        (2, 1, 3, "sdpo", True),
+        (2, 1, 2, "sdpo_topk", True),
         # The padded layout under TP (with SP) and PP.
-        (2, 1, 3, "sdpo", True, False), (1, 2, 2, "grpo", False, False),
+        (2, 1, 3, "sdpo", True, False),
+        (1, 2, 2, "grpo", False, False),
     ]
     ranks = spawn(_backend_worker, 2, model_dir, layouts, timeout_s=500)
     for rank in ranks:  # every rank reports the same reduced metrics
@@ -278,7 +303,15 @@ def test_world1_grpo_four_minibatches_match_hf(model_dir):
     (got,) = spawn(_mb_worker, 1, model_dir, timeout_s=300)
     assert want["optimizer_steps"] == got["optimizer_steps"] == 4.0
     assert want["grpo/clip_frac"] > 0 and want["grpo/ratio_max"] > 1.0  # the clip acted
-    for key in ("loss", "grad_norm", "grpo/clip_frac", "grpo/ratio_mean", "grpo/ratio_max", "grpo/ratio_min", "grpo/pg_loss"):
+    for key in (
+        "loss",
+        "grad_norm",
+        "grpo/clip_frac",
+        "grpo/ratio_mean",
+        "grpo/ratio_max",
+        "grpo/ratio_min",
+        "grpo/pg_loss",
+    ):
         assert got[key] == pytest.approx(want[key], rel=1e-4, abs=1e-5), (key, got[key], want[key])
     torch.testing.assert_close(torch.tensor(got["after"]), after, rtol=1e-4, atol=1e-4)
 
@@ -296,7 +329,10 @@ def _reads_worker(model_dir: str) -> dict:
 
     backend_mod.load_hf = counting
     be = backend_mod.MegatronBackend(model_dir, lr=MB_LR, micro_batch_size=2, with_teacher=True, with_reference=True)
-    same = {w: all(torch.equal(a, b) for a, b in zip(be._params("policy"), be._params(w), strict=True)) for w in ("teacher", "reference")}
+    same = {
+        w: all(torch.equal(a, b) for a, b in zip(be._params("policy"), be._params(w), strict=True))
+        for w in ("teacher", "reference")
+    }
     frozen = not any(p.requires_grad for w in ("teacher", "reference") for p in be._params(w))
     destroy()
     return {"reads": reads, "same": same, "frozen": frozen}

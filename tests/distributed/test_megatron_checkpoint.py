@@ -1,4 +1,5 @@
 """dist_checkpointing save/resume of the megatron backend: TP=2 -> TP=2 and -> DP=2."""
+
 import pytest
 import torch
 
@@ -25,7 +26,10 @@ def _ckpt_worker(model_dir: str, ckpt: str) -> dict:
     def backend(tp):
         # A decaying LR: a resume that restarted the schedule would take a different step.
         be = MegatronBackend(
-            model_dir, lr=1e-4, micro_batch_size=2, parallel=ParallelConfig(tp=tp),
+            model_dir,
+            lr=1e-4,
+            micro_batch_size=2,
+            parallel=ParallelConfig(tp=tp),
             lr_schedule=LRSchedule("cosine", warmup_steps=0, min_lr_ratio=0.1),
         )
         be.set_lr_schedule(3)
@@ -84,8 +88,19 @@ def test_resume_at_tp2_and_dp2_continues_the_uninterrupted_run(tmp_path):
     root = Path(__file__).resolve().parents[2]
     hf_out = tmp_path / "hf"
     proc = subprocess.run(
-        [sys.executable, str(root / "tools" / "convert_to_hf.py"), str(ckpt), "--hf-model", str(d), "--out", str(hf_out)],
-        capture_output=True, text=True, timeout=300, cwd=str(tmp_path),
+        [
+            sys.executable,
+            str(root / "tools" / "convert_to_hf.py"),
+            str(ckpt),
+            "--hf-model",
+            str(d),
+            "--out",
+            str(hf_out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=str(tmp_path),
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     converted = load_file(str(hf_out / "model.safetensors"))

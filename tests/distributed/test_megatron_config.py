@@ -3,6 +3,7 @@
 No processes: TransformerConfig is a dataclass; FP8 is checked as wiring for a GPU target
 (have_te / capability passed explicitly), not executed.
 """
+
 import pytest
 import torch
 
@@ -14,8 +15,17 @@ transformers = pytest.importorskip("transformers")
 def _spec(**kw):
     from megatron_sdpo.weights import ModelSpec
 
-    cfg = dict(vocab_size=131, hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=4,
-               num_key_value_heads=2, head_dim=16, rope_theta=1000.0, rms_norm_eps=1e-5)
+    cfg = dict(
+        vocab_size=131,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        rope_theta=1000.0,
+        rms_norm_eps=1e-5,
+    )
     cfg.update(kw)
     return ModelSpec.from_hf_config(transformers.Qwen3Config(**cfg))
 
@@ -30,7 +40,12 @@ def _cfg(fp8=None, params="bfloat16", capability=(9, 0), have_te=True, **opt):
 
 @pytest.mark.parametrize(
     "recipe,cap,fmt",
-    [("delayed", (9, 0), "hybrid"), ("tensorwise", (8, 9), "hybrid"), ("blockwise", (9, 0), "e4m3"), ("mxfp8", (10, 0), "e4m3")],
+    [
+        ("delayed", (9, 0), "hybrid"),
+        ("tensorwise", (8, 9), "hybrid"),
+        ("blockwise", (9, 0), "e4m3"),
+        ("mxfp8", (10, 0), "e4m3"),
+    ],
 )
 def test_fp8_recipes_map_to_transformer_config_fields(recipe, cap, fmt):
     c = _cfg(recipe, capability=cap)
@@ -71,7 +86,9 @@ def test_cpu_config_is_fp32_unfused_with_recompute_option():
     c = transformer_config(_spec(), 1, 1, ModelOptions(recompute="full"), gpu=False, have_te=False)
     assert c.params_dtype == torch.float32 and not c.bf16 and c.fp8 is None
     assert c.use_cpu_initialization and not c.batch_p2p_sync
-    assert not (c.bias_dropout_fusion or c.masked_softmax_fusion or c.apply_rope_fusion or c.gradient_accumulation_fusion)
+    assert not (
+        c.bias_dropout_fusion or c.masked_softmax_fusion or c.apply_rope_fusion or c.gradient_accumulation_fusion
+    )
     assert c.hidden_dropout == 0.0 and c.attention_dropout == 0.0
     assert c.recompute_granularity == "full" and c.recompute_num_layers == 1
     assert c.qk_layernorm and c.num_query_groups == 2 and c.kv_channels == 16 and c.layernorm_epsilon == 1e-5
@@ -102,9 +119,17 @@ def test_olmo3_config_carries_sliding_windows_and_no_megatron_qk_layernorm():
     from megatron_sdpo.weights import ModelSpec
 
     types = ["sliding_attention", "full_attention", "sliding_attention", "sliding_attention"]
-    hf = transformers.Olmo3Config(vocab_size=131, hidden_size=64, intermediate_size=96, num_hidden_layers=4,
-                                  num_attention_heads=4, num_key_value_heads=2, layer_types=types, sliding_window=7,
-                                  eos_token_id=2)
+    hf = transformers.Olmo3Config(
+        vocab_size=131,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        layer_types=types,
+        sliding_window=7,
+        eos_token_id=2,
+    )
     spec = ModelSpec.from_hf_config(hf)
     c = transformer_config(spec, 2, 2, ModelOptions(), gpu=False, have_te=False)
     # HF's window of 7 keys (the query's own among them) is megatron's 6 to the left, 0 to the right.
@@ -113,8 +138,16 @@ def test_olmo3_config_carries_sliding_windows_and_no_megatron_qk_layernorm():
     assert not c.qk_layernorm
     with pytest.raises(ConfigError, match="block_spec"):
         layer_spec(spec, use_te=False)
-    full = ModelSpec.from_hf_config(transformers.Olmo3Config(
-        vocab_size=131, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-        layer_types=["full_attention"] * 2, eos_token_id=2))
+    full = ModelSpec.from_hf_config(
+        transformers.Olmo3Config(
+            vocab_size=131,
+            hidden_size=64,
+            intermediate_size=96,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            layer_types=["full_attention"] * 2,
+            eos_token_id=2,
+        )
+    )
     c = transformer_config(full, 1, 1, ModelOptions(), gpu=False, have_te=False)
     assert c.window_size is None and c.window_attn_skip_freq is None

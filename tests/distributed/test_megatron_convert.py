@@ -2,6 +2,7 @@
 
 Each case spawns its own small world; the HF reference runs in the rank itself.
 """
+
 import pytest
 import torch
 
@@ -15,9 +16,18 @@ def tiny_hf(arch: str, tied: bool, seed: int = 0, **overrides):
 
     names = {"qwen3": "Qwen3", "llama": "Llama", "olmo2": "Olmo2", "olmo3": "Olmo3"}[arch]
     kw = dict(
-        vocab_size=131, hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=16, tie_word_embeddings=tied, max_position_embeddings=64,
-        rms_norm_eps=1e-6, initializer_range=0.1, rope_theta=1000.0,
+        vocab_size=131,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        tie_word_embeddings=tied,
+        max_position_embeddings=64,
+        rms_norm_eps=1e-6,
+        initializer_range=0.1,
+        rope_theta=1000.0,
     )
     cfg = getattr(transformers, f"{names}Config")(**{**kw, **overrides})
     torch.manual_seed(seed)
@@ -96,8 +106,13 @@ def forward_logits(model, ids: torch.Tensor):
 
     with torch.no_grad():
         store = get_forward_backward_func()(
-            forward_step_func=step, data_iterator=iter([ids]), model=[model], num_microbatches=1,
-            seq_length=ids.shape[1], micro_batch_size=ids.shape[0], forward_only=True,
+            forward_step_func=step,
+            data_iterator=iter([ids]),
+            model=[model],
+            num_microbatches=1,
+            seq_length=ids.shape[1],
+            micro_batch_size=ids.shape[0],
+            forward_only=True,
         )
     return store[0]["logits"] if ps.is_pipeline_last_stage() else None
 
@@ -108,9 +123,16 @@ def export_check(model, spec, layout, expect: dict) -> dict:
 
     from megatron_sdpo.weights.transport import export_hf
 
-    exported = dict(export_hf(model, spec, layout, tp_group=ps.get_tensor_model_parallel_group(),
-                              pp_group=ps.get_pipeline_model_parallel_group(),
-                              pp_rank=ps.get_pipeline_model_parallel_rank()))
+    exported = dict(
+        export_hf(
+            model,
+            spec,
+            layout,
+            tp_group=ps.get_tensor_model_parallel_group(),
+            pp_group=ps.get_pipeline_model_parallel_group(),
+            pp_rank=ps.get_pipeline_model_parallel_rank(),
+        )
+    )
     return {
         "export_keys_equal": sorted(exported) == sorted(expect),
         "export_mismatch": [k for k in expect if k not in exported or not torch.equal(exported[k], expect[k])],

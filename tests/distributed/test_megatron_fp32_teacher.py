@@ -1,6 +1,7 @@
 """MegatronBackend with bf16 params: the EMA teacher is an fp32 shadow blended from the
 optimizer's fp32 main params (full copies, or DP-owned ranges under the distributed optimizer),
 rounded once into the bf16 teacher; checkpoints keep it, so a resume continues exactly."""
+
 import pytest
 import torch
 
@@ -20,8 +21,12 @@ def _backend(model_dir: str, dist_opt: bool, tp: int = 1):
     from megatron_sdpo.backends.megatron.precision import PrecisionConfig
 
     return MegatronBackend(
-        model_dir, lr=LR, micro_batch_size=2, parallel=ParallelConfig(tp=tp),
-        options=ModelOptions(precision=PrecisionConfig(params="bfloat16")), distributed_optimizer=dist_opt,
+        model_dir,
+        lr=LR,
+        micro_batch_size=2,
+        parallel=ParallelConfig(tp=tp),
+        options=ModelOptions(precision=PrecisionConfig(params="bfloat16")),
+        distributed_optimizer=dist_opt,
     )
 
 
@@ -55,23 +60,45 @@ def _ema_worker(model_dir: str, dist_opt: bool, tp: int) -> dict:
     teacher = be._params("teacher")
     owned = sum(int(torch.isfinite(r).sum()) for r in ref)
     scale = max(float(r[torch.isfinite(r)].abs().max()) for r in ref if torch.isfinite(r).any())
-    err = max(float((s - r)[torch.isfinite(r)].abs().max()) if torch.isfinite(r).any() else 0.0 for s, r in zip(shadow, ref, strict=True))
+    err = max(
+        float((s - r)[torch.isfinite(r)].abs().max()) if torch.isfinite(r).any() else 0.0
+        for s, r in zip(shadow, ref, strict=True)
+    )
     # Each rank checks the elements its shadow holds; the teachers agree across ranks (below).
-    cast_exact = all(torch.equal(t.detach()[s.isfinite()], s[s.isfinite()].to(torch.bfloat16)) for t, s in zip(teacher, shadow, strict=True))
+    cast_exact = all(
+        torch.equal(t.detach()[s.isfinite()], s[s.isfinite()].to(torch.bfloat16))
+        for t, s in zip(teacher, shadow, strict=True)
+    )
     teacher_sum = sum(float(t.detach().double().sum()) for t in teacher)
     shadow_elems = be.teacher_fp32.local.numel()
     moved = sum(int((t.detach() != t_init).sum()) for t, t_init in zip(teacher, t0, strict=True))
     total = sum(t.numel() for t in teacher)
     be.blend_teacher(TeacherBlend.base())  # teacher.reset_at_stage=base: the base model again, in both copies
     base_ok = all(torch.equal(t.detach(), t_init) for t, t_init in zip(be._params("teacher"), t0, strict=True))
-    base_ok &= all(torch.equal(s[s.isfinite()], t.float()[s.isfinite()]) for s, t in zip(be.fp32_weights("teacher"), t0, strict=True))
+    base_ok &= all(
+        torch.equal(s[s.isfinite()], t.float()[s.isfinite()])
+        for s, t in zip(be.fp32_weights("teacher"), t0, strict=True)
+    )
     masters = [w.clone() for w in be.fp32_weights("policy")]
     be.reset_optimizer()  # a stage boundary keeps the fp32 masters
-    kept = all(torch.equal(torch.nan_to_num(x, nan=7.0), torch.nan_to_num(y, nan=7.0)) for x, y in zip(masters, be.fp32_weights("policy"), strict=True))
+    kept = all(
+        torch.equal(torch.nan_to_num(x, nan=7.0), torch.nan_to_num(y, nan=7.0))
+        for x, y in zip(masters, be.fp32_weights("policy"), strict=True)
+    )
     destroy()
-    return {"err": err, "tol": FP32_RTOL * scale, "cast_exact": cast_exact, "moved": moved, "total": total,
-            "owned": owned, "kept": kept, "base_ok": base_ok, "dtype": str(teacher[0].dtype),
-            "teacher_sum": teacher_sum, "shadow_elems": shadow_elems}
+    return {
+        "err": err,
+        "tol": FP32_RTOL * scale,
+        "cast_exact": cast_exact,
+        "moved": moved,
+        "total": total,
+        "owned": owned,
+        "kept": kept,
+        "base_ok": base_ok,
+        "dtype": str(teacher[0].dtype),
+        "teacher_sum": teacher_sum,
+        "shadow_elems": shadow_elems,
+    }
 
 
 def _resume_worker(model_dir: str, path: str) -> dict:
@@ -98,13 +125,15 @@ def _resume_worker(model_dir: str, path: str) -> dict:
         b.blend_teacher(TeacherBlend.ema(RATE))
     same = {"loss": m_a["loss"] == m_b["loss"], "losses": (m_a["loss"], m_b["loss"])}
     for w in ("policy", "teacher"):
-        same[w] = max(
-            float((torch.nan_to_num(x, nan=7.0) - torch.nan_to_num(y, nan=7.0)).abs().max())
-            for x, y in zip(want[w], b.fp32_weights(w), strict=True)
-        ) == 0.0
+        same[w] = (
+            max(
+                float((torch.nan_to_num(x, nan=7.0) - torch.nan_to_num(y, nan=7.0)).abs().max())
+                for x, y in zip(want[w], b.fp32_weights(w), strict=True)
+            )
+            == 0.0
+        )
     destroy()
     return same
-
 
 
 def _check(r: dict) -> None:

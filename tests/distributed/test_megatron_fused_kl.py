@@ -8,6 +8,7 @@ sequence parallelism and PP=2 (the teacher riding in the student's schedule), an
 a rollout temperature (every model's logits divided by it), whose log-probs must also equal the
 HF backend's at that temperature.
 """
+
 import pytest
 import torch
 
@@ -26,8 +27,18 @@ UPDATE_TOL = 1e-2
 def _loss():
     from megatron_sdpo.algorithms.losses import SDPOLoss
 
-    return SDPOLoss(variant="logits", alpha=0.5, topk=None, is_clip=2.0, temperature=0.8, mask_key="distill_mask",
-                    fused=True, kernel_impl="chunked", chunk_tokens=5, chunk_vocab=48)
+    return SDPOLoss(
+        variant="logits",
+        alpha=0.5,
+        topk=None,
+        is_clip=2.0,
+        temperature=0.8,
+        mask_key="distill_mask",
+        fused=True,
+        kernel_impl="chunked",
+        chunk_tokens=5,
+        chunk_vocab=48,
+    )
 
 
 def _worker(model_dir: str, cases: list) -> list:
@@ -42,8 +53,14 @@ def _worker(model_dir: str, cases: list) -> list:
     out = []
     for tp, pp, sp, temp, source in cases:
         be = MegatronBackend(
-            model_dir, lr=LR, micro_batch_size=2, parallel=ParallelConfig(tp=tp, pp=pp, sequence_parallel=sp),
-            options=ModelOptions(sequence_parallel=sp), grad_clip=1.0, fused_kl=source, logit_temperature=temp,
+            model_dir,
+            lr=LR,
+            micro_batch_size=2,
+            parallel=ParallelConfig(tp=tp, pp=pp, sequence_parallel=sp),
+            options=ModelOptions(sequence_parallel=sp),
+            grad_clip=1.0,
+            fused_kl=source,
+            logit_temperature=temp,
         )
         b = make_batch()
         mask = b.tensors["loss_mask"]
@@ -51,12 +68,18 @@ def _worker(model_dir: str, cases: list) -> list:
         b.tensors["rollout_logprobs"] = (lp + b.tensors["noise"]) * mask
         m = be.train_step(b, _loss())
         weights = {k: v.clone() for k, v in be.export_weights()}
-        out.append({"loss": m["loss"], "grad_norm": m["grad_norm"], "weights": weights, "device": str(be.device),
-                    "logprobs": lp.clone()})
+        out.append(
+            {
+                "loss": m["loss"],
+                "grad_norm": m["grad_norm"],
+                "weights": weights,
+                "device": str(be.device),
+                "logprobs": lp.clone(),
+            }
+        )
         del be
         destroy()
     return out
-
 
 
 def test_fused_kernel_matches_the_logits_path_one_step(model_dir):
@@ -82,7 +105,11 @@ def test_fused_kernel_matches_the_logits_path_one_step(model_dir):
         for i, lay in enumerate(layouts):
             shards, kernel = rank[2 * i], rank[2 * i + 1]
             assert shards["loss"] > 1e-3 and shards["grad_norm"] > 1e-3, (lay, shards["loss"])
-            assert abs(kernel["loss"] - shards["loss"]) <= TOL * max(1.0, abs(shards["loss"])), (lay, kernel["loss"], shards["loss"])
+            assert abs(kernel["loss"] - shards["loss"]) <= TOL * max(1.0, abs(shards["loss"])), (
+                lay,
+                kernel["loss"],
+                shards["loss"],
+            )
             assert abs(kernel["grad_norm"] - shards["grad_norm"]) <= TOL * max(1.0, shards["grad_norm"]), lay
             assert kernel["weights"].keys() == shards["weights"].keys() == init.keys()
             diff = sum(float((kernel["weights"][k] - shards["weights"][k]).pow(2).sum()) for k in init) ** 0.5

@@ -7,6 +7,7 @@ reference's k3 KL riding along (two riders), and with the full-vocabulary JSD fr
 distillation temperature; at TP=1 x DP=2 GRPO with the KL. A micro-batch holds 2 samples of up
 to 6 response tokens: chunks of 5 split every micro-batch, some of them inside a sample.
 """
+
 import pytest
 
 pytestmark = [pytest.mark.megatron, pytest.mark.distributed]
@@ -24,12 +25,12 @@ UPDATE_TOL = 1e-2
 def _losses():
     from megatron_sdpo.algorithms.losses import GRPOLoss, HybridLoss, SDPOLoss
 
-    topk = SDPOLoss(variant="logits", alpha=0.5, topk=7, is_clip=2.0, mask_key="distill_mask",
-                    topk_source="shards")
+    topk = SDPOLoss(variant="logits", alpha=0.5, topk=7, is_clip=2.0, mask_key="distill_mask", topk_source="shards")
     return {
         "hybrid_topk_kl": lambda: HybridLoss(sdpo=topk, grpo=GRPOLoss(on_policy=False, kl_coef=0.1), lam=0.5),
-        "full_jsd_t08": lambda: SDPOLoss(variant="logits", alpha=0.5, topk=None, is_clip=2.0, temperature=0.8,
-                                         mask_key="distill_mask", fused=True),
+        "full_jsd_t08": lambda: SDPOLoss(
+            variant="logits", alpha=0.5, topk=None, is_clip=2.0, temperature=0.8, mask_key="distill_mask", fused=True
+        ),
         "grpo_kl": lambda: GRPOLoss(on_policy=False, kl_coef=0.1),
     }
 
@@ -42,18 +43,26 @@ def _worker(model_dir: str, cases: list) -> list:
 
     out = []
     for tp, loss, chunk in cases:
-        be = MegatronBackend(model_dir, lr=LR, micro_batch_size=2, parallel=ParallelConfig(tp=tp), grad_clip=1.0,
-                             with_reference=True, fused_kl="shards", loss_chunk_tokens=chunk)
+        be = MegatronBackend(
+            model_dir,
+            lr=LR,
+            micro_batch_size=2,
+            parallel=ParallelConfig(tp=tp),
+            grad_clip=1.0,
+            with_reference=True,
+            fused_kl="shards",
+            loss_chunk_tokens=chunk,
+        )
         b = make_batch()
         lp = be.logprobs(b)
         b.tensors["old_logprobs"] = b.tensors["rollout_logprobs"] = (lp + b.tensors["noise"]) * b.tensors["loss_mask"]
         m = be.train_step(b, _losses()[loss]())
-        out.append({"loss": m["loss"], "grad_norm": m["grad_norm"],
-                    "weights": {k: v.clone() for k, v in be.export_weights()}})
+        out.append(
+            {"loss": m["loss"], "grad_norm": m["grad_norm"], "weights": {k: v.clone() for k, v in be.export_weights()}}
+        )
         del be
         destroy()
     return out
-
 
 
 def test_chunked_loss_statistics_match_the_whole_micro_batch(model_dir):

@@ -5,6 +5,7 @@ megatron backend trains a tiny Olmo-3 like the HF reference.
 The tiny Olmo-3 mixes sliding and full-attention layers with a window (3) far below the sequence
 length (12), so a wrong window shows in the logits; under PP=2 each stage holds both kinds.
 """
+
 import pytest
 import torch
 
@@ -127,10 +128,12 @@ def _norm_grads(hf, model, ids, pos, probe, spec) -> dict:
     scale = 0.0
     for i in range(spec.num_layers):
         m, h = f"decoder.layers.{i}", f"model.layers.{i}"
-        for hf_name, mg_name in (("self_attn.q_norm", "self_attention.q_layernorm"),
-                                 ("self_attn.k_norm", "self_attention.k_layernorm"),
-                                 ("post_attention_layernorm", "self_attention.linear_proj.post_layernorm"),
-                                 ("post_feedforward_layernorm", "mlp.linear_fc2.post_layernorm")):
+        for hf_name, mg_name in (
+            ("self_attn.q_norm", "self_attention.q_layernorm"),
+            ("self_attn.k_norm", "self_attention.k_layernorm"),
+            ("post_attention_layernorm", "self_attention.linear_proj.post_layernorm"),
+            ("post_feedforward_layernorm", "mlp.linear_fc2.post_layernorm"),
+        ):
             want = hf.get_parameter(f"{h}.{hf_name}.weight").grad
             p = params[f"{m}.{mg_name}.weight"]
             if hf_name.startswith("self_attn."):
@@ -185,7 +188,9 @@ def test_world2_tp2_with_norm_grads_sequence_parallel_and_pp2_with_yarn():
     # Sequence parallel: the post-norms and the final norm see sequence shards, so their grads
     # must be summed over TP; the q/k norms see whole sequences of their own heads and must not be.
     post = [
-        f"decoder.layers.{i}.{m}.post_layernorm.weight" for i in range(4) for m in ("mlp.linear_fc2", "self_attention.linear_proj")
+        f"decoder.layers.{i}.{m}.post_layernorm.weight"
+        for i in range(4)
+        for m in ("mlp.linear_fc2", "self_attention.linear_proj")
     ]
     assert ranks[0][1]["sp_marked"] == sorted(post + ["decoder.final_layernorm.weight"])
     assert ranks[0][0]["sp_marked"] == []  # without sequence parallelism nothing is summed

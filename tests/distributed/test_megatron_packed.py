@@ -3,6 +3,7 @@ q/k/v against megatron's own attention run on each sample alone, and Olmo's refu
 
 The backend's packed train steps are held to the HF reference (and to the padded layout) in
 test_megatron_backend.py."""
+
 import pytest
 import torch
 
@@ -68,8 +69,14 @@ def _attention_worker() -> dict:
 
     initialize(ParallelConfig(), seed=0)
     cfg = TransformerConfig(
-        num_layers=1, hidden_size=32, num_attention_heads=4, num_query_groups=2, kv_channels=8,
-        attention_dropout=0.0, use_cpu_initialization=True, masked_softmax_fusion=False,
+        num_layers=1,
+        hidden_size=32,
+        num_attention_heads=4,
+        num_query_groups=2,
+        kv_channels=8,
+        attention_dropout=0.0,
+        use_cpu_initialization=True,
+        masked_softmax_fusion=False,
     )
     kw = dict(config=cfg, layer_number=1, attn_mask_type=AttnMaskType.causal, attention_type="self")
     packed, plain = VarlenDotProductAttention(**kw), DotProductAttention(**kw)
@@ -94,12 +101,22 @@ def _attention_worker() -> dict:
     (ref * w).sum().backward()
     want = (ref.detach(), q.grad, k.grad, v.grad)
     # The whole row under one causal mask: what a layout that ignored the segments would give.
-    whole = plain(q.unsqueeze(1), k.unsqueeze(1), v.unsqueeze(1), torch.triu(torch.ones(t, t, dtype=torch.bool), 1).view(1, 1, t, t))
+    whole = plain(
+        q.unsqueeze(1),
+        k.unsqueeze(1),
+        v.unsqueeze(1),
+        torch.triu(torch.ones(t, t, dtype=torch.bool), 1).view(1, 1, t, t),
+    )
     return {
         "diff": [float((a - b).abs().max()) for a, b in zip(got, want, strict=True)],
         "scale": [float(b.abs().max()) for b in want],
         "whole_diff": float((whole.view(t, 32) - ref).abs().max()),
-        "unpacked_same": bool(torch.equal(packed(q.unsqueeze(1), k.unsqueeze(1), v.unsqueeze(1), None), plain(q.unsqueeze(1), k.unsqueeze(1), v.unsqueeze(1), None))),
+        "unpacked_same": bool(
+            torch.equal(
+                packed(q.unsqueeze(1), k.unsqueeze(1), v.unsqueeze(1), None),
+                plain(q.unsqueeze(1), k.unsqueeze(1), v.unsqueeze(1), None),
+            )
+        ),
     }
 
 

@@ -1,4 +1,5 @@
 """The CPU shim (in a child process: it changes torch globally) and the row layout."""
+
 import subprocess
 import sys
 import textwrap
@@ -60,7 +61,10 @@ def test_rows_put_each_response_token_after_its_own_prompt():
     picked = rows.tokens.gather(1, rows.gather_index + 1)
     assert picked[0, :2].tolist() == [1, 2] and picked[1].tolist() == [3, 4, 9]
     assert rows.packed is None
-    assert all(t.device.type == "cpu" and t.dtype == torch.long for t in (rows.tokens, rows.positions, rows.gather_index, rows.targets))
+    assert all(
+        t.device.type == "cpu" and t.dtype == torch.long
+        for t in (rows.tokens, rows.positions, rows.gather_index, rows.targets)
+    )
 
 
 def test_fp8_rounds_each_ranks_share_of_the_sequence_to_16():

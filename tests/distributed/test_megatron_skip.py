@@ -9,6 +9,7 @@ whole); with the distributed one (its default: each rank's buffer holds only its
 reduced) the losses, grad norms and the policy after the four steps. Tolerances as in
 tests/unit/backends/test_hf_skip.py (the same losses and batches).
 """
+
 import pytest
 import torch
 
@@ -29,7 +30,11 @@ def _worker(model_dir: str, distributed_optimizer: bool) -> dict:
     for kind in KINDS:
         for skip in (False, True):
             be = MegatronBackend(
-                model_dir, lr=LR, micro_batch_size=2, grad_clip=1.0, parallel=ParallelConfig(tp=1, pp=1),
+                model_dir,
+                lr=LR,
+                micro_batch_size=2,
+                grad_clip=1.0,
+                parallel=ParallelConfig(tp=1, pp=1),
                 distributed_optimizer=distributed_optimizer,
             )
             assert be.dp_size == 2
@@ -57,7 +62,6 @@ def _worker(model_dir: str, distributed_optimizer: bool) -> dict:
             del be
             destroy()
     return out
-
 
 
 @pytest.mark.parametrize("distributed_optimizer", [False, True], ids=["plain-optimizer", "distributed-optimizer"])

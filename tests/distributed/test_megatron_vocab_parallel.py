@@ -4,6 +4,7 @@ the specification in algorithms/divergence.py).
 Two ranks split an odd vocabulary (13 real ids, padded to 14: widths 7 and 6); values and
 gradients (with a non-uniform grad_output) must match the unsharded computation.
 """
+
 import pytest
 import torch
 

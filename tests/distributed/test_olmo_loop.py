@@ -13,6 +13,7 @@ Why equality is expected: as in test_rollout_replicas.py (requests seeded by pro
 both sides); losses agree to the fp32 round-off of two implementations, ~1e-7 absolute on
 losses of ~5e-3, checked at 1e-3 relative (a dropped window or a stale refit is O(1e-1)).
 """
+
 import json
 import shutil
 import sys
@@ -78,9 +79,25 @@ def single(tmp_path_factory, config):
 )
 def test_olmo3_loop_matches_single_process(tmp_path, config, single, ranks, layout):
     (tmp_path / "cfg.yaml").write_text(config)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(ranks),
-           "-m", "megatron_sdpo", "run", "cfg.yaml", "backend=megatron", *layout, "rollout.tensor_parallel_size=2",
-           "kernel.fused_kl=true", "--out", "run", "--quiet"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        str(ranks),
+        "-m",
+        "megatron_sdpo",
+        "run",
+        "cfg.yaml",
+        "backend=megatron",
+        *layout,
+        "rollout.tensor_parallel_size=2",
+        "kernel.fused_kl=true",
+        "--out",
+        "run",
+        "--quiet",
+    ]
     out = _run(cmd, tmp_path)
     assert out.count("run directory: ") == 1  # rank 0 alone
     got, want = _metrics(tmp_path / "run"), _metrics(single)

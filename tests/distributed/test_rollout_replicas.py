@@ -7,6 +7,7 @@ index (not from the replica or batch it lands in), the trainers agree to ~1e-6 i
 sampled token could only change at a near-tie of that size, so rewards and greedy eval answers
 are the same. (vLLM TP=2 sums its row-parallel matmuls in another order; the difference is of
 the same size.)"""
+
 import json
 import os
 import signal
@@ -44,8 +45,9 @@ def _run(cmd: list[str], cwd) -> str:
     """Runs a launch in its own session; on a hang every rank gets SIGABRT, which makes
     faulthandler print its stack, and the test fails with them."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONFAULTHANDLER": "1"}
-    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
     try:
         out, _ = proc.communicate(timeout=TIMEOUT_S)
     except subprocess.TimeoutExpired:
@@ -101,8 +103,23 @@ def test_two_rank_rollout_matches_single_process(tmp_path, single, overrides):
     (tmp_path / "cfg.yaml").write_text(SMALL)
     if "rollout.tensor_parallel_size=2" in overrides:
         _leave_segments_of_a_killed_launch()
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           "-m", "megatron_sdpo", "run", "cfg.yaml", "backend=megatron", *overrides, "--out", "run", "--quiet"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        "-m",
+        "megatron_sdpo",
+        "run",
+        "cfg.yaml",
+        "backend=megatron",
+        *overrides,
+        "--out",
+        "run",
+        "--quiet",
+    ]
     _run(cmd, tmp_path)
     assert not list(Path("/dev/shm").glob("-tp:0-*-cpushm_*")), "a clean exit leaves no segment"
     got, want = _metrics(tmp_path / "run"), _metrics(single)

@@ -1,5 +1,6 @@
 """Rewards scored once across the launch: at 2 ranks each item reaches the verifier on one rank
 only, and every rank gets every result, equal to a single process's."""
+
 import pytest
 
 pytestmark = pytest.mark.distributed

@@ -2,6 +2,7 @@
 resumed run equals an uninterrupted one; a rank killed outright ends the job, no hang.
 
 Megatron TP=2 with colocated vLLM replicas, as on a cluster node (two gloo ranks here)."""
+
 import json
 import os
 import signal
@@ -19,11 +20,27 @@ GRACE_S = 60
 
 
 def _torchrun(cfg, *args, cwd):
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           f"--shutdown-timeout={GRACE_S}", "-m", "megatron_sdpo", "run", str(cfg), "--out", "run", "--quiet", *args]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        f"--shutdown-timeout={GRACE_S}",
+        "-m",
+        "megatron_sdpo",
+        "run",
+        str(cfg),
+        "--out",
+        "run",
+        "--quiet",
+        *args,
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-                            start_new_session=True)
+    return subprocess.Popen(
+        cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True
+    )
 
 
 def _finish(proc, timeout=900):
@@ -40,11 +57,17 @@ def _records(run):
 @pytest.fixture(scope="module")
 def cfg(tmp_path_factory, tiny_two_stage):
     path = tmp_path_factory.mktemp("cfg") / "stop.yaml"
-    path.write_text(tiny_two_stage(
-        "stop", steps=(3, 4), rollout="{engine: vllm, max_new_tokens: 16}", eval="{max_new_tokens: 16}",
-        backend="{name: megatron, megatron: {tensor_parallel: 2}}", checkpoint="{save_every: 0}",
-        diagnostics="{probe_n: 2}",
-    ))
+    path.write_text(
+        tiny_two_stage(
+            "stop",
+            steps=(3, 4),
+            rollout="{engine: vllm, max_new_tokens: 16}",
+            eval="{max_new_tokens: 16}",
+            backend="{name: megatron, megatron: {tensor_parallel: 2}}",
+            checkpoint="{save_every: 0}",
+            diagnostics="{probe_n: 2}",
+        )
+    )
     return path
 
 

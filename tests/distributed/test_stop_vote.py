@@ -1,5 +1,6 @@
 """A stop agreed across ranks: the signal any rank received and whether any rank votes to abandon
 the step come back the same on every rank, from one collective (stop_request.StopRequest)."""
+
 import pytest
 
 pytestmark = pytest.mark.distributed

@@ -1,5 +1,6 @@
 """The artifact-injection assay end to end: a base built with duplicate boxes, the assay preset
 run from it, and the study's amplification endpoint read from the run."""
+
 import json
 import os
 import subprocess
@@ -11,9 +12,14 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 SHRINK = [
     "stages=[{domain: math, steps: 3}]",
-    "algorithm.prompts_per_step=4", "algorithm.group_size=4", "rollout.engine=hf",
-    "rollout.max_new_tokens=16", "eval.max_new_tokens=16", "diagnostics.probe_n=1",
-    "diagnostics.response_drift=false", "checkpoint.save_every=0",
+    "algorithm.prompts_per_step=4",
+    "algorithm.group_size=4",
+    "rollout.engine=hf",
+    "rollout.max_new_tokens=16",
+    "eval.max_new_tokens=16",
+    "diagnostics.probe_n=1",
+    "diagnostics.response_drift=false",
+    "checkpoint.save_every=0",
     *(f"domains.{d}.eval.{s}.n=2" for d in ("math", "tooluse") for s in ("id", "ood_near", "ood_mid", "ood_far")),
 ]
 
@@ -32,11 +38,36 @@ def test_artifact_assay_runs(tmp_path):
     base = tmp_path / "base"
     # A short build (the shipped recipe's shape, fewer steps and records): every math answer of
     # its warm-up carries the duplicate, so the rollouts show it from the first step.
-    _call([str(REPO / "tools" / "make_tiny_base.py"), "--out", str(base), "--boxed-duplicate-rate", "1.0",
-           "--steps", "120", "--n-train", "200"], tmp_path)
+    _call(
+        [
+            str(REPO / "tools" / "make_tiny_base.py"),
+            "--out",
+            str(base),
+            "--boxed-duplicate-rate",
+            "1.0",
+            "--steps",
+            "120",
+            "--n-train",
+            "200",
+        ],
+        tmp_path,
+    )
     assert json.loads((base / "tiny_build.json").read_text())["config"]["boxed_duplicate_rate"] == 1.0
-    _call(["-m", "megatron_sdpo", "run", "tiny_artifact", f"model.path={base}", "algorithm.name=sdpo",
-           *SHRINK, "--quiet", "--out", "run"], tmp_path)
+    _call(
+        [
+            "-m",
+            "megatron_sdpo",
+            "run",
+            "tiny_artifact",
+            f"model.path={base}",
+            "algorithm.name=sdpo",
+            *SHRINK,
+            "--quiet",
+            "--out",
+            "run",
+        ],
+        tmp_path,
+    )
     rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     rates = [r["artifacts/fmt_boxed_repeat_rate"] for r in rows if "artifacts/fmt_boxed_repeat_rate" in r]
     assert len(rates) == 3 and all(0.0 <= x <= 1.0 for x in rates)

@@ -1,4 +1,5 @@
 """User mistakes at the command line: one `error:` line, exit status 2, no traceback."""
+
 import subprocess
 import sys
 

@@ -2,6 +2,7 @@
 
 The small run samples dynamically (algorithm.filter_groups, one extra round at most), so the
 resumed runs also show that the extra rounds' prompts and seeds follow the position."""
+
 import csv
 import json
 import os
@@ -32,8 +33,6 @@ checkpoint: {save_every: 2}
 diagnostics: {probe_n: 4}
 logging: {wandb: true, wandb_mode: offline}
 """
-
-
 
 
 def finish(proc, timeout=900):
@@ -173,10 +172,17 @@ def test_megatron_backend_runs_the_continual_job_like_the_hf_backend(small_yaml,
     teacher scored in the student's schedule, weights streamed from megatron's export into vLLM
     after every step, a cosine LR restarted per stage. Step for step it matches the HF backend."""
     common = [
-        "algorithm=sdpo", "rollout.engine=vllm", "stages.0.steps=2", "stages.1.steps=2",
-        "backend.lr_schedule.style=cosine", "backend.lr_schedule.min_lr_ratio=0.5",
+        "algorithm=sdpo",
+        "rollout.engine=vllm",
+        "stages.0.steps=2",
+        "stages.1.steps=2",
+        "backend.lr_schedule.style=cosine",
+        "backend.lr_schedule.min_lr_ratio=0.5",
     ]
-    procs = {b: cli("run", str(small_yaml), *common, f"backend={b}", "--out", b, "--quiet", cwd=tmp_path) for b in ("megatron", "hf")}
+    procs = {
+        b: cli("run", str(small_yaml), *common, f"backend={b}", "--out", b, "--quiet", cwd=tmp_path)
+        for b in ("megatron", "hf")
+    }
     for proc in procs.values():
         finish(proc, timeout=1500)
     run = tmp_path / "megatron"
@@ -185,7 +191,12 @@ def test_megatron_backend_runs_the_continual_job_like_the_hf_backend(small_yaml,
     assert rows == list(csv.reader((tmp_path / "hf" / "eval_matrix.csv").open()))
     steps = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     ref = [json.loads(line) for line in (tmp_path / "hf" / "metrics.jsonl").read_text().splitlines()]
-    assert [(m["stage"], m["step"], m["algorithm"]) for m in steps] == [(0, 1, "sdpo"), (0, 2, "sdpo"), (1, 1, "sdpo"), (1, 2, "sdpo")]
+    assert [(m["stage"], m["step"], m["algorithm"]) for m in steps] == [
+        (0, 1, "sdpo"),
+        (0, 2, "sdpo"),
+        (1, 1, "sdpo"),
+        (1, 2, "sdpo"),
+    ]
     # Each stage restarts the cosine: the peak, then halfway down to 0.5 x peak.
     assert [m["lr"] for m in steps] == pytest.approx([1e-4, 7.5e-5, 1e-4, 7.5e-5])
     # Same rollouts (vLLM got the same weights), same losses and gradient norms.
@@ -235,8 +246,14 @@ def test_a_stop_mid_step_saves_the_last_step_the_lead_allows(full_run, small_yam
     optimizer step and the last completed step is saved, well within the lead; a resumed run
     equals the uninterrupted one. With a long lead the step finishes and is the checkpoint."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "SDPO_STOP_LEAD_S": str(lead), "SDPO_STOP_RESERVE_S": str(reserve)}
-    proc = subprocess.Popen([sys.executable, "-c", SLOW_ROLLOUT, "run", str(small_yaml), "--out", "run", "--quiet"],
-                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", SLOW_ROLLOUT, "run", str(small_yaml), "--out", "run", "--quiet"],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+    )
     metrics = wait_for_stage_2(proc, tmp_path)
     (tmp_path / "slow").write_text("6")
     wait_for(proc, (tmp_path / "in_rollout").exists, "a slowed rollout", poll=0.02)
@@ -258,7 +275,9 @@ def test_a_stop_mid_step_saves_the_last_step_the_lead_allows(full_run, small_yam
         assert len(done) == len(before) + 1 and "abandoned" not in out  # the slowed step finished
         return
     assert len(done) == len(before), "the abandoned step left a record"
-    assert f"stage 2 step {len(before) - before.index(next(m for m in before if m['stage'] == 1)) + 1} abandoned" in out, out[-2000:]
+    assert (
+        f"stage 2 step {len(before) - before.index(next(m for m in before if m['stage'] == 1)) + 1} abandoned" in out
+    ), out[-2000:]
     assert took < lead, f"the stop took {took:.1f} s, more than the {lead} s lead"
     (tmp_path / "slow").unlink()
     resume_matches_uninterrupted(full_run, small_yaml, tmp_path, latest)

@@ -1,4 +1,5 @@
 """RL on the tiny base really learns: a few GRPO steps on one domain raise its reward."""
+
 import pytest
 import torch
 
@@ -25,8 +26,9 @@ def test_grpo_steps_raise_reward_on_math(tmp_path):
     held_out = {"math/id": synthetic.generate("math", "id", 64, seed=1)}
 
     def accuracy():
-        accs, _ = evaluate(engine, tok, held_out, greedy=True, avg_k=0, max_new_tokens=32,
-                           temperature=1.0, batch_size=64, seed=0)
+        accs, _ = evaluate(
+            engine, tok, held_out, greedy=True, avg_k=0, max_new_tokens=32, temperature=1.0, batch_size=64, seed=0
+        )
         return accs["math/id"]
 
     before = accuracy()

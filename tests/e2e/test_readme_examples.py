@@ -15,6 +15,7 @@ packages when they are absent, or a training run outside the README (CI time sta
 a `run` runs as `--dry-run` (with the launch's `--world-size`), any other command is only parsed.
 Long examples belong in inline spans or as `--dry-run`.
 """
+
 import os
 import re
 import shlex
@@ -87,7 +88,9 @@ def _command(line: str, where: str) -> Command | None:
     """The megatron_sdpo command of one line or span, or None when it shows none. A line with a
     `...` placeholder is a template, not a command."""
     rough = line.split()
-    if not (any(tuple(rough[: len(p)]) == p for p in PREFIXES) or (rough[:1] == ["torchrun"] and "megatron_sdpo" in rough)):
+    if not (
+        any(tuple(rough[: len(p)]) == p for p in PREFIXES) or (rough[:1] == ["torchrun"] and "megatron_sdpo" in rough)
+    ):
         return None
     words = shlex.split(line, comments=True)
     if any("..." in w for w in words):
@@ -122,13 +125,20 @@ def _name(path: Path) -> str:
 
 def _markdown_files() -> list[Path]:
     """The repository's Markdown files (git's view where there is one: tracked and new ones)."""
-    proc = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard", "*.md"],
-                          cwd=ROOT, capture_output=True, text=True)
+    proc = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard", "*.md"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
     if proc.returncode == 0:
         return [ROOT / p for p in proc.stdout.splitlines() if (ROOT / p).is_file()]
     skip = {"runs", "build", "node_modules", "gpu_wheels"}
-    return [p for p in ROOT.rglob("*.md")
-            if not any(part.startswith(".") or part in skip for part in p.relative_to(ROOT).parts[:-1])]
+    return [
+        p
+        for p in ROOT.rglob("*.md")
+        if not any(part.startswith(".") or part in skip for part in p.relative_to(ROOT).parts[:-1])
+    ]
 
 
 def _data_packages_missing() -> bool:
@@ -281,7 +291,9 @@ def test_document_fenced_commands_run(tmp_path):
 def _anchors(path: Path) -> set[str]:
     """GitHub's heading anchors of a Markdown file: lower case, punctuation dropped, spaces to '-'."""
     text = re.sub(r"^```.*?^```", "", path.read_text(), flags=re.M | re.S)
-    return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-") for h in re.findall(r"^#+ (.+)$", text, flags=re.M)}
+    return {
+        re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-") for h in re.findall(r"^#+ (.+)$", text, flags=re.M)
+    }
 
 
 def test_every_relative_link_resolves():

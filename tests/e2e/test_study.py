@@ -1,13 +1,28 @@
 """`study` end to end on a shortened tiny preset: 2 arms x 2 seeds, killed mid-way and resumed,
 then study.csv / study.md with intervals and verdicts, and a pilot's seed count."""
+
 import csv
 
 import pytest
 
 from cli_process import cli, kill_when
 
-ARGS = ["study", "short.yaml", "--arms", "grpo,sdpo_frozen", "--seeds", "0-1", "--jobs", "2", "--threads", "2",
-        "--out", "st", "--bootstrap", "200"]
+ARGS = [
+    "study",
+    "short.yaml",
+    "--arms",
+    "grpo,sdpo_frozen",
+    "--seeds",
+    "0-1",
+    "--jobs",
+    "2",
+    "--threads",
+    "2",
+    "--out",
+    "st",
+    "--bootstrap",
+    "200",
+]
 
 
 def finish(proc, timeout=900):
@@ -18,10 +33,15 @@ def finish(proc, timeout=900):
 
 @pytest.mark.slow
 def test_study_is_resumable_after_a_kill_and_judges_the_findings(tmp_path, tiny_two_stage):
-    (tmp_path / "short.yaml").write_text(tiny_two_stage(
-        "study_e2e", rollout="{engine: hf, max_new_tokens: 16}", eval="{max_new_tokens: 16, at_steps: [1]}",
-        checkpoint="{save_every: 1}", diagnostics="{probe_n: 2, response_drift: false}",
-    ))
+    (tmp_path / "short.yaml").write_text(
+        tiny_two_stage(
+            "study_e2e",
+            rollout="{engine: hf, max_new_tokens: 16}",
+            eval="{max_new_tokens: 16, at_steps: [1]}",
+            checkpoint="{save_every: 1}",
+            diagnostics="{probe_n: 2, response_drift: false}",
+        )
+    )
     runs = tmp_path / "st" / "runs"
     proc = cli(*ARGS, cwd=tmp_path, start_new_session=True)
     # Runs start seed by seed: the third (grpo, seed 1) starts when a seed-0 run has finished;
@@ -40,7 +60,10 @@ def test_study_is_resumable_after_a_kill_and_judges_the_findings(tmp_path, tiny_
 
     rows = list(csv.DictReader((tmp_path / "st" / "study.csv").open()))
     assert sorted((r["arm"], r["seed"]) for r in rows) == [
-        ("grpo", "0"), ("grpo", "1"), ("sdpo_frozen", "0"), ("sdpo_frozen", "1")
+        ("grpo", "0"),
+        ("grpo", "1"),
+        ("sdpo_frozen", "0"),
+        ("sdpo_frozen", "1"),
     ]
     for r in rows:
         assert 0.0 <= float(r["final_avg_id"]) <= 1.0 and r["backward_transfer"] != "" and r["reward_auc"] != ""
@@ -55,8 +78,21 @@ def test_study_is_resumable_after_a_kill_and_judges_the_findings(tmp_path, tiny_
     assert cells[8].endswith("/2"), line
     assert cells[11] in ("*established*", "*contradicted*", "*equivalent*", "*inconclusive*"), line
 
-    out = finish(cli("study", "short.yaml", "--arms", "grpo,sdpo_frozen", "--pilot", "2", "--detect", "0.1",
-                     "--out", "st", cwd=tmp_path))
+    out = finish(
+        cli(
+            "study",
+            "short.yaml",
+            "--arms",
+            "grpo,sdpo_frozen",
+            "--pilot",
+            "2",
+            "--detect",
+            "0.1",
+            "--out",
+            "st",
+            cwd=tmp_path,
+        )
+    )
     assert out.count("already finished") == 4
     assert "seeds needed to detect a difference of 0.1" in out
     pilot = [x.split() for x in out.splitlines() if x.startswith("final_avg_id ")]

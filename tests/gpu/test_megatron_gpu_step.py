@@ -6,6 +6,7 @@ policy into a colocated vLLM engine.
 Run on a GPU machine: bash tests/gpu/run_gpu_checks.sh megatron (or pytest -m gpu tests/gpu -s).
 Each check runs in a fresh one-rank world (NCCL) through the project's spawn helper.
 """
+
 import pytest
 import torch
 
@@ -58,8 +59,9 @@ def _steps_worker(model_dir: str, fp8: bool) -> dict:
     precision = _fp8_precision()[0] if fp8 else PrecisionConfig(params="bfloat16")
     out = {}
     for source in ("kernel", "shards"):
-        be = MegatronBackend(model_dir, lr=1e-5, micro_batch_size=4, options=ModelOptions(precision=precision),
-                             fused_kl=source)
+        be = MegatronBackend(
+            model_dir, lr=1e-5, micro_batch_size=4, options=ModelOptions(precision=precision), fused_kl=source
+        )
         assert be.device == torch.device("cuda", 0) and be.comm_device.type == "cuda"
         assert be.seq_multiple == (16 if fp8 else 1)
         b = _batch()
@@ -86,8 +88,15 @@ def model_dir(tmp_path_factory):
     import transformers
 
     cfg = transformers.Qwen3Config(
-        vocab_size=512, hidden_size=256, intermediate_size=768, num_hidden_layers=4, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=64, max_position_embeddings=256, tie_word_embeddings=False,
+        vocab_size=512,
+        hidden_size=256,
+        intermediate_size=768,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=64,
+        max_position_embeddings=256,
+        tie_word_embeddings=False,
     )
     torch.manual_seed(0)
     d = tmp_path_factory.mktemp("gpu-qwen3")
@@ -99,7 +108,11 @@ def _check_steps(r: dict) -> None:
     for source in ("kernel", "shards"):
         for kind in ("grpo", "sdpo"):
             m = r[source][kind]
-            assert m["skipped"] == 0.0 and torch.isfinite(torch.tensor(m["loss"])) and m["grad_norm"] > 0, (source, kind, m)
+            assert m["skipped"] == 0.0 and torch.isfinite(torch.tensor(m["loss"])) and m["grad_norm"] > 0, (
+                source,
+                kind,
+                m,
+            )
     # Same weights, batch and first steps on both paths: BF16 activations give a few 2^-8
     # relative errors per layer, so the paths agree to about 1e-2 (never bit-equal).
     k, s = r["kernel"]["sdpo"], r["shards"]["sdpo"]
@@ -111,9 +124,11 @@ def test_grpo_and_sdpo_steps_bf16_tp1(model_dir):
     from megatron_sdpo.backends.megatron.launch import spawn
 
     (r,) = spawn(_steps_worker, 1, model_dir, False, timeout_s=600)
-    print(f"\nBF16 steps on {torch.cuda.get_device_name()}: kernel {r['kernel']['seconds']:.3f} s, "
-          f"peak {r['kernel']['peak_bytes'] / 2**20:.0f} MiB; shards {r['shards']['seconds']:.3f} s, "
-          f"peak {r['shards']['peak_bytes'] / 2**20:.0f} MiB")
+    print(
+        f"\nBF16 steps on {torch.cuda.get_device_name()}: kernel {r['kernel']['seconds']:.3f} s, "
+        f"peak {r['kernel']['peak_bytes'] / 2**20:.0f} MiB; shards {r['shards']['seconds']:.3f} s, "
+        f"peak {r['shards']['peak_bytes'] / 2**20:.0f} MiB"
+    )
     _check_steps(r)
 
 
@@ -141,20 +156,34 @@ def _refit_worker(model_dir: str, run_dir: str) -> dict:
     from megatron_sdpo.backends.megatron.precision import PrecisionConfig
     from megatron_sdpo.rollout.vllm import VLLMRolloutEngine
 
-    be = MegatronBackend(model_dir, lr=1e-2, micro_batch_size=4, with_teacher=False,
-                         options=ModelOptions(precision=PrecisionConfig(params="bfloat16")))
+    be = MegatronBackend(
+        model_dir,
+        lr=1e-2,
+        micro_batch_size=4,
+        with_teacher=False,
+        options=ModelOptions(precision=PrecisionConfig(params="bfloat16")),
+    )
     b = _batch()
     b.tensors["old_logprobs"] = be.logprobs(b)
     for _ in range(3):  # large steps: the policy leaves the weights on disk
         be.train_step(b, GRPOLoss())
     trainer = be.logprobs(b)
-    engine = VLLMRolloutEngine(model_dir, dtype="bfloat16", max_model_len=256, max_num_seqs=16, run_dir=run_dir,
-                               kv_cache_memory_bytes=1 << 30, gpu_memory_utilization=0.3, enable_sleep_mode=False)
+    engine = VLLMRolloutEngine(
+        model_dir,
+        dtype="bfloat16",
+        max_model_len=256,
+        max_num_seqs=16,
+        run_dir=run_dir,
+        kv_cache_memory_bytes=1 << 30,
+        gpu_memory_utilization=0.3,
+        enable_sleep_mode=False,
+    )
 
     def engine_logprobs() -> torch.Tensor:
         prompts = [TokensPrompt(prompt_token_ids=p + r) for p, r in zip(b.prompt_ids, b.response_ids, strict=True)]
-        outs = engine.llm.generate(prompts, SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=1.0),
-                                   use_tqdm=False)
+        outs = engine.llm.generate(
+            prompts, SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=1.0), use_tqdm=False
+        )
         rows = torch.zeros_like(trainer)
         for i, (o, p, r) in enumerate(zip(outs, b.prompt_ids, b.response_ids, strict=True)):
             for j, tok in enumerate(r):
@@ -173,8 +202,10 @@ def test_refit_into_vllm_matches_the_trainer_logprobs(model_dir, tmp_path):
     from megatron_sdpo.backends.megatron.launch import spawn
 
     (r,) = spawn(_refit_worker, 1, model_dir, str(tmp_path / "vllm"), timeout_s=600)
-    print(f"\nrefit: |engine - trainer| logprob mean {r['before_mean']:.4f} before, {r['after_mean']:.4f} after "
-          f"(max {r['after_max']:.4f})")
+    print(
+        f"\nrefit: |engine - trainer| logprob mean {r['before_mean']:.4f} before, {r['after_mean']:.4f} after "
+        f"(max {r['after_max']:.4f})"
+    )
     assert r["before_mean"] > 0.1, r  # the steps moved the policy away from the weights on disk
     # Both sides run the same BF16 weights through different kernels: per-token logprobs differ by
     # a few BF16 roundings of logits of magnitude ~10 (2^-8 each), not by the policy change.
@@ -206,8 +237,12 @@ def _packing_worker(model_dir: str) -> dict:
         lp = be.logprobs(b)
         b.tensors["old_logprobs"] = lp
         out[packing] = {
-            "te": resolve_use_te(options), "packed": be.packing, "logprobs": lp, "mask": mask,
-            "grpo": be.train_step(b, GRPOLoss()), "sdpo": be.train_step(b, _sdpo(fused=True)),
+            "te": resolve_use_te(options),
+            "packed": be.packing,
+            "logprobs": lp,
+            "mask": mask,
+            "grpo": be.train_step(b, GRPOLoss()),
+            "sdpo": be.train_step(b, _sdpo(fused=True)),
         }
         del be
         destroy()
@@ -223,8 +258,10 @@ def test_packed_rows_match_padded_rows_bf16(model_dir):
     assert packed["packed"] and not padded["packed"]
     mask = packed["mask"].bool()
     diff = (packed["logprobs"] - padded["logprobs"]).abs()[mask]
-    print(f"\npacked vs padded (TE: {packed['te']}): |logprob diff| mean {diff.mean():.4f}, max {diff.max():.4f}; "
-          f"GRPO loss {packed['grpo']['loss']:.5f} vs {padded['grpo']['loss']:.5f}")
+    print(
+        f"\npacked vs padded (TE: {packed['te']}): |logprob diff| mean {diff.mean():.4f}, max {diff.max():.4f}; "
+        f"GRPO loss {packed['grpo']['loss']:.5f} vs {padded['grpo']['loss']:.5f}"
+    )
     # Same BF16 weights through different attention kernels (varlen vs padded causal): per-token
     # logprobs differ by a few BF16 roundings of logits of magnitude ~10 (2^-8 each).
     assert diff.mean() <= 0.05 and diff.max() <= 0.3

@@ -10,14 +10,22 @@ megatron rank, local spec.
   Transformer Engine also saves the attention scores and fp32 norm inputs, so the check is the
   CPU test's bound (at least the ledger, at most three times it) and the ratio is printed.
 """
+
 import pytest
 import torch
 
 pytestmark = [pytest.mark.gpu, pytest.mark.megatron]
 
 SHAPE = dict(
-    vocab_size=151936, hidden_size=2048, intermediate_size=6144, num_hidden_layers=12, num_attention_heads=16,
-    num_key_value_heads=8, head_dim=128, max_position_embeddings=4096, tie_word_embeddings=False,
+    vocab_size=151936,
+    hidden_size=2048,
+    intermediate_size=6144,
+    num_hidden_layers=12,
+    num_attention_heads=16,
+    num_key_value_heads=8,
+    head_dim=128,
+    max_position_embeddings=4096,
+    tie_word_embeddings=False,
 )
 MBS, SEQ, PROMPT = 2, 2048, 512
 
@@ -40,8 +48,15 @@ def _worker(model_dir: str) -> dict:
     from megatron_sdpo.backends.megatron.model import ModelOptions
     from megatron_sdpo.backends.megatron.precision import PrecisionConfig
 
-    be = MegatronBackend(model_dir, lr=1e-5, micro_batch_size=MBS, with_teacher=True, with_reference=True,
-                         options=ModelOptions(precision=PrecisionConfig(params="bfloat16")), packing=False)
+    be = MegatronBackend(
+        model_dir,
+        lr=1e-5,
+        micro_batch_size=MBS,
+        with_teacher=True,
+        with_reference=True,
+        options=ModelOptions(precision=PrecisionConfig(params="bfloat16")),
+        packing=False,
+    )
     loss = GRPOLoss(on_policy=True)
     be.train_step(_batch(), loss)  # Adam's state exists from the first step on
     torch.cuda.synchronize()
@@ -68,17 +83,30 @@ def test_ledger_against_the_allocator(tmp_path):
     torch.manual_seed(0)
     transformers.Qwen3ForCausalLM(cfg).to(torch.bfloat16).save_pretrained(str(tmp_path))
     (r,) = spawn(_worker, 1, str(tmp_path), timeout_s=600)
-    led = ml.build(ml.LedgerInputs(
-        spec=ModelSpec.from_hf_config(cfg), megatron=True, param_bytes=2, activation_bytes=2, with_teacher=True,
-        with_reference=True, micro_batch_size=MBS, seq=SEQ, recompute="none", response=SEQ - PROMPT,
-        loss_chunk_tokens=1024, logit_counts=ml.logit_counts(distills=False, topk=None, is_clip=False, riders=0),
-    ))
+    led = ml.build(
+        ml.LedgerInputs(
+            spec=ModelSpec.from_hf_config(cfg),
+            megatron=True,
+            param_bytes=2,
+            activation_bytes=2,
+            with_teacher=True,
+            with_reference=True,
+            micro_batch_size=MBS,
+            seq=SEQ,
+            recompute="none",
+            response=SEQ - PROMPT,
+            loss_chunk_tokens=1024,
+            logit_counts=ml.logit_counts(distills=False, topk=None, is_clip=False, riders=0),
+        )
+    )
     c = led.categories
     state = sum(c[k] for k in ("params", "grads", "optimizer", "teacher", "teacher_shadow", "reference"))
     train = c["activations"] + c["logits"]
-    print(f"\nledger vs allocator: state {state / 2**30:.2f} / {r['state'] / 2**30:.2f} GiB, "
-          f"train phase {train / 2**30:.2f} / {r['train_peak'] / 2**30:.2f} GiB "
-          f"(x{r['train_peak'] / train:.2f}), offload freed {r['freed'] / 2**30:.2f} GiB")
+    print(
+        f"\nledger vs allocator: state {state / 2**30:.2f} / {r['state'] / 2**30:.2f} GiB, "
+        f"train phase {train / 2**30:.2f} / {r['train_peak'] / 2**30:.2f} GiB "
+        f"(x{r['train_peak'] / train:.2f}), offload freed {r['freed'] / 2**30:.2f} GiB"
+    )
     assert r["state"] == pytest.approx(state, rel=0.10)
     assert r["freed"] == pytest.approx(c["grads"] + c["optimizer"], rel=0.10)
     assert r["state"] - r["offloaded"] == pytest.approx(c["grads"] + c["optimizer"], rel=0.10)

@@ -1,5 +1,6 @@
 """Shared test inputs and an independent plain-torch oracle (deliberately written differently
 from ``kernels/megatron_sdpo_kernels/reference.py``: probabilities via softmax and explicit KL sums, no logaddexp)."""
+
 from __future__ import annotations
 
 import pytest

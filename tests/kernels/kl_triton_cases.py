@@ -3,6 +3,7 @@
 Executed in a fresh process by test_kl_triton.py: TRITON_INTERPRET must be set before triton
 decorates the kernels, which a shared pytest process cannot guarantee.
 """
+
 import json
 import os
 import sys
@@ -25,8 +26,11 @@ def main():
     torch.set_num_threads(1)
     out = []
     for dtype, alpha in [
-        (torch.float32, 0.0), (torch.float32, 0.5), (torch.float32, 1.0),
-        (torch.bfloat16, 0.5), (torch.bfloat16, 1.0),
+        (torch.float32, 0.0),
+        (torch.float32, 0.5),
+        (torch.float32, 1.0),
+        (torch.bfloat16, 0.5),
+        (torch.bfloat16, 1.0),
     ]:
         x = make_inputs(dtype=dtype)
         res = {}
@@ -38,8 +42,18 @@ def main():
         (l_r,), dh_r, dw_r = res["reference"]
         (l_t,), dh_t, dw_t = res["triton"]
         masked_zero = bool((l_t[~x["mask"]] == 0).all() and (dh_t[~x["mask"]] == 0).all())
-        out.append(dict(kind="kl", dtype=str(dtype), alpha=alpha, loss=_err(l_t, l_r), dh=_err(dh_t, dh_r),
-                        dw=_err(dw_t, dw_r), masked_zero=masked_zero, finite=bool(torch.isfinite(l_t).all())))
+        out.append(
+            dict(
+                kind="kl",
+                dtype=str(dtype),
+                alpha=alpha,
+                loss=_err(l_t, l_r),
+                dh=_err(dh_t, dh_r),
+                dw=_err(dw_t, dw_r),
+                masked_zero=masked_zero,
+                finite=bool(torch.isfinite(l_t).all()),
+            )
+        )
     for dtype in (torch.float32, torch.bfloat16):
         x = make_inputs(dtype=dtype)
         g2 = torch.linspace(-1.0, 2.0, x["hs"].shape[0])
@@ -51,8 +65,17 @@ def main():
             res[impl] = grads_of(fn, x["hs"], x["ws"], x["go"], g2)
         (lp_r, ent_r), dh_r, dw_r = res["reference"]
         (lp_t, ent_t), dh_t, dw_t = res["triton"]
-        out.append(dict(kind="logprobs", dtype=str(dtype), loss=max(_err(lp_t, lp_r), _err(ent_t, ent_r)),
-                        dh=_err(dh_t, dh_r), dw=_err(dw_t, dw_r), masked_zero=True, finite=True))
+        out.append(
+            dict(
+                kind="logprobs",
+                dtype=str(dtype),
+                loss=max(_err(lp_t, lp_r), _err(ent_t, ent_r)),
+                dh=_err(dh_t, dh_r),
+                dw=_err(dw_t, dw_r),
+                masked_zero=True,
+                finite=True,
+            )
+        )
     print("RESULT " + json.dumps(out))
 
 

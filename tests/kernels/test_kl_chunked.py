@@ -1,5 +1,6 @@
 """Chunked torch engine vs the reference (algorithms/divergence.py, the specification, applied to
 materialized logits): forward and backward with grad_output != 1, odd shapes, fp32 and bf16."""
+
 import pytest
 import torch
 

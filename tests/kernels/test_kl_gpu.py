@@ -1,4 +1,5 @@
 """CUDA checks of the Triton engine (skipped without a GPU): real tensor cores, bf16 and TP-free."""
+
 import pytest
 import torch
 

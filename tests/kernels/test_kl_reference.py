@@ -1,5 +1,6 @@
 """The reference (the divergence specification, algorithms/divergence.py, on materialized logits)
 against an independent float64 oracle, and input checks."""
+
 import pytest
 import torch
 

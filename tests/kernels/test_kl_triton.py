@@ -1,5 +1,6 @@
 """Triton engine under TRITON_INTERPRET=1 on CPU at small odd shapes, against the reference (the
 specification of algorithms/divergence.py on materialized logits), grad_output != 1."""
+
 import json
 import os
 import subprocess
@@ -21,7 +22,7 @@ def interpreter_results(tmp_path_factory):
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")][-1]
-    return json.loads(line[len("RESULT "):])
+    return json.loads(line[len("RESULT ") :])
 
 
 # Relative max errors (max |diff| / max |ref|). bf16 gradients are returned in bf16.

@@ -1,5 +1,6 @@
 """Vocab-parallel fused KL / logprobs at TP=2 over gloo equal the unsharded reference (the
 specification of algorithms/divergence.py on materialized logits)."""
+
 import faulthandler
 import os
 import sys
@@ -42,8 +43,16 @@ def _worker(rank: int, world: int, store_file: str, out_dir: str) -> None:
                     ("tp", "chunked", group, ws_shard, wt_shard),
                 ):
                     fn = lambda hs, w, x=x, wt=wt, alpha=alpha, impl=impl, grp=grp: fused_linear_kl(  # noqa: E731
-                        hs, x["ht"], w, wt, alpha=alpha, temperature=0.7, mask=x["mask"], impl=impl,
-                        tp_group=grp, chunk_sizes=chunks,
+                        hs,
+                        x["ht"],
+                        w,
+                        wt,
+                        alpha=alpha,
+                        temperature=0.7,
+                        mask=x["mask"],
+                        impl=impl,
+                        tp_group=grp,
+                        chunk_sizes=chunks,
                     )
                     results[(str(dtype), "kl", alpha, name)] = grads_of(fn, x["hs"], ws, x["go"])
             g2 = torch.linspace(-1.0, 2.0, x["hs"].shape[0])
@@ -55,8 +64,16 @@ def _worker(rank: int, world: int, store_file: str, out_dir: str) -> None:
             # Unequal shards (a padded vocabulary cut at its real size): explicit first ids.
             cut = slice(0, UNEVEN) if rank == 0 else slice(UNEVEN, V)
             fn = lambda h, w, x=x, cut=cut: fused_linear_logprobs(  # noqa: E731
-                h, w, x["labels"], temperature=1.3, mask=x["mask"], impl="chunked", tp_group=group,
-                chunk_sizes=chunks, shard_start=cut.start, vocab_size=V,
+                h,
+                w,
+                x["labels"],
+                temperature=1.3,
+                mask=x["mask"],
+                impl="chunked",
+                tp_group=group,
+                chunk_sizes=chunks,
+                shard_start=cut.start,
+                vocab_size=V,
             )
             results[(str(dtype), "lp_uneven", None, "uneven")] = grads_of(fn, x["hs"], x["ws"][cut], x["go"], g2)
         torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
@@ -90,9 +107,13 @@ def test_vocab_parallel_tp2_equals_unsharded(tmp_path):
         for r in range(TP):
             outs, dh, dw = res[r][key]
             for o, o_ref in zip(outs, outs_ref, strict=True):
-                torch.testing.assert_close(o, o_ref, rtol=2e-5, atol=2e-5, msg=lambda m, key=key, r=r: f"{key} rank {r}: {m}")
+                torch.testing.assert_close(
+                    o, o_ref, rtol=2e-5, atol=2e-5, msg=lambda m, key=key, r=r: f"{key} rank {r}: {m}"
+                )
             torch.testing.assert_close(dh, dh_ref, **tol_grad, msg=lambda m, key=key, r=r: f"{key} rank {r} dh: {m}")
-            torch.testing.assert_close(dw, dw_ref[r * vl:(r + 1) * vl], **tol_grad, msg=lambda m, key=key: f"{key} dw: {m}")
+            torch.testing.assert_close(
+                dw, dw_ref[r * vl : (r + 1) * vl], **tol_grad, msg=lambda m, key=key: f"{key} dw: {m}"
+            )
         # Every rank ends with the same bits: statistics are combined in rank order, then all-reduced.
         for i in range(len(res[0][key][0])):
             assert torch.equal(res[0][key][0][i], res[1][key][0][i]), f"{key}: ranks disagree"
@@ -103,6 +124,10 @@ def test_vocab_parallel_tp2_equals_unsharded(tmp_path):
         for r, rows in enumerate((slice(0, UNEVEN), slice(UNEVEN, V))):
             outs, dh, dw = res[r][key]
             for o, o_ref in zip(outs, outs_ref, strict=True):
-                torch.testing.assert_close(o, o_ref, rtol=2e-5, atol=2e-5, msg=lambda m, key=key, r=r: f"{key} rank {r}: {m}")
+                torch.testing.assert_close(
+                    o, o_ref, rtol=2e-5, atol=2e-5, msg=lambda m, key=key, r=r: f"{key} rank {r}: {m}"
+                )
             torch.testing.assert_close(dh, dh_ref, **tol_grad, msg=lambda m, key=key, r=r: f"{key} rank {r} dh: {m}")
-            torch.testing.assert_close(dw, dw_ref[rows], **tol_grad, msg=lambda m, key=key, r=r: f"{key} rank {r} dw: {m}")
+            torch.testing.assert_close(
+                dw, dw_ref[rows], **tol_grad, msg=lambda m, key=key, r=r: f"{key} rank {r} dw: {m}"
+            )

@@ -1,5 +1,6 @@
 """tools/bench_harness.py: interleaved rounds, summaries, ratios, the CSV schema, peak memory; and
 every tools/bench_*.py script measuring through it."""
+
 import ast
 import csv
 import subprocess
@@ -22,7 +23,7 @@ def test_every_round_runs_every_arm_once_in_an_order_that_changes():
     calls: list[str] = []
     bench = bh.Bench("t", verbose=False)
     bench.run(counting_arms("abc", calls), rounds=4, warmup=1)
-    rounds = [calls[i:i + 3] for i in range(0, len(calls), 3)]
+    rounds = [calls[i : i + 3] for i in range(0, len(calls), 3)]
     assert len(rounds) == 5 and all(sorted(r) == ["a", "b", "c"] for r in rounds)
     assert len({tuple(r) for r in rounds[1:]}) == 3  # rotated: 3 arms, 3 distinct orders in 4 rounds
     assert [r[0] for r in rounds[1:]] == ["a", "b", "c", "a"]  # every arm leads a round in turn
@@ -71,7 +72,13 @@ def test_an_arm_without_a_result_is_recorded_with_its_reason():
     gone = [r for r in bench.rows if r["arm"] == "gone"]
     assert [(r["metric"], r["value"], r["note"]) for r in gone] == [("skipped", "", "not installed here")] * 2
     (s,) = [s for s in bench.summary() if s["arm"] == "gone"]
-    assert (s["metric"], s["rounds"], s["median"], s["ratio"], s["note"]) == ("skipped", 0, "", "", "not installed here")
+    assert (s["metric"], s["rounds"], s["median"], s["ratio"], s["note"]) == (
+        "skipped",
+        0,
+        "",
+        "",
+        "not installed here",
+    )
 
 
 def test_csv_schema_one_row_per_arm_round_metric(tmp_path):
@@ -89,7 +96,11 @@ def test_csv_schema_one_row_per_arm_round_metric(tmp_path):
     summary = list(csv.DictReader(bh.summary_path(out).open()))
     assert bh.summary_path(out).name == "b.summary.csv" and list(summary[0]) == bh.SUMMARY_FIELDS
     assert {(s["arm"], s["metric"], s["rounds"], s["ratio"]) for s in summary} == {
-        ("p", "a_s", "3", "1"), ("p", "tokens", "3", "1"), ("q", "a_s", "3", "2.5"), ("q", "tokens", "3", "0.714286")}
+        ("p", "a_s", "3", "1"),
+        ("p", "tokens", "3", "1"),
+        ("q", "a_s", "3", "2.5"),
+        ("q", "tokens", "3", "0.714286"),
+    }
 
 
 def test_params_that_would_not_parse_back_are_refused():
@@ -113,8 +124,7 @@ def fresh_python(code: str, *argv: str) -> subprocess.CompletedProcess:
     """`code` run by a Python started from a small one: a process's RSS high-water mark starts at
     its parent's RSS (Linux carries it across fork and exec), and pytest's may exceed a test's block."""
     relay = "import subprocess, sys; sys.exit(subprocess.run([sys.executable, *sys.argv[1:]]).returncode)"
-    return subprocess.run([sys.executable, "-c", relay, "-c", code, *argv], capture_output=True, text=True,
-                          timeout=60)
+    return subprocess.run([sys.executable, "-c", relay, "-c", code, *argv], capture_output=True, text=True, timeout=60)
 
 
 def test_peak_rss_grows_by_an_allocation_touched_in_the_block():
@@ -174,8 +184,19 @@ def names_used(tree: ast.AST) -> set[str]:
     return used
 
 
-OWN = {"csv", "statistics", "resource", "DictWriter", "getrusage", "ru_maxrss", "wait4", "memory_info",
-       "max_memory_allocated", "reset_peak_memory_stats", "/proc/self/statm"}
+OWN = {
+    "csv",
+    "statistics",
+    "resource",
+    "DictWriter",
+    "getrusage",
+    "ru_maxrss",
+    "wait4",
+    "memory_info",
+    "max_memory_allocated",
+    "reset_peak_memory_stats",
+    "/proc/self/statm",
+}
 
 
 @pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)
@@ -199,5 +220,12 @@ def test_the_scan_sees_what_it_forbids():
 
 
 def test_the_scripts_are_the_seven_benchmarks():
-    assert [p.name for p in SCRIPTS] == ["bench_kl.py", "bench_limit.py", "bench_pack.py", "bench_refit.py",
-                                         "bench_rollout.py", "bench_sandbox.py", "bench_step.py"]
+    assert [p.name for p in SCRIPTS] == [
+        "bench_kl.py",
+        "bench_limit.py",
+        "bench_pack.py",
+        "bench_refit.py",
+        "bench_rollout.py",
+        "bench_sandbox.py",
+        "bench_step.py",
+    ]

@@ -1,5 +1,6 @@
 """tools/bench_limit.py: its CSV, and its model FLOP count against the profiler's count of the
 step's matrix multiplies."""
+
 import csv
 import subprocess
 import sys
@@ -14,16 +15,37 @@ TOOLS = Path(__file__).resolve().parents[2] / "tools"
 def test_rows_per_arm_and_utilization_below_one(tmp_path):
     out = tmp_path / "limit.csv"
     proc = subprocess.run(
-        [sys.executable, str(TOOLS / "bench_limit.py"), "--models", "tiny", "--prompts", "2", "--samples", "2",
-         "--new-tokens", "8", "--rounds", "1", "--threads", "1", "--out", str(out)],
-        capture_output=True, text=True, timeout=600, cwd=tmp_path,
+        [
+            sys.executable,
+            str(TOOLS / "bench_limit.py"),
+            "--models",
+            "tiny",
+            "--prompts",
+            "2",
+            "--samples",
+            "2",
+            "--new-tokens",
+            "8",
+            "--rounds",
+            "1",
+            "--threads",
+            "1",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=tmp_path,
     )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     rows = list(csv.DictReader(out.open()))
     got = {(r["arm"], r["metric"]): float(r["value"]) for r in rows}
     for arm in ("tiny_grpo", "tiny_sdpo"):
         assert 0 < got[arm, "mfu"] < 1 and got[arm, "peak_gflops"] > 0
-        assert got[arm, "mfu"] == pytest.approx(got[arm, "achieved_gflops"] / got[arm, "peak_gflops"], rel=1e-5)  # 6 digits in the CSV
+        assert got[arm, "mfu"] == pytest.approx(
+            got[arm, "achieved_gflops"] / got[arm, "peak_gflops"], rel=1e-5
+        )  # 6 digits in the CSV
         assert 0 < got[arm, "matmul_time_share"] < 1
     # The teacher's forward adds a third of the policy's forward and backward at least.
     assert got["tiny_sdpo", "model_gflop"] > 1.3 * got["tiny_grpo", "model_gflop"]

@@ -1,5 +1,6 @@
 """tools/bench_pack.py: per (loss, arm, round) rows in the bench_harness schema and a summary per
 (loss, arm), on a tiny model."""
+
 import csv
 import subprocess
 import sys
@@ -19,15 +20,34 @@ def run_pack(tmp_path, *extra):
     model = save_tiny_qwen3(tmp_path / "m", seed=0)
     out = tmp_path / "bench.csv"
     proc = subprocess.run(
-        [sys.executable, str(TOOL), "--model", model, "--samples", "6", "--micro-batch-size", "4", "--rounds", "2",
-         "--threads", "1", "--out", str(out), *extra],
-        capture_output=True, text=True, timeout=300, cwd=tmp_path,
+        [
+            sys.executable,
+            str(TOOL),
+            "--model",
+            model,
+            "--samples",
+            "6",
+            "--micro-batch-size",
+            "4",
+            "--rounds",
+            "2",
+            "--threads",
+            "1",
+            "--out",
+            str(out),
+            *extra,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
     )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     rows = list(csv.DictReader(out.open()))
     assert list(rows[0]) == FIELDS
-    summary = {(parse_params(s["params"])["loss"], s["arm"], s["metric"]): s
-               for s in csv.DictReader(summary_path(out).open())}
+    summary = {
+        (parse_params(s["params"])["loss"], s["arm"], s["metric"]): s for s in csv.DictReader(summary_path(out).open())
+    }
     return rows, summary
 
 
@@ -35,8 +55,11 @@ def test_writes_rows_per_round_and_a_summary_per_loss_and_arm(tmp_path):
     rows, summary = run_pack(tmp_path, "--row-tokens", "0,40", "--group-size", "3")
     arms = ("padded", "packed_0", "shared_0", "packed_40", "shared_40")
     assert sorted((parse_params(r["params"])["loss"], r["arm"], r["round"], r["metric"]) for r in rows) == sorted(
-        (loss, arm, rnd, m) for loss in ("grpo", "sdpo") for arm in arms for rnd in "12" for m in METRICS)
-    assert list(dict.fromkeys((k[0], k[1]) for k in summary)) == [(loss, arm) for loss in ("grpo", "sdpo") for arm in arms]
+        (loss, arm, rnd, m) for loss in ("grpo", "sdpo") for arm in arms for rnd in "12" for m in METRICS
+    )
+    assert list(dict.fromkeys((k[0], k[1]) for k in summary)) == [
+        (loss, arm) for loss in ("grpo", "sdpo") for arm in arms
+    ]
     fed = {(loss, arm): int(s["median"]) for (loss, arm, m), s in summary.items() if m == "model_tokens"}
     for (loss, arm, metric), s in summary.items():
         assert s["rounds"] == "2" and s["baseline"] == "padded"
@@ -59,7 +82,8 @@ def test_writes_rows_per_round_and_a_summary_per_loss_and_arm(tmp_path):
 def test_megatron_arms_feed_the_real_tokens_when_packed(tmp_path):
     _, summary = run_pack(tmp_path, "--backend", "megatron")
     assert list(dict.fromkeys((k[0], k[1]) for k in summary)) == [
-        (loss, arm) for loss in ("grpo", "sdpo") for arm in ("padded", "packed")]
+        (loss, arm) for loss in ("grpo", "sdpo") for arm in ("padded", "packed")
+    ]
     for (loss, arm, metric), s in summary.items():
         if metric != "model_tokens":
             continue

@@ -1,6 +1,7 @@
 """tools/bench_kl.py, bench_rollout.py, bench_sandbox.py write the bench_harness CSV (tiny sizes; the
 real numbers are in dev/LOG.md), and every bench script's --help runs (bench_refit's measurement
 needs vLLM and minutes: it is run by hand)."""
+
 import csv
 import subprocess
 import sys
@@ -14,8 +15,9 @@ TOOLS = ROOT / "tools"
 
 
 def run(tmp_path, script, *argv, timeout=300):
-    proc = subprocess.run([sys.executable, str(TOOLS / script), *argv], capture_output=True, text=True,
-                          timeout=timeout, cwd=tmp_path)
+    proc = subprocess.run(
+        [sys.executable, str(TOOLS / script), *argv], capture_output=True, text=True, timeout=timeout, cwd=tmp_path
+    )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     return proc
 
@@ -30,8 +32,26 @@ def read(out: Path):
 @pytest.mark.parametrize("impls", ["reference,chunked", "megatron_logits,megatron_fused"])
 def test_bench_kl_rows_per_impl_and_round(tmp_path, impls):
     out = tmp_path / "kl.csv"
-    proc = run(tmp_path, "bench_kl.py", "--tokens", "64", "--hidden", "16", "--vocab", "4099", "--impls", impls,
-               "--rounds", "2", "--out", str(out), "--timeout", "120", "--threads", "1")
+    proc = run(
+        tmp_path,
+        "bench_kl.py",
+        "--tokens",
+        "64",
+        "--hidden",
+        "16",
+        "--vocab",
+        "4099",
+        "--impls",
+        impls,
+        "--rounds",
+        "2",
+        "--out",
+        str(out),
+        "--timeout",
+        "120",
+        "--threads",
+        "1",
+    )
     rows, summary = read(out)
     full, fused = impls.split(",")
     # Each (impl, round) ran in its own process, the two impls interleaved: round 2 starts with the second.
@@ -50,8 +70,22 @@ def test_bench_kl_rows_per_impl_and_round(tmp_path, impls):
 
 def test_bench_kl_skips_the_reference_over_the_memory_limit(tmp_path):
     out = tmp_path / "kl.csv"
-    run(tmp_path, "bench_kl.py", "--tokens", "64", "--hidden", "16", "--vocab", "4099", "--impls", "reference",
-        "--max-ref-bytes", "1000", "--out", str(out))
+    run(
+        tmp_path,
+        "bench_kl.py",
+        "--tokens",
+        "64",
+        "--hidden",
+        "16",
+        "--vocab",
+        "4099",
+        "--impls",
+        "reference",
+        "--max-ref-bytes",
+        "1000",
+        "--out",
+        str(out),
+    )
     rows, summary = read(out)
     assert [(r["arm"], r["metric"], r["value"]) for r in rows] == [("reference", "skipped", "")]
     assert "exceeds" in rows[0]["note"] and summary[0]["rounds"] == "0"
@@ -59,11 +93,36 @@ def test_bench_kl_skips_the_reference_over_the_memory_limit(tmp_path):
 
 def test_bench_rollout_writes_loop_and_fixed_rows(tmp_path):
     out = tmp_path / "rollout.csv"
-    run(tmp_path, "bench_rollout.py", "--engines", "hf", "--prompts", "2", "--n", "2", "--new-tokens", "4",
-        "--repeats", "1", "--loop-repeats", "1", "--loop-new-tokens", "6", "--out", str(out))
+    run(
+        tmp_path,
+        "bench_rollout.py",
+        "--engines",
+        "hf",
+        "--prompts",
+        "2",
+        "--n",
+        "2",
+        "--new-tokens",
+        "4",
+        "--repeats",
+        "1",
+        "--loop-repeats",
+        "1",
+        "--loop-new-tokens",
+        "6",
+        "--out",
+        str(out),
+    )
     rows, _ = read(out)
-    got = {(parse_params(r["params"])["workload"], r["arm"], parse_params(r["params"]).get("max_new_tokens"),
-            r["metric"]): float(r["value"]) for r in rows}
+    got = {
+        (
+            parse_params(r["params"])["workload"],
+            r["arm"],
+            parse_params(r["params"]).get("max_new_tokens"),
+            r["metric"],
+        ): float(r["value"])
+        for r in rows
+    }
     # The loop's samples stop at EOS (at most 6 tokens each); the fixed workload's never do.
     assert 0 < got["loop", "hf", "6", "generated_tokens"] <= 2 * 2 * 6 and got["loop", "hf", "6", "refit_s"] >= 0
     assert got["fixed", "hf", "4", "generated_tokens"] == 2 * 2 * 4
@@ -74,7 +133,10 @@ def test_bench_rollout_writes_loop_and_fixed_rows(tmp_path):
 def test_bench_rollout_preset_is_for_the_loop_workload_only(tmp_path):
     proc = subprocess.run(
         [sys.executable, str(TOOLS / "bench_rollout.py"), "--preset", "smollm2_135m", "--out", str(tmp_path / "x.csv")],
-        capture_output=True, text=True, timeout=120, cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
     )
     assert proc.returncode == 2 and "--preset applies to the loop workload only" in proc.stderr
 
@@ -83,13 +145,24 @@ def test_bench_sandbox_csv_on_stdout(tmp_path):
     proc = run(tmp_path, "bench_sandbox.py", "--programs", "2", "--cases", "1", "--repeats", "2")
     rows = list(csv.DictReader(proc.stdout.splitlines()))
     assert sorted((r["arm"], r["round"], r["metric"]) for r in rows) == sorted(
-        (a, k, m) for a in ("per_program", "batched") for k in "12" for m in ("seconds", "programs_per_s"))
+        (a, k, m) for a in ("per_program", "batched") for k in "12" for m in ("seconds", "programs_per_s")
+    )
     assert all(float(r["value"]) > 0 for r in rows)
     assert "per_program" in proc.stderr  # progress and the summary table stay off the CSV
 
 
-@pytest.mark.parametrize("script", ["bench_kl.py", "bench_limit.py", "bench_pack.py", "bench_refit.py",
-                                    "bench_rollout.py", "bench_sandbox.py", "bench_step.py"])
+@pytest.mark.parametrize(
+    "script",
+    [
+        "bench_kl.py",
+        "bench_limit.py",
+        "bench_pack.py",
+        "bench_refit.py",
+        "bench_rollout.py",
+        "bench_sandbox.py",
+        "bench_step.py",
+    ],
+)
 def test_help(tmp_path, script):
     proc = run(tmp_path, script, "--help", timeout=120)
     assert "usage:" in proc.stdout

@@ -1,5 +1,6 @@
 """tools/bench_step.py: the bench_harness CSV it writes on a tiny workload, and TRL arms reported,
 not dropped."""
+
 import csv
 import importlib.util
 import subprocess
@@ -11,8 +12,24 @@ from bench_harness import FIELDS, parse_params, summary_path
 
 ROOT = Path(__file__).resolve().parents[2]
 TOOL = ROOT / "tools" / "bench_step.py"
-TINY = ["--steps", "2", "--warmup", "1", "--prompts", "4", "--samples", "2", "--micro-batch", "8",
-        "--dataset", "8", "--new-tokens", "8", "--threads", "1"]
+TINY = [
+    "--steps",
+    "2",
+    "--warmup",
+    "1",
+    "--prompts",
+    "4",
+    "--samples",
+    "2",
+    "--micro-batch",
+    "8",
+    "--dataset",
+    "8",
+    "--new-tokens",
+    "8",
+    "--threads",
+    "1",
+]
 
 
 def load_tool():
@@ -26,7 +43,10 @@ def test_hf_arm_writes_round_rows_and_a_summary(tmp_path):
     out = tmp_path / "bench.csv"
     proc = subprocess.run(
         [sys.executable, str(TOOL), "--arms", "ours_grpo_hf", "--rounds", "1", "--out", str(out), *TINY],
-        capture_output=True, text=True, timeout=300, cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
     )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     rows = list(csv.DictReader(out.open()))
@@ -56,23 +76,37 @@ def test_trl_arms_without_trl_are_reported_skipped(monkeypatch, tmp_path):
     args = tool.parse_args(["--arms", "trl_grpo,trl_sdpo", "--rounds", "2", "--out", str(tmp_path / "x.csv"), *TINY])
     bench = tool.measure(args)
     assert [(r["arm"], r["round"], r["metric"]) for r in bench.rows] == [
-        ("trl_grpo", 1, "skipped"), ("trl_sdpo", 1, "skipped"), ("trl_sdpo", 2, "skipped"), ("trl_grpo", 2, "skipped")]
+        ("trl_grpo", 1, "skipped"),
+        ("trl_sdpo", 1, "skipped"),
+        ("trl_sdpo", 2, "skipped"),
+        ("trl_grpo", 2, "skipped"),
+    ]
     assert all("pip install trl" in r["note"] for r in bench.rows)
     summary = list(csv.DictReader(summary_path(tmp_path / "x.csv").open()))
-    assert [(s["arm"], s["metric"], s["rounds"]) for s in summary] == [("trl_grpo", "skipped", "0"),
-                                                                      ("trl_sdpo", "skipped", "0")]
+    assert [(s["arm"], s["metric"], s["rounds"]) for s in summary] == [
+        ("trl_grpo", "skipped", "0"),
+        ("trl_sdpo", "skipped", "0"),
+    ]
 
 
 def test_our_arms_are_compared_with_the_trl_arm_of_their_algorithm():
     tool = load_tool()
-    assert [tool.trl_peer(a) for a in ("ours_grpo_vllm", "ours_sdpo_hf", "trl_sdpo")] == ["trl_grpo", "trl_sdpo",
-                                                                                          "trl_sdpo"]
+    assert [tool.trl_peer(a) for a in ("ours_grpo_vllm", "ours_sdpo_hf", "trl_sdpo")] == [
+        "trl_grpo",
+        "trl_sdpo",
+        "trl_sdpo",
+    ]
 
 
-@pytest.mark.parametrize("argv", [
-    ["--arms", "ours_grpo_hf,nope"], ["--steps", "2", "--warmup", "2"], ["--samples", "1"],
-    ["--prompts", "4", "--samples", "2", "--micro-batch", "3"],
-])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--arms", "ours_grpo_hf,nope"],
+        ["--steps", "2", "--warmup", "2"],
+        ["--samples", "1"],
+        ["--prompts", "4", "--samples", "2", "--micro-batch", "3"],
+    ],
+)
 def test_bad_options_are_one_line_errors(argv, tmp_path):
     proc = subprocess.run([sys.executable, str(TOOL), *argv], capture_output=True, text=True, timeout=60, cwd=tmp_path)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr

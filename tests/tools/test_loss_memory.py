@@ -1,5 +1,6 @@
 """tools/loss_memory.py: the vocabulary-wide tensors of a megatron train step at their peak
 against the memory ledger's count of them (memory_ledger.logit_counts)."""
+
 import json
 import subprocess
 import sys
@@ -14,8 +15,13 @@ TOOLS = Path(__file__).resolve().parents[2] / "tools"
 @pytest.mark.distributed
 def test_the_ledger_bounds_the_measured_peak_whole_and_chunked(tmp_path):
     out = tmp_path / "m.json"
-    proc = subprocess.run([sys.executable, str(TOOLS / "loss_memory.py"), "--losses", "sdpo_topk_clip,sdpo_full_clip",
-                           "--out", str(out)], capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    proc = subprocess.run(
+        [sys.executable, str(TOOLS / "loss_memory.py"), "--losses", "sdpo_topk_clip,sdpo_full_clip", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = {r["loss"]: r for r in json.loads(out.read_text())["losses"]}
     for r in rows.values():
@@ -27,6 +33,11 @@ def test_the_ledger_bounds_the_measured_peak_whole_and_chunked(tmp_path):
 
 
 def test_an_unknown_loss_is_one_error_line(tmp_path):
-    proc = subprocess.run([sys.executable, str(TOOLS / "loss_memory.py"), "--losses", "dpo"],
-                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    proc = subprocess.run(
+        [sys.executable, str(TOOLS / "loss_memory.py"), "--losses", "dpo"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
     assert proc.returncode == 2 and proc.stderr.startswith("error: unknown loss 'dpo'") and proc.stderr.count("\n") == 1

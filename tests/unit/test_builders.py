@@ -1,5 +1,6 @@
 """builders.make_backend: backend.packing and share_prompts reach the HF backend (null means on
 there; shared prompts only with packing)."""
+
 from types import SimpleNamespace
 
 import pytest
@@ -26,7 +27,9 @@ def test_hf_backend_gets_the_packing_keys(tmp_path, override, packing, share):
 
 
 @pytest.mark.megatron
-@pytest.mark.parametrize("override, packing", [(None, None), ("backend.packing=false", False), ("backend.packing=true", True)])
+@pytest.mark.parametrize(
+    "override, packing", [(None, None), ("backend.packing=false", False), ("backend.packing=true", True)]
+)
 def test_megatron_backend_gets_packing_unresolved(monkeypatch, override, packing):
     """null reaches the megatron backend as None: it packs wherever the model's layers take
     packed rows (not Olmo's), which only the model's config tells."""

@@ -1,12 +1,16 @@
 """encode_prompt: earlier turns (worked examples) before the user message, with and without a
 chat template."""
+
 import copy
 
 import pytest
 
 from megatron_sdpo.chat import encode_prompt, encode_prompts, record_prompts
 
-TURNS = [{"role": "user", "content": "Tom has 2 pens, gets 3. How many?"}, {"role": "assistant", "content": "\\boxed{5}"}]
+TURNS = [
+    {"role": "user", "content": "Tom has 2 pens, gets 3. How many?"},
+    {"role": "assistant", "content": "\\boxed{5}"},
+]
 
 
 @pytest.fixture(scope="module")
@@ -20,7 +24,9 @@ def tok():
 def test_history_goes_through_the_chat_template_before_the_message(tok):
     ids = encode_prompt(tok, "Ann has 4 coins, gets 1. How many?", TURNS)
     want = tok.apply_chat_template(
-        [*TURNS, {"role": "user", "content": "Ann has 4 coins, gets 1. How many?"}], add_generation_prompt=True, tokenize=True
+        [*TURNS, {"role": "user", "content": "Ann has 4 coins, gets 1. How many?"}],
+        add_generation_prompt=True,
+        tokenize=True,
     )
     want = want["input_ids"] if hasattr(want, "keys") else want
     assert ids == [int(i) for i in want]
@@ -91,7 +97,9 @@ def test_template_kwargs_reach_the_chat_template(tok):
     assert encode_prompts(q, ["Ann?"], [TURNS]) == [want]
 
 
-@pytest.mark.parametrize("preset", ["qwen3_4b", "qwen3_4b_frozen", "qwen3_4b_stable", "qwen3_4b_grpo", "olmo3_7b_frozen"])
+@pytest.mark.parametrize(
+    "preset", ["qwen3_4b", "qwen3_4b_frozen", "qwen3_4b_stable", "qwen3_4b_grpo", "olmo3_7b_frozen"]
+)
 def test_paper_presets_render_prompts_without_thinking(tok, preset):
     """The reference's `apply_chat_template_kwargs: {enable_thinking: false}`: every prompt the
     run renders (rollout, teacher re-prompt, evaluation all go through encode_prompt) ends in the

@@ -1,4 +1,5 @@
 """Command-line parsing: options, positionals and key=value overrides in any order."""
+
 import pytest
 
 from megatron_sdpo.cli import main, parse_args
@@ -115,7 +116,11 @@ def test_a_bad_bound_stops_the_run_before_anything_is_built(monkeypatch, tmp_pat
 def test_study_orderings(argv):
     args = parse_args(argv)
     assert (args.config, args.arms, args.seeds, args.jobs, args.overrides) == (
-        "tiny", "grpo,sdpo_frozen", "0-1", 2, ["stages.0.steps=2"]
+        "tiny",
+        "grpo,sdpo_frozen",
+        "0-1",
+        2,
+        ["stages.0.steps=2"],
     )
 
 
@@ -124,7 +129,10 @@ def test_study_orderings(argv):
     [
         (["study", "--arms", "grpo"], "study: name a preset"),
         (["study", "tiny", "--arms", "grpo,ppo", "--out", "o"], "unknown arm 'ppo'"),
-        (["study", "tiny", "--arm", "x:teacher.bogus=1", "--arms", "grpo,x", "--out", "o"], "arm x: unknown config key"),
+        (
+            ["study", "tiny", "--arm", "x:teacher.bogus=1", "--arms", "grpo,x", "--out", "o"],
+            "arm x: unknown config key",
+        ),
         (["study", "tiny", "--pilot", "3", "--seeds", "0-2", "--out", "o"], "drop --seeds"),
         (["study", "tiny", "--pilot", "1", "--out", "o"], "at least 2 seeds"),
         (["study", "tiny", "--seeds", "x", "--out", "o"], "--seeds 'x'"),

@@ -1,4 +1,5 @@
 """ContinualRun's stage end under several ranks: what every rank must do, and what only the main one."""
+
 from types import SimpleNamespace
 
 import pytest
@@ -26,10 +27,14 @@ def test_stage_diagnostics_score_probes_on_every_rank_and_hand_the_rest_to_a_job
         return torch.zeros(1, 3)
 
     run = SimpleNamespace(
-        cfg=load_config("tiny"), main=main, run_dir=None, eval_sets={"math/id": [{"prompt": "2+2?"}]},
+        cfg=load_config("tiny"),
+        main=main,
+        run_dir=None,
+        eval_sets={"math/id": [{"prompt": "2+2?"}]},
         tokenizer=SimpleNamespace(decode=lambda ids: "".join(f"<{i}>" for i in ids)),
         train_sets={"math": [{"prompt": "1+1?"}, {"prompt": "3+4?"}]},
-        backend=SimpleNamespace(logprobs=logprobs), base_dir="base",
+        backend=SimpleNamespace(logprobs=logprobs),
+        base_dir="base",
         _stage_label=lambda k: f"stage_{k + 1}_math",
         _stage_policies=lambda k: "policies",
         drift_jobs=SimpleNamespace(submit=lambda k, inputs: submitted.append((k, inputs))),
@@ -41,7 +46,9 @@ def test_stage_diagnostics_score_probes_on_every_rank_and_hand_the_rest_to_a_job
         assert submitted == []
         return
     ((k, inputs),) = submitted
-    assert k == 1 and inputs["stage"] == 0 and inputs["cur_label"] == "stage_1_math" and inputs["policies"] == "policies"
+    assert (
+        k == 1 and inputs["stage"] == 0 and inputs["cur_label"] == "stage_1_math" and inputs["policies"] == "policies"
+    )
     assert inputs["response_drift"] is True and set(inputs["probes"]) == {"math/id"}
     assert torch.equal(inputs["probes"]["math/id"].mask, batch.response_mask())
     # token ids and their pieces for the token-level artifact rates
@@ -75,7 +82,10 @@ def test_step_drift_reads_the_whole_export_on_every_rank_and_the_main_one_writes
     logged = []
     ref = {name: torch.ones(2, 2)}  # the first stage: its start is the base
     run = SimpleNamespace(
-        cfg=load_config("tiny"), main=main, run_dir=rd, backend=SimpleNamespace(export_weights=export_weights),
+        cfg=load_config("tiny"),
+        main=main,
+        run_dir=rd,
+        backend=SimpleNamespace(export_weights=export_weights),
         _stage_policies=lambda k: StagePolicies(base=ref, prev=ref, cur=None),
         monitor=SimpleNamespace(log=logged.append),
     )

@@ -3,6 +3,7 @@
 Each case runs in a fresh interpreter: logging configuration is process-global, and vLLM
 configures its logger when it is first imported.
 """
+
 import subprocess
 import sys
 

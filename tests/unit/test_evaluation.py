@@ -1,5 +1,6 @@
 """One eval row: an out-of-domain set keeps its own scorer, and a set listed by several domains
 is generated and scored once; a stop signal is honoured between the sets of a row."""
+
 import pytest
 
 from megatron_sdpo.config import load_config
@@ -17,8 +18,10 @@ class CountingEngine:
 
     def generate(self, prompt_ids, sampling):
         self.prompts += len(prompt_ids)
-        return [Completion(i // sampling.n, [1], [-1.0], "<answer>B</answer>", False)
-                for i in range(len(prompt_ids) * sampling.n)]
+        return [
+            Completion(i // sampling.n, [1], [-1.0], "<answer>B</answer>", False)
+            for i in range(len(prompt_ids) * sampling.n)
+        ]
 
 
 class Tokenizer:
@@ -88,7 +91,13 @@ def test_paper_eval_samples_four_answers_per_item_at_the_reference_settings(monk
     assert accs["science/id"] == per_item
     # null temperature: the rollout's; the tiny preset's top-p stays 1.
     engine = SamplingEngine()
-    evaluate_config(engine, Tokenizer(), {"science/id": sets["science/id"]}, load_config("tiny", ["eval.greedy=false", "eval.avg_k=2"]), seed=0)
+    evaluate_config(
+        engine,
+        Tokenizer(),
+        {"science/id": sets["science/id"]},
+        load_config("tiny", ["eval.greedy=false", "eval.avg_k=2"]),
+        seed=0,
+    )
     assert (engine.sampling[0].temperature, engine.sampling[0].top_p) == (cfg.rollout.temperature, 1.0)
     paper = load_config("qwen3_4b_frozen").eval
     assert (paper.greedy, paper.avg_k, paper.temperature, paper.top_p) == (False, 4, 0.6, 0.95)
@@ -131,8 +140,9 @@ def test_between_runs_before_every_set_after_the_first_and_can_abandon_the_row(m
     keys = ["math/id", "science/id", "tooluse/id"]
     seen = []
     engine = CountingEngine()
-    evaluate_config(engine, Tokenizer(), {k: sets[k] for k in keys}, cfg, seed=0,
-                    between=lambda: seen.append(engine.prompts))
+    evaluate_config(
+        engine, Tokenizer(), {k: sets[k] for k in keys}, cfg, seed=0, between=lambda: seen.append(engine.prompts)
+    )
     assert seen == [len(sets["math/id"]), len(sets["math/id"]) + len(sets["science/id"])]
 
     class Stop(Exception):

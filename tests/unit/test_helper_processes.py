@@ -2,6 +2,7 @@
 ignore the stop signals, which are the rank's to act on, and die with the rank however it dies:
 a helper that a rank's SIGKILL left behind lives on under init, outside the scheduler's process
 tracking (seen under torchrun before this)."""
+
 import os
 import signal
 import subprocess
@@ -39,8 +40,9 @@ def _alive(pid: int) -> bool:
 
 
 def _helper_of(code: str) -> tuple[subprocess.Popen, int]:
-    parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
-                              env={**os.environ, "OMP_NUM_THREADS": "1"})
+    parent = subprocess.Popen(
+        [sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}
+    )
     line = parent.stdout.readline()
     assert line.strip().isdigit(), f"the parent did not start its helper: {line!r}"
     return parent, int(line)

@@ -1,5 +1,6 @@
 """The sockets' interface across nodes: the route to MASTER_ADDR, a given name kept, the first
 node's loopback name resolved through another node, and a one-line reason when none is found."""
+
 import socket
 
 import pytest

@@ -1,4 +1,5 @@
 """Stop signals: recorded by the handler, agreed across ranks, a second one stops at once."""
+
 import os
 import signal
 import subprocess
@@ -74,8 +75,19 @@ def test_the_window_finishes_a_step_that_fits_and_abandons_one_that_does_not():
     w = StopWindow.from_env({"SDPO_STOP_LEAD_S": "100", "SDPO_STOP_RESERVE_S": "40"})
     assert w.active and w.lead_s == 100 and w.reserve_s == 40
     assert w.abandon(0.0, ("train", "sync"))  # nothing measured yet: the boundary is the safe checkpoint
-    assert w.observe_step({"time/rollout": 10.0, "time/teacher": 5.0, "time/train": 30.0, "time/sync": 4.0,
-                           "time/step": 50.0, "loss": 1.0}) is None
+    assert (
+        w.observe_step(
+            {
+                "time/rollout": 10.0,
+                "time/teacher": 5.0,
+                "time/train": 30.0,
+                "time/sync": 4.0,
+                "time/step": 50.0,
+                "loss": 1.0,
+            }
+        )
+        is None
+    )
     # since + the rest of the step + the reserve against the lead: 20 + 34 + 40 = 94 <= 100.
     assert not w.abandon(20.0, ("train", "sync"))
     assert w.abandon(27.0, ("train", "sync"))  # 101

@@ -1,5 +1,6 @@
 """Trainer pieces that need no model: the teacher-signal diagnostic and its endorsement of
 artifact tokens."""
+
 import time
 
 import pytest
@@ -92,7 +93,9 @@ class RecordingEngine(RolloutEngine):
 
         assert not self.asleep, f"generate on a sleeping engine ({self.asleep})"
         self.log.append("generate")
-        return [Completion(i // sampling.n, [7, 8], [-1.0, -2.0], "x", False) for i in range(len(prompt_ids) * sampling.n)]
+        return [
+            Completion(i // sampling.n, [7, 8], [-1.0, -2.0], "x", False) for i in range(len(prompt_ids) * sampling.n)
+        ]
 
     def sleep(self):
         self.log.append("sleep")
@@ -147,7 +150,17 @@ def test_step_order_sleep_wake_weights_refit_wake_kv_cache():
 
     for step in range(2):
         trainer.step("math", records, seed=step, step=step, after_train=teacher_update)
-    one = ["generate", "sleep", "train", "teacher_update", "wake(weights)", "refit", "export", "tensor", "wake(kv_cache)"]
+    one = [
+        "generate",
+        "sleep",
+        "train",
+        "teacher_update",
+        "wake(weights)",
+        "refit",
+        "export",
+        "tensor",
+        "wake(kv_cache)",
+    ]
     assert log == one + one
 
 
@@ -266,8 +279,9 @@ def _attach(trainer, preset_overrides, domain, results, *, truncated=None, rewar
     b = SequenceBatch([[1, 2]] * 2, [[5, 6, 7], [6, 7, 8]])
     b.tensors["loss_mask"] = b.response_mask()
     rewards = torch.zeros(2) if rewards is None else rewards
-    has, _ = trainer._attach_teacher(b, [{"prompt": "Compute 2+2."}] * 2, list(texts), rewards, results, 7,
-                                  domain=domain, truncated=truncated)
+    has, _ = trainer._attach_teacher(
+        b, [{"prompt": "Compute 2+2."}] * 2, list(texts), rewards, results, 7, domain=domain, truncated=truncated
+    )
     return has, b
 
 
@@ -307,7 +321,12 @@ def test_mask_ratio_and_right_truncation_in_the_teacher_batch(bare_trainer):
     fb = [RewardResult(0.0, "wrong answer " * 5, {})] * 2
     _, full = _attach(bare_trainer, [], "code", fb)
     assert torch.equal(full.tensors["loss_mask"], full.response_mask())  # mask_ratio 0: unchanged
-    _, cut = _attach(bare_trainer, ["algorithm.sdpo.context.max_context_tokens=7", "algorithm.sdpo.context.truncation=right"], "code", fb)
+    _, cut = _attach(
+        bare_trainer,
+        ["algorithm.sdpo.context.max_context_tokens=7", "algorithm.sdpo.context.truncation=right"],
+        "code",
+        fb,
+    )
     assert cut.teacher_prompt_ids[0] == full.teacher_prompt_ids[0][:7]  # the start is kept
     _, masked = _attach(bare_trainer, ["algorithm.sdpo.mask_ratio=0.5"], "code", fb)
     keep = random_token_keep(tuple(full.response_mask().shape), 0.5, 7)  # the step's seed
@@ -342,7 +361,9 @@ def test_with_mini_batches_the_guard_reads_the_rollout_time_policy():
     tok = load_tokenizer(ensure_tiny_base())
     records = generate("math", "id", 4, 0)
     # Every reward is 0 here: skipping would leave no row for the guard to measure.
-    cfg = load_config("tiny", ["algorithm.prompts_per_step=4", "algorithm.grpo.mini_batches=2", "algorithm.skip_zero_signal=false"])
+    cfg = load_config(
+        "tiny", ["algorithm.prompts_per_step=4", "algorithm.grpo.mini_batches=2", "algorithm.skip_zero_signal=false"]
+    )
     log = []
     trainer = Trainer(cfg, MiniBatchBackend(log, shift=0.25), RecordingEngine(log), tok)
     out = trainer.step("math", records, seed=0).metrics
@@ -353,7 +374,6 @@ def test_with_mini_batches_the_guard_reads_the_rollout_time_policy():
     trainer = Trainer(cfg, MiniBatchBackend([], shift=0.75), RecordingEngine([]), tok)
     with pytest.raises(RefitError, match="mean .* 0.75 > rollout.guard.max_mismatch 0.5"):
         trainer.step("math", records, seed=0)
-
 
 
 class ScriptedEngine(RolloutEngine):
@@ -430,7 +450,9 @@ def test_step_passes_rollout_rewards_and_advantages_to_the_backend(tok):
     from megatron_sdpo.data.synthetic import generate
     from megatron_sdpo.rollout.guard import SEQ_WEIGHT, TOKEN_WEIGHT, GuardedLoss
 
-    cfg = load_config("tiny", ["algorithm.prompts_per_step=2", "algorithm.group_size=4", "algorithm.grpo.norm_by_std=true"])
+    cfg = load_config(
+        "tiny", ["algorithm.prompts_per_step=2", "algorithm.group_size=4", "algorithm.grpo.norm_by_std=true"]
+    )
     records = generate("math", "id", 2, 0)
     # Sample 0 of each prompt answers it (reward 1), the others do not (reward 0).
     wrong = ["no idea", "\\boxed{-7}", ""]
@@ -476,7 +498,9 @@ def test_shots_precede_the_student_and_the_teacher_prompts(tok):
     from megatron_sdpo.data.synthetic import generate
 
     # The batch as the trainer builds it (no row left out: the rewarded sample has no context).
-    cfg = load_config("tiny_sdpo", ["algorithm.prompts_per_step=1", "algorithm.group_size=2", "algorithm.skip_zero_signal=false"])
+    cfg = load_config(
+        "tiny_sdpo", ["algorithm.prompts_per_step=1", "algorithm.group_size=2", "algorithm.skip_zero_signal=false"]
+    )
     shot = Shot(user="Zed has 2 pens and gets 3 more. How many pens now?", assistant="2 + 3 = \\boxed{5}")
     records = with_shots(generate("math", "id", 1, 0), [shot])
     engine = ScriptedEngine(lambda p, j: _boxed(records[p]) if j == 0 else "\\boxed{-7}")
@@ -497,7 +521,9 @@ def test_sdpo_step_passes_the_teacher_prompts_and_the_distillation_mask(tok):
     from megatron_sdpo.algorithms.losses import SDPOLoss
     from megatron_sdpo.data.synthetic import generate
 
-    cfg = load_config("tiny_sdpo", ["algorithm.prompts_per_step=1", "algorithm.group_size=2", "algorithm.skip_zero_signal=false"])
+    cfg = load_config(
+        "tiny_sdpo", ["algorithm.prompts_per_step=1", "algorithm.group_size=2", "algorithm.skip_zero_signal=false"]
+    )
     records = generate("math", "id", 1, 0)
     engine = ScriptedEngine(lambda p, j: _boxed(records[p]) if j == 0 else "\\boxed{-7}")
     backend = CapturingBackend()

@@ -1,5 +1,6 @@
 """The trainer's step under DAPO's dynamic sampling (rollout/group_filter.py): rounds, seeds,
 the cap, the batch's shape, and the same rounds again for a repeated (resumed) step."""
+
 import pytest
 from test_trainer import CapturingBackend
 
@@ -29,7 +30,9 @@ class RoundEngine:
             rec = self.by_prompt[tuple(p)]
             for j in range(sampling.n):
                 right = rec["kind"] == "solved" or (rec["kind"] == "mixed" and j % 2 == 0)
-                out.append(Completion(i, [10 + j, 11], [-0.5, -0.5], "\\boxed{%s}" % (rec["answer"] if right else "-7"), False))
+                out.append(
+                    Completion(i, [10 + j, 11], [-0.5, -0.5], "\\boxed{%s}" % (rec["answer"] if right else "-7"), False)
+                )
         return out
 
     def sleep(self):
@@ -54,10 +57,16 @@ def _trainer(tok, records, extra_rounds, skip=True):
     from megatron_sdpo.config import load_config
     from megatron_sdpo.trainer import Trainer
 
-    cfg = load_config("tiny", [
-        "algorithm.prompts_per_step=2", "algorithm.group_size=4", "algorithm.filter_groups.enabled=true",
-        f"algorithm.filter_groups.max_extra_rounds={extra_rounds}", f"algorithm.skip_zero_signal={str(skip).lower()}",
-    ])
+    cfg = load_config(
+        "tiny",
+        [
+            "algorithm.prompts_per_step=2",
+            "algorithm.group_size=4",
+            "algorithm.filter_groups.enabled=true",
+            f"algorithm.filter_groups.max_extra_rounds={extra_rounds}",
+            f"algorithm.skip_zero_signal={str(skip).lower()}",
+        ],
+    )
     engine = RoundEngine({tuple(p): r for p, r in zip(record_prompts(tok, records), records, strict=True)})
     backend = CapturingBackend()
     return Trainer(cfg, backend, engine, tok), engine, backend
@@ -69,7 +78,11 @@ def test_the_step_refills_until_full_or_the_cap(tok, extra_rounds, skip):
     from megatron_sdpo.trainer import extra_round_seed
 
     first = _records(["mixed", "solved"])
-    refills = {1: _records(["wrong", "wrong"], 2), 2: _records(["solved", "mixed"], 4), 3: _records(["mixed", "mixed"], 6)}
+    refills = {
+        1: _records(["wrong", "wrong"], 2),
+        2: _records(["solved", "mixed"], 4),
+        3: _records(["mixed", "mixed"], 6),
+    }
     trainer, engine, backend = _trainer(tok, first + [r for rs in refills.values() for r in rs], extra_rounds, skip)
     asked = []
     out = trainer.step("math", first, seed=11, refill=lambda r: asked.append(r) or refills[r])

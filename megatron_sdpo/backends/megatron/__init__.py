@@ -2,6 +2,7 @@
 
 Importing this package does not import megatron-core; `MegatronBackend` does when built.
 """
+
 from megatron_sdpo.backends.megatron.backend import MegatronBackend
 from megatron_sdpo.backends.megatron.model import ModelOptions
 from megatron_sdpo.backends.megatron.parallel import ParallelConfig

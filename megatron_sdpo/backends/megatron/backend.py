@@ -25,6 +25,7 @@ local layer spec's core attention does. Under pipeline parallelism every row of 
 riders' too) has the step's common width, so hidden states still share the P2P buffers. Olmo's
 layers take the padded layout only (their attention applies per-layer ropes itself).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -69,7 +70,9 @@ from megatron_sdpo.stopwatch import Stopwatch
 from megatron_sdpo.weights.plan import ModelSpec
 from megatron_sdpo.weights.transport import export_hf, load_hf
 
-_TEACHER_OUTPUTS = frozenset({"teacher_logits", "teacher_logprobs", "fused_kl", "topk_logprobs", "teacher_topk_logprobs"})
+_TEACHER_OUTPUTS = frozenset(
+    {"teacher_logits", "teacher_logprobs", "fused_kl", "topk_logprobs", "teacher_topk_logprobs"}
+)
 
 
 def _hf_tensors(model_path: str):
@@ -144,7 +147,9 @@ class MegatronBackend(Backend):
         # LM head (no logits, `heads`), "shards" from vocab-sharded logits (`vocab_parallel`).
         self.fused_kl = fused_kl
         if loss_chunk_tokens < 0:
-            raise ConfigError(f"loss_chunk_tokens={loss_chunk_tokens}; expected >= 0 (0: the whole micro-batch at once)")
+            raise ConfigError(
+                f"loss_chunk_tokens={loss_chunk_tokens}; expected >= 0 (0: the whole micro-batch at once)"
+            )
         # Response tokens the logits path's loss statistics take at a time (step_loss.py).
         self.loss_chunk_tokens = int(loss_chunk_tokens)
         if not torch.cuda.is_available():
@@ -172,7 +177,9 @@ class MegatronBackend(Backend):
         hf_config = AutoConfig.from_pretrained(model_path)
         self.spec = ModelSpec.from_hf_config(hf_config)
         if packing and not supports_packing(self.spec):
-            raise ConfigError(f"backend.packing=true: {self.spec.arch}'s layers take the padded layout only; set it to false or null")
+            raise ConfigError(
+                f"backend.packing=true: {self.spec.arch}'s layers take the padded layout only; set it to false or null"
+            )
         self.packing = supports_packing(self.spec) if packing is None else bool(packing)
         self.options = options
         self.wlayout = weight_layout(self.layout.tp, self.layout.pp, options)
@@ -182,7 +189,13 @@ class MegatronBackend(Backend):
         self.seq_multiple = batching.seq_multiple(
             self.layout.tp, options.sequence_parallel, fp8=options.precision.fp8 is not None
         )
-        self.lr, self.weight_decay, self.betas, self.eps, self.grad_clip = lr, weight_decay, tuple(betas), eps, grad_clip
+        self.lr, self.weight_decay, self.betas, self.eps, self.grad_clip = (
+            lr,
+            weight_decay,
+            tuple(betas),
+            eps,
+            grad_clip,
+        )
         self.distributed_optimizer = distributed_optimizer
         lr_schedule.check()
         self.lr_schedule = lr_schedule
@@ -212,7 +225,9 @@ class MegatronBackend(Backend):
         if self.teacher is not None and self.options.precision.params == "bfloat16":
             from megatron_sdpo.backends.megatron.teacher_state import FP32TeacherShadow
 
-            self.teacher_fp32 = FP32TeacherShadow(self._params("teacher"), self._params("policy"), self.optimizer, self.policy)
+            self.teacher_fp32 = FP32TeacherShadow(
+                self._params("teacher"), self._params("policy"), self.optimizer, self.policy
+            )
 
     # ------------------------------------------------------------------ setup
     def _build(self, hf, trainable: bool):
@@ -280,9 +295,17 @@ class MegatronBackend(Backend):
         decay = max(total_steps or 0, s.warmup_steps + 1)
         self._sched_total = total_steps
         return OptimizerParamScheduler(
-            self.optimizer, init_lr=0.0, max_lr=self.lr, min_lr=self.lr * s.min_lr_ratio,
-            lr_warmup_steps=s.warmup_steps, lr_decay_steps=decay, lr_decay_style=style,
-            start_wd=self.weight_decay, end_wd=self.weight_decay, wd_incr_steps=decay, wd_incr_style="constant",
+            self.optimizer,
+            init_lr=0.0,
+            max_lr=self.lr,
+            min_lr=self.lr * s.min_lr_ratio,
+            lr_warmup_steps=s.warmup_steps,
+            lr_decay_steps=decay,
+            lr_decay_style=style,
+            start_wd=self.weight_decay,
+            end_wd=self.weight_decay,
+            wd_incr_steps=decay,
+            wd_incr_style="constant",
         )
 
     def _model(self, name: str):
@@ -294,8 +317,17 @@ class MegatronBackend(Backend):
     ) -> tuple[list[dict], int]:
         """This DP rank's micro-batches (batching.micro_batch_dicts) and their row length S."""
         return batching.micro_batch_dicts(
-            batch, T, prompts, local, riders, size=self.micro_batch_size, equal=self.layout.pp > 1,
-            packed=self.packing, multiple=self.seq_multiple, pad_id=self.pad_token_id, device=self.device,
+            batch,
+            T,
+            prompts,
+            local,
+            riders,
+            size=self.micro_batch_size,
+            equal=self.layout.pp > 1,
+            packed=self.packing,
+            multiple=self.seq_multiple,
+            pad_id=self.pad_token_id,
+            device=self.device,
         )
 
     def _rows_per_micro_batch(self) -> int:
@@ -343,8 +375,13 @@ class MegatronBackend(Backend):
 
         with torch.no_grad():
             store = get_forward_backward_func()(
-                forward_step_func=step, data_iterator=iter(micro), model=[model], num_microbatches=len(micro),
-                seq_length=S, micro_batch_size=self._rows_per_micro_batch(), forward_only=True,
+                forward_step_func=step,
+                data_iterator=iter(micro),
+                model=[model],
+                num_microbatches=len(micro),
+                seq_length=S,
+                micro_batch_size=self._rows_per_micro_batch(),
+                forward_only=True,
             )
         return [d["value"] for d in store] if self._ps.is_pipeline_last_stage() else []
 
@@ -430,8 +467,13 @@ class MegatronBackend(Backend):
         self.teacher_clock.take()  # only this step's teacher forwards count
         self.policy.train()
         get_forward_backward_func()(
-            forward_step_func=step, data_iterator=iter(micro), model=[self.policy], num_microbatches=len(micro),
-            seq_length=S, micro_batch_size=self._rows_per_micro_batch() * (1 + len(riders)), forward_only=False,
+            forward_step_func=step,
+            data_iterator=iter(micro),
+            model=[self.policy],
+            num_microbatches=len(micro),
+            seq_length=S,
+            micro_batch_size=self._rows_per_micro_batch() * (1 + len(riders)),
+            forward_only=False,
         )
         self.policy.eval()
         for _, model, _ in riders:
@@ -465,8 +507,13 @@ class MegatronBackend(Backend):
         """(HF name, full tensor) pairs, gathered over TP and broadcast over PP, one at a time.
         Collective: every rank of the model-parallel grid must consume it in step."""
         return export_hf(
-            self._model(model), self.spec, self.wlayout, tp_group=self.tp_group, pp_group=self.pp_group,
-            pp_rank=self.pp_rank, device=self.device,
+            self._model(model),
+            self.spec,
+            self.wlayout,
+            tp_group=self.tp_group,
+            pp_group=self.pp_group,
+            pp_rank=self.pp_rank,
+            device=self.device,
         )
 
     def _params(self, name: str) -> list[torch.Tensor]:
@@ -485,7 +532,9 @@ class MegatronBackend(Backend):
         if sources is None:
             self.teacher_from_base()
         elif self.teacher_fp32 is not None:
-            self.teacher_fp32.blend(blend, self._params("teacher"), self._params("policy"), self.optimizer, reference=reference)
+            self.teacher_fp32.blend(
+                blend, self._params("teacher"), self._params("policy"), self.optimizer, reference=reference
+            )
         else:
             blend_(self._params("teacher"), sources, blend)
 
@@ -568,7 +617,9 @@ class MegatronBackend(Backend):
 
             with torch.no_grad():
                 params = self._params("policy")
-                for (dst, _, _), (src, _, _) in zip(main_params(self.optimizer, params)[0], main_params(old, params)[0], strict=True):
+                for (dst, _, _), (src, _, _) in zip(
+                    main_params(self.optimizer, params)[0], main_params(old, params)[0], strict=True
+                ):
                     dst.copy_(src)
         self.scheduler = self._make_scheduler(self._sched_total)
 

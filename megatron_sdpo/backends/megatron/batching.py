@@ -13,6 +13,7 @@ predicted at column len(prompt_i) + j - 1; `gather_index` holds those columns, [
 micro-batch of a step has the same [b, S] shape: the pipeline schedule's p2p buffers are sized
 once per step.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -103,7 +104,9 @@ def build_packed_rows(
     if packed_len(prompts, responses) > W:
         raise DataError(f"{len(prompts)} samples ({packed_len(prompts, responses)} tokens) do not fit a row of W={W}")
     v = pack_varlen(prompts, responses, response_len=T, pad_id=pad_id, row_tokens=0, width=W, device=device)
-    params = varlen_params(segment_lengths([len(p) + len(r) for p, r in zip(prompts, responses, strict=True)], W), device)
+    params = varlen_params(
+        segment_lengths([len(p) + len(r) for p, r in zip(prompts, responses, strict=True)], W), device
+    )
     return Rows(v.input_ids, v.position_ids, v.hidden_index, v.response_ids, packed=params)
 
 
@@ -117,8 +120,18 @@ def micro_batches(idx: list[int], size: int, equal: bool) -> list[list[int]]:
 
 
 def micro_batch_dicts(
-    batch, T: int, prompts: list[list[int]], local: list[int], riders: tuple = (), *, size: int, equal: bool,
-    packed: bool, multiple: int, pad_id: int, device: torch.device,
+    batch,
+    T: int,
+    prompts: list[list[int]],
+    local: list[int],
+    riders: tuple = (),
+    *,
+    size: int,
+    equal: bool,
+    packed: bool,
+    multiple: int,
+    pad_id: int,
+    device: torch.device,
 ) -> tuple[list[dict], int]:
     """Micro-batches of `size` samples out of this DP rank's samples `local` of `batch` (a
     SequenceBatch), rows built from `prompts`; `riders` are further prompt lists (teacher,
@@ -135,7 +148,10 @@ def micro_batch_dicts(
     if packed:
         # [micro-batch][student, riders...]: each row's own width, rounded up to `multiple`.
         widths = [
-            [-(-packed_len([p[i] for i in idx], [batch.response_ids[i] for i in idx]) // multiple) * multiple for p in lists]
+            [
+                -(-packed_len([p[i] for i in idx], [batch.response_ids[i] for i in idx]) // multiple) * multiple
+                for p in lists
+            ]
             for idx in filled
         ]
         S = max(max(w) for w in widths)
@@ -151,7 +167,9 @@ def micro_batch_dicts(
     for g, rows_idx, row_widths in zip(groups, filled, widths, strict=True):
         real = [i for i in g if i >= 0]
         resp = [batch.response_ids[i] for i in rows_idx]
-        rows, *rider_rows = [build([p[i] for i in rows_idx], resp, T, w, pad_id, device) for p, w in zip(lists, row_widths, strict=True)]
+        rows, *rider_rows = [
+            build([p[i] for i in rows_idx], resp, T, w, pad_id, device) for p, w in zip(lists, row_widths, strict=True)
+        ]
         keep = torch.tensor([1.0 if i >= 0 else 0.0 for i in g], device=device)
         tensors = {}
         for k, v in batch.tensors.items():

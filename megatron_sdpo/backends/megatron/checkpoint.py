@@ -13,6 +13,7 @@ Layout of a checkpoint directory:
 Atomic: every rank writes into `<path>.partial`; rank 0 writes COMPLETE and renames it into
 place only after a barrier. A directory without COMPLETE is never loaded.
 """
+
 from __future__ import annotations
 
 import json
@@ -56,7 +57,10 @@ def _start_writer_queue() -> None:
     import torch.multiprocessing as mp
     from megatron.core.dist_checkpointing.strategies import filesystem_async
 
-    if getattr(filesystem_async, "_results_queue", None) is not None or threading.current_thread() is not threading.main_thread():
+    if (
+        getattr(filesystem_async, "_results_queue", None) is not None
+        or threading.current_thread() is not threading.main_thread()
+    ):
         return
     previous = {s: signal.signal(s, signal.SIG_IGN) for s in STOP_SIGNALS}
     try:
@@ -149,7 +153,11 @@ def save(backend, path: str, *, extra: dict | None = None, hf_policy: bool = Tru
     if hf_policy:
         # Every rank takes part in the export's gathers; rank 0 moves each tensor to host as it
         # comes and writes it in the model dtype: no state dict on the device, no model built.
-        writer = HFDirWriter(tmp / "policy", backend.model_path, tied=backend.spec.tie_word_embeddings) if rank == 0 else None
+        writer = (
+            HFDirWriter(tmp / "policy", backend.model_path, tied=backend.spec.tie_word_embeddings)
+            if rank == 0
+            else None
+        )
         for name, t in backend.export_weights(model="policy"):
             if writer is not None:
                 writer.add(name, t)
@@ -177,7 +185,7 @@ def save(backend, path: str, *, extra: dict | None = None, hf_policy: bool = Tru
 
 
 def _strip(sd: dict, prefix: str) -> dict:
-    return {k[len(prefix):] if k.startswith(prefix) else k: v for k, v in sd.items()}
+    return {k[len(prefix) :] if k.startswith(prefix) else k: v for k, v in sd.items()}
 
 
 def _ensure_optimizer_state(optimizer) -> list:
@@ -194,7 +202,9 @@ def _ensure_optimizer_state(optimizer) -> list:
         for group in inner.param_groups:
             for p in group["params"]:
                 if "step" not in inner.state[p]:
-                    inner.state[p]["step"] = torch.tensor(0.0)  # host: torch Adam keeps a non-capturable step on the CPU
+                    inner.state[p]["step"] = torch.tensor(
+                        0.0
+                    )  # host: torch Adam keeps a non-capturable step on the CPU
                     added.append(inner.state[p])
     return added
 
@@ -289,7 +299,9 @@ def load(backend, path: str, *, weights_only: bool = False) -> dict:
     return dict(common.get("extra", {}))
 
 
-def convert_to_hf(checkpoint: str, hf_model_dir: str, out_dir: str, *, model: str = "policy", vocab_divisor: int = 128) -> list[str]:
+def convert_to_hf(
+    checkpoint: str, hf_model_dir: str, out_dir: str, *, model: str = "policy", vocab_divisor: int = 128
+) -> list[str]:
     """Write `model` ("policy" | "teacher") of a megatron checkpoint as an HF model directory.
 
     Runs in the calling process as a world of one (TP=1, PP=1): dist_checkpointing reshards

@@ -15,6 +15,7 @@ The mode is thread-local and changes `Tensor.type()` for the whole thread, so it
 CPU processes only: `install()` refuses to run where CUDA is available, and nothing imports
 this module on a GPU machine.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -157,7 +158,9 @@ def _patch_megatron_backward() -> None:
         return
     for mod in (mappings, layers):
         for obj in list(vars(mod).values()):
-            if not (isinstance(obj, type) and issubclass(obj, torch.autograd.Function) and obj.__module__ == mod.__name__):
+            if not (
+                isinstance(obj, type) and issubclass(obj, torch.autograd.Function) and obj.__module__ == mod.__name__
+            ):
                 continue
             backward = vars(obj).get("backward")
             if isinstance(backward, staticmethod) and not getattr(backward.__func__, "_cpu_shim", False):

@@ -13,6 +13,7 @@ the hidden states enter them as they are (never through megatron's
 `copy_to_tensor_model_parallel_region`); under sequence parallelism they are gathered with a
 split (not reduce-scatter) backward for the same reason.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -80,7 +81,13 @@ def check_requires(requires: frozenset) -> None:
 
 
 def fused_kl(
-    h_s: torch.Tensor, h_t: torch.Tensor, w_s: torch.Tensor, w_t: torch.Tensor, spec: DistillationSpec, *, tp_group,
+    h_s: torch.Tensor,
+    h_t: torch.Tensor,
+    w_s: torch.Tensor,
+    w_t: torch.Tensor,
+    spec: DistillationSpec,
+    *,
+    tp_group,
     logit_temperature: float = 1.0,
 ) -> torch.Tensor:
     """Per-token distillation loss [N] from response hidden states [N, H] and this rank's LM-head
@@ -90,9 +97,16 @@ def fused_kl(
     from megatron_sdpo_kernels import ChunkSizes, fused_linear_kl
 
     return fused_linear_kl(
-        h_s, h_t, w_s, w_t, alpha=spec.alpha, temperature=spec.temperature * logit_temperature, mask=None,
+        h_s,
+        h_t,
+        w_s,
+        w_t,
+        alpha=spec.alpha,
+        temperature=spec.temperature * logit_temperature,
+        mask=None,
         impl=spec.kernel_impl,
-        tp_group=tp_group, chunk_sizes=ChunkSizes(tokens=spec.chunk_tokens, vocab=spec.chunk_vocab),
+        tp_group=tp_group,
+        chunk_sizes=ChunkSizes(tokens=spec.chunk_tokens, vocab=spec.chunk_vocab),
     )
 
 
@@ -113,7 +127,13 @@ def token_logprobs(
     from megatron_sdpo_kernels import fused_linear_logprobs
 
     lp, ent = fused_linear_logprobs(
-        hidden, weight, targets.reshape(-1), temperature=temperature, impl=impl, tp_group=tp_group,
-        shard_start=start, vocab_size=vocab,
+        hidden,
+        weight,
+        targets.reshape(-1),
+        temperature=temperature,
+        impl=impl,
+        tp_group=tp_group,
+        shard_start=start,
+        vocab_size=vocab,
     )
     return lp.view(targets.shape), ent.view(targets.shape) if want_entropy else None

@@ -4,6 +4,7 @@ Each rank runs `fn(*args)` after `init_process_group`; its return value comes ba
 file. A rank that hangs past `timeout_s` dumps every thread's stack (faulthandler) to its log
 and exits, so a deadlock in a collective surfaces as a traceback instead of a stuck job.
 """
+
 from __future__ import annotations
 
 import faulthandler
@@ -28,13 +29,19 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _rank_main(rank: int, world: int, port: int, fn: Callable, args: tuple, workdir: str, timeout_s: float, threads: int):
+def _rank_main(
+    rank: int, world: int, port: int, fn: Callable, args: tuple, workdir: str, timeout_s: float, threads: int
+):
     log = open(os.path.join(workdir, f"rank{rank}.log"), "w", buffering=1)
     faulthandler.enable(file=log)
     faulthandler.dump_traceback_later(timeout_s, exit=True, file=log)
     os.environ.update(
-        RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world),
-        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+        RANK=str(rank),
+        WORLD_SIZE=str(world),
+        LOCAL_RANK=str(rank),
+        LOCAL_WORLD_SIZE=str(world),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
     )
     torch.set_num_threads(threads)
     try:

@@ -5,6 +5,7 @@ The layer spec is chosen once per process: Transformer Engine modules when TE is
 (`megatron_sdpo.weights`) knows both naming schemes. Olmo-2/3 (post-norms, full-width QK-norm,
 a rope per layer type, sliding windows) use the layers of `megatron_sdpo.backends.megatron.olmo`.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field

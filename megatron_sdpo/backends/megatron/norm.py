@@ -7,6 +7,7 @@ is absent, and that wrapper refuses sequence parallelism. The norm itself needs 
 different slice of the sequence. This module is that norm; numerically it is
 `torch.nn.functional.rms_norm`, exactly what `torch.nn.RMSNorm` computes.
 """
+
 from __future__ import annotations
 
 from typing import Any, cast
@@ -26,7 +27,9 @@ class RMSNorm(torch.nn.Module):
     def __init__(self, config, hidden_size: int, eps: float = 1e-5, **_unused):
         super().__init__()
         self.eps = eps
-        self.weight = torch.nn.Parameter(torch.ones(hidden_size, dtype=config.params_dtype, device=param_device(config)))
+        self.weight = torch.nn.Parameter(
+            torch.ones(hidden_size, dtype=config.params_dtype, device=param_device(config))
+        )
         # Read by megatron's finalize_model_grads: all-reduce this grad over TP under SP.
         cast(Any, self.weight).sequence_parallel = bool(config.sequence_parallel)
 

@@ -27,6 +27,7 @@ Positions are 0..S-1 in every row (the backend's batching), so the rope needs no
 This rules out KV-cache inference, packed sequences and context parallelism, which the backend
 does not use.
 """
+
 from __future__ import annotations
 
 import functools
@@ -64,7 +65,9 @@ class RMSNorm(torch.nn.Module):
     def __init__(self, hidden_size: int, eps: float, config: TransformerConfig):
         super().__init__()
         self.eps = eps
-        self.weight = torch.nn.Parameter(torch.ones(hidden_size, dtype=config.params_dtype, device=param_device(config)))
+        self.weight = torch.nn.Parameter(
+            torch.ones(hidden_size, dtype=config.params_dtype, device=param_device(config))
+        )
         # Under sequence parallelism each TP rank normalizes its own tokens, so the weight's
         # gradient is partial: finalize_model_grads sums grads of weights marked like this over
         # TP, as it does for megatron's own norms.
@@ -210,13 +213,24 @@ class OlmoSelfAttention(SelfAttention):
     specs unless config.qk_layernorm is on, and that flag makes finalize_model_grads sum every
     q/k_layernorm gradient over TP, wrong for these TP-sharded weights."""
 
-    def __init__(self, config: TransformerConfig, submodules: SelfAttentionSubmodules, *args, q_norm: ModuleSpec,
-                 k_norm: ModuleSpec, **kwargs):
+    def __init__(
+        self,
+        config: TransformerConfig,
+        submodules: SelfAttentionSubmodules,
+        *args,
+        q_norm: ModuleSpec,
+        k_norm: ModuleSpec,
+        **kwargs,
+    ):
         super().__init__(config, submodules, *args, **kwargs)
         for name, norm in (("q_layernorm", q_norm), ("k_layernorm", k_norm)):
-            setattr(self, name, build_module(
-                norm, config=config, hidden_size=self.hidden_size_per_attention_head, eps=config.layernorm_epsilon
-            ))
+            setattr(
+                self,
+                name,
+                build_module(
+                    norm, config=config, hidden_size=self.hidden_size_per_attention_head, eps=config.layernorm_epsilon
+                ),
+            )
 
 
 def window_fields(spec: ModelSpec) -> dict:

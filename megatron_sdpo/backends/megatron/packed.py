@@ -21,6 +21,7 @@ TE reads only the fields it knows), so no layer syncs with the host.
 The segments tile the row: the samples, then the row's unused tail, cut into pieces no longer
 than the longest sample so that no tail segment sets the local path's padded length.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -81,7 +82,9 @@ def varlen_params(lengths: list[int], device: torch.device) -> VarlenParams:
 class VarlenDotProductAttention(DotProductAttention):
     """megatron's local core attention, plus packed (THD) rows (module docstring)."""
 
-    def forward(self, query, key, value, attention_mask, attn_mask_type=None, attention_bias=None, packed_seq_params=None):
+    def forward(
+        self, query, key, value, attention_mask, attn_mask_type=None, attention_bias=None, packed_seq_params=None
+    ):
         """Unpacked: `DotProductAttention.forward`. Packed: query [t, np, hn], key / value
         [t, ng, hn] -> context [t, np * hn]."""
         if packed_seq_params is None:

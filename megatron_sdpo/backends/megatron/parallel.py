@@ -3,6 +3,7 @@
 Rank order is megatron's default ("tp-cp-ep-dp-pp"): TP ranks are adjacent, so a TP group never
 spans nodes before a DP group does.
 """
+
 from __future__ import annotations
 
 import datetime
@@ -96,9 +97,7 @@ def initialize(config: ParallelConfig, seed: int = 1234) -> ParallelLayout:
         if have != (layout.tp, layout.pp):
             raise ConfigError(f"megatron parallel state is already initialized with (tp, pp)={have}")
     else:
-        ps.initialize_model_parallel(
-            tensor_model_parallel_size=layout.tp, pipeline_model_parallel_size=layout.pp
-        )
+        ps.initialize_model_parallel(tensor_model_parallel_size=layout.tp, pipeline_model_parallel_size=layout.pp)
     tensor_parallel.model_parallel_cuda_manual_seed(seed)
     return layout
 

@@ -5,6 +5,7 @@ every recipe: megatron's GPTModel builds `output_layer` as a plain `ColumnParall
 a TE module, and the loss (log-softmax, KL) is computed in fp32 by the backend. The first and
 last transformer layers can be kept in BF16 (`bf16_edge_layers`), as large FP8 runs usually do.
 """
+
 from __future__ import annotations
 
 import importlib.util

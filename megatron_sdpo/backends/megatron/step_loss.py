@@ -5,6 +5,7 @@ logits, or final hidden states on the fused path) and the riders' (teacher, refe
 turns them into what the loss declared it needs (`LossFn.requires`), runs the loss and keeps
 its metric shares for the step's reduction. The loss's distillation spec is read once per step.
 """
+
 from __future__ import annotations
 
 import torch
@@ -40,7 +41,9 @@ class StepLoss:
     (name, model, prompts) list for the step; `scale` undoes the schedule's division by the
     micro-batch count and DDP's average over data parallel."""
 
-    def __init__(self, be, loss_fn: LossFn, requires: frozenset, riders: list, normalizer: torch.Tensor, *, scale: float):
+    def __init__(
+        self, be, loss_fn: LossFn, requires: frozenset, riders: list, normalizer: torch.Tensor, *, scale: float
+    ):
         self.be, self.loss_fn, self.requires, self.riders = be, loss_fn, requires, riders
         self.normalizer, self.scale = normalizer, scale
         self.distill = step_distillation(loss_fn, requires)
@@ -68,7 +71,10 @@ class StepLoss:
         b, T = rows.targets.shape
         # 16-bit [b, T, width] at the response columns, padding cut off: one gather per model,
         # so the policy's backward scatters into its logits once.
-        shards = [r.select(lg)[..., : be.vocab_width] for r, lg in zip((rows, *mb["rider_rows"]), (logits, *rider_logits), strict=True)]
+        shards = [
+            r.select(lg)[..., : be.vocab_width]
+            for r, lg in zip((rows, *mb["rider_rows"]), (logits, *rider_logits), strict=True)
+        ]
         targets = [rows.targets, *(r.targets for r in mb["rider_rows"])]
         chunk = be.loss_chunk_tokens
         if not chunk or b * T <= chunk or self.requires & _WHOLE:
@@ -113,8 +119,12 @@ class StepLoss:
                 if d.topk is None:
                     raise ConfigError("'topk_logprobs' needs a distillation spec with a top-k")
                 outputs["topk_logprobs"], outputs["teacher_topk_logprobs"], _ = vp.topk_logprobs(
-                    vp.tempered(shard, d.temperature), vp.tempered(rshard, d.temperature), d.topk, be.vocab_start,
-                    be.spec.vocab_size, be.tp_group,
+                    vp.tempered(shard, d.temperature),
+                    vp.tempered(rshard, d.temperature),
+                    d.topk,
+                    be.vocab_start,
+                    be.spec.vocab_size,
+                    be.tp_group,
                 )
         return outputs
 
@@ -126,7 +136,10 @@ class StepLoss:
         rows, sp = mb["rows"], be.options.sequence_parallel
         b, T = rows.targets.shape
         lp_args = dict(
-            start=be.vocab_start, vocab=be.spec.vocab_size, tp_group=be.tp_group, impl=d.kernel_impl,
+            start=be.vocab_start,
+            vocab=be.spec.vocab_size,
+            tp_group=be.tp_group,
+            impl=d.kernel_impl,
             temperature=be.logit_temperature,
         )
         h_s = heads.response_hidden(hidden, rows, be.tp_group, sp)

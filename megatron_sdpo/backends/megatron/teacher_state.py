@@ -17,6 +17,7 @@ megatron's optimizers hold the main parameters differently:
 Checkpoints save each rank's pieces with their element ranges, so a load reassembles them under
 any data-parallel size.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -46,8 +47,10 @@ def main_params(
     group = None
     for opt in _optimizers(optimizer):
         if hasattr(opt, "shard_fp32_from_float16_groups"):  # DistributedOptimizer
-            pairs = [*zip(opt.model_float16_groups, opt.shard_fp32_from_float16_groups, strict=True),
-                     *zip(opt.model_fp32_groups, opt.shard_fp32_groups, strict=True)]
+            pairs = [
+                *zip(opt.model_float16_groups, opt.shard_fp32_from_float16_groups, strict=True),
+                *zip(opt.model_fp32_groups, opt.shard_fp32_groups, strict=True),
+            ]
             for models, mains in pairs:
                 for p, main in zip(models, mains, strict=True):
                     r = opt._get_model_param_range_map(p)["param"]
@@ -107,7 +110,10 @@ class FP32TeacherShadow:
     def __init__(self, teacher_params: list[torch.Tensor], policy_params: list[torch.Tensor], optimizer, ddp=None):
         mains, self.group = main_params(optimizer, policy_params)
         self.shapes = [tuple(t.shape) for t in teacher_params]
-        self.ranges = [(a, b) if self.group is not None else (0, t.numel()) for (_, a, b), t in zip(mains, teacher_params, strict=True)]
+        self.ranges = [
+            (a, b) if self.group is not None else (0, t.numel())
+            for (_, a, b), t in zip(mains, teacher_params, strict=True)
+        ]
         self.offsets = [0]
         for a, b in self.ranges:
             self.offsets.append(self.offsets[-1] + b - a)
@@ -130,7 +136,9 @@ class FP32TeacherShadow:
                 n = math.prod(self.shapes[k])
                 a, e = max(lo, off) - off, min(hi, off + n) - off
                 if (a, e) != self.ranges[k] and not (e <= a and self.ranges[k][1] <= self.ranges[k][0]):
-                    raise ConfigError(f"teacher shadow: param {k} owns {self.ranges[k]} but its bucket shard is {(a, e)}")
+                    raise ConfigError(
+                        f"teacher shadow: param {k} owns {self.ranges[k]} but its bucket shard is {(a, e)}"
+                    )
 
     def piece(self, k: int) -> torch.Tensor:
         """The fp32 shadow of param k's owned elements [a, b) (flat)."""
@@ -151,8 +159,13 @@ class FP32TeacherShadow:
 
     @torch.no_grad()
     def blend(
-        self, blend: TeacherBlend, teacher_params: list[torch.Tensor], policy_params: list[torch.Tensor], optimizer,
-        *, reference: list[torch.Tensor] | None = None,
+        self,
+        blend: TeacherBlend,
+        teacher_params: list[torch.Tensor],
+        policy_params: list[torch.Tensor],
+        optimizer,
+        *,
+        reference: list[torch.Tensor] | None = None,
     ) -> None:
         """shadow <- blend(shadow, student main params, reference params); then
         teacher <- bf16(shadow). Collective over the DP group with the distributed optimizer."""
@@ -164,7 +177,9 @@ class FP32TeacherShadow:
         refs = reference if reference is not None else [None] * len(mains)
         for k, ((main, a, b), ref) in enumerate(zip(mains, refs, strict=True)):
             if (a, b) != self.ranges[k] and self.sharded:
-                raise ConfigError(f"teacher shadow: param {k}'s optimizer range moved from {self.ranges[k]} to {(a, b)}")
+                raise ConfigError(
+                    f"teacher shadow: param {k}'s optimizer range moved from {self.ranges[k]} to {(a, b)}"
+                )
             if b <= a:
                 continue
             sources = {"policy": [main]}

@@ -13,6 +13,7 @@ sums its own vocabulary slice of p*log p or of a KL, and those partial sums are 
 receives only this rank's share of dL/dlse, so its backward must all-reduce the gradient.
 Each statistic therefore computes its own log-normalizer in the right mode.
 """
+
 from __future__ import annotations
 
 import torch

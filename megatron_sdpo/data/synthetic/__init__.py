@@ -5,6 +5,7 @@ Splits: "train"; "id" (held-out items of the train generator, disjoint from trai
 seed); "ood_near" / "ood_mid" / "ood_far" (out of distribution at increasing distance).
 Each record carries "solution", an ideal response used for the supervised warm-up.
 """
+
 from __future__ import annotations
 
 from megatron_sdpo.data.records import DOMAINS
@@ -17,8 +18,16 @@ _MODULES = {"math": math, "science": science, "tooluse": tooluse, "code": code}
 DEFAULT_DIFFICULTY: dict[str, float] = {d: m.DEFAULT_DIFFICULTY for d, m in _MODULES.items()}
 
 
-def generate(domain: str, split: str, n: int, seed: int, difficulty: float | None = None, *,
-             instruction: str | None = None, compact: bool = False) -> list[dict]:
+def generate(
+    domain: str,
+    split: str,
+    n: int,
+    seed: int,
+    difficulty: float | None = None,
+    *,
+    instruction: str | None = None,
+    compact: bool = False,
+) -> list[dict]:
     """`n` records of `domain` / `split`; `difficulty` in [0, 1] (None: the calibrated default).
     `compact`: the domain's smaller surface (fewer names / values; its module docstring says which),
     a subset of the full space on the same train / id partition, small enough for `n` = 0.

@@ -5,6 +5,7 @@ Every generator samples *item keys* (tuples describing one problem) from its own
 "train" and "id" splits draw from the same generator; a stable hash of the key assigns each
 possible item to exactly one of them, so the two are disjoint for every seed.
 """
+
 from __future__ import annotations
 
 import random
@@ -76,7 +77,7 @@ class _Walk:
 
     def advance(self) -> bool:
         """Move to the next path; False when every path was taken."""
-        del self.path[self.i:], self.sizes[self.i:]
+        del self.path[self.i :], self.sizes[self.i :]
         while self.path:
             self.path[-1] += 1
             if self.path[-1] < self.sizes[-1]:

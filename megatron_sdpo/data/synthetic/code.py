@@ -14,6 +14,7 @@ ood_far:  a list of numbers on one line, reduced by sum / max / min.
 compact: two variable names instead of six (a third of the space).
 Every record carries three stdin/stdout tests computed by evaluating the reference program.
 """
+
 from __future__ import annotations
 
 import random
@@ -87,7 +88,9 @@ def _render(key: tuple, split: str) -> tuple[str, str, Callable[[str], str]]:
     return text, src, lambda s: str(eval(expr, {}, {var: int(s)}))
 
 
-def generate(split: str, n: int, seed: int, difficulty: float = DEFAULT_DIFFICULTY, compact: bool = False) -> list[dict]:
+def generate(
+    split: str, n: int, seed: int, difficulty: float = DEFAULT_DIFFICULTY, compact: bool = False
+) -> list[dict]:
     """`n` code records of `split`; deterministic in (split, n, seed, difficulty, compact)."""
     check_args(split, n, difficulty)
     rng = rng_for("code", split, seed, difficulty)

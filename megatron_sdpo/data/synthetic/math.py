@@ -13,6 +13,7 @@ long_answers: the reference solution works the problem out in words and counts o
 compact: two names and two objects instead of eight and six (a twelfth of every split's space),
     so `n: 0` evaluates a split exhaustively in seconds.
 """
+
 from __future__ import annotations
 
 import random
@@ -26,10 +27,14 @@ NAMES = ("Ann", "Bob", "Cara", "Dan", "Eve", "Finn", "Gus", "Hana")
 OBJECTS = ("apples", "coins", "books", "shells", "cards", "pens")
 
 TRAIN_TEMPLATES = {
-    "+": ("{name} has {a} {obj} and gets {b} more. How many {obj} now?",
-          "{name} had {a} {obj}. Then {name} found {b}. How many {obj}?"),
-    "-": ("{name} has {a} {obj} and gives away {b}. How many {obj} are left?",
-          "{name} had {a} {obj} and lost {b}. How many {obj} remain?"),
+    "+": (
+        "{name} has {a} {obj} and gets {b} more. How many {obj} now?",
+        "{name} had {a} {obj}. Then {name} found {b}. How many {obj}?",
+    ),
+    "-": (
+        "{name} has {a} {obj} and gives away {b}. How many {obj} are left?",
+        "{name} had {a} {obj} and lost {b}. How many {obj} remain?",
+    ),
 }
 NEAR_TEMPLATES = {
     "+": ("What is the total when {name} adds {b} {obj} to {a} {obj}?",),
@@ -73,8 +78,14 @@ def worked_solution(op: str, name: str, obj: str, a: int, b: int, c: int) -> str
     return f"{start} {how}: {counted}. So {name} has {c} {obj}. The answer is {c}. \\boxed{{{c}}}"
 
 
-def generate(split: str, n: int, seed: int, difficulty: float = DEFAULT_DIFFICULTY, compact: bool = False,
-             long_answers: bool = False) -> list[dict]:
+def generate(
+    split: str,
+    n: int,
+    seed: int,
+    difficulty: float = DEFAULT_DIFFICULTY,
+    compact: bool = False,
+    long_answers: bool = False,
+) -> list[dict]:
     """`n` math records of `split`; deterministic in (split, n, seed, difficulty, compact);
     `long_answers` changes only the reference solutions (`worked_solution`)."""
     check_args(split, n, difficulty)

@@ -26,6 +26,7 @@ ood_far:  other phrasings, six readings 11-98 in no order (the extreme must be f
 compact: two-digit readings 11-16 instead of 11-98; the one-digit spaces are small already
     (id: 272 items) and stay as they are.
 """
+
 from __future__ import annotations
 
 import random
@@ -70,7 +71,9 @@ def _draw(split: str, difficulty: float, compact: bool = False):
     return draw, props
 
 
-def generate(split: str, n: int, seed: int, difficulty: float = DEFAULT_DIFFICULTY, compact: bool = False) -> list[dict]:
+def generate(
+    split: str, n: int, seed: int, difficulty: float = DEFAULT_DIFFICULTY, compact: bool = False
+) -> list[dict]:
     """`n` science records of `split`; deterministic in (split, n, seed, difficulty, compact)."""
     check_args(split, n, difficulty)
     rng = rng_for("science", split, seed, difficulty)

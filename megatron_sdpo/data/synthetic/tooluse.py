@@ -12,6 +12,7 @@ ood_far:  two calls in one request.
 compact: two cities, songs and people (ood_mid: one new of each) and one distractor tool
     instead of one or two.
 """
+
 from __future__ import annotations
 
 import json
@@ -60,8 +61,11 @@ NUMERIC = ("book_table", "buy_tickets", "set_timer")
 
 def _value(rng: random.Random, tool: str, derived: bool, novel: bool, compact: bool = False) -> tuple[str, object]:
     """(surface text, argument value) of the tool's one argument."""
-    words = {"get_weather": NEW_CITIES if novel else CITIES, "play_song": NEW_SONGS if novel else SONGS,
-             "call_friend": NEW_PEOPLE if novel else PEOPLE}.get(tool)
+    words = {
+        "get_weather": NEW_CITIES if novel else CITIES,
+        "play_song": NEW_SONGS if novel else SONGS,
+        "call_friend": NEW_PEOPLE if novel else PEOPLE,
+    }.get(tool)
     if words is not None:
         v = rng.choice(words[: (1 if novel else 2)] if compact else words)
         return v, v
@@ -109,12 +113,17 @@ def tool_doc(name: str) -> dict:
     return {
         "name": name,
         "description": desc,
-        "parameters": {"type": "object", "properties": {k: {"type": t} for k, t in params.items()},
-                       "required": list(params)},
+        "parameters": {
+            "type": "object",
+            "properties": {k: {"type": t} for k, t in params.items()},
+            "required": list(params),
+        },
     }
 
 
-def generate(split: str, n: int, seed: int, difficulty: float = DEFAULT_DIFFICULTY, compact: bool = False) -> list[dict]:
+def generate(
+    split: str, n: int, seed: int, difficulty: float = DEFAULT_DIFFICULTY, compact: bool = False
+) -> list[dict]:
     """`n` tooluse records of `split`; deterministic in (split, n, seed, difficulty, compact)."""
     check_args(split, n, difficulty)
     rng = rng_for("tooluse", split, seed, difficulty)
@@ -124,12 +133,12 @@ def generate(split: str, n: int, seed: int, difficulty: float = DEFAULT_DIFFICUL
     for i, (shown, parts) in enumerate(keys):
         listing = ", ".join(f"{t}({', '.join(TOOLS[t][1])})" for t in shown)
         request = " ".join(phrases[tool][t].format(v=text) for tool, t, text, _ in parts)
-        calls = [{"Action": tool, "Action_Input": {next(iter(TOOLS[tool][1])): json.loads(v)}}
-                 for tool, _, _, v in parts]
+        calls = [
+            {"Action": tool, "Action_Input": {next(iter(TOOLS[tool][1])): json.loads(v)}} for tool, _, _, v in parts
+        ]
         prompt = f"Tools: {listing}\n{request} {INSTRUCTION}"
-        solution = "\n".join(
-            f"Action: {c['Action']}\nAction Input: {json.dumps(c['Action_Input'])}" for c in calls
+        solution = "\n".join(f"Action: {c['Action']}\nAction Input: {json.dumps(c['Action_Input'])}" for c in calls)
+        out.append(
+            make_record("tooluse", split, seed, i, prompt, solution, tools=[tool_doc(t) for t in shown], answer=calls)
         )
-        out.append(make_record("tooluse", split, seed, i, prompt, solution,
-                               tools=[tool_doc(t) for t in shown], answer=calls))
     return out

@@ -1,4 +1,5 @@
 """The losses give the same numbers on a CUDA device as on the CPU (fp32 maths everywhere)."""
+
 import pytest
 import torch
 

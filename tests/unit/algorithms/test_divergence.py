@@ -1,5 +1,6 @@
 """The generalized-JSD specification (algorithms/divergence.py) against a textbook float64 oracle,
 and its pieces (tile sums, analytic logit gradient) against the whole and against autograd."""
+
 import pytest
 import torch
 

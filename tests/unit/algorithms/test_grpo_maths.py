@@ -1,4 +1,5 @@
 """GRPO advantages and clipped loss against plain references written here."""
+
 import statistics
 
 import pytest
@@ -94,8 +95,18 @@ def test_policy_loss_and_grad_match_reference(dtype, tol, per_token_adv):
     norm = mask.sum()
     kw = dict(clip_low=0.2, clip_high=0.28)
     a = lp.clone().requires_grad_(True)
-    loss, metrics = policy_loss(a, old, adv, mask, normalizer=norm, ref_logprobs=ref_lp, kl_coef=0.3,
-                                rollout_logprobs=rollout, tis_cap=1.5, **kw)
+    loss, metrics = policy_loss(
+        a,
+        old,
+        adv,
+        mask,
+        normalizer=norm,
+        ref_logprobs=ref_lp,
+        kl_coef=0.3,
+        rollout_logprobs=rollout,
+        tis_cap=1.5,
+        **kw,
+    )
     (loss * 1.7).backward()
     b = lp.double().clone().requires_grad_(True)
     ref = _ref_policy_loss(b, old, adv, mask, norm.double(), 0.2, 0.28, ref_lp, 0.3, rollout, 1.5)

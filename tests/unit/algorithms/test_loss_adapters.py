@@ -1,4 +1,5 @@
 """LossFn adapters: declared requirements, tensor plumbing and micro-batch invariance."""
+
 import pytest
 import torch
 
@@ -48,8 +49,13 @@ def _outputs(model, teacher, hidden, teacher_hidden, ids, requires):
     logits, logprobs = model(hidden, ids)
     with torch.no_grad():
         t_logits, t_logprobs = teacher(teacher_hidden, ids)
-    available = {"logits": logits, "logprobs": logprobs, "teacher_logits": t_logits,
-                 "teacher_logprobs": t_logprobs, "ref_logprobs": t_logprobs - 0.1}
+    available = {
+        "logits": logits,
+        "logprobs": logprobs,
+        "teacher_logits": t_logits,
+        "teacher_logprobs": t_logprobs,
+        "ref_logprobs": t_logprobs - 0.1,
+    }
     # What a vocab-sharded backend hands over: the student's top-K ids' log-probabilities.
     ids_k = logits.detach().topk(K, dim=-1).indices
     available["topk_logprobs"] = torch.log_softmax(logits, -1).gather(-1, ids_k)
@@ -122,14 +128,25 @@ def test_adapters_compute_exactly_the_pure_functions():
     n = grpo.global_normalizer(tensors)
     assert n.dtype == torch.float32 and n.item() == tensors["loss_mask"].sum().item()
     got, _ = grpo(outs, tensors, n)
-    want, _ = policy_loss(outs["logprobs"], tensors["old_logprobs"], tensors["advantages"], tensors["loss_mask"],
-                          normalizer=n, clip_low=0.1, clip_high=0.3, rollout_logprobs=tensors["rollout_logprobs"], tis_cap=1.5)
+    want, _ = policy_loss(
+        outs["logprobs"],
+        tensors["old_logprobs"],
+        tensors["advantages"],
+        tensors["loss_mask"],
+        normalizer=n,
+        clip_low=0.1,
+        clip_high=0.3,
+        rollout_logprobs=tensors["rollout_logprobs"],
+        tis_cap=1.5,
+    )
     torch.testing.assert_close(got, want)
     sdpo = SDPOLoss(alpha=0.0, topk=None, is_clip=2.0, mask_key="distill_mask")
     n = sdpo.global_normalizer(tensors)
     got, metrics = sdpo(outs, tensors, n)
     w = importance_weights(outs["logprobs"], tensors["rollout_logprobs"], clip=2.0)
-    want, _ = token_distillation_loss(outs["logits"], outs["teacher_logits"], tensors["distill_mask"], alpha=0.0, is_weights=w, normalizer=n)
+    want, _ = token_distillation_loss(
+        outs["logits"], outs["teacher_logits"], tensors["distill_mask"], alpha=0.0, is_weights=w, normalizer=n
+    )
     torch.testing.assert_close(got, want)
     assert "sdpo/is_weight_mean" in metrics
     hybrid = HybridLoss(sdpo, grpo, lam=0.3)

@@ -1,4 +1,5 @@
 """Several optimizer steps per rollout batch: splitting, old log-probs, metrics."""
+
 import pytest
 import torch
 
@@ -18,7 +19,9 @@ def _batch(groups: int = 4, n: int = 4, vocab: int = 300, seed: int = 0) -> Sequ
         p = torch.randint(3, vocab, (int(torch.randint(2, 7, (1,), generator=g)),), generator=g).tolist()
         for _ in range(n):
             prompts.append(p)
-            responses.append(torch.randint(3, vocab, (int(torch.randint(2, 8, (1,), generator=g)),), generator=g).tolist())
+            responses.append(
+                torch.randint(3, vocab, (int(torch.randint(2, 8, (1,), generator=g)),), generator=g).tolist()
+            )
     b = SequenceBatch(prompts, responses)
     b.tensors["loss_mask"] = b.response_mask()
     b.tensors["advantages"] = torch.randn(len(b), generator=g)
@@ -42,7 +45,12 @@ def test_combine_step_metrics():
         {"loss": 3.0, "grpo/ratio_max": 1.5, "grpo/ratio_min": 0.7, "skipped": 1.0, "samples": 4.0, "lr": 2.0},
     ]
     assert combine_step_metrics(steps) == {
-        "loss": 2.0, "grpo/ratio_max": 1.5, "grpo/ratio_min": 0.7, "skipped": 1.0, "samples": 8.0, "lr": 2.0,
+        "loss": 2.0,
+        "grpo/ratio_max": 1.5,
+        "grpo/ratio_min": 0.7,
+        "skipped": 1.0,
+        "samples": 8.0,
+        "lr": 2.0,
         "optimizer_steps": 2.0,
     }
 

@@ -1,6 +1,7 @@
 """The paper code's options ported here, against their formulas: random token masking of the
 distillation loss (`mask_ratio`), the teacher initialisation blend (`teacher_init_alpha`), the
 schedules of an initialised and of a trust-region teacher, and their config checks."""
+
 import math
 
 import pytest
@@ -57,7 +58,9 @@ def test_init_blend_is_alpha_checkpoint_plus_one_minus_alpha_student(alpha):
     assert (blend.policy, blend.teacher, blend.reference) == (1.0 - alpha, alpha, 0.0)
     blend_(teacher, {"policy": student}, blend)
     for t, c, s in zip(teacher, ckpt, student, strict=True):
-        torch.testing.assert_close(t, alpha * c + (1.0 - alpha) * s, rtol=0, atol=4 * torch.finfo(torch.float32).eps * 8)
+        torch.testing.assert_close(
+            t, alpha * c + (1.0 - alpha) * s, rtol=0, atol=4 * torch.finfo(torch.float32).eps * 8
+        )
     assert TeacherBlend.init(1.0).is_identity
 
 
@@ -77,18 +80,23 @@ def test_trust_region_weights_behave_as_frozen():
 
 
 def test_teacher_options_are_checked_with_the_config():
-    cfg = load_config("tiny_sdpo", ["teacher.mode=trust_region", "teacher.init_path=some/dir", "teacher.init_alpha=0.5"])
+    cfg = load_config(
+        "tiny_sdpo", ["teacher.mode=trust_region", "teacher.init_path=some/dir", "teacher.init_alpha=0.5"]
+    )
     assert (cfg.teacher.mode, cfg.teacher.init_path, cfg.teacher.init_alpha) == ("trust_region", "some/dir", 0.5)
     with pytest.raises(ConfigError, match="init_alpha must be in"):
         load_config("tiny_sdpo", ["teacher.init_alpha=1.5"])
     with pytest.raises(ConfigError, match="kernel.fused_kl=false"):
         load_config("tiny_sdpo", ["teacher.mode=trust_region", "kernel.fused_kl=true"])
 
+
 def test_the_trust_region_mix_has_its_own_key_and_the_old_spelling_is_one_line():
     cfg = load_config("tiny_sdpo", ["teacher.mode=trust_region", "teacher.trust_region_mix=0.2"])
     assert (cfg.teacher.trust_region_mix, cfg.teacher.ema_rate) == (0.2, 0.05)
-    for overrides, where in ((["teacher.ema_rate=0.2"], "teacher.ema_rate=0.2"),
-                             (["stages.3.teacher.ema_rate=0.01"], "stages.3.teacher.ema_rate")):
+    for overrides, where in (
+        (["teacher.ema_rate=0.2"], "teacher.ema_rate=0.2"),
+        (["stages.3.teacher.ema_rate=0.01"], "stages.3.teacher.ema_rate"),
+    ):
         with pytest.raises(ConfigError) as exc:
             load_config("tiny_sdpo", ["teacher.mode=trust_region", *overrides])
         msg = str(exc.value)
@@ -101,7 +109,9 @@ def test_the_trust_region_mix_has_its_own_key_and_the_old_spelling_is_one_line()
 
 @pytest.mark.parametrize("override", ["teacher.mode=trust_region", "teacher.init_path=some/dir"])
 def test_megatron_rejects_the_options_it_does_not_implement(override):
-    with pytest.raises(ConfigError, match=r"needs backend.name=hf \(the megatron backend does not implement it\)") as exc:
+    with pytest.raises(
+        ConfigError, match=r"needs backend.name=hf \(the megatron backend does not implement it\)"
+    ) as exc:
         load_config("qwen3_4b_frozen", [override])
     assert "\n" not in str(exc.value)
     # Random token masking is a mask in the batch: both backends read it.

@@ -1,6 +1,7 @@
 """The two safeguards of SDPO's distillation against hand-computed cases: the contrast gate's
 weights at, below and above s0 (and the binary gate), the agreement mask on mixed-sign tokens
 and on a zero-advantage group; and the trainer applying both to the distillation mask."""
+
 import math
 
 import pytest
@@ -14,8 +15,12 @@ def test_contrast_gate_by_hand():
     # Group 1: rewards 1, 0, 0, 0: mean 1/4, unbiased variance (9/16 + 3/16) / 3 = 1/4, std 1/2.
     # Group 2: all equal: no contrast. Group 3: 0.5, 0.5, 1, 0: variance (0.25 + 0.25) / 3, std sqrt(1/6).
     r = torch.tensor([1.0, 0, 0, 0, 0.3, 0.3, 0.3, 0.3, 0.5, 0.5, 1.0, 0.0])
-    for s0, g1, g3 in ((1.0, 0.5, math.sqrt(1 / 6)), (0.5, 1.0, math.sqrt(1 / 6) / 0.5), (0.25, 1.0, 1.0),
-                       (0.0, 1.0, 1.0)):
+    for s0, g1, g3 in (
+        (1.0, 0.5, math.sqrt(1 / 6)),
+        (0.5, 1.0, math.sqrt(1 / 6) / 0.5),
+        (0.25, 1.0, 1.0),
+        (0.0, 1.0, 1.0),
+    ):
         w = contrast_weights(r, group_size=4, s0=s0)
         want = torch.tensor([g1] * 4 + [0.0] * 4 + [g3] * 4)
         torch.testing.assert_close(w, want, rtol=1e-6, atol=0)
@@ -77,8 +82,9 @@ def test_the_trainer_applies_both_to_the_distillation_mask():
         b = SequenceBatch([[1, 2]] * 4, [[5, 6]] * 4)
         b.tensors["loss_mask"] = b.response_mask()
         b.tensors["rollout_logprobs"] = torch.full((4, 2), -1.0)
-        has, metrics = trainer._attach_teacher(b, [{"prompt": "Compute 2+2."}] * 4, ["4", "5", "4", "4"], rewards,
-                                               results, 0, domain="math")
+        has, metrics = trainer._attach_teacher(
+            b, [{"prompt": "Compute 2+2."}] * 4, ["4", "5", "4", "4"], rewards, results, 0, domain="math"
+        )
         attach.batch = b
         return has, b.tensors[trainer.algorithm.distill_mask_key], metrics
 

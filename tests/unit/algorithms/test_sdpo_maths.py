@@ -1,4 +1,5 @@
 """SDPO distillation losses against float64 probability-space references written here."""
+
 import math
 
 import pytest
@@ -205,14 +206,19 @@ def test_micro_batches_sum_to_the_global_loss_and_gradient(topk):
     parts = s.clone().requires_grad_(True)
     total = 0
     for idx in ([0], [1, 2]):
-        part, _ = token_distillation_loss(parts[idx], t[idx], mask[idx], alpha=0.5, topk=topk, is_weights=w[idx], normalizer=n)
+        part, _ = token_distillation_loss(
+            parts[idx], t[idx], mask[idx], alpha=0.5, topk=topk, is_weights=w[idx], normalizer=n
+        )
         total = total + part
     (total * 2.3).backward()
     torch.testing.assert_close(total, loss)
     torch.testing.assert_close(parts.grad, full.grad)
     # the default normalizer is the local token count, so halves alone are *means* of their own
     local, _ = token_distillation_loss(s[[0]], t[[0]], mask[[0]], alpha=0.5, topk=topk, is_weights=w[[0]])
-    torch.testing.assert_close(local * mask[[0]].sum() / n, token_distillation_loss(s[[0]], t[[0]], mask[[0]], alpha=0.5, topk=topk, is_weights=w[[0]], normalizer=n)[0])
+    torch.testing.assert_close(
+        local * mask[[0]].sum() / n,
+        token_distillation_loss(s[[0]], t[[0]], mask[[0]], alpha=0.5, topk=topk, is_weights=w[[0]], normalizer=n)[0],
+    )
 
 
 def test_metrics_entropies_and_empty_mask():

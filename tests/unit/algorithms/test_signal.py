@@ -1,4 +1,5 @@
 """Which rows carry signal, what the backend trains instead of a mini-batch, and the metrics."""
+
 import pytest
 import torch
 
@@ -97,7 +98,13 @@ def test_preset_normalizer_keeps_loss_shares_and_rescales_token_means():
 
         def __call__(self, outputs, tensors, normalizer):
             one = torch.tensor(1.0)
-            return one, {"grpo/pg_loss": one, "grpo/ratio_mean": one, "grpo/ratio_max": one, "sdpo/student_entropy": one, "refit/x": one}
+            return one, {
+                "grpo/pg_loss": one,
+                "grpo/ratio_mean": one,
+                "grpo/ratio_max": one,
+                "sdpo/student_entropy": one,
+                "refit/x": one,
+            }
 
     wrapped.inner = Fixed()
     _, m = wrapped({}, {}, sel.normalizer)

@@ -1,4 +1,5 @@
 """Teacher re-prompt: message format, sibling choice, feedback, thinking and truncation."""
+
 import random
 
 import pytest
@@ -25,7 +26,10 @@ def test_default_message_is_exactly_the_team_format():
         "Now answer the question correctly."
     )
     assert build_teacher_message(P, None, None) == P + "\n\nNow answer the question correctly."
-    assert build_teacher_message(P, "", "fb") == P + "\n\nFeedback on an earlier attempt:\nfb\n\nNow answer the question correctly."
+    assert (
+        build_teacher_message(P, "", "fb")
+        == P + "\n\nFeedback on an earlier attempt:\nfb\n\nNow answer the question correctly."
+    )
 
 
 def test_strip_thinking_variants():
@@ -154,26 +158,44 @@ REF_SOLUTION = "\nCorrect solution:\n\n{successful_previous_attempt}"
 REF_FEEDBACK = "\nThe following is feedback from your unsuccessful earlier attempt:\n\n{feedback_raw}"
 
 
-@pytest.mark.parametrize("preset", ["qwen3_4b", "qwen3_4b_frozen", "qwen3_4b_stable", "olmo3_7b", "olmo3_7b_frozen_mathfb"])
+@pytest.mark.parametrize(
+    "preset", ["qwen3_4b", "qwen3_4b_frozen", "qwen3_4b_stable", "olmo3_7b", "olmo3_7b_frozen_mathfb"]
+)
 def test_paper_presets_carry_the_reference_reprompt_strings(preset):
     from megatron_sdpo.config import load_config
 
     ctx = load_config(preset).algorithm.sdpo.context
-    assert (ctx.reprompt_template, ctx.solution_template, ctx.feedback_template) == (REF_REPROMPT, REF_SOLUTION, REF_FEEDBACK)
-    assert (ctx.truncation, ctx.max_context_tokens, ctx.max_solution_chars, ctx.max_feedback_chars) == ("right", 10240, None, None)
+    assert (ctx.reprompt_template, ctx.solution_template, ctx.feedback_template) == (
+        REF_REPROMPT,
+        REF_SOLUTION,
+        REF_FEEDBACK,
+    )
+    assert (ctx.truncation, ctx.max_context_tokens, ctx.max_solution_chars, ctx.max_feedback_chars) == (
+        "right",
+        10240,
+        None,
+        None,
+    )
 
 
 def _paper(**kw) -> ContextTemplates:
     return ContextTemplates(
-        solution_template=REF_SOLUTION, feedback_template=REF_FEEDBACK, reprompt_template=REF_REPROMPT,
-        max_solution_chars=None, max_feedback_chars=None, **kw,
+        solution_template=REF_SOLUTION,
+        feedback_template=REF_FEEDBACK,
+        reprompt_template=REF_REPROMPT,
+        max_solution_chars=None,
+        max_feedback_chars=None,
+        **kw,
     )
 
 
 def test_reference_templates_build_the_reference_message():
     t = _paper()
     # The reference's _build_teacher_message: reprompt_template.format(prompt, solution block, feedback block).
-    assert build_teacher_message("Q?", "A=5", None, t) == "Q?\nCorrect solution:\n\nA=5\n\nCorrectly solve the original question."
+    assert (
+        build_teacher_message("Q?", "A=5", None, t)
+        == "Q?\nCorrect solution:\n\nA=5\n\nCorrectly solve the original question."
+    )
     assert build_teacher_message("Q?", None, "bad box", t) == (
         "Q?\nThe following is feedback from your unsuccessful earlier attempt:\n\nbad box"
         "\n\nCorrectly solve the original question."
@@ -188,8 +210,12 @@ def test_reference_templates_build_the_reference_message():
 
 def test_reference_templates_through_the_batch_builder():
     contexts = build_teacher_contexts(
-        ["P"] * 3, ["<think>w</think>right", "wrong", "wrong"], [1.0, 0.0, 0.0], [None, "fb1", "fb2"],
-        group_size=3, templates=_paper(),
+        ["P"] * 3,
+        ["<think>w</think>right", "wrong", "wrong"],
+        [1.0, 0.0, 0.0],
+        [None, "fb1", "fb2"],
+        group_size=3,
+        templates=_paper(),
     )
     sol = "P\nCorrect solution:\n\nright\n\nCorrectly solve the original question."
     # Sample 0 has no sibling success and no feedback (it succeeded): no context; the others quote it.
@@ -203,7 +229,10 @@ def test_the_tiny_presets_keep_their_reprompt():
     ctx = load_config("tiny_sdpo").algorithm.sdpo.context
     assert (ctx.reprompt_template, ctx.truncation) == (None, "left")
     t = templates_for(ctx, "math")
-    assert build_teacher_message("Q?", "A=5", None, t) == "Q?\n\nHere is a correct solution:\nA=5\n\nNow answer the question correctly."
+    assert (
+        build_teacher_message("Q?", "A=5", None, t)
+        == "Q?\n\nHere is a correct solution:\nA=5\n\nNow answer the question correctly."
+    )
 
 
 def test_reprompt_template_needs_its_fields():

@@ -1,4 +1,5 @@
 """The teacher schedules: which blend (interfaces/blend.py) to apply at stage starts and steps."""
+
 import pytest
 
 from megatron_sdpo.algorithms.teacher import TeacherController

@@ -1,5 +1,6 @@
 """Atomic checkpoint directories: a write that fails leaves nothing behind, and a full disk is
 named as such (one line) instead of torch.save's 'unexpected pos' traceback."""
+
 import errno
 import shutil
 from collections import namedtuple

@@ -1,4 +1,5 @@
 """The helpers both backends share (backends/common.py)."""
+
 from types import SimpleNamespace
 
 import pytest
@@ -46,10 +47,18 @@ def test_checked_batch_adds_the_mask_and_rejects_empty_responses():
 
 def test_metric_sums_combine_by_name_and_reduce_locally():
     sums = MetricSums()
-    sums.add_all(torch.tensor(0.5), {"g/x": torch.tensor(1.0), "g/r_max": torch.tensor(2.0), "g/r_min": torch.tensor(2.0)})
-    sums.add_all(torch.tensor(0.25), {"g/x": torch.tensor(3.0), "g/r_max": torch.tensor(-1.0), "g/r_min": torch.tensor(-1.0)})
+    sums.add_all(
+        torch.tensor(0.5), {"g/x": torch.tensor(1.0), "g/r_max": torch.tensor(2.0), "g/r_min": torch.tensor(2.0)}
+    )
+    sums.add_all(
+        torch.tensor(0.25), {"g/x": torch.tensor(3.0), "g/r_max": torch.tensor(-1.0), "g/r_min": torch.tensor(-1.0)}
+    )
     out = reduce_metrics(sums, sorted(sums.values))
     assert out == {"g/x": 4.0, "loss": 0.75, "g/r_max": 2.0, "g/r_min": -1.0}
     assert all(v.dtype == torch.float32 for v in sums.values.values())
     # A rank without shares contributes each reduction's identity.
-    assert reduce_metrics(None, ["loss", "a_max", "a_min"], "cpu") == {"loss": 0.0, "a_max": float("-inf"), "a_min": float("inf")}
+    assert reduce_metrics(None, ["loss", "a_max", "a_min"], "cpu") == {
+        "loss": 0.0,
+        "a_max": float("-inf"),
+        "a_min": float("inf"),
+    }

@@ -1,4 +1,5 @@
 """The fused-kernel SDPO path of the HF backend equals the logits path (same loss, grads, step)."""
+
 import pytest
 import torch
 
@@ -16,7 +17,9 @@ def batch_with_teacher(seed: int, B: int = 5, vocab: int = 300) -> SequenceBatch
     prompts = [torch.randint(3, vocab, (int(n),), generator=g).tolist() for n in torch.randint(2, 8, (B,), generator=g)]
     r_len = torch.randint(1, 7, (B,), generator=g).tolist()
     responses = [torch.randint(3, vocab, (n,), generator=g).tolist() for n in r_len]
-    teacher = [None if i == 1 else p + torch.randint(3, vocab, (5,), generator=g).tolist() for i, p in enumerate(prompts)]
+    teacher = [
+        None if i == 1 else p + torch.randint(3, vocab, (5,), generator=g).tolist() for i, p in enumerate(prompts)
+    ]
     T = max(r_len)
     mask = torch.zeros(B, T)
     for i, n in enumerate(r_len):
@@ -25,7 +28,9 @@ def batch_with_teacher(seed: int, B: int = 5, vocab: int = 300) -> SequenceBatch
     return SequenceBatch(prompts, responses, teacher, {"loss_mask": mask, "rollout_logprobs": rollout})
 
 
-@pytest.mark.parametrize("alpha, is_clip, temperature", [(0.5, None, 1.0), (1.0, 2.0, 1.0), (0.0, None, 1.0), (0.5, 2.0, 0.7)])
+@pytest.mark.parametrize(
+    "alpha, is_clip, temperature", [(0.5, None, 1.0), (1.0, 2.0, 1.0), (0.0, None, 1.0), (0.5, 2.0, 0.7)]
+)
 def test_fused_path_matches_logits_path(tmp_path, alpha, is_clip, temperature):
     """Also at a rollout temperature: the kernel divides by it (times the loss's own) where the
     logits path divides the logits. Both paths evaluate the same fp32 function in a different
@@ -110,7 +115,11 @@ def test_rollout_temperature_divides_every_models_logits(tmp_path):
         # |logit / T| (log-probs near 27 once erred by 1.006e-5 against a fixed 1e-5).
         return 16 * torch.finfo(torch.float32).eps * (float(logits.abs().amax()) / 0.6 + 1.0)
 
-    for logits, key in ((want["logits"], "logprobs"), (want["teacher_logits"], "teacher_logprobs"), (want["logits"], "ref_logprobs")):
+    for logits, key in (
+        (want["logits"], "logprobs"),
+        (want["teacher_logits"], "teacher_logprobs"),
+        (want["logits"], "ref_logprobs"),
+    ):
         ref = F.log_softmax(logits.double() / 0.6, -1).gather(-1, targets[..., None])[..., 0]
         torch.testing.assert_close(got[key].double() * mask, ref * mask, atol=fp32_bound(logits), rtol=0)
     logp = F.log_softmax(want["logits"].double() / 0.6, -1)

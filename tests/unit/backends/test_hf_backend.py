@@ -3,6 +3,7 @@
 References are plain torch written here: each sample is run unpadded through a separately
 loaded copy of the model, and the optimizer step is redone with torch.optim.AdamW.
 """
+
 import shutil
 
 import pytest
@@ -32,8 +33,7 @@ def make_batch(seed: int, B: int = 7, vocab: int = 300, with_teacher: bool = Fal
     teacher = None
     if with_teacher:
         teacher = [
-            None if i % 3 == 0 else torch.randint(3, vocab, (n + 4,), generator=g).tolist()
-            for i, n in enumerate(p_len)
+            None if i % 3 == 0 else torch.randint(3, vocab, (n + 4,), generator=g).tolist() for i, n in enumerate(p_len)
         ]
     tensors = {"loss_mask": mask, "advantages": torch.randn(B, generator=g)}
     return SequenceBatch(prompts, responses, teacher, tensors)
@@ -181,7 +181,10 @@ def test_checkpoint_round_trip_restores_next_step_exactly(model_dir, tmp_path):
     c = HFBackend(model_dir, lr=1e-3, micro_batch_size=4)
     c.load(str(ckpt), weights_only=True)
     assert c.step == 0 and not c.optimizer.state
-    pc, pa0 = params_of(c), {k: v for k, v in AutoModelForCausalLM.from_pretrained(str(ckpt / "policy")).state_dict().items()}
+    pc, pa0 = (
+        params_of(c),
+        {k: v for k, v in AutoModelForCausalLM.from_pretrained(str(ckpt / "policy")).state_dict().items()},
+    )
     assert all(torch.equal(pc[k], pa0[k]) for k in pc)
 
     # Overwriting an existing checkpoint works and stays complete.

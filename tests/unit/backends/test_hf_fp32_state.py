@@ -4,6 +4,7 @@ At lr 1e-5 an Adam step (~lr per weight) is far below half a bf16 ULP of a typic
 an EMA step of rate 0.05 towards a student that differs by a few ULPs is too: bf16-only state
 does not move. The fp32 state must, and the bf16 teacher must be the one rounding of it.
 """
+
 import pytest
 import torch
 
@@ -24,7 +25,9 @@ BF16_REL = 2.0**-8
 def make_batch(seed: int, B: int = 6, vocab: int = 300) -> SequenceBatch:
     g = torch.Generator().manual_seed(seed)
     prompts = [torch.randint(3, vocab, (int(n),), generator=g).tolist() for n in torch.randint(1, 9, (B,), generator=g)]
-    responses = [torch.randint(3, vocab, (int(n),), generator=g).tolist() for n in torch.randint(1, 7, (B,), generator=g)]
+    responses = [
+        torch.randint(3, vocab, (int(n),), generator=g).tolist() for n in torch.randint(1, 7, (B,), generator=g)
+    ]
     mask = torch.zeros(B, max(len(r) for r in responses))
     for i, r in enumerate(responses):
         mask[i, : len(r)] = 1.0
@@ -108,5 +111,7 @@ def test_base_action_loads_the_base_model_into_the_teacher_and_its_shadow(model_
     backend.blend_teacher(TeacherBlend.copy())
     assert any(not torch.equal(a, t) for a, (_, t) in zip(base, backend.export_weights(model="teacher"), strict=True))
     backend.blend_teacher(TeacherBlend.base())
-    for a, (_, t), s in zip(base, backend.export_weights(model="teacher"), backend.fp32_weights("teacher"), strict=True):
+    for a, (_, t), s in zip(
+        base, backend.export_weights(model="teacher"), backend.fp32_weights("teacher"), strict=True
+    ):
         assert torch.equal(a, t) and torch.equal(s, a.float())

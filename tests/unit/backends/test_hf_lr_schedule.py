@@ -1,5 +1,6 @@
 """The HF backend steps the LR schedule (interfaces/schedule.py) per optimizer step and restarts it
 at every stage."""
+
 import pytest
 from test_hf_backend import make_batch
 

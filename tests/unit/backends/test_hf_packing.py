@@ -15,6 +15,7 @@ gradients to twice it, norm-wise per parameter tensor. The weights after one Ada
 compared elementwise with the checker in tests/conftest.py, which derives its own bound from the
 gradient differences.
 """
+
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
@@ -50,7 +51,9 @@ def odd_batch(seed: int, B: int = 7, vocab: int = 300) -> SequenceBatch:
         r_len[2] = 0
     prompts = [torch.randint(3, vocab, (n,), generator=g).tolist() for n in p_len]
     responses = [torch.randint(3, vocab, (n,), generator=g).tolist() for n in r_len]
-    teacher = [None if i % 3 == 1 else p + torch.randint(3, vocab, (5,), generator=g).tolist() for i, p in enumerate(prompts)]
+    teacher = [
+        None if i % 3 == 1 else p + torch.randint(3, vocab, (5,), generator=g).tolist() for i, p in enumerate(prompts)
+    ]
     T = max(r_len)
     has = torch.tensor([0.0 if t is None else 1.0 for t in teacher])
     mask = torch.zeros(B, T)
@@ -69,7 +72,9 @@ def grouped_batch(seed: int, groups: int = 3, G: int = 3, vocab: int = 300) -> S
     teacher prompts: none, one context shared by a group's samples, or one per sample."""
     g = torch.Generator().manual_seed(seed)
     base = odd_batch(seed, B=groups * G, vocab=vocab)
-    prompts = [torch.randint(3, vocab, (int(n),), generator=g).tolist() for n in torch.randint(2, 12, (groups,), generator=g)]
+    prompts = [
+        torch.randint(3, vocab, (int(n),), generator=g).tolist() for n in torch.randint(2, 12, (groups,), generator=g)
+    ]
     student = [prompts[i // G] for i in range(groups * G)]
     shared_ctx = [p + torch.randint(3, vocab, (4,), generator=g).tolist() for p in prompts]
     teacher = []
@@ -87,7 +92,12 @@ def backend(model_dir, packing: bool | str, row_tokens: int = 0, mbs: int = 3) -
     """`packing`: a bool (shared prompts with it) or a LAYOUTS name."""
     pack, share = LAYOUTS[packing] if isinstance(packing, str) else (packing, None)
     be = HFBackend(
-        model_dir, lr=1e-3, micro_batch_size=mbs, with_reference=True, packing=pack, pack_row_tokens=row_tokens,
+        model_dir,
+        lr=1e-3,
+        micro_batch_size=mbs,
+        with_reference=True,
+        packing=pack,
+        pack_row_tokens=row_tokens,
         share_prompts=share,
     )
     with torch.no_grad():  # a teacher and a reference that differ from the student
@@ -97,8 +107,16 @@ def backend(model_dir, packing: bool | str, row_tokens: int = 0, mbs: int = 3) -
     return be
 
 
-@pytest.mark.parametrize("layout, row_tokens, attn", [("packed", 0, "sdpa"), ("packed", 9, "sdpa"),
-                                                     ("shared", 0, "sdpa"), ("shared", 9, "sdpa"), ("shared", 9, "eager")])
+@pytest.mark.parametrize(
+    "layout, row_tokens, attn",
+    [
+        ("packed", 0, "sdpa"),
+        ("packed", 9, "sdpa"),
+        ("shared", 0, "sdpa"),
+        ("shared", 9, "sdpa"),
+        ("shared", 9, "eager"),
+    ],
+)
 def test_packed_logprobs_equal_each_sample_run_alone(model_dir, layout, row_tokens, attn):
     batch = odd_batch(0) if layout == "packed" else grouped_batch(0)
     be = backend(model_dir, layout, row_tokens, mbs=5)
@@ -129,7 +147,9 @@ def olmo_dir(tmp_path_factory):
     return save_tiny_olmo3(tmp_path_factory.mktemp("olmo3"), seed=5, sliding_window=OLMO_WINDOW)
 
 
-@pytest.mark.parametrize("layout, attn", [("padded", "sdpa"), ("packed", "sdpa"), ("shared", "sdpa"), ("shared", "eager")])
+@pytest.mark.parametrize(
+    "layout, attn", [("padded", "sdpa"), ("packed", "sdpa"), ("shared", "sdpa"), ("shared", "eager")]
+)
 def test_sliding_window_layers_keep_their_window_in_every_layout(olmo_dir, layout, attn):
     """The shared layout hands transformers a prepared mask, which it applies as given to every
     layer: the sliding layers' window must be in it (hf_logits.layer_masks)."""
@@ -140,8 +160,10 @@ def test_sliding_window_layers_keep_their_window_in_every_layout(olmo_dir, layou
     _assert_each_sample_alone(be.logprobs(batch), batch, olmo_dir, REL_OLMO)
 
 
-@pytest.mark.parametrize("layout, row_tokens, mbs", [("packed", 0, 3), ("packed", 9, 7), ("packed", 0, 1),
-                                                     ("shared", 0, 9), ("shared", 9, 4), ("shared", 0, 1)])
+@pytest.mark.parametrize(
+    "layout, row_tokens, mbs",
+    [("packed", 0, 3), ("packed", 9, 7), ("packed", 0, 1), ("shared", 0, 9), ("shared", 9, 4), ("shared", 0, 1)],
+)
 def test_packed_outputs_equal_padded(model_dir, layout, row_tokens, mbs):
     batch = odd_batch(1) if layout == "packed" else grouped_batch(1)
     requires = {"logits", "logprobs", "entropy", "teacher_logits", "teacher_logprobs", "ref_logprobs"}
@@ -165,7 +187,10 @@ def test_logprobs_on_the_response_tokens_only_equal_those_of_the_full_logits(mod
     T, mask = batch.max_response_len, batch.response_mask()
     weights = torch.randn(mask.shape, generator=torch.Generator().manual_seed(1)) * mask
     runs = []
-    for requires in ({"logprobs", "teacher_logprobs", "ref_logprobs"}, {"logprobs", "teacher_logprobs", "ref_logprobs", "logits", "teacher_logits"}):
+    for requires in (
+        {"logprobs", "teacher_logprobs", "ref_logprobs"},
+        {"logprobs", "teacher_logprobs", "ref_logprobs", "logits", "teacher_logits"},
+    ):
         be.policy.zero_grad(set_to_none=True)
         out = be._outputs(batch, T, frozenset(requires), be._head)
         (out["logprobs"] * weights).sum().backward()
@@ -187,7 +212,9 @@ LOSSES = {
 
 
 @pytest.mark.parametrize("loss", sorted(LOSSES))
-@pytest.mark.parametrize("layout, row_tokens, mbs", [("packed", 0, 3), ("packed", 9, 7), ("shared", 0, 9), ("shared", 12, 6)])
+@pytest.mark.parametrize(
+    "layout, row_tokens, mbs", [("packed", 0, 3), ("packed", 9, 7), ("shared", 0, 9), ("shared", 12, 6)]
+)
 def test_packed_step_equals_padded_step(model_dir, loss, layout, row_tokens, mbs, assert_adam_first_step_close):
     batch = odd_batch(2) if layout == "packed" else grouped_batch(2)
     with torch.no_grad():

@@ -2,6 +2,7 @@
 with separately loaded models: teacher initialisation (teacher <- alpha * checkpoint + (1 -
 alpha) * student, SDPO-CL `teacher_init_alpha`) and the trust-region teacher (teacher logits =
 lerp(teacher, student, mix) on the teacher's input, lasgroup `TrustRegionTeacher`)."""
+
 import pytest
 import torch
 from transformers import AutoModelForCausalLM

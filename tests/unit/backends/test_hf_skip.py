@@ -14,6 +14,7 @@ weight (tests/conftest.py). Their losses and grad norms are held to 1e-4 (the me
 later-step tolerance) and their gradients to 1e-3 of the scale (measured up to 1.2e-4 here at
 lr 1e-3). A wrong normalizer or a skipped row with signal is off by tens of percent.
 """
+
 import pytest
 import torch
 from skip_cases import skip_batch, skip_loss
@@ -47,7 +48,9 @@ def run(model_dir, kind: str, skip: bool, **layout):
         return steps[-1]
 
     be.optimizer.step, be.train_step = step, train
-    combined = [minibatch_update(be, skip_batch(w), skip_loss(kind), mini_batches=2, group_size=4, skip=skip) for w in (0, 1)]
+    combined = [
+        minibatch_update(be, skip_batch(w), skip_loss(kind), mini_batches=2, group_size=4, skip=skip) for w in (0, 1)
+    ]
     moments = [(be.optimizer.state[p]["exp_avg"].clone(), be.optimizer.state[p]["exp_avg_sq"].clone()) for p in params]
     return list(zip(steps, grads, strict=True)), moments, be.step, combined
 
@@ -57,7 +60,9 @@ def _close(got: float, want: float, tol: float, what: str) -> None:
 
 
 @pytest.mark.parametrize("kind", ["grpo", "sdpo", "hybrid"])
-@pytest.mark.parametrize("layout", [dict(micro_batch_size=1, packing=False), dict(micro_batch_size=3)], ids=["padded-mbs1", "packed-mbs3"])
+@pytest.mark.parametrize(
+    "layout", [dict(micro_batch_size=1, packing=False), dict(micro_batch_size=3)], ids=["padded-mbs1", "packed-mbs3"]
+)
 def test_skipping_keeps_losses_gradients_and_optimizer_state(model_dir, kind, layout):
     off, off_moments, off_count, off_combined = run(model_dir, kind, False, **layout)
     on, on_moments, on_count, on_combined = run(model_dir, kind, True, **layout)

@@ -6,6 +6,7 @@ the first op that mixes it with CUDA tensors or a silent host round trip. The sc
 (AST), so it holds for code paths the CPU tests never reach. Tensors meant to live on the host
 carry a `# host: <why>` comment on the call's line(s).
 """
+
 from __future__ import annotations
 
 import ast
@@ -15,17 +16,37 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[3]
 # cpu.py is the CPU shim itself (it only ever runs on CPU machines).
-SCANNED = sorted(
-    p for p in (ROOT / "megatron_sdpo/backends/megatron").glob("*.py") if p.name != "cpu.py"
-) + [ROOT / "megatron_sdpo/weights/transport.py", ROOT / "megatron_sdpo/weights/convert.py"]
+SCANNED = sorted(p for p in (ROOT / "megatron_sdpo/backends/megatron").glob("*.py") if p.name != "cpu.py") + [
+    ROOT / "megatron_sdpo/weights/transport.py",
+    ROOT / "megatron_sdpo/weights/convert.py",
+]
 
 # Functions that allocate a new tensor and default to the CPU. `*_like`, `Tensor.new_*` and
 # ops on existing tensors inherit their input's device and are fine.
-FACTORIES = frozenset({
-    "tensor", "as_tensor", "zeros", "ones", "empty", "full", "arange", "range", "linspace", "logspace",
-    "eye", "rand", "randn", "randint", "randperm", "empty_strided", "tril_indices", "triu_indices",
-    "scalar_tensor", "from_numpy",
-})
+FACTORIES = frozenset(
+    {
+        "tensor",
+        "as_tensor",
+        "zeros",
+        "ones",
+        "empty",
+        "full",
+        "arange",
+        "range",
+        "linspace",
+        "logspace",
+        "eye",
+        "rand",
+        "randn",
+        "randint",
+        "randperm",
+        "empty_strided",
+        "tril_indices",
+        "triu_indices",
+        "scalar_tensor",
+        "from_numpy",
+    }
+)
 HOST_MARK = "# host:"
 
 

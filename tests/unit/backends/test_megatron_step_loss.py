@@ -1,4 +1,5 @@
 """The megatron step's logits at a temperature (vocab_parallel.tempered): no copy at 1.0."""
+
 import pytest
 import torch
 

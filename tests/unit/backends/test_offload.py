@@ -1,4 +1,5 @@
 """StateOffload: storages freed in place and restored byte for byte, views and identities kept."""
+
 import torch
 
 from megatron_sdpo.backends.offload import StateOffload

@@ -1,5 +1,6 @@
 """The fp32 teacher shadow's checkpoint pieces load under another data-parallel split: pieces
 saved by two DP ranks fill one rank that owns everything, and a missing piece is an error."""
+
 import pytest
 import torch
 

@@ -1,5 +1,6 @@
 """The packed layout: every token once, positions restarting per sample, rows bounded, and the
 index map pointing each response token at the column that predicts it."""
+
 import pytest
 import torch
 

@@ -1,4 +1,5 @@
 """The algorithm table: one row per accepted `algorithm.name`, and what code reads from it."""
+
 import dataclasses
 import typing
 

@@ -17,9 +17,7 @@ def test_every_preset_loads(preset):
 
 
 def test_presets_include_the_documented_ones():
-    assert {"tiny", "tiny_grpo", "tiny_sdpo", "tiny_stable_sdpo", "qwen3_4b", "olmo3_7b"} <= set(
-        list_presets()
-    )
+    assert {"tiny", "tiny_grpo", "tiny_sdpo", "tiny_stable_sdpo", "qwen3_4b", "olmo3_7b"} <= set(list_presets())
 
 
 def test_base_preset_equals_dataclass_defaults():
@@ -41,7 +39,9 @@ def test_a_section_given_by_name_keeps_its_other_keys(tmp_path):
     assert cfg.backend.micro_batch_size == load_config("tiny").backend.micro_batch_size
     f = tmp_path / "run.yaml"
     f.write_text("defaults: tiny\nbackend: megatron\n")
-    assert load_config(str(f)).backend == cfg.backend.__class__(**{**vars(load_config("tiny").backend), "name": "megatron"})
+    assert load_config(str(f)).backend == cfg.backend.__class__(
+        **{**vars(load_config("tiny").backend), "name": "megatron"}
+    )
 
 
 @pytest.mark.parametrize(
@@ -154,7 +154,15 @@ def test_megatron_tp_sdpo_needs_the_fused_kernel():
 
     loss = build_loss(cfg, topk_source=HFBackend.topk_source)
     assert loss.distillation.topk_source == "logits" and loss.requires == {"logits", "teacher_logits", "logprobs"}
-    assert load_config("qwen3_4b", ["backend.megatron.tensor_parallel=1", "backend.megatron.sequence_parallel=false", "algorithm.sdpo.topk=100", "kernel.fused_kl=false"])
+    assert load_config(
+        "qwen3_4b",
+        [
+            "backend.megatron.tensor_parallel=1",
+            "backend.megatron.sequence_parallel=false",
+            "algorithm.sdpo.topk=100",
+            "kernel.fused_kl=false",
+        ],
+    )
 
 
 def test_tempered_sampling_keeps_the_guard_and_top_p_turns_it_off():
@@ -198,22 +206,40 @@ def test_rollout_tensor_parallel_size_checks_the_launch(monkeypatch, tmp_path):
 
     monkeypatch.setenv("WORLD_SIZE", "1")
     with pytest.raises(ConfigError, match="needs rollout.engine=vllm"):
-        make_rollout(load_config("tiny", ["rollout.engine=hf", "rollout.tensor_parallel_size=2"]), "unused", None, str(tmp_path))
+        make_rollout(
+            load_config("tiny", ["rollout.engine=hf", "rollout.tensor_parallel_size=2"]), "unused", None, str(tmp_path)
+        )
     pytest.importorskip("vllm")
     with pytest.raises(ConfigError, match="tensor_parallel_size=2 needs a launch of at least 2 ranks"):
-        make_rollout(load_config("tiny", ["rollout.engine=vllm", "rollout.tensor_parallel_size=2"]), "unused", None, str(tmp_path))
+        make_rollout(
+            load_config("tiny", ["rollout.engine=vllm", "rollout.tensor_parallel_size=2"]),
+            "unused",
+            None,
+            str(tmp_path),
+        )
     monkeypatch.setenv("WORLD_SIZE", "4")
     monkeypatch.setenv("RANK", "0")
     with pytest.raises(ConfigError, match="tensor_parallel_size=3 must divide the number of ranks"):
-        make_rollout(load_config("tiny", ["rollout.engine=vllm", "rollout.tensor_parallel_size=3"]), "unused", None, str(tmp_path))
+        make_rollout(
+            load_config("tiny", ["rollout.engine=vllm", "rollout.tensor_parallel_size=3"]),
+            "unused",
+            None,
+            str(tmp_path),
+        )
+
+
 def test_stage_overrides_are_merged_into_the_stage_config_and_recorded(tmp_path):
     from megatron_sdpo.config import dump_yaml
     from megatron_sdpo.config.stages import stage_config
 
     cfg = load_config(
         "tiny_sdpo",
-        ["stages.3.algorithm.sdpo.context.use_feedback=false", "stages.3.teacher.ema_rate=0.01",
-         "stages.3.algorithm.sdpo.alpha=1.0", "stages.1.backend.lr=2e-5"],
+        [
+            "stages.3.algorithm.sdpo.context.use_feedback=false",
+            "stages.3.teacher.ema_rate=0.01",
+            "stages.3.algorithm.sdpo.alpha=1.0",
+            "stages.1.backend.lr=2e-5",
+        ],
     )
     code = stage_config(cfg, 3)
     assert not code.algorithm.sdpo.context.use_feedback and code.teacher.ema_rate == 0.01
@@ -266,7 +292,13 @@ def test_paper_presets_carry_the_paper_settings(name):
     assert (aime.source, aime.schema, aime.extra_files) == ("data/aime24.jsonl", "aime", ["data/aime25.jsonl"])
     grpo = load_config(name + "_grpo")
     g = grpo.algorithm.grpo
-    assert grpo.algorithm.name == "grpo" and (g.mini_batches, g.dual_clip, g.norm_by_std, g.tis_cap, g.kl_coef) == (4, 3.0, False, 2.0, 0.0)
+    assert grpo.algorithm.name == "grpo" and (g.mini_batches, g.dual_clip, g.norm_by_std, g.tis_cap, g.kl_coef) == (
+        4,
+        3.0,
+        False,
+        2.0,
+        0.0,
+    )
     assert (grpo.backend.weight_decay, grpo.backend.lr_schedule.warmup_steps) == (0.01, 40)  # 10 rollout steps
     assert grpo.domains == cfg.domains and grpo.backend.megatron == cfg.backend.megatron
 
@@ -275,7 +307,10 @@ def test_a_domain_set_to_null_is_dropped():
     cfg = load_config("smollm2_135m")
     assert list(cfg.domains) == ["math", "tooluse"] and [s.domain for s in cfg.stages] == ["math", "tooluse"]
     assert list(load_config("tiny", ["stages=[{domain: math, steps: 1}]", "domains.code=null"]).domains) == [
-        "math", "science", "tooluse"]
+        "math",
+        "science",
+        "tooluse",
+    ]
     with pytest.raises(ConfigError, match=r"stages.3.domain: unknown domain 'code'"):
         load_config("tiny", ["domains.code=null"])
 
@@ -324,8 +359,10 @@ def test_domain_shots_become_every_record_history_in_training_and_evaluation(tmp
     assert [s.assistant for s in shots] == ["2 + 3 = \\boxed{5}", "7 - 4 = \\boxed{3}"]
     assert cfg.domains["science"].shots == [] and load_config("tiny").domains["math"].shots == []
     turns = [
-        {"role": "user", "content": shots[0].user}, {"role": "assistant", "content": shots[0].assistant},
-        {"role": "user", "content": shots[1].user}, {"role": "assistant", "content": shots[1].assistant},
+        {"role": "user", "content": shots[0].user},
+        {"role": "assistant", "content": shots[0].assistant},
+        {"role": "user", "content": shots[1].user},
+        {"role": "assistant", "content": shots[1].assistant},
     ]
     train = load_source(cfg.domains["math"].train, "math", "train", seed=0, shots=shots)
     plain = load_source(cfg.domains["math"].train, "math", "train", seed=0)
@@ -346,7 +383,12 @@ def test_domain_shots_need_both_turns(tmp_path):
         load_config(str(path))
 
 
-@pytest.mark.parametrize("preset", sorted(p.stem for p in (Path(__file__).resolve().parents[3] / "megatron_sdpo" / "config" / "presets").glob("*.yaml")))
+@pytest.mark.parametrize(
+    "preset",
+    sorted(
+        p.stem for p in (Path(__file__).resolve().parents[3] / "megatron_sdpo" / "config" / "presets").glob("*.yaml")
+    ),
+)
 def test_every_presets_resolved_config_loads_back_the_same(preset, tmp_path):
     # A run's resolved_config.yaml is what --resume continues with: it must be the run's config,
     # including the domains a preset removed (smollm2_135m: science and code set to null).

@@ -1,6 +1,7 @@
 """The paper presets and their table (presets/README.md): every setting a paper preset changes
 from `base.yaml` has a row with its source; the arms differ from their model preset only where
 the paper's arms differ."""
+
 import dataclasses
 import fnmatch
 import re
@@ -32,7 +33,12 @@ def _rows() -> list[tuple[list[str], str]]:
         if len(cells) < 4 or set(cells[0]) <= set("-: "):
             continue
         # Config keys only: preset names such as `*_frozen` in a row's label are not keys.
-        spans = [s.strip() for c in cells[:2] for s in re.findall(r"`([^`]+)`", c) if re.fullmatch(r"[a-z][\w.*]*", s.strip())]
+        spans = [
+            s.strip()
+            for c in cells[:2]
+            for s in re.findall(r"`([^`]+)`", c)
+            if re.fullmatch(r"[a-z][\w.*]*", s.strip())
+        ]
         rows.append((spans, cells[-1]))
     return rows
 
@@ -47,9 +53,21 @@ def _documented(key: str, rows) -> bool:
 
 
 def test_the_table_lists_every_paper_setting_with_a_source():
-    assert {"paper", "qwen3_4b", "qwen3_4b_frozen", "qwen3_4b_ema5", "qwen3_4b_stable", "qwen3_4b_grpo",
-            "qwen3_4b_frozen_mathfb", "olmo3_7b", "olmo3_7b_frozen", "olmo3_7b_ema5", "olmo3_7b_stable",
-            "olmo3_7b_grpo", "olmo3_7b_frozen_mathfb"} <= set(PAPER)
+    assert {
+        "paper",
+        "qwen3_4b",
+        "qwen3_4b_frozen",
+        "qwen3_4b_ema5",
+        "qwen3_4b_stable",
+        "qwen3_4b_grpo",
+        "qwen3_4b_frozen_mathfb",
+        "olmo3_7b",
+        "olmo3_7b_frozen",
+        "olmo3_7b_ema5",
+        "olmo3_7b_stable",
+        "olmo3_7b_grpo",
+        "olmo3_7b_frozen_mathfb",
+    } <= set(PAPER)
     base = _flat(to_dict(load_config("base")))
     rows = _rows()
     missing = set()
@@ -89,9 +107,17 @@ def test_the_arms_differ_only_in_their_teacher_or_algorithm(model):
         gamma = stage_config(stable, k).teacher.freeze_fraction
         assert round(gamma * stage.steps) == round(1 / ema5.teacher.ema_rate), (k, gamma, stage.steps)
     for arm in (frozen, ema5, stable):
-        same = dataclasses.replace(arm, name=ref.name, teacher=ref.teacher, stages=ref.stages,
-                                   algorithm=dataclasses.replace(arm.algorithm, name=ref.algorithm.name))
+        same = dataclasses.replace(
+            arm,
+            name=ref.name,
+            teacher=ref.teacher,
+            stages=ref.stages,
+            algorithm=dataclasses.replace(arm.algorithm, name=ref.algorithm.name),
+        )
         assert same == ref
     fb = load_config(f"{model}_frozen_mathfb")
-    assert fb.algorithm.sdpo.context.feedback_domains == ["math", "code"] and fb.algorithm.sdpo.context.math_feedback == "format"
+    assert (
+        fb.algorithm.sdpo.context.feedback_domains == ["math", "code"]
+        and fb.algorithm.sdpo.context.math_feedback == "format"
+    )
     assert dataclasses.replace(fb, name=frozen.name, algorithm=frozen.algorithm) == frozen

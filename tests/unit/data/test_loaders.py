@@ -1,4 +1,5 @@
 """Loaders for the public schemas: each fixture maps to valid records; bad input -> one-line DataError."""
+
 import json
 from pathlib import Path
 
@@ -67,7 +68,10 @@ def test_gpqa_shuffle_is_deterministic_and_seeded():
     orders = {tuple(load_records(FIX / "gpqa.json", "gpqa", seed=s)[0]["choices"]) for s in range(8)}
     assert len(orders) > 1  # seeds shuffle differently
     # the order of one item does not depend on `limit`
-    assert load_records(FIX / "gpqa.json", "gpqa", seed=3, limit=1)[0] == load_records(FIX / "gpqa.json", "gpqa", seed=3)[0]
+    assert (
+        load_records(FIX / "gpqa.json", "gpqa", seed=3, limit=1)[0]
+        == load_records(FIX / "gpqa.json", "gpqa", seed=3)[0]
+    )
 
 
 def test_tooluse_answers_and_bfcl_allowed_values():
@@ -75,7 +79,9 @@ def test_tooluse_answers_and_bfcl_allowed_values():
     assert ta[1]["answer"] == [{"Action": "getNews", "Action_Input": {"topic": "sports"}}]
     assert "getWeather" in ta[0]["prompt"] and "Action Input:" in ta[0]["prompt"]
     bf = load_records(FIX / "bfcl" / "BFCL_v4_multiple.json", "bfcl_multiple")
-    assert bf[0]["answer"] == [{"Action": "geometry.area_triangle", "Action_Input": {"base": 10, "height": 5, "unit": "units"}}]
+    assert bf[0]["answer"] == [
+        {"Action": "geometry.area_triangle", "Action_Input": {"base": 10, "height": 5, "unit": "units"}}
+    ]
     assert bf[0]["allowed"][0]["Action_Input"]["unit"] == ["units", ""]
     assert bf[1]["prompt"].count("geometry.area_circle") == 1
     # the verifier reads the loader's `allowed` as written: a right call scores 1, an optional
@@ -97,7 +103,10 @@ def test_bfcl_missing_answer_file(tmp_path):
     with pytest.raises(DataError, match="possible_answer file not found"):
         load_records(q, "bfcl_multiple")
     ans = tmp_path / "answers.json"
-    ans.write_text(json.dumps({"id": "multiple_0", "ground_truth": [{"geometry.area_triangle": {"base": [10], "height": [5]}}]}) + "\n")
+    ans.write_text(
+        json.dumps({"id": "multiple_0", "ground_truth": [{"geometry.area_triangle": {"base": [10], "height": [5]}}]})
+        + "\n"
+    )
     with pytest.raises(DataError, match=r"BFCL_v4_multiple.json:2: id 'multiple_1' has no entry"):
         load_records(q, "bfcl_multiple", answers_path=ans)
 
@@ -147,7 +156,7 @@ def test_bad_arguments(tmp_path):
     with pytest.raises(DataError, match="on_error"):
         load_records(FIX / "math500.jsonl", "math500", on_error="ignore")
     bad = tmp_path / "bad.json"
-    bad.write_text("[{\"problem\": 1,\n")
+    bad.write_text('[{"problem": 1,\n')
     with pytest.raises(DataError, match=r"bad.json:\d+: invalid JSON"):
         load_records(bad, "math500")
 
@@ -156,8 +165,20 @@ def test_records_schema_filters_domain_and_validates(tmp_path):
     assert [r["id"] for r in load_records(FIX / "records.jsonl", "records", domain="science")] == ["r2"]
     assert len(load_records(FIX / "records.jsonl", "records", limit=1)) == 1
     bad = tmp_path / "r.jsonl"
-    bad.write_text(json.dumps({"id": "x", "domain": "science", "split": "t", "prompt": "p", "source": "s",
-                               "choices": ["a", "b"], "answer": "C"}) + "\n")
+    bad.write_text(
+        json.dumps(
+            {
+                "id": "x",
+                "domain": "science",
+                "split": "t",
+                "prompt": "p",
+                "source": "s",
+                "choices": ["a", "b"],
+                "answer": "C",
+            }
+        )
+        + "\n"
+    )
     with pytest.raises(DataError, match=r"r.jsonl:1: field 'answer' must be a letter A..B"):
         load_records(bad, "records")
 

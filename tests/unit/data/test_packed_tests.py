@@ -1,4 +1,5 @@
 """base64(zlib(pickle)) test cases: plain data comes out; globals, bombs and junk are refused."""
+
 import base64
 import json
 import os
@@ -24,12 +25,15 @@ def test_plain_data_and_json_come_out():
         assert load_plain(pickle.dumps(cases, protocol=protocol)) in (cases, [{**cases[0], "output": ["x", "ü"]}])
 
 
-@pytest.mark.parametrize("value,reason", [
-    ([os.system], "refused global posix.system"),
-    ([{1, 2}], "holds a set"),
-    ({1: "a"}, "dict key of type int"),
-    ([b"raw"], "holds a bytes"),
-])
+@pytest.mark.parametrize(
+    "value,reason",
+    [
+        ([os.system], "refused global posix.system"),
+        ([{1, 2}], "holds a set"),
+        ({1: "a"}, "dict key of type int"),
+        ([b"raw"], "holds a bytes"),
+    ],
+)
 def test_what_is_not_plain_data_is_refused(value, reason):
     with pytest.raises(PackedError, match=reason):
         load_plain(pickle.dumps(value))

@@ -1,4 +1,5 @@
 """validate_record: accepts each domain's record format, names `where` on every error."""
+
 import pytest
 
 from megatron_sdpo.data.records import DOMAINS, required_keys, tool_calls, validate_record
@@ -8,8 +9,10 @@ BASE = {"id": "1", "split": "train", "prompt": "q", "source": "s"}
 GOOD = {
     "math": {"answer": "3"},
     "science": {"choices": ["a", "b", "c"], "answer": "C"},
-    "tooluse": {"tools": [{"name": "f", "description": "", "parameters": {}}],
-                "answer": '[{"Action": "f", "Action_Input": {"x": 1}}]'},
+    "tooluse": {
+        "tools": [{"name": "f", "description": "", "parameters": {}}],
+        "answer": '[{"Action": "f", "Action_Input": {"x": 1}}]',
+    },
     "code": {"tests": [{"input": "1", "output": "2", "testtype": "functional"}], "fn_name": "f"},
 }
 
@@ -33,10 +36,16 @@ def test_good_records_pass(domain):
         ("code", {"fn_name": None}, "functional tests need"),
         ("math", {"prompt": "  "}, "'prompt' is empty"),
         ("math", {"history": [{"role": "user", "content": "q"}]}, "list of user / assistant turn pairs"),
-        ("math", {"history": [{"role": "assistant", "content": "a"}, {"role": "user", "content": "q"}]},
-         r"history\[0\] must be \{'role': 'user'"),
-        ("math", {"history": [{"role": "user", "content": "q"}, {"role": "assistant", "content": 3}]},
-         r"history\[1\] must be \{'role': 'assistant'"),
+        (
+            "math",
+            {"history": [{"role": "assistant", "content": "a"}, {"role": "user", "content": "q"}]},
+            r"history\[0\] must be \{'role': 'user'",
+        ),
+        (
+            "math",
+            {"history": [{"role": "user", "content": "q"}, {"role": "assistant", "content": 3}]},
+            r"history\[1\] must be \{'role': 'assistant'",
+        ),
     ],
 )
 def test_bad_records_name_where(domain, patch, msg):

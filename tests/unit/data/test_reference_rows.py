@@ -2,6 +2,7 @@
 files): each converts with the project's loader, and the project's verifier scores a correct
 answer 1 and a wrong one 0, so the record format, the answer field and the tools are proven end
 to end on the rows a cluster run reads."""
+
 import json
 from pathlib import Path
 
@@ -16,8 +17,9 @@ REF = Path(__file__).resolve().parents[2] / "fixtures" / "data" / "reference"
 
 
 def _react(calls: list[dict]) -> str:
-    return "\n".join(f"Thought: call it\nAction: {c['Action']}\nAction Input: {json.dumps(c['Action_Input'])}"
-                     for c in calls)
+    return "\n".join(
+        f"Thought: call it\nAction: {c['Action']}\nAction Input: {json.dumps(c['Action_Input'])}" for c in calls
+    )
 
 
 def test_toolalpaca_reference_rows_convert_and_score():
@@ -30,7 +32,9 @@ def test_toolalpaca_reference_rows_convert_and_score():
     assert recs[0]["tools"][1]["parameters"]["color"].startswith("string. One of: [wild, leucistic, albino]")
     assert len(recs[3]["answer"]) == 2  # two calls, the second marked "[Optional]" by the reference
     for rec, row in zip(recs, raw, strict=True):
-        gold = [{"Action": c["Action"], "Action_Input": json.loads(c["Action_Input"])} for c in json.loads(row["answer"])]
+        gold = [
+            {"Action": c["Action"], "Action_Input": json.loads(c["Action_Input"])} for c in json.loads(row["answer"])
+        ]
         assert score("tooluse", _react(gold), rec).score == 1.0, rec["id"]
         wrong = [{**gold[0], "Action_Input": {**gold[0]["Action_Input"], "zzz": 1}}, *gold[1:]]
         assert score("tooluse", _react(wrong), rec).score == 0.0, rec["id"]

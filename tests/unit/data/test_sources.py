@@ -1,5 +1,6 @@
 """Choosing rows of a data file from the config: `where` (column values) and `part` (a share of
 the file's questions by a hash of the question text), and which shots an eval record is shown."""
+
 import json
 
 import pytest
@@ -11,8 +12,16 @@ from megatron_sdpo.errors import ConfigError, DataError
 
 
 def _math_file(tmp_path, n=40):
-    rows = [{"problem": f"What is {i} + {i}?", "solution": f"\\boxed{{{2 * i}}}", "answer": str(2 * i),
-             "level": str(1 + i % 5), "unique_id": f"q{i}"} for i in range(n)]
+    rows = [
+        {
+            "problem": f"What is {i} + {i}?",
+            "solution": f"\\boxed{{{2 * i}}}",
+            "answer": str(2 * i),
+            "level": str(1 + i % 5),
+            "unique_id": f"q{i}",
+        }
+        for i in range(n)
+    ]
     # a second copy of question 0 under another id: a part must keep whole questions
     rows.append({**rows[0], "unique_id": "q0-copy"})
     rows.append({"problem": "No level here: 1 + 1?", "solution": "\\boxed{2}", "answer": "2", "unique_id": "nolevel"})
@@ -28,8 +37,14 @@ def test_where_keeps_rows_by_column_value_compared_as_text(tmp_path):
     want = [r for r in rows if r.get("level") in ("1", "2")]  # the row without "level" is not kept
     assert sorted(r["answer"] for r in got) == sorted(r["answer"] for r in want)
     # numbers in YAML are text after config coercion: `where: {level: [1, 2]}` is the same filter
-    cfg = load_config("tiny", [f"domains.math.eval.id.source={path}", "domains.math.eval.id.schema=math500",
-                               "domains.math.eval.id.where={level: [1, 2]}"])
+    cfg = load_config(
+        "tiny",
+        [
+            f"domains.math.eval.id.source={path}",
+            "domains.math.eval.id.schema=math500",
+            "domains.math.eval.id.where={level: [1, 2]}",
+        ],
+    )
     assert cfg.domains["math"].eval["id"].where == {"level": ["1", "2"]}
     with pytest.raises(DataError, match=r"no records for domain 'math' with level in \['9'\]"):
         load_source(DataSource(source=str(path), schema="math500", where={"level": ["9"]}), "math", "id", seed=0)
@@ -51,15 +66,22 @@ def test_parts_of_a_file_are_disjoint_by_question_and_cover_it(tmp_path):
     assert 0.0 <= question_share("x") < 1.0
 
 
-@pytest.mark.parametrize("over,match", [
-    (["domains.math.train.where={level: [1]}"], r"domains.math.train.where and .part apply to file sources only"),
-    (["domains.math.eval.id.source=x.jsonl", "domains.math.eval.id.where={level: []}"],
-     r"domains.math.eval.id.where.level must list at least one value"),
-    (["domains.math.eval.id.source=x.jsonl", "domains.math.eval.id.part=[0.5, 0.5]"],
-     r"domains.math.eval.id.part must be \[lo, hi\] with 0 <= lo < hi <= 1"),
-    (["domains.math.eval.id.source=x.jsonl", "domains.math.eval.id.part=[0.2, 1.5]"], r"part must be \[lo, hi\]"),
-    (["domains.math.eval.id.source=x.jsonl", "domains.math.eval.id.part=[0.2]"], r"part must be \[lo, hi\]"),
-])
+@pytest.mark.parametrize(
+    "over,match",
+    [
+        (["domains.math.train.where={level: [1]}"], r"domains.math.train.where and .part apply to file sources only"),
+        (
+            ["domains.math.eval.id.source=x.jsonl", "domains.math.eval.id.where={level: []}"],
+            r"domains.math.eval.id.where.level must list at least one value",
+        ),
+        (
+            ["domains.math.eval.id.source=x.jsonl", "domains.math.eval.id.part=[0.5, 0.5]"],
+            r"domains.math.eval.id.part must be \[lo, hi\] with 0 <= lo < hi <= 1",
+        ),
+        (["domains.math.eval.id.source=x.jsonl", "domains.math.eval.id.part=[0.2, 1.5]"], r"part must be \[lo, hi\]"),
+        (["domains.math.eval.id.source=x.jsonl", "domains.math.eval.id.part=[0.2]"], r"part must be \[lo, hi\]"),
+    ],
+)
 def test_where_and_part_are_checked_at_config_validation(over, match):
     with pytest.raises(ConfigError, match=match):
         load_config("tiny", over)

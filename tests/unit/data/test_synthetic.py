@@ -1,4 +1,5 @@
 """The synthetic suite: valid, deterministic, train/id disjoint, solutions verified by the rewards."""
+
 import random
 import re
 
@@ -84,6 +85,7 @@ def test_science_answer_compares_the_extreme_reading_with_the_threshold(split):
 def test_difficulty_knob_changes_items():
     easy = generate("code", "train", 40, 0, difficulty=0.0)
     hard = generate("code", "train", 40, 0, difficulty=1.0)
+
     def n_words(recs):
         return {sum(r["prompt"].count(f" {w} ") for w in ("plus", "minus", "times")) for r in recs}
 
@@ -91,6 +93,7 @@ def test_difficulty_knob_changes_items():
     assert max(int(r["answer"]) for r in generate("math", "train", 200, 0, difficulty=0.0)) <= 18
     assert {len(_science_readings(r["prompt"])[1]) for r in generate("science", "train", 50, 0, difficulty=0.0)} == {3}
     assert {len(_science_readings(r["prompt"])[1]) for r in generate("science", "train", 50, 0, difficulty=1.0)} == {4}
+
     def derived(r):
         return "adult" in r["prompt"] or "hour" in r["prompt"]
 
@@ -182,7 +185,8 @@ def test_worked_math_solutions_count_every_number_and_score_one():
 
     assert synthetic_math.worked_solution("+", "Ann", "pens", 9, 3, 12) == (
         "Ann starts with 9 pens and gets 3. Count on 3 from 9: 10, 11, 12. So Ann has 12 pens. "
-        "The answer is 12. \\boxed{12}")
+        "The answer is 12. \\boxed{12}"
+    )
     assert "Count back 2 from 5: 4, 3." in synthetic_math.worked_solution("-", "Bob", "cards", 5, 2, 3)
     assert "Add 4 for each bag: 4, 8, 12." in synthetic_math.worked_solution("*", "Eve", "coins", 3, 4, 12)
     for split in SPLITS:

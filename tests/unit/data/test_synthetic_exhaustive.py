@@ -1,4 +1,5 @@
 """`n = 0` on a synthetic split: every item of its space, counted by hand for small spaces."""
+
 import math
 
 import pytest
@@ -36,7 +37,7 @@ def test_hand_counted_spaces():
     # math ood_far: 8 names x 6 objects x a, b in 2..9
     assert len(generate("math", "ood_far", 0, seed=0)) == 8 * 6 * 8 * 8
     # code ood_mid: two folded constants of one sign (+ or -, then 1..9 twice) or one op of 3 with 2..20
-    assert len(generate("code", "ood_mid", 0, seed=0)) == 2 * 9 ** 2 + 3 * 19
+    assert len(generate("code", "ood_mid", 0, seed=0)) == 2 * 9**2 + 3 * 19
     # code ood_far: the three list reducers
     assert len(generate("code", "ood_far", 0, seed=0)) == 3
 
@@ -63,7 +64,7 @@ def test_compact_spaces_counted_by_hand():
     assert len(generate("science", "ood_near", 0, seed=0, difficulty=0.0, compact=True)) == 4 * math.comb(8, 3) * 3
     assert len(generate("science", "ood_mid", 0, seed=0, difficulty=1.0, compact=True)) == 4 * math.comb(6, 4) * 3
     # code ood_mid never names a variable: compact changes nothing there
-    assert len(generate("code", "ood_mid", 0, seed=0, compact=True)) == 2 * 9 ** 2 + 3 * 19
+    assert len(generate("code", "ood_mid", 0, seed=0, compact=True)) == 2 * 9**2 + 3 * 19
     # science train + id at difficulty 1: four of 1..8 in ascending order, the 4 phrasings, 3 outcomes
     train = generate("science", "train", 0, seed=0, difficulty=1.0, compact=True)
     held = generate("science", "id", 0, seed=0, difficulty=1.0, compact=True)

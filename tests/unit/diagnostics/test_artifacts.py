@@ -1,4 +1,5 @@
 """Artifact rates on hand-written responses, and the collapse monitor."""
+
 import json
 import logging
 import math
@@ -117,7 +118,9 @@ def test_shrinking_answers_alarm_against_the_stage_start_and_markers_keep_every_
     marker = tmp_path / "collapse_alarms.json"
     cfg = CollapseConfig(min_length_ratio=0.6, length_reference_updates=3, patience=2)
     sdpo = CollapseMonitor(cfg, marker_path=marker, label="stage_4_code")
-    fired = [bool(sdpo.update(stats(n), step=i + 1)) for i, n in enumerate([19.3, 19.2, 19.4, 18.7, 13.8, 10.6, 8.6, 4.2])]
+    fired = [
+        bool(sdpo.update(stats(n), step=i + 1)) for i, n in enumerate([19.3, 19.2, 19.4, 18.7, 13.8, 10.6, 8.6, 4.2])
+    ]
     assert fired == [False] * 5 + [True] * 3  # 0.6 x 19.3 = 11.58: 13.8 passes, 10.6 does not
     assert sdpo.events[0]["reasons"] == ["mean_tokens=10.6 < 0.60 x stage start 19.3"]
     grpo = CollapseMonitor(cfg)
@@ -128,7 +131,10 @@ def test_shrinking_answers_alarm_against_the_stage_start_and_markers_keep_every_
         nxt.update(stats(n), step=i + 1)
     saved = json.loads(marker.read_text())["events"]
     assert [(e["label"], e["step"]) for e in saved] == [
-        ("stage_4_code", 6), ("stage_4_code", 7), ("stage_4_code", 8), ("stage_5_math", 4),
+        ("stage_4_code", 6),
+        ("stage_4_code", 7),
+        ("stage_4_code", 8),
+        ("stage_5_math", 4),
     ]
     restored = CollapseMonitor(cfg)
     restored.load_state_dict(sdpo.state_dict())
@@ -141,12 +147,70 @@ def test_a_reward_collapse_alarms_against_the_stage_start_and_a_learning_stage_d
     """Mean rewards per step of the tiny code stage, seed 1: the old-defaults control (answers keep
     their form and lose their content) and GRPO, which learns. Reference: the first 3 steps;
     checked once the last 3 steps no longer overlap them."""
-    control = [0.344, 0.352, 0.484, 0.5, 0.25, 0.352, 0.383, 0.219, 0.297, 0.266, 0.227, 0.297, 0.234, 0.289,
-               0.117, 0.289, 0.273, 0.242, 0.125, 0.094, 0.117, 0.141, 0.078, 0.109, 0.086, 0.156, 0.016,
-               0.039, 0.0, 0.0]
-    grpo = [0.398, 0.484, 0.484, 0.57, 0.328, 0.469, 0.539, 0.555, 0.602, 0.352, 0.555, 0.586, 0.578, 0.344,
-            0.422, 0.523, 0.516, 0.688, 0.445, 0.508, 0.492, 0.586, 0.656, 0.633, 0.688, 0.641, 0.5, 0.484,
-            0.695, 0.688]
+    control = [
+        0.344,
+        0.352,
+        0.484,
+        0.5,
+        0.25,
+        0.352,
+        0.383,
+        0.219,
+        0.297,
+        0.266,
+        0.227,
+        0.297,
+        0.234,
+        0.289,
+        0.117,
+        0.289,
+        0.273,
+        0.242,
+        0.125,
+        0.094,
+        0.117,
+        0.141,
+        0.078,
+        0.109,
+        0.086,
+        0.156,
+        0.016,
+        0.039,
+        0.0,
+        0.0,
+    ]
+    grpo = [
+        0.398,
+        0.484,
+        0.484,
+        0.57,
+        0.328,
+        0.469,
+        0.539,
+        0.555,
+        0.602,
+        0.352,
+        0.555,
+        0.586,
+        0.578,
+        0.344,
+        0.422,
+        0.523,
+        0.516,
+        0.688,
+        0.445,
+        0.508,
+        0.492,
+        0.586,
+        0.656,
+        0.633,
+        0.688,
+        0.641,
+        0.5,
+        0.484,
+        0.695,
+        0.688,
+    ]
     cfg = CollapseConfig(min_reward_ratio=0.5, min_reward_drop=0.1, length_reference_updates=3)
     mon = CollapseMonitor(cfg)
     fired = [i + 1 for i, r in enumerate(control) if mon.update({}, step=i + 1, reward=r)]

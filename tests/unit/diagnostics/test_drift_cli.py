@@ -1,4 +1,5 @@
 """The drift command on tiny random HF Qwen3 checkpoints, and its one-line errors."""
+
 import json
 import subprocess
 import sys
@@ -14,6 +15,7 @@ from megatron_sdpo.diagnostics.drift import checkpoint_drift
 def main(argv):
     """`megatron-sdpo drift ARGS`."""
     return cli_main(["drift", *argv])
+
 
 TINY = dict(
     vocab_size=96,
@@ -66,7 +68,17 @@ def test_cli_writes_drift_json_and_pngs(tmp_path, capsys):
     assert res["by_layer"]["0"]["all"]["rel_frob_pooled"] == 0.0
     assert res["by_layer"]["1"]["up_proj"]["mean_spectral_shift"] > 0
     assert res["by_type"]["k_proj"]["mean_angle_max_deg"] < 1e-3
-    assert set(res["by_type"]) >= {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "embed", "lm_head"}
+    assert set(res["by_type"]) >= {
+        "q_proj",
+        "k_proj",
+        "v_proj",
+        "o_proj",
+        "gate_proj",
+        "up_proj",
+        "down_proj",
+        "embed",
+        "lm_head",
+    }
     assert res["vectors_by_type"]["norm"]["rel_frob_pooled"] == 0.0
     assert res["mask_overlap"]["summary"]["jaccard_pooled"] == 1.0  # an update against itself
     for png in res["plots"]:
@@ -117,7 +129,16 @@ def test_truncated_safetensors_one_line_error(tmp_path, capsys):
 def test_drift_command_runs_as_subprocess(tmp_path):
     a, _ = _tiny_pair(tmp_path)
     proc = subprocess.run(
-        [sys.executable, "-m", "megatron_sdpo", "drift", str(a), str(tmp_path / "missing"), "--out", str(tmp_path / "o")],
+        [
+            sys.executable,
+            "-m",
+            "megatron_sdpo",
+            "drift",
+            str(a),
+            str(tmp_path / "missing"),
+            "--out",
+            str(tmp_path / "o"),
+        ],
         capture_output=True,
         text=True,
         timeout=120,
@@ -164,8 +185,22 @@ def test_cli_responses_flag_with_minilm(tmp_path):
     tok = _tokenizer()
     a, b = _tiny_pair(tmp_path, scale=3.0, vocab_size=len(tok), tokenizer=tok)
     out = tmp_path / "o"
-    rc = main([str(a), str(b), "--out", str(out), "--no-plots", "--responses", "--domains", "math", "--probes", "2",
-               "--max-new-tokens", "8"])
+    rc = main(
+        [
+            str(a),
+            str(b),
+            "--out",
+            str(out),
+            "--no-plots",
+            "--responses",
+            "--domains",
+            "math",
+            "--probes",
+            "2",
+            "--max-new-tokens",
+            "8",
+        ]
+    )
     assert rc == 0
     res = json.loads((out / "drift.json").read_text())
     assert set(res["responses"]) == {"math"} and 0.0 < res["responses"]["math"]["kl_tokens"]

@@ -1,4 +1,5 @@
 """Forgetting metrics on a hand-written eval matrix."""
+
 import pytest
 
 from megatron_sdpo.diagnostics.forgetting import forgetting_metrics, read_eval_matrix

@@ -1,4 +1,5 @@
 """KL at matched gain: piecewise-linear reading of hand-built (gain, KL) curves."""
+
 import pytest
 
 from megatron_sdpo.diagnostics.forgetting import EvalMatrix
@@ -32,8 +33,11 @@ def test_gain_kl_curve_from_matrix_and_drift_records():
     m = EvalMatrix(
         ["base", "math", "code"],
         ["math/id", "code/id"],
-        {"base": {"math/id": 0.2, "code/id": 0.1}, "math": {"math/id": 0.5, "code/id": 0.1},
-         "code": {"math/id": 0.4, "code/id": 0.3}},
+        {
+            "base": {"math/id": 0.2, "code/id": 0.1},
+            "math": {"math/id": 0.5, "code/id": 0.1},
+            "code": {"math/id": 0.4, "code/id": 0.3},
+        },
     )
     drift = [
         {"stage": 1, "excess_kl": {"math/id": {"kl_k3": 0.04}}},

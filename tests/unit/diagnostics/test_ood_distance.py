@@ -1,4 +1,5 @@
 """OOD distance by data: hand-computed RBF-MMD, the distance table, and the tercile grouping."""
+
 import json
 import math
 
@@ -85,13 +86,21 @@ def _matrix():
 
 
 def test_ood_change_grouped_by_distance_terciles():
-    table = {"distances": {"math": {"math/ood_near": 0.1, "code/ood_far": 0.9, "math/id": 0.0},
-                           "code": {"math/ood_near": 0.5, "code/ood_far": 0.2}}}
+    table = {
+        "distances": {
+            "math": {"math/ood_near": 0.1, "code/ood_far": 0.9, "math/id": 0.0},
+            "code": {"math/ood_near": 0.5, "code/ood_far": 0.2},
+        }
+    }
     got = ood_change_by_distance(_matrix(), table)
     # Pairs by distance: (1 math/ood_near .1), (2 code/ood_far .2), (2 math/ood_near .5), (1 code/ood_far .9);
     # in-domain columns are not OOD pairs even with a distance.
     assert [(p["stage"], p["column"]) for p in got["pairs"]] == [
-        (1, "math/ood_near"), (2, "code/ood_far"), (2, "math/ood_near"), (1, "code/ood_far")]
+        (1, "math/ood_near"),
+        (2, "code/ood_far"),
+        (2, "math/ood_near"),
+        (1, "code/ood_far"),
+    ]
     in_stage = [0.6 - 0.5, 0.45 - 0.3, 0.55 - 0.6, 0.3 - 0.4]
     from_base = [0.6 - 0.5, 0.45 - 0.4, 0.55 - 0.5, 0.3 - 0.4]
     for p, a, b in zip(got["pairs"], in_stage, from_base, strict=True):

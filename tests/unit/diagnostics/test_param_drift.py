@@ -1,4 +1,5 @@
 """Parameter drift on constructed cases with known answers."""
+
 import json
 import math
 import weakref
@@ -34,7 +35,11 @@ def _state(seed=0, scale=0.0):
     g = torch.Generator().manual_seed(seed)
     sd = {}
     for i in range(2):
-        for name, shape in (("self_attn.q_proj", (24, 16)), ("self_attn.o_proj", (16, 24)), ("mlp.down_proj", (16, 40))):
+        for name, shape in (
+            ("self_attn.q_proj", (24, 16)),
+            ("self_attn.o_proj", (16, 24)),
+            ("mlp.down_proj", (16, 40)),
+        ):
             sd[f"model.layers.{i}.{name}.weight"] = torch.randn(*shape, generator=g)
         sd[f"model.layers.{i}.input_layernorm.weight"] = torch.ones(16)
     sd["model.embed_tokens.weight"] = torch.randn(50, 16, generator=g)
@@ -75,8 +80,10 @@ def test_pure_rotation_keeps_spectrum_and_gives_known_angle(exact_max_dim):
     # B = R A, R a Givens rotation by theta in the plane (u_1, u_{r+1}): the top-r left
     # subspace turns by theta in one direction; the right subspace and spectrum stay put.
     e1, e2 = u[:, 0:1], u[:, r : r + 1]
-    rot = torch.eye(m, dtype=torch.float64) + (math.cos(theta) - 1) * (e1 @ e1.T + e2 @ e2.T) + math.sin(theta) * (
-        e2 @ e1.T - e1 @ e2.T
+    rot = (
+        torch.eye(m, dtype=torch.float64)
+        + (math.cos(theta) - 1) * (e1 @ e1.T + e2 @ e2.T)
+        + math.sin(theta) * (e2 @ e1.T - e1 @ e2.T)
     )
     torch.testing.assert_close(rot.T @ rot, torch.eye(m, dtype=torch.float64))
     b = rot @ a
@@ -252,10 +259,16 @@ def test_principal_overlap_of_hand_built_update():
 
 def test_principal_weight_overlap_pools_over_matrices():
     delta = torch.tensor([[0.5, 0.0, 0.0], [0.0, 0.1, 0.7]])
-    a = {"model.layers.0.mlp.up_proj.weight": _W, "model.layers.0.self_attn.q_proj.weight": _W.clone(),
-         "model.layers.0.input_layernorm.weight": torch.ones(3)}
-    b = {"model.layers.0.mlp.up_proj.weight": _W + delta, "model.layers.0.self_attn.q_proj.weight": _W.clone(),
-         "model.layers.0.input_layernorm.weight": torch.ones(3) * 2}
+    a = {
+        "model.layers.0.mlp.up_proj.weight": _W,
+        "model.layers.0.self_attn.q_proj.weight": _W.clone(),
+        "model.layers.0.input_layernorm.weight": torch.ones(3),
+    }
+    b = {
+        "model.layers.0.mlp.up_proj.weight": _W + delta,
+        "model.layers.0.self_attn.q_proj.weight": _W.clone(),
+        "model.layers.0.input_layernorm.weight": torch.ones(3) * 2,
+    }
     got = principal_weight_overlap(a, b, rank=1, top_percent=100.0 / 3.0)
     s = got["summary"]
     # q_proj did not move: it adds nothing to the pooled share, and no NaN to the mean

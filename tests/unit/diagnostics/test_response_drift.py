@@ -1,4 +1,5 @@
 """Response drift maths with a deterministic test embedder, checked against plain references."""
+
 import math
 
 import pytest
@@ -21,6 +22,7 @@ class CharHistogramEmbedder:
 
 def _mmd2_reference(x, y, sigma):
     """Plain double loop over all pairs (biased V-statistic)."""
+
     def k(u, v):
         return math.exp(-float(((u - v) ** 2).sum()) / (2 * sigma * sigma))
 

@@ -1,4 +1,5 @@
 """Randomized SVD against full SVD, and principal angles on constructed subspaces."""
+
 import math
 
 import pytest

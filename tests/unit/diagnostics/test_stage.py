@@ -1,4 +1,5 @@
 """Stage diagnostics from explicit inputs (diagnostics/stage.py): no run, backend or model."""
+
 import math
 
 import pytest
@@ -94,5 +95,7 @@ def test_stage_record_has_principal_overlap_and_token_artifacts(tmp_path):
     # the policy endorses the artifact tokens (mean -0.3 vs -1.0), the base does not (-2.5 vs -1.5)
     assert tok["endorsement_policy"]["logprob_gap"] == pytest.approx(0.7)
     assert tok["endorsement_base"]["logprob_gap"] == pytest.approx(-1.0)
-    off = stage_diagnostics(0, "math", "sdpo", StagePolicies(base, base, s1), samples, samples, {}, principal_overlap=False, **kw)
+    off = stage_diagnostics(
+        0, "math", "sdpo", StagePolicies(base, base, s1), samples, samples, {}, principal_overlap=False, **kw
+    )
     assert "principal_overlap" not in off and "token_artifacts" not in off["responses"]["math/id"]

@@ -1,4 +1,5 @@
 """Token-level artifact rates and endorsement on hand-built responses."""
+
 import math
 
 import pytest

@@ -1,4 +1,5 @@
 """The teacher update as a blend of weight sets (EMA, copy, base, mixtures), applied in place."""
+
 import pytest
 import torch
 
@@ -71,7 +72,9 @@ def test_the_identity_blend_reads_nothing():
     assert TeacherBlend().is_identity and not TeacherBlend.ema(0.1).is_identity
 
 
-@pytest.mark.parametrize("weights", [dict(policy=0.5), dict(policy=-0.1, teacher=1.1), dict(policy=float("nan"), teacher=0.0)])
+@pytest.mark.parametrize(
+    "weights", [dict(policy=0.5), dict(policy=-0.1, teacher=1.1), dict(policy=float("nan"), teacher=0.0)]
+)
 def test_blend_weights_are_convex(weights):
     with pytest.raises(ValueError, match="sum to 1"):
         TeacherBlend(**weights)

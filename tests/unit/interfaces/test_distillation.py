@@ -1,4 +1,5 @@
 """The typed distillation spec: what each loss declares, what a backend may ask of it."""
+
 import dataclasses
 
 import pytest
@@ -11,12 +12,26 @@ from megatron_sdpo.interfaces.distillation import DistillationSpec, distillation
 def test_each_loss_declares_its_spec_once():
     assert GRPOLoss().distillation is None and GRPOLoss(on_policy=True).on_policy
     sdpo = SDPOLoss(
-        alpha=0.3, topk=7, temperature=1.3, mask_key="distill_mask", is_clip=None, topk_source="shards",
-        kernel_impl="chunked", chunk_tokens=16, chunk_vocab=100,
+        alpha=0.3,
+        topk=7,
+        temperature=1.3,
+        mask_key="distill_mask",
+        is_clip=None,
+        topk_source="shards",
+        kernel_impl="chunked",
+        chunk_tokens=16,
+        chunk_vocab=100,
     )
     assert sdpo.distillation == DistillationSpec(
-        alpha=0.3, temperature=1.3, topk=7, topk_source="shards", mask_key="distill_mask", fused=False,
-        kernel_impl="chunked", chunk_tokens=16, chunk_vocab=100,
+        alpha=0.3,
+        temperature=1.3,
+        topk=7,
+        topk_source="shards",
+        mask_key="distill_mask",
+        fused=False,
+        kernel_impl="chunked",
+        chunk_tokens=16,
+        chunk_vocab=100,
     )
     assert sdpo.on_policy is False
     full = SDPOLoss(topk=None, fused=True).distillation

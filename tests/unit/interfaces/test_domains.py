@@ -1,4 +1,5 @@
 """One list of domains: the config, the data records and the verifiers read the same object."""
+
 from megatron_sdpo.config.schema import DOMAINS as CONFIG_DOMAINS
 from megatron_sdpo.data.records import DOMAINS as RECORD_DOMAINS
 from megatron_sdpo.interfaces.domains import DOMAINS

@@ -1,5 +1,6 @@
 """LRSchedule: values, validation and megatron-core equivalence (the HF backend stepping it:
 tests/unit/backends/test_hf_lr_schedule.py)."""
+
 import math
 from types import SimpleNamespace
 
@@ -23,7 +24,11 @@ def test_values_by_hand():
 
 @pytest.mark.parametrize(
     "bad, match",
-    [(LRSchedule("step"), "style"), (LRSchedule(warmup_steps=-1), "warmup_steps"), (LRSchedule(min_lr_ratio=1.5), "min_lr_ratio")],
+    [
+        (LRSchedule("step"), "style"),
+        (LRSchedule(warmup_steps=-1), "warmup_steps"),
+        (LRSchedule(min_lr_ratio=1.5), "min_lr_ratio"),
+    ],
 )
 def test_malformed_schedules_are_config_errors(bad, match):
     with pytest.raises(ConfigError, match=match):
@@ -69,8 +74,16 @@ def test_equals_megatron_optimizer_param_scheduler(style, warmup):
     s, total, peak = LRSchedule(style, warmup_steps=warmup, min_lr_ratio=0.2), 11, 3e-4
     opt = SimpleNamespace(param_groups=[{}])
     ref = OptimizerParamScheduler(
-        opt, init_lr=0.0, max_lr=peak, min_lr=peak * 0.2 if style != "constant" else 0.0, lr_warmup_steps=warmup,
-        lr_decay_steps=total, lr_decay_style=style, start_wd=0.0, end_wd=0.0, wd_incr_steps=total,
+        opt,
+        init_lr=0.0,
+        max_lr=peak,
+        min_lr=peak * 0.2 if style != "constant" else 0.0,
+        lr_warmup_steps=warmup,
+        lr_decay_steps=total,
+        lr_decay_style=style,
+        start_wd=0.0,
+        end_wd=0.0,
+        wd_incr_steps=total,
         wd_incr_style="constant",
     )
     for k in range(total + 3):

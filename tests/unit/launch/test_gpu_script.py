@@ -3,6 +3,7 @@ image's packages (torch, transformers, pytest, numpy, safetensors, pyyaml; `make
 which `make test` builds) with the project not installed: each part installs the project and the
 wheel folder offline, imports it, collects every GPU test, reports every check as skipped with
 its reason and exits 0; a collection error fails the part."""
+
 import os
 import re
 import subprocess
@@ -17,16 +18,20 @@ SCRIPT = "tests/gpu/run_gpu_checks.sh"
 CHECKS = {"kernels": 4, "megatron": 5}
 COLLECTED = {"kernels": 8, "megatron": 5}
 
-needs_image = pytest.mark.skipif(not (IMAGE / ".installed").is_file(),
-                                 reason="the bare GPU-image environment is missing: make gpu-image-venv")
-no_gpu = pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="this machine has a CUDA GPU: the checks would run")
+needs_image = pytest.mark.skipif(
+    not (IMAGE / ".installed").is_file(), reason="the bare GPU-image environment is missing: make gpu-image-venv"
+)
+no_gpu = pytest.mark.skipif(
+    __import__("torch").cuda.is_available(), reason="this machine has a CUDA GPU: the checks would run"
+)
 
 
 @pytest.fixture
 def checkout(tmp_path):
     """A copy of the working tree, as the GPU machine gets it (the build writes into it)."""
-    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=REPO, capture_output=True, text=True,
-                           check=True).stdout.splitlines()
+    files = subprocess.run(
+        ["git", "ls-files", "-co", "--exclude-standard"], cwd=REPO, capture_output=True, text=True, check=True
+    ).stdout.splitlines()
     dest = tmp_path / "checkout"
     for f in files:
         src = REPO / f
@@ -37,17 +42,25 @@ def checkout(tmp_path):
 
 
 def _run(checkout: Path, out: Path, *parts: str) -> subprocess.CompletedProcess:
-    env = {"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", str(out)), "PYTHON": str(IMAGE / "bin" / "python"),
-           "GPU_WHEELS": str(IMAGE / "wheels"), "PIP_DISABLE_PIP_VERSION_CHECK": "1", "PIP_NO_INDEX": "1"}
-    return subprocess.run(["bash", SCRIPT, *parts, "--out", str(out)], cwd=checkout, env=env, capture_output=True,
-                          text=True, timeout=600)
+    env = {
+        "PATH": os.environ["PATH"],
+        "HOME": os.environ.get("HOME", str(out)),
+        "PYTHON": str(IMAGE / "bin" / "python"),
+        "GPU_WHEELS": str(IMAGE / "wheels"),
+        "PIP_DISABLE_PIP_VERSION_CHECK": "1",
+        "PIP_NO_INDEX": "1",
+    }
+    return subprocess.run(
+        ["bash", SCRIPT, *parts, "--out", str(out)], cwd=checkout, env=env, capture_output=True, text=True, timeout=600
+    )
 
 
 @needs_image
 @no_gpu
 def test_every_part_installs_collects_and_skips_with_its_reason(checkout, tmp_path):
-    bare = subprocess.run([str(IMAGE / "bin" / "python"), "-c", "import megatron_sdpo"], cwd=tmp_path,
-                          capture_output=True, text=True)
+    bare = subprocess.run(
+        [str(IMAGE / "bin" / "python"), "-c", "import megatron_sdpo"], cwd=tmp_path, capture_output=True, text=True
+    )
     assert bare.returncode != 0, "the project must not be installed in the bare environment beforehand"
     proc = _run(checkout, tmp_path / "out", "all")
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]

@@ -5,6 +5,7 @@ the repository. What a fake can show and a CPU cluster cannot: the GPU-sized lau
 node, 96 CPUs, 16 ranks in the preflight), the overrides and --resume on requeue, the refusals.
 What only a real Slurm shows (how srun, scancel and preemption deliver a stop, the save, the
 requeue) is tested on one in tests/cluster/."""
+
 from __future__ import annotations
 
 import os
@@ -95,7 +96,9 @@ def test_body_holds_no_header_and_no_training_logic():
     # dry run (preflight), then the run.
     code = _code(text)
     python_lines = [ln for ln in code if re.search(r"(?<![-\w])python3?\b", ln)]
-    assert len(python_lines) == 2 and all('-m megatron_sdpo run "${PRESET}" "$@"' in ln for ln in python_lines), python_lines
+    assert len(python_lines) == 2 and all('-m megatron_sdpo run "${PRESET}" "$@"' in ln for ln in python_lines), (
+        python_lines
+    )
     assert "--dry-run" in python_lines[0] and "--dry-run" not in python_lines[1]
     assert not any(re.search(r"<<|python3? -c|\bimport\b", ln) for ln in code)
 
@@ -153,8 +156,14 @@ def _spooled(script: Path, env: dict) -> Path:
 
 
 def _run(script: Path, env: dict, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["bash", str(_spooled(script, env)), *args], env=env, cwd=env["SLURM_SUBMIT_DIR"],
-                          capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        ["bash", str(_spooled(script, env)), *args],
+        env=env,
+        cwd=env["SLURM_SUBMIT_DIR"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 def test_first_launch_then_requeued_launch_resumes(fake_slurm):
@@ -164,23 +173,49 @@ def test_first_launch_then_requeued_launch_resumes(fake_slurm):
     (argv,) = _srun_calls(log)
     run_dir = tmp / "runs" / f"olmo3_7b-{JOB_ID}"
     port = 20000 + JOB_ID % 20000
-    torchrun = argv[argv.index("torchrun"):argv.index("python")]
+    torchrun = argv[argv.index("torchrun") : argv.index("python")]
     assert argv[: argv.index("torchrun")][:2] == ["--nodes=2", "--ntasks-per-node=1"]
     assert "--cpus-per-task=96" in argv
-    assert {"--nnodes=2", "--nproc-per-node=8", "--rdzv-backend=c10d", f"--rdzv-id={JOB_ID}",
-            f"--rdzv-endpoint=gpu-node-017:{port}", "--no-python"} <= set(torchrun)
-    assert argv[argv.index("python"):] == [
-        "python", "-m", "megatron_sdpo", "run", "olmo3_7b", "algorithm.sdpo.alpha=0.25",
-        "logging.wandb_mode=offline", "--out", str(run_dir), "--quiet",
+    assert {
+        "--nnodes=2",
+        "--nproc-per-node=8",
+        "--rdzv-backend=c10d",
+        f"--rdzv-id={JOB_ID}",
+        f"--rdzv-endpoint=gpu-node-017:{port}",
+        "--no-python",
+    } <= set(torchrun)
+    assert argv[argv.index("python") :] == [
+        "python",
+        "-m",
+        "megatron_sdpo",
+        "run",
+        "olmo3_7b",
+        "algorithm.sdpo.alpha=0.25",
+        "logging.wandb_mode=offline",
+        "--out",
+        str(run_dir),
+        "--quiet",
     ]
     # The preflight ran first: one task, the same overrides, the allocation's world size.
     (pre,) = _srun_calls(log, preflight=True)
     assert _all_srun_calls(log)[0] == pre
     assert pre[:2] == ["--nodes=1", "--ntasks=1"]
-    assert pre[pre.index("python"):] == [
-        "python", "-m", "megatron_sdpo", "run", "olmo3_7b", "algorithm.sdpo.alpha=0.25",
-        "logging.wandb_mode=offline", "--dry-run", "--strict", "--world-size", "16",
-        "--job-script", str(tmp / "logs" / f"job-{JOB_ID}.sh"), "--launch-env", str(tmp / "logs" / f"launch-{JOB_ID}.env"),
+    assert pre[pre.index("python") :] == [
+        "python",
+        "-m",
+        "megatron_sdpo",
+        "run",
+        "olmo3_7b",
+        "algorithm.sdpo.alpha=0.25",
+        "logging.wandb_mode=offline",
+        "--dry-run",
+        "--strict",
+        "--world-size",
+        "16",
+        "--job-script",
+        str(tmp / "logs" / f"job-{JOB_ID}.sh"),
+        "--launch-env",
+        str(tmp / "logs" / f"launch-{JOB_ID}.env"),
     ]
     # A copy of the spooled script the preflight reads, in the submit directory a container mounts.
     assert (tmp / "logs" / f"job-{JOB_ID}.sh").read_text() == SCRIPTS["olmo3_7b"].read_text()
@@ -189,7 +224,7 @@ def test_first_launch_then_requeued_launch_resumes(fake_slurm):
     (run_dir / "resolved_config.yaml").write_text("name: olmo3_7b\n")
     assert _run(SCRIPTS["olmo3_7b"], env).returncode == 0
     second = _srun_calls(log)[1]
-    assert second[second.index("python"):][-3:] == [str(run_dir), "--resume", "--quiet"]
+    assert second[second.index("python") :][-3:] == [str(run_dir), "--resume", "--quiet"]
 
 
 def test_finished_run_is_not_restarted_and_run_dir_env_wins(fake_slurm):
@@ -212,8 +247,14 @@ def test_out_and_resume_arguments_are_refused(fake_slurm, bad):
 
 
 def _start_and_wait_for_srun(script: Path, env: dict, log: Path) -> subprocess.Popen:
-    proc = subprocess.Popen(["bash", str(_spooled(script, env))], env={**env, "FAKE_SRUN_SLEEP": "60"},
-                            cwd=env["SLURM_SUBMIT_DIR"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        ["bash", str(_spooled(script, env))],
+        env={**env, "FAKE_SRUN_SLEEP": "60"},
+        cwd=env["SLURM_SUBMIT_DIR"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.monotonic() + 30
     while not _srun_calls(log):
         assert proc.poll() is None, proc.communicate()
@@ -276,8 +317,8 @@ def test_each_wrapper_launches_its_own_preset(fake_slurm, preset):
     assert _run(SCRIPTS[preset], env, "seed=3").returncode == 0
     (pre,) = _srun_calls(log, preflight=True)
     (argv,) = _srun_calls(log)
-    assert pre[pre.index("python"):][:6] == ["python", "-m", "megatron_sdpo", "run", preset, "seed=3"]
-    assert argv[argv.index("python"):][:6] == ["python", "-m", "megatron_sdpo", "run", preset, "seed=3"]
+    assert pre[pre.index("python") :][:6] == ["python", "-m", "megatron_sdpo", "run", preset, "seed=3"]
+    assert argv[argv.index("python") :][:6] == ["python", "-m", "megatron_sdpo", "run", preset, "seed=3"]
     assert f"{preset}-{JOB_ID}" in argv[argv.index("--out") + 1]
 
 
@@ -293,7 +334,9 @@ def test_submitted_from_outside_the_repository_is_a_one_line_error(fake_slurm):
 
 def _with_lead(script: Path, lead: int, tmp: Path) -> Path:
     variant = tmp / f"{script.stem}-{lead}.sh"
-    variant.write_text(re.sub(r"^#SBATCH --signal=\S+$", f"#SBATCH --signal=B:USR1@{lead}", script.read_text(), flags=re.M))
+    variant.write_text(
+        re.sub(r"^#SBATCH --signal=\S+$", f"#SBATCH --signal=B:USR1@{lead}", script.read_text(), flags=re.M)
+    )
     return variant
 
 
@@ -305,7 +348,10 @@ def test_the_preflight_prints_the_grace_and_interfaces_and_fails_a_short_lead(fa
     env = {**env, "FAKE_PREFLIGHT_REAL": "1", "PYTHONPATH": str(REPO)}
     proc = _run(SCRIPTS["olmo3_7b"], env)
     # The job's model and data are not on this machine: the preflight fails on them, not on the lead.
-    assert "stop grace: " in proc.stdout and f"stop signal: 720 s before the kill (job-{JOB_ID}.sh: #SBATCH --signal USR1@720)" in proc.stdout, proc.stdout[-3000:]
+    assert (
+        "stop grace: " in proc.stdout
+        and f"stop signal: 720 s before the kill (job-{JOB_ID}.sh: #SBATCH --signal USR1@720)" in proc.stdout
+    ), proc.stdout[-3000:]
     assert [ln for ln in proc.stdout.splitlines() if ln.startswith("network: NCCL_SOCKET_IFNAME")], proc.stdout[-2000:]
     assert "network: NCCL_NVLS_ENABLE=0" in proc.stdout
     assert "stop signal lead" not in proc.stderr and _srun_calls(log) == []
@@ -322,7 +368,8 @@ def test_the_launch_env_reaches_torchrun_and_the_ranks(fake_slurm):
     fake_pre = tmp / "bin" / "srun"
     text = fake_pre.read_text().replace(
         'exit "${FAKE_PREFLIGHT_RC:-0}"',
-        'printf "export SDPO_STOP_LEAD_S=720\\nexport SDPO_STOP_RESERVE_S=170\\n" > "${@: -1}"; exit 0')
+        'printf "export SDPO_STOP_LEAD_S=720\\nexport SDPO_STOP_RESERVE_S=170\\n" > "${@: -1}"; exit 0',
+    )
     fake_pre.write_text(text)
     assert _run(SCRIPTS["olmo3_7b"], env).returncode == 0
     (argv,) = _srun_calls(log)

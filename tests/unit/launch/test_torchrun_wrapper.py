@@ -1,4 +1,5 @@
 """launchers/torchrun.sh: real torchrun ranks running `python -m megatron_sdpo`, and one-line errors."""
+
 from __future__ import annotations
 
 import os
@@ -31,8 +32,14 @@ def test_two_ranks_run_the_cli_through_a_c10d_rendezvous(tmp_path):
     from megatron_sdpo.config import list_presets
 
     env = _env(tmp_path, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), RDZV_ID="launch-test")
-    proc = subprocess.run(["bash", str(WRAPPER), "--nproc-per-node", "2", "presets"], env=env, cwd=tmp_path,
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        ["bash", str(WRAPPER), "--nproc-per-node", "2", "presets"],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "nnodes=1 nproc-per-node=2 (set)" in proc.stderr
     assert "--rdzv-endpoint=127.0.0.1:" in proc.stderr
@@ -43,8 +50,14 @@ def test_two_ranks_run_the_cli_through_a_c10d_rendezvous(tmp_path):
 
 
 def test_cli_errors_propagate_with_their_exit_status(tmp_path):
-    proc = subprocess.run(["bash", str(WRAPPER), "--nproc-per-node=1", "run", "no_such_preset"],
-                          env=_env(tmp_path), cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        ["bash", str(WRAPPER), "--nproc-per-node=1", "run", "no_such_preset"],
+        env=_env(tmp_path),
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode != 0
     assert "unknown preset 'no_such_preset'" in proc.stderr
 
@@ -60,8 +73,14 @@ def test_bad_options_are_one_line_errors(tmp_path):
         (["presets"], {"PYTHON": "no-such-python-here"}, "no-such-python-here is not on PATH"),
     ]
     for args, extra, message in cases:
-        proc = subprocess.run(["bash", str(WRAPPER), *args], env=_env(tmp_path, **extra), cwd=tmp_path,
-                              capture_output=True, text=True, timeout=30)
+        proc = subprocess.run(
+            ["bash", str(WRAPPER), *args],
+            env=_env(tmp_path, **extra),
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
         assert proc.returncode == 2, (args, proc.stderr)
         assert proc.stderr.startswith("error: ") and proc.stderr.count("\n") == 1, (args, proc.stderr)
         assert message in proc.stderr, (args, proc.stderr)

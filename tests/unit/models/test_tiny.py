@@ -1,5 +1,6 @@
 """The tiny base: a short build is deterministic; the shipped copy loads, its tokenizer
 round-trips, and the base is a better teacher (with the solution in context) than student."""
+
 import json
 from dataclasses import asdict
 from pathlib import Path
@@ -45,7 +46,9 @@ def test_config_errors(tmp_path):
 @pytest.fixture(scope="module")
 def shipped():
     if not tiny.is_complete(tiny.SHIPPED_DIR):
-        pytest.fail("the shipped tiny base is missing: run tools/make_tiny_base.py --out megatron_sdpo/assets/tiny_base")
+        pytest.fail(
+            "the shipped tiny base is missing: run tools/make_tiny_base.py --out megatron_sdpo/assets/tiny_base"
+        )
     return tiny.load_tiny_base()
 
 
@@ -55,7 +58,13 @@ def test_shipped_model_is_small_and_shaped(shipped):
     size = sum(f.stat().st_size for f in Path(tiny.SHIPPED_DIR).iterdir())
     assert size < 8 * 2**20
     c = model.config
-    assert (c.hidden_size, c.num_hidden_layers, c.num_attention_heads, c.head_dim, c.num_key_value_heads) == (128, 4, 4, 32, 2)
+    assert (c.hidden_size, c.num_hidden_layers, c.num_attention_heads, c.head_dim, c.num_key_value_heads) == (
+        128,
+        4,
+        4,
+        32,
+        2,
+    )
     assert not c.tie_word_embeddings and c.vocab_size == len(tok)
     assert 600 <= len(tok) <= 1000
     # built from the records of the current generators (a bump of the version needs a rebuild)
@@ -122,9 +131,14 @@ def test_boxed_duplicate_injection():
     cfg.boxed_duplicate_rate = 1.0
     assert all(r["solution"].count("\\boxed{") == 2 for r in tiny.train_records(cfg)["math"])
     cfg.long_math = True  # the long-answer recipe: worked solutions, then the duplicate box
-    assert all(r["solution"].startswith(next(x for x in generate("math", "train", 40, 1) if x["id"] == r["id"])["prompt"].split(" ")[0])
-               and "The answer is" in r["solution"] and r["solution"].count("\\boxed{") == 2
-               for r in tiny.train_records(cfg)["math"])
+    assert all(
+        r["solution"].startswith(
+            next(x for x in generate("math", "train", 40, 1) if x["id"] == r["id"])["prompt"].split(" ")[0]
+        )
+        and "The answer is" in r["solution"]
+        and r["solution"].count("\\boxed{") == 2
+        for r in tiny.train_records(cfg)["math"]
+    )
     cfg.boxed_duplicate_rate = 1.5
     with pytest.raises(ConfigError, match="boxed_duplicate_rate"):
         cfg.validate()

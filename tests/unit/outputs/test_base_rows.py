@@ -1,6 +1,7 @@
 """The shared base row (outputs/base_rows.py): its key changes with what determines the row and
 with nothing else; a stored row reads back, a corrupt one is evaluated again; two runs sharing a
 cache give the second the first's row without evaluating it."""
+
 import json
 import subprocess
 import sys
@@ -45,14 +46,35 @@ def test_rows_read_back_and_a_corrupt_one_is_a_miss(tmp_path):
 @pytest.mark.slow
 def test_a_second_run_takes_the_first_runs_base_row(tmp_path, tiny_two_stage):
     cfg = tmp_path / "cfg.yaml"
-    cfg.write_text(tiny_two_stage("rows", steps=(1, 1), rollout="{engine: hf, max_new_tokens: 8}",
-                                  eval="{max_new_tokens: 8}", checkpoint="{save_every: 0}", diagnostics="{enabled: false}"))
+    cfg.write_text(
+        tiny_two_stage(
+            "rows",
+            steps=(1, 1),
+            rollout="{engine: hf, max_new_tokens: 8}",
+            eval="{max_new_tokens: 8}",
+            checkpoint="{save_every: 0}",
+            diagnostics="{enabled: false}",
+        )
+    )
     outs = []
     # The same seed: tiny's eval items are drawn with it (an exhaustive split's are not).
     for name, ovs in (("a", ["seed=1"]), ("b", ["seed=1", "algorithm.name=sdpo"])):
-        proc = subprocess.run([sys.executable, "-m", "megatron_sdpo", "run", str(cfg), *ovs,
-                               f"eval.base_row_cache={tmp_path / 'rows'}", "--out", str(tmp_path / name)],
-                              capture_output=True, text=True, timeout=600)
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "megatron_sdpo",
+                "run",
+                str(cfg),
+                *ovs,
+                f"eval.base_row_cache={tmp_path / 'rows'}",
+                "--out",
+                str(tmp_path / name),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
         outs.append(proc.stdout)
     assert "base eval row from" not in outs[0] and "base eval row from" in outs[1]

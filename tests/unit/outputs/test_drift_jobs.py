@@ -1,5 +1,6 @@
 """The detached stage-end drift jobs: started with their input, ended on a stop with the input
 kept, started again on resume, a failure named with its log."""
+
 import time
 
 import pytest
@@ -102,12 +103,24 @@ def test_first_job_writes_the_run_ood_distance_table(run_dir, monkeypatch):
     monkeypatch.setattr(stage, "stage_diagnostics", lambda *a, **kw: got.update(kw) or {"stage": 1, "domain": "math"})
     jobs = DriftJobs(run_dir, threads=1, log=lambda msg: None)
     jobs.pending_dir.mkdir(parents=True)
-    torch.save({
-        "stage": 0, "domain": "math", "algorithm": "sdpo", "policies": None, "base_label": "base",
-        "cur_label": "stage_1_math", "probes": {}, "svd_rank": 2, "seed": 0, "probe_n": 1,
-        "response_drift": True, "principal_overlap": False,
-        "ood_prompts": {"train": {"math": ["a", "bb"]}, "eval": {"code/ood_far": ["ccc"]}, "n": 8},
-    }, jobs.input_path(1))
+    torch.save(
+        {
+            "stage": 0,
+            "domain": "math",
+            "algorithm": "sdpo",
+            "policies": None,
+            "base_label": "base",
+            "cur_label": "stage_1_math",
+            "probes": {},
+            "svd_rank": 2,
+            "seed": 0,
+            "probe_n": 1,
+            "response_drift": True,
+            "principal_overlap": False,
+            "ood_prompts": {"train": {"math": ["a", "bb"]}, "eval": {"code/ood_far": ["ccc"]}, "n": 8},
+        },
+        jobs.input_path(1),
+    )
     run_job(jobs.input_path(1))
     table = json.loads((run_dir.root / "ood_distance.json").read_text())
     assert table["distances"]["math"]["code/ood_far"] > 0 and table["n"] == 8
@@ -192,6 +205,10 @@ def test_a_job_whose_run_is_already_gone_exits_at_once(run_dir):
     path = run_dir.drift / "pending" / "stage_1.pt"
     path.parent.mkdir(parents=True)
     torch.save({"stage": 0}, path)
-    proc = subprocess.run([sys.executable, "-m", "megatron_sdpo.outputs.drift_jobs", str(path), "1"],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "megatron_sdpo.outputs.drift_jobs", str(path), "1"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode != 0 and "has ended" in proc.stderr and path.is_file()

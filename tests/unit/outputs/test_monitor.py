@@ -1,5 +1,6 @@
 """wandb from the run monitor: a server out of reach falls back to offline with one warning; a
 wandb service that died mid-run ends wandb, not the run."""
+
 import sys
 import types
 

@@ -1,5 +1,6 @@
 """report.md from a hand-made run directory: the OOD-by-distance section and the principal-weight
 column come from the files the stage diagnostics write."""
+
 import json
 
 from megatron_sdpo.config import load_config
@@ -10,16 +11,20 @@ from megatron_sdpo.outputs.run_dir import RunDir
 def _run(tmp_path, *, table: bool):
     rd = RunDir(tmp_path / "run")
     rd.prepare(resume=False)
-    rd.write_eval_matrix([
-        ("base", {"math/id": 0.2, "math/ood_near": 0.5, "code/ood_far": 0.4}),
-        ("math", {"math/id": 0.6, "math/ood_near": 0.6, "code/ood_far": 0.3}),
-    ])
+    rd.write_eval_matrix(
+        [
+            ("base", {"math/id": 0.2, "math/ood_near": 0.5, "code/ood_far": 0.4}),
+            ("math", {"math/id": 0.6, "math/ood_near": 0.6, "code/ood_far": 0.3}),
+        ]
+    )
     rd.drift.mkdir(parents=True, exist_ok=True)
-    report.write_stage_drift(rd, {"stage": 1, "domain": "math",
-                                  "principal_overlap": {"summary": {"share_over_chance": 0.25}}})
+    report.write_stage_drift(
+        rd, {"stage": 1, "domain": "math", "principal_overlap": {"summary": {"share_over_chance": 0.25}}}
+    )
     if table:
-        (rd.root / "ood_distance.json").write_text(json.dumps(
-            {"bandwidth": 1.0, "distances": {"math": {"math/ood_near": 0.1, "code/ood_far": 0.8}}}))
+        (rd.root / "ood_distance.json").write_text(
+            json.dumps({"bandwidth": 1.0, "distances": {"math": {"math/ood_near": 0.1, "code/ood_far": 0.8}}})
+        )
     return rd
 
 

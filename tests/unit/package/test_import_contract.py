@@ -1,5 +1,6 @@
 """The import contract (.importlinter, checked by import-linter in `make lint`) places every
 package and top-level module of the project, and holds on the tree as it is."""
+
 import configparser
 import subprocess
 import sys
@@ -49,16 +50,26 @@ def test_the_roots_are_the_package_folders():
 
 def test_the_contract_holds():
     pytest.importorskip("importlinter", reason="import-linter comes with the dev extra")
-    proc = subprocess.run([sys.executable, "-c", "from importlinter.cli import lint_imports_command; lint_imports_command()",
-                           "--no-cache"], cwd=REPO, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "from importlinter.cli import lint_imports_command; lint_imports_command()",
+            "--no-cache",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     assert "0 broken" in proc.stdout
 
 
 def _readme_layout() -> str:
     text = (REPO / "README.md").read_text()
-    section = text[text.index("## Layout"):]
-    return section[section.index("```\n") + 4:section.index("\n```", section.index("```\n") + 4)]
+    section = text[text.index("## Layout") :]
+    return section[section.index("```\n") + 4 : section.index("\n```", section.index("```\n") + 4)]
 
 
 def test_the_readme_layout_matches_the_tree():
@@ -68,7 +79,11 @@ def test_the_readme_layout_matches_the_tree():
     units |= {p.name for p in pkg.glob("*.py") if p.stem != "__init__"}
     assert not {u for u in units if u not in block.split()}, "units of megatron_sdpo/ the README's layout omits"
     named = {w for w in block.split() if w.endswith((".py", "/")) and w[0].isalpha()}
-    tracked = [Path(f).parts for f in subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True,
-                                                    check=True).stdout.splitlines()]
+    tracked = [
+        Path(f).parts
+        for f in subprocess.run(
+            ["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True
+        ).stdout.splitlines()
+    ]
     present = {part + "/" for parts in tracked for part in parts[:-1]} | {parts[-1] for parts in tracked}
     assert not named - present, f"the README's layout names what the tree does not have: {sorted(named - present)}"

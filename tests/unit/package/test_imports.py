@@ -1,4 +1,5 @@
 """Importing the package (and its CPU-side modules) pulls in no GPU-only or heavy optional package."""
+
 import subprocess
 import sys
 

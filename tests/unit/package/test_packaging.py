@@ -1,4 +1,5 @@
 """The package builds without setuptools warnings and its wheel ships the data folders."""
+
 import shutil
 import subprocess
 import sys
@@ -17,7 +18,17 @@ def test_wheel_has_the_data_folders_and_the_build_no_package_warnings(tmp_path):
     for name in ("setup.py", "README.md"):
         shutil.copy(ROOT / name, src / name)
     proc = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w", str(tmp_path / "whl"), str(src)],
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-w",
+            str(tmp_path / "whl"),
+            str(src),
+        ],
         capture_output=True,
         text=True,
         timeout=600,
@@ -39,7 +50,10 @@ def test_the_launch_extra_is_the_launch_environment():
     import ast
 
     tree = ast.parse((ROOT / "setup.py").read_text())
-    (extra,) = [ast.literal_eval(node.value) for node in ast.walk(tree) if isinstance(node, ast.Assign)
-                and any(isinstance(t, ast.Name) and t.id == "LAUNCH" for t in node.targets)]
+    (extra,) = [
+        ast.literal_eval(node.value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "LAUNCH" for t in node.targets)
+    ]
     lines = (ROOT / "launchers" / "requirements.txt").read_text().splitlines()
     assert extra == [line for line in lines if line and not line.startswith("#")]

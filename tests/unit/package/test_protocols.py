@@ -5,6 +5,7 @@ type checker holds their signatures to it; a member they failed to define would 
 back to the Protocol's empty body, which is what this test rules out. Data attributes the
 trainer or the refit guard read must be set by the constructor (checked on the source, so no
 model is built here) or be properties."""
+
 import ast
 import inspect
 import typing
@@ -56,7 +57,13 @@ def _assigned_in_source(cls) -> set[str]:
         if not klass.__module__.startswith("megatron_sdpo") or klass in (Backend, RolloutEngine):
             continue
         for node in ast.walk(ast.parse(inspect.getsource(klass))):
-            targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
+            targets = (
+                node.targets
+                if isinstance(node, ast.Assign)
+                else [node.target]
+                if isinstance(node, ast.AnnAssign)
+                else []
+            )
             for t in targets:
                 for el in t.elts if isinstance(t, ast.Tuple) else [t]:
                     if isinstance(el, ast.Attribute) and isinstance(el.value, ast.Name) and el.value.id == "self":
@@ -64,7 +71,9 @@ def _assigned_in_source(cls) -> set[str]:
     return names
 
 
-@pytest.mark.parametrize("proto, get_cls", CASES, ids=["hf-backend", "megatron-backend", "hf-engine", "vllm-engine", "replicas"])
+@pytest.mark.parametrize(
+    "proto, get_cls", CASES, ids=["hf-backend", "megatron-backend", "hf-engine", "vllm-engine", "replicas"]
+)
 def test_engine_declares_and_defines_its_protocol(proto, get_cls):
     cls = get_cls()
     assert proto in cls.__mro__, f"{cls.__name__} does not declare {proto.__name__}"

@@ -5,6 +5,7 @@ repository root is first on sys.path. transformers imports Hugging Face's `kerne
 whenever that distribution is installed (>= 5.25 requires it): a root-level `kernels` package of
 ours would be imported in its place and every model import would fail.
 """
+
 import importlib.metadata
 import subprocess
 import sys
@@ -17,7 +18,7 @@ REPO = Path(__file__).resolve().parents[3]
 
 # A stand-in for the `kernels` distribution: its metadata (so transformers takes it as installed)
 # and a module answering every name transformers imports from it with an inert object.
-STAND_IN = '''
+STAND_IN = """
 class _Inert:
     def __init__(self, *args, **kwargs):
         pass
@@ -43,7 +44,7 @@ def use_kernelized_func(*args, **kwargs):
 
 def __getattr__(name):
     return _Inert()
-'''
+"""
 PROBE = textwrap.dedent("""
     import sys
     import transformers.activations
@@ -77,8 +78,7 @@ def kernels_installed(tmp_path):
 def _probe(root: Path, site: Path) -> subprocess.CompletedProcess:
     # `python -c` from `root` puts `root` first on sys.path, as `python -m megatron_sdpo` does.
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(site), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-    return subprocess.run([sys.executable, "-c", PROBE], cwd=root, env=env, capture_output=True, text=True,
-                          timeout=300)
+    return subprocess.run([sys.executable, "-c", PROBE], cwd=root, env=env, capture_output=True, text=True, timeout=300)
 
 
 def test_transformers_model_code_imports_from_the_repository_root(kernels_installed):

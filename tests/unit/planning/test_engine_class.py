@@ -1,5 +1,6 @@
 """The vLLM class the plan names for each paper model, its TP collectives and their place in the
 planned step: by hand from the architectures' numbers."""
+
 import pytest
 
 from megatron_sdpo.planning import engine_class as ec
@@ -21,7 +22,9 @@ def test_olmo3_runs_on_the_transformers_backend_with_the_qk_norm_gathers():
     assert e.vllm_class.startswith("TransformersForCausalLM")
     assert e.collectives_per_layer == 4  # 2 all-reduces + the q and k all-gathers
     assert e.gather_bytes_per_layer == (32 + 32) * 128 * ec.MAX_BATCHED_TOKENS * 2  # 128 MiB in bf16
-    assert e.decode_seconds(layers=32, decode_steps=1000, rollout_tp=4) == pytest.approx(1000 * 32 * 4 * ec.TP_COLLECTIVE_S)
+    assert e.decode_seconds(layers=32, decode_steps=1000, rollout_tp=4) == pytest.approx(
+        1000 * 32 * 4 * ec.TP_COLLECTIVE_S
+    )
     assert e.decode_seconds(layers=32, decode_steps=1000, rollout_tp=1) == 0.0
     assert "128 MiB at 8192 batched tokens" in e.line(32, 1000, 4)
 
@@ -33,8 +36,18 @@ def test_qwen3_has_its_own_class_and_a_per_head_norm():
 
 
 def test_the_planned_step_adds_the_collectives_to_the_rollout():
-    kw = dict(params=10**9, world=4, samples=10, max_len=1000, new_tokens=100, waves=2, wave_seqs=5,
-              kv_bytes_per_token=1000, engine_weight_bytes=2 * 10**9, extra_forwards=1)
+    kw = dict(
+        params=10**9,
+        world=4,
+        samples=10,
+        max_len=1000,
+        new_tokens=100,
+        waves=2,
+        wave_seqs=5,
+        kv_bytes_per_token=1000,
+        engine_weight_bytes=2 * 10**9,
+        extra_forwards=1,
+    )
     base, _ = sg.planned_step_seconds(**kw)
     more, how = sg.planned_step_seconds(**kw, collectives_s=7.0)
     assert more == pytest.approx(base + 7.0, rel=1e-12) and "rollout" in how

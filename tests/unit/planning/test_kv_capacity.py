@@ -1,4 +1,5 @@
 """The dry run's KV-cache lines (planning/kv_capacity.py): hand-computed sizes and waves."""
+
 import pytest
 
 from megatron_sdpo.config import load_config
@@ -35,9 +36,19 @@ def test_the_paper_presets_preempt_and_the_plan_says_which_setting_fits(preset, 
 
 def test_a_batch_that_fits_warns_nothing_and_the_utilization_is_named_where_it_fits():
     assert plan(load_config("tiny", ["rollout.engine=vllm"]), 1).kv.warnings(1) == []
-    kv = KVCapacity(per_token=1024, cache_bytes=10 * 1024 * 100, engine_weight_bytes=GIB, device_bytes=80 * GIB,
-                    utilization=0.5, max_len=100, rollout_seqs=20, eval_seqs=5, samples_per_record=1,
-                    awake_other_bytes=10 * GIB, room_bytes=77 * GIB)
+    kv = KVCapacity(
+        per_token=1024,
+        cache_bytes=10 * 1024 * 100,
+        engine_weight_bytes=GIB,
+        device_bytes=80 * GIB,
+        utilization=0.5,
+        max_len=100,
+        rollout_seqs=20,
+        eval_seqs=5,
+        samples_per_record=1,
+        awake_other_bytes=10 * GIB,
+        room_bytes=77 * GIB,
+    )
     assert kv.sequences == 10 and kv.waves(20) == 2
     (line,) = kv.warnings(replicas=1)
     # (1 GiB of weights + 20 x 100 tokens x 1 KiB) / 80 GiB, rounded up to the hundredth.

@@ -1,5 +1,6 @@
 """`megatron-sdpo run PRESET --dry-run`: layout, rollout plan, data checks and the memory
 estimate, without weights (the paper models' directories are not on a test machine)."""
+
 from __future__ import annotations
 
 import pytest
@@ -23,7 +24,10 @@ def test_paper_presets_plan_at_16_and_8_ranks(preset, world, tp, dp, capsys, mon
     assert f"ranks: {world} (WORLD_SIZE)" in out
     assert f"trainer layout: TP={tp} PP=1 DP={dp} (sequence parallel)" in out
     # The presets give vLLM the trainer's TP: one replica per trainer TP group.
-    assert f"vLLM TP={tp} (rollout.tensor_parallel_size), vLLM replicas={world // tp}, {32 // (world // tp)} prompts" in out
+    assert (
+        f"vLLM TP={tp} (rollout.tensor_parallel_size), vLLM replicas={world // tp}, {32 // (world // tp)} prompts"
+        in out
+    )
     assert f"256 samples per step, {256 // dp} per DP rank, {256 // dp} micro-batches" in out
     assert "not on this machine: architecture numbers from the built-in table" in out
     assert "memory per rank by phase, GiB" in out and "peak: " in out
@@ -110,10 +114,14 @@ def test_config_json_of_a_local_model_and_unknown_models(tmp_path):
 
 
 def test_existing_data_files_are_parsed_with_their_schema():
-    ok = load_config("tiny", [f"domains.math.train.source={FIXTURES}/dapo_math.jsonl", "domains.math.train.schema=dapo_math"])
+    ok = load_config(
+        "tiny", [f"domains.math.train.source={FIXTURES}/dapo_math.jsonl", "domains.math.train.schema=dapo_math"]
+    )
     checks = {d.where: d.status for d in plan(ok, 1).data}
     assert checks["domains.math.train.source"].startswith("ok (") and checks["domains.code.train"] == "synthetic"
-    wrong = load_config("tiny", [f"domains.math.train.source={FIXTURES}/dapo_math.jsonl", "domains.math.train.schema=aime"])
+    wrong = load_config(
+        "tiny", [f"domains.math.train.source={FIXTURES}/dapo_math.jsonl", "domains.math.train.schema=aime"]
+    )
     with pytest.raises(DataError):
         plan(wrong, 1)
     other = load_config("tiny", [f"domains.math.train.source={FIXTURES}/gpqa.json", "domains.math.train.schema=gpqa"])

@@ -28,6 +28,7 @@ Tolerances, from how the code lays memory out rather than from a run:
 The engine's KV cache is the ledger's exactly; its weights are not measured on CPU (vLLM's CPU
 backend repacks its linear layers into oneDNN buffers that are not torch tensors).
 """
+
 import pytest
 import torch
 
@@ -68,8 +69,14 @@ def _worker(model_dir: str, ckpt: str) -> dict:
     from megatron_sdpo.rollout.vllm import layer_buckets
 
     be = MegatronBackend(
-        model_dir, lr=1e-4, micro_batch_size=MBS, parallel=ParallelConfig(tp=1, pp=1), with_teacher=True,
-        with_reference=True, options=ModelOptions(precision=PrecisionConfig(params="bfloat16")), packing=False,
+        model_dir,
+        lr=1e-4,
+        micro_batch_size=MBS,
+        parallel=ParallelConfig(tp=1, pp=1),
+        with_teacher=True,
+        with_reference=True,
+        options=ModelOptions(precision=PrecisionConfig(params="bfloat16")),
+        packing=False,
         loss_chunk_tokens=CHUNK,
     )
     loss = SDPOLoss(variant="logits", alpha=0.5, topk=TOPK, is_clip=2.0, mask_key="distill_mask", topk_source="shards")
@@ -92,8 +99,12 @@ def _worker(model_dir: str, ckpt: str) -> dict:
         got["params"], seen = mc.storage_bytes(params)
         got["grads"], k = mc.storage_bytes([p.main_grad for p in params], exclude=seen)
         seen |= k
-        for name, root in (("teacher", be.teacher), ("reference", be.reference), ("teacher_shadow", be.teacher_fp32),
-                           ("optimizer", be.optimizer)):
+        for name, root in (
+            ("teacher", be.teacher),
+            ("reference", be.reference),
+            ("teacher_shadow", be.teacher_fp32),
+            ("optimizer", be.optimizer),
+        ):
             got[name], k = mc.held_bytes(root, exclude=seen)
             seen |= k
         # The offloaded state's host copies are not device memory (pinned host memory on a GPU).
@@ -137,8 +148,9 @@ def _qwen3_shaped(path: str) -> str:
     return save_tiny_qwen3(path, **QWEN3_SHAPED)
 
 
-@pytest.fixture(scope="module", params=[("qwen3_shaped", 1), ("qwen3_shaped", 2), ("shipped", 1)],
-                ids=["dp1", "dp2", "shipped"])
+@pytest.fixture(
+    scope="module", params=[("qwen3_shaped", 1), ("qwen3_shaped", 2), ("shipped", 1)], ids=["dp1", "dp2", "shipped"]
+)
 def measured(request, tmp_path_factory):
     from megatron_sdpo.backends.megatron.launch import spawn
     from megatron_sdpo.models.tiny import SHIPPED_DIR
@@ -158,13 +170,30 @@ def _ledger(model_dir: str, dp: int, offload: bool, riders: int = 1):
     from megatron_sdpo.weights.plan import ModelSpec
 
     spec = ModelSpec.from_hf_config(AutoConfig.from_pretrained(model_dir))
-    return ml.build(ml.LedgerInputs(
-        spec=spec, megatron=True, dp=dp, param_bytes=2, activation_bytes=2, with_teacher=True, with_reference=True,
-        # DP splits the batch: each rank's micro-batch holds MBS / DP samples.
-        offload=offload, micro_batch_size=MBS // dp, seq=SEQ, recompute="none", riders=riders, probe_rows=MBS,
-        engine="vllm", bucket_bytes=REFIT_CAP, kv_cache_bytes=0, response=SEQ - PROMPT, loss_chunk_tokens=CHUNK,
-        logit_counts=ml.logit_counts(distills=True, topk=TOPK, is_clip=True, riders=riders),
-    ))
+    return ml.build(
+        ml.LedgerInputs(
+            spec=spec,
+            megatron=True,
+            dp=dp,
+            param_bytes=2,
+            activation_bytes=2,
+            with_teacher=True,
+            with_reference=True,
+            # DP splits the batch: each rank's micro-batch holds MBS / DP samples.
+            offload=offload,
+            micro_batch_size=MBS // dp,
+            seq=SEQ,
+            recompute="none",
+            riders=riders,
+            probe_rows=MBS,
+            engine="vllm",
+            bucket_bytes=REFIT_CAP,
+            kv_cache_bytes=0,
+            response=SEQ - PROMPT,
+            loss_chunk_tokens=CHUNK,
+            logit_counts=ml.logit_counts(distills=True, topk=TOPK, is_clip=True, riders=riders),
+        )
+    )
 
 
 def test_persistent_categories_match_the_census(measured):
@@ -193,8 +222,10 @@ def test_train_phase_activations_and_logits_within_their_bounds(measured):
     led = _ledger(model_dir, got["dp"], offload=False)
     assert led.categories["activations"] <= got["activations"] <= 3 * led.categories["activations"]
     if got["model"] == "shipped":
-        pytest.skip("the shipped model's gated MLP is 768 wide, as its padded vocabulary: the census cannot tell "
-                    "its activations from the logits (the Qwen3-shaped cases measure them)")
+        pytest.skip(
+            "the shipped model's gated MLP is 768 wide, as its padded vocabulary: the census cannot tell "
+            "its activations from the logits (the Qwen3-shaped cases measure them)"
+        )
     assert got["logits"] <= led.categories["logits"] <= 1.6 * got["logits"], (got["logits"], led.categories["logits"])
 
 
@@ -271,9 +302,21 @@ def test_engine_kv_cache_is_the_ledgers(tmp_path):
 def _spec(**kw):
     from megatron_sdpo.weights.plan import ModelSpec
 
-    base = dict(arch="qwen3", num_layers=2, hidden_size=64, num_heads=4, num_kv_heads=2, head_dim=16,
-                ffn_hidden_size=192, vocab_size=100, tie_word_embeddings=False, qk_norm="head", rms_norm_eps=1e-6,
-                rope_theta=1e4, max_position_embeddings=128)
+    base = dict(
+        arch="qwen3",
+        num_layers=2,
+        hidden_size=64,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=16,
+        ffn_hidden_size=192,
+        vocab_size=100,
+        tie_word_embeddings=False,
+        qk_norm="head",
+        rms_norm_eps=1e-6,
+        rope_theta=1e4,
+        max_position_embeddings=128,
+    )
     return ModelSpec(**{**base, **kw})
 
 
@@ -313,8 +356,10 @@ def test_recompute_settings_scale_the_activations():
     from megatron_sdpo.planning import memory_ledger as ml
 
     s = _spec()
-    units = {r: ml._activations(ml.LedgerInputs(spec=s, megatron=True, seq=32, recompute=r), 1) for r in
-             ("full", "selective", "none")}
+    units = {
+        r: ml._activations(ml.LedgerInputs(spec=s, megatron=True, seq=32, recompute=r), 1)
+        for r in ("full", "selective", "none")
+    }
     per_unit = 64 * 32  # h x tokens, 16-bit bytes per unit
     scales = ml.activation_token_bytes(s) * 32
     # Full: the layer's input, and in backward one layer's forward again with what it saves.
@@ -348,8 +393,18 @@ def test_a_teacher_rows_logits_span_its_own_length():
 
     s = _spec(vocab_size=1000)
     counts = ml.logit_counts(distills=True, topk=20, is_clip=True, riders=1)
-    base = dict(spec=s, megatron=True, param_bytes=2, micro_batch_size=2, seq=64, response=48, riders=1,
-                with_teacher=True, logit_counts=counts, loss_chunk_tokens=16)
+    base = dict(
+        spec=s,
+        megatron=True,
+        param_bytes=2,
+        micro_batch_size=2,
+        seq=64,
+        response=48,
+        riders=1,
+        with_teacher=True,
+        logit_counts=counts,
+        loss_chunk_tokens=16,
+    )
     got = lambda **kw: ml.build(ml.LedgerInputs(**{**base, **kw})).categories["logits"]  # noqa: E731
     padded = 1024
     # 32 more tokens in each of the 2 teacher rows: one more 16-bit row of padded logits each.

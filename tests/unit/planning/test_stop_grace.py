@@ -1,5 +1,6 @@
 """The grace a stop needs against the job's signal lead: the planned step, the save and the
 margin by hand; the lead read from a job script or the environment; the preflight's line."""
+
 import math
 
 import pytest
@@ -11,9 +12,18 @@ from megatron_sdpo.planning import stop_grace as sg
 def test_planned_step_by_hand():
     # Train: (6 + 2*1) * 1e9 params * 10 samples * 1000 tokens / (4 ranks * peak * MFU).
     # Decode: 100 tokens * 2 waves * (2e9 weight bytes + 5 seqs * (1000 - 50) tokens * 1000 bytes).
-    seconds, how = sg.planned_step_seconds(params=10**9, world=4, samples=10, max_len=1000, new_tokens=100,
-                                           waves=2, wave_seqs=5, kv_bytes_per_token=1000,
-                                           engine_weight_bytes=2 * 10**9, extra_forwards=1)
+    seconds, how = sg.planned_step_seconds(
+        params=10**9,
+        world=4,
+        samples=10,
+        max_len=1000,
+        new_tokens=100,
+        waves=2,
+        wave_seqs=5,
+        kv_bytes_per_token=1000,
+        engine_weight_bytes=2 * 10**9,
+        extra_forwards=1,
+    )
     train = 8e9 * 1e4 / (4 * sg.PEAK_FLOPS * sg.TRAIN_MFU)
     decode = 200 * (2e9 + 5 * 950 * 1000) / (sg.HBM_BYTES_S * sg.DECODE_HBM_SHARE)
     assert seconds == pytest.approx(train + decode, rel=1e-12)
@@ -21,20 +31,38 @@ def test_planned_step_by_hand():
 
 
 def test_budget_adds_step_save_refit_and_margin():
-    b = sg.planned_budget(step_s=300.0, step_source="x", node_bytes=24 * 2**30, write_gib_s=2.0, refit_bytes_per_rank=10**10, offloaded=True)
+    b = sg.planned_budget(
+        step_s=300.0,
+        step_source="x",
+        node_bytes=24 * 2**30,
+        write_gib_s=2.0,
+        refit_bytes_per_rank=10**10,
+        offloaded=True,
+    )
     assert b.save_s == pytest.approx(12.0) and b.refit_s == pytest.approx(1e10 / sg.REFIT_BYTES_S)
     assert b.margin_s == pytest.approx(max(sg.MARGIN_MIN_S, 0.1 * (300 + 12 + 0.2)))
     assert b.total_s == pytest.approx(300 + 12 + 0.2 + b.margin_s)
     assert b.reserve_s == pytest.approx(b.total_s - 300)
     # Without offload the weights stay with the engine: no refit after a save.
-    assert sg.planned_budget(step_s=1, step_source="x", node_bytes=0, write_gib_s=1, refit_bytes_per_rank=10**10, offloaded=False).refit_s == 0
+    assert (
+        sg.planned_budget(
+            step_s=1, step_source="x", node_bytes=0, write_gib_s=1, refit_bytes_per_rank=10**10, offloaded=False
+        ).refit_s
+        == 0
+    )
     assert b.line().startswith(f"stop grace: {b.total_s:.0f} s = step 300 s (x) + save 12 s (24.0 GiB per node")
 
 
-@pytest.mark.parametrize("line, lead", [
-    ("#SBATCH --signal=B:USR1@720", 720), ("#SBATCH --signal=USR1@90", 90), ("#SBATCH --signal=SIGUSR1@30", 30),
-    ("#SBATCH --signal=B:USR1", 60), ("#SBATCH --signal RB:TERM@300", 300),
-])
+@pytest.mark.parametrize(
+    "line, lead",
+    [
+        ("#SBATCH --signal=B:USR1@720", 720),
+        ("#SBATCH --signal=USR1@90", 90),
+        ("#SBATCH --signal=SIGUSR1@30", 30),
+        ("#SBATCH --signal=B:USR1", 60),
+        ("#SBATCH --signal RB:TERM@300", 300),
+    ],
+)
 def test_the_lead_is_read_from_the_job_script(tmp_path, monkeypatch, line, lead):
     monkeypatch.delenv(sg.LEAD_ENV, raising=False)
     script = tmp_path / "job.sh"
@@ -91,8 +119,19 @@ def test_the_dry_run_prints_the_grace_and_the_preflight_fails_a_short_lead(tmp_p
     script = tmp_path / "job.sh"
     script.write_text("#!/bin/bash\n#SBATCH --signal=B:USR1@120\n")
     env_file = tmp_path / "launch.env"
-    rc = main(["run", "olmo3_7b", "--dry-run", "--world-size", "16", "--job-script", str(script),
-               "--launch-env", str(env_file)])
+    rc = main(
+        [
+            "run",
+            "olmo3_7b",
+            "--dry-run",
+            "--world-size",
+            "16",
+            "--job-script",
+            str(script),
+            "--launch-env",
+            str(env_file),
+        ]
+    )
     out = capsys.readouterr().out
     assert rc == 0  # not strict: a warning
     grace = [ln for ln in out.splitlines() if ln.startswith("stop grace: ")]

@@ -7,6 +7,7 @@ programs are scored on that CPU with and without the hogs: identical scores. Tha
 is checked on the old verdict: a wall-clock limit equal to the CPU limit turns the correct program
 that needs 0.4 s of CPU (2 s of wall time at a fifth of a CPU) into a time-out.
 """
+
 import os
 import subprocess
 import sys
@@ -64,10 +65,13 @@ def _saturated(cpu: int):
     """HOGS busy loops on `cpu`, each ending by itself after 60 s; killed on leaving, by pid.
     Each in a session of its own, as the sandbox is: with the kernel's autogroup scheduling the
     CPU is shared between sessions first, and hogs in this one session would take half of it."""
-    hogs = [subprocess.Popen([sys.executable, "-c",
-                              "import time\nend = time.monotonic() + 60\nwhile time.monotonic() < end:\n    pass"],
-                             start_new_session=True)
-            for _ in range(HOGS)]
+    hogs = [
+        subprocess.Popen(
+            [sys.executable, "-c", "import time\nend = time.monotonic() + 60\nwhile time.monotonic() < end:\n    pass"],
+            start_new_session=True,
+        )
+        for _ in range(HOGS)
+    ]
     try:
         for hog in hogs:
             os.sched_setaffinity(hog.pid, {cpu})

@@ -1,6 +1,7 @@
 """Hostile programs in the code sandbox: each scores 0 with feedback, within its time limit plus
 one second (plus what starting and tearing down a trivial sandboxed program costs on this machine
 right now), and leaves no process and no file behind."""
+
 import os
 import socket
 import tempfile
@@ -22,13 +23,14 @@ REPO = Path(megatron_sdpo.__file__).resolve().parent.parent
 
 needs_namespaces = pytest.mark.skipif(
     sb.isolation_mode() != "namespaces",
-    reason="namespace isolation needs root and unshare(2) (the sandbox falls back to rlimits)")
+    reason="namespace isolation needs root and unshare(2) (the sandbox falls back to rlimits)",
+)
 
 
 def _own_sandbox_uids() -> set[int]:
     """The uids this test process's sandboxes have used so far (other runs on the same machine
     allocate from the same range with another pid, and must not fail these tests)."""
-    upto = int(repr(sb._uid_counter)[len("count("):-1])  # peek without consuming
+    upto = int(repr(sb._uid_counter)[len("count(") : -1])  # peek without consuming
     return {sb._UID_BASE + (os.getpid() * 7919 + n) % sb._UID_SPAN for n in range(upto)}
 
 
@@ -63,8 +65,7 @@ def workroot(tmp_path, monkeypatch):
 def _score(source: str, expected: str = "ok", stdin: str = "", limits=LIMITS):
     record = {"id": "t", "tests": [{"input": stdin, "output": expected}]}
     start = time.monotonic()
-    result = score_code(f"```python\n{textwrap.dedent(source)}\n```", record,
-                        sandbox=Sandbox(limits))
+    result = score_code(f"```python\n{textwrap.dedent(source)}\n```", record, sandbox=Sandbox(limits))
     return result, time.monotonic() - start
 
 
@@ -73,8 +74,9 @@ def _start_and_teardown_seconds() -> float:
     start, teardown) every program pays on top of its run time, which grows with the machine's
     load. The kill guarantee is about the run time, so the bound adds it."""
     start = time.monotonic()
-    score_code("```python\nprint('ok')\n```", {"id": "t", "tests": [{"input": "", "output": "ok"}]},
-               sandbox=Sandbox(LIMITS))
+    score_code(
+        "```python\nprint('ok')\n```", {"id": "t", "tests": [{"input": "", "output": "ok"}]}, sandbox=Sandbox(LIMITS)
+    )
     return time.monotonic() - start
 
 
@@ -295,10 +297,10 @@ def test_background_child_does_not_outlive_the_sandbox(workroot, tmp_path):
 @needs_namespaces
 def test_batched_mode_isolates_programs(workroot):
     sandbox = Sandbox(LIMITS)
-    writer = Program("open('/tmp/shared', 'w').write('leak')\nopen('here', 'w').write('leak')\n"
-                     "print('written')", [""])
-    reader = Program("import os\nprint(os.path.exists('/tmp/shared'), os.path.exists('../p0/here'),"
-                     " os.listdir('.'))", [""])
+    writer = Program("open('/tmp/shared', 'w').write('leak')\nopen('here', 'w').write('leak')\nprint('written')", [""])
+    reader = Program(
+        "import os\nprint(os.path.exists('/tmp/shared'), os.path.exists('../p0/here'), os.listdir('.'))", [""]
+    )
     out = sandbox.run_batch([writer, reader], batched=True)
     assert out[0][0].stdout.strip() == "written"
     assert out[1][0].stdout.strip() == "False False []"
@@ -354,7 +356,11 @@ def test_a_stop_signal_to_the_job_does_not_fail_the_programs_being_scored(workro
 
     killer = threading.Thread(target=term_the_runner)
     killer.start()
-    result, _ = _score("import time\ntime.sleep(1.0)\nprint(int(input()) * 2)", expected="42", stdin="21",
-                       limits=SandboxLimits(timeout_s=2.0, cpu_s=2, memory_mb=256, nproc=12))
+    result, _ = _score(
+        "import time\ntime.sleep(1.0)\nprint(int(input()) * 2)",
+        expected="42",
+        stdin="21",
+        limits=SandboxLimits(timeout_s=2.0, cpu_s=2, memory_mb=256, nproc=12),
+    )
     killer.join()
     assert result.score == 1.0, result.feedback

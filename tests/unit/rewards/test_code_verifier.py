@@ -10,12 +10,26 @@ from megatron_sdpo.rewards.code import extract_code, score_code, score_code_batc
 from megatron_sdpo.rewards.sandbox import Sandbox, SandboxLimits
 
 SANDBOX = Sandbox(SandboxLimits(timeout_s=1.0, cpu_s=1))
-STDIO = {"id": "c1", "domain": "code", "tests": [
-    {"input": "1 2\n", "output": "3\n"}, {"input": "10 -4", "output": "6"},
-    {"input": "5 5", "output": "10  \n\n"}]}
-FUNCTIONAL = {"id": "c2", "domain": "code", "fn_name": "twoSum", "tests": json.dumps([
-    {"input": "[2, 7, 11, 15]\n9", "output": "[0, 1]", "testtype": "functional"},
-    {"input": "[3, 2, 4]\n6", "output": "[1, 2]", "testtype": "functional"}])}
+STDIO = {
+    "id": "c1",
+    "domain": "code",
+    "tests": [
+        {"input": "1 2\n", "output": "3\n"},
+        {"input": "10 -4", "output": "6"},
+        {"input": "5 5", "output": "10  \n\n"},
+    ],
+}
+FUNCTIONAL = {
+    "id": "c2",
+    "domain": "code",
+    "fn_name": "twoSum",
+    "tests": json.dumps(
+        [
+            {"input": "[2, 7, 11, 15]\n9", "output": "[0, 1]", "testtype": "functional"},
+            {"input": "[3, 2, 4]\n6", "output": "[1, 2]", "testtype": "functional"},
+        ]
+    ),
+}
 ADD = "a, b = map(int, input().split())\nprint(a + b)"
 TWO_SUM = """class Solution:
     def twoSum(self, nums, target):
@@ -44,8 +58,7 @@ def test_extract_code():
 def test_stdio_right_and_wrong():
     good = score_code(fenced(ADD), STDIO, sandbox=SANDBOX)
     assert good.score == 1.0 and good.details["pass_fraction"] == 1.0
-    bad = score_code(fenced("a, b = map(int, input().split())\nprint(a + b if a < 9 else 0)"),
-                     STDIO, sandbox=SANDBOX)
+    bad = score_code(fenced("a, b = map(int, input().split())\nprint(a + b if a < 9 else 0)"), STDIO, sandbox=SANDBOX)
     assert bad.score == 0.0
     assert bad.details["passed"] == 2 and bad.details["pass_fraction"] == pytest.approx(2 / 3)
     assert bad.feedback == "Wrong answer on test 2.\nInput:\n10 -4\nExpected:\n6\nGot:\n0"
@@ -64,12 +77,15 @@ def test_functional_missing_function():
     assert result.score == 0.0 and "'twoSum' is not defined" in result.feedback
 
 
-@pytest.mark.parametrize("code,fragment", [
-    ("def f(:\n  pass", "does not compile"),
-    ("print(1/0)", "ZeroDivisionError: division by zero"),
-    ("import sys\nsys.exit(3)", "Runtime error on test 1"),
-    ("while True:\n    pass", "Time limit exceeded (1 s) on test 1"),
-])
+@pytest.mark.parametrize(
+    "code,fragment",
+    [
+        ("def f(:\n  pass", "does not compile"),
+        ("print(1/0)", "ZeroDivisionError: division by zero"),
+        ("import sys\nsys.exit(3)", "Runtime error on test 1"),
+        ("while True:\n    pass", "Time limit exceeded (1 s) on test 1"),
+    ],
+)
 def test_feedback_kinds(code, fragment):
     result = score_code(fenced(code), STDIO, sandbox=SANDBOX)
     assert result.score == 0.0
@@ -96,8 +112,7 @@ def test_format_error(response):
 
 def test_bad_records_raise_data_error():
     with pytest.raises(DataError, match="fn_name"):
-        score_code("print(1)", {"id": "x", "tests": [{"input": "", "output": "",
-                                                      "testtype": "functional"}]})
+        score_code("print(1)", {"id": "x", "tests": [{"input": "", "output": "", "testtype": "functional"}]})
     with pytest.raises(DataError, match="no code tests"):
         score_code("print(1)", {"id": "x", "tests": []})
 
@@ -119,12 +134,23 @@ def test_adversarial_responses_do_not_raise():
 
 
 # Test scripts (`"testtype": "code"`): run verbatim after the program, one per case.
-SCRIPTS = {"id": "c3", "domain": "code", "tests": [
-    {"input": "assert exp(2, 3) == 8", "output": "", "testtype": "code"},
-    {"input": "from datetime import date\nassert shift(date(2024, 1, 31)) == date(2024, 2, 1)",
-     "output": "", "testtype": "code"},
-    {"input": "try:\n    exp(2, 0.5)\nexcept NotImplementedError:\n    pass\nelse:\n    assert False",
-     "output": "", "testtype": "code"}]}
+SCRIPTS = {
+    "id": "c3",
+    "domain": "code",
+    "tests": [
+        {"input": "assert exp(2, 3) == 8", "output": "", "testtype": "code"},
+        {
+            "input": "from datetime import date\nassert shift(date(2024, 1, 31)) == date(2024, 2, 1)",
+            "output": "",
+            "testtype": "code",
+        },
+        {
+            "input": "try:\n    exp(2, 0.5)\nexcept NotImplementedError:\n    pass\nelse:\n    assert False",
+            "output": "",
+            "testtype": "code",
+        },
+    ],
+}
 EXP = """import datetime
 
 
@@ -147,21 +173,35 @@ def test_scripts_pass_when_they_run_to_their_end():
     assert (result.score, result.details["statuses"]) == (1.0, ["ok", "ok", "ok"]), result.feedback
 
 
-@pytest.mark.parametrize("changes,passed,feedback", [
-    # The try/except script fails by its `else: assert False`: the failing script is shown.
-    ([('raise NotImplementedError("integer exponents only")', "return 1.4142")], 2,
-     "Failed test 3.\nTest:\ntry:\n    exp(2, 0.5)\nexcept NotImplementedError:\n    pass\nelse:\n    assert False\n"
-     "Traceback (most recent call last):\n  File \"test.py\", line 6, in <module>\n    assert False\nAssertionError"),
-    ([("days=1", "days=2")], 2, "Failed test 2.\nTest:\nfrom datetime import date\n"),
-    # Exiting with status 0 before the script runs does not pass it.
-    ([("import datetime", "import os\nos._exit(0)")], 0, "The program ended (exit status 0) before the test ran."),
-    # Neither does making the scripts no-ops: the runner bound exec and compile before the program
-    # ran, so the wrong exp still fails test 1 (tests 2 and 3 do not meet the change: they pass).
-    ([("out = 1", "return 0"),
-      ("import datetime", "import builtins, datetime\nbuiltins.exec = builtins.compile = lambda *a, **k: None")],
-     2, "Failed test 1."),
-    ([("import datetime", "import datetime\nraise KeyError('x')")], 0, "The program failed before test 1 ran:"),
-])
+@pytest.mark.parametrize(
+    "changes,passed,feedback",
+    [
+        # The try/except script fails by its `else: assert False`: the failing script is shown.
+        (
+            [('raise NotImplementedError("integer exponents only")', "return 1.4142")],
+            2,
+            "Failed test 3.\nTest:\ntry:\n    exp(2, 0.5)\nexcept NotImplementedError:\n    pass\nelse:\n    assert False\n"
+            'Traceback (most recent call last):\n  File "test.py", line 6, in <module>\n    assert False\nAssertionError',
+        ),
+        ([("days=1", "days=2")], 2, "Failed test 2.\nTest:\nfrom datetime import date\n"),
+        # Exiting with status 0 before the script runs does not pass it.
+        ([("import datetime", "import os\nos._exit(0)")], 0, "The program ended (exit status 0) before the test ran."),
+        # Neither does making the scripts no-ops: the runner bound exec and compile before the program
+        # ran, so the wrong exp still fails test 1 (tests 2 and 3 do not meet the change: they pass).
+        (
+            [
+                ("out = 1", "return 0"),
+                (
+                    "import datetime",
+                    "import builtins, datetime\nbuiltins.exec = builtins.compile = lambda *a, **k: None",
+                ),
+            ],
+            2,
+            "Failed test 1.",
+        ),
+        ([("import datetime", "import datetime\nraise KeyError('x')")], 0, "The program failed before test 1 ran:"),
+    ],
+)
 def test_scripts_fail_and_name_the_failing_one(changes, passed, feedback):
     program = EXP
     for old, new in changes:
@@ -174,8 +214,10 @@ def test_scripts_fail_and_name_the_failing_one(changes, passed, feedback):
 
 def test_scripts_get_no_stdin_and_do_not_run_main_blocks():
     main = "import sys\nif __name__ == '__main__':\n    sys.exit(3)\nDATA = sys.stdin.read()\n"
-    record = {"id": "c4", "tests": [{"input": "assert DATA == '' and __name__ == 'solution'", "output": "",
-                                     "testtype": "code"}]}
+    record = {
+        "id": "c4",
+        "tests": [{"input": "assert DATA == '' and __name__ == 'solution'", "output": "", "testtype": "code"}],
+    }
     assert score_code(fenced(main), record, sandbox=SANDBOX).score == 1.0
 
 
@@ -184,34 +226,49 @@ def test_mixed_or_unknown_test_kinds_are_refused():
     with pytest.raises(DataError, match="mixes code and stdin tests"):
         score_code(fenced(EXP), mixed, sandbox=SANDBOX)
     with pytest.raises(DataError, match="testtype 'assert' is none of"):
-        score_code(fenced(EXP), {"id": "u", "tests": [{"input": "", "output": "", "testtype": "assert"}]},
-                   sandbox=SANDBOX)
+        score_code(
+            fenced(EXP), {"id": "u", "tests": [{"input": "", "output": "", "testtype": "assert"}]}, sandbox=SANDBOX
+        )
 
 
 def test_time_is_judged_on_cpu_time_of_the_whole_process_tree():
     # Sleeping uses no CPU: within the wall backstop it passes, past it it times out.
     sleepy = "import time\ntime.sleep(1.5)\nprint(3)"
-    assert score_code(fenced(sleepy), {"id": "s", "tests": [{"input": "", "output": "3"}]},
-                      sandbox=SANDBOX).score == 1.0
+    assert (
+        score_code(fenced(sleepy), {"id": "s", "tests": [{"input": "", "output": "3"}]}, sandbox=SANDBOX).score == 1.0
+    )
     short = Sandbox(SandboxLimits(timeout_s=1.0, cpu_s=1, wall_factor=1.2))
     slept = score_code(fenced(sleepy), {"id": "s", "tests": [{"input": "", "output": "3"}]}, sandbox=short)
     assert slept.details["statuses"] == ["timeout"]
     # Four busy workers share the limit: their summed CPU time is judged, so the case stops soon
     # after 1 s of CPU in all. RLIMIT_CPU alone is per process: each worker would get its own
     # second (4 s and more in all), and the 10 s wall backstop would end them.
-    workers = ("import os, time\nfor _ in range(4):\n    if os.fork() == 0:\n        while True:\n"
-               "            pass\ntime.sleep(30)\n")
+    workers = (
+        "import os, time\nfor _ in range(4):\n    if os.fork() == 0:\n        while True:\n"
+        "            pass\ntime.sleep(30)\n"
+    )
     outcome = SANDBOX.run(sb.Program(workers, [""]))[0]
     assert outcome.status == "timeout" and 1.0 < outcome.cpu_s < 3.0, outcome
 
 
 def test_scripts_and_stdin_programs_share_a_batched_sandbox():
-    square = {"id": "sq", "tests": [{"input": "assert f(2) == 4", "output": "", "testtype": "code"},
-                                    {"input": "assert f(3) == 9", "output": "", "testtype": "code"}]}
+    square = {
+        "id": "sq",
+        "tests": [
+            {"input": "assert f(2) == 4", "output": "", "testtype": "code"},
+            {"input": "assert f(3) == 9", "output": "", "testtype": "code"},
+        ],
+    }
     stdin = {"id": "in", "tests": [{"input": "3\n", "output": "9\n"}]}
-    responses = [fenced("def f(x):\n    return x * x"), fenced("print(int(input()) ** 2)"),
-                 fenced("def f(x):\n    return x + x")]
+    responses = [
+        fenced("def f(x):\n    return x * x"),
+        fenced("print(int(input()) ** 2)"),
+        fenced("def f(x):\n    return x + x"),
+    ]
     for batched in (False, True):
         results = score_code_batch(responses, [square, stdin, square], sandbox=SANDBOX, batched=batched)
         assert [(r.score, r.details["statuses"]) for r in results] == [
-            (1.0, ["ok", "ok"]), (1.0, ["ok"]), (0.0, ["ok", "error"])], batched
+            (1.0, ["ok", "ok"]),
+            (1.0, ["ok"]),
+            (0.0, ["ok", "error"]),
+        ], batched

@@ -6,32 +6,38 @@ from megatron_sdpo.rewards import score
 from megatron_sdpo.rewards.math import MathVerifier, extract_boxed, score_math
 
 
-@pytest.mark.parametrize("text,expected", [
-    ("so \\boxed{12}", "12"),
-    ("\\boxed{1} then \\boxed{\\frac{1}{2}}", "\\frac{1}{2}"),
-    ("nested \\boxed{\\frac{\\sqrt{2}}{2}} done", "\\frac{\\sqrt{2}}{2}"),
-    ("\\boxed 5.", "5"),
-    ("\\fbox{7}", "7"),
-    ("\\boxed{3} and unclosed \\boxed{4", "3"),
-    ("escaped \\boxed{\\{1,2\\}}", "\\{1,2\\}"),
-    ("no box here", None),
-    ("\\boxed{", None),
-    ("\\boxedx{3}", None),
-])
+@pytest.mark.parametrize(
+    "text,expected",
+    [
+        ("so \\boxed{12}", "12"),
+        ("\\boxed{1} then \\boxed{\\frac{1}{2}}", "\\frac{1}{2}"),
+        ("nested \\boxed{\\frac{\\sqrt{2}}{2}} done", "\\frac{\\sqrt{2}}{2}"),
+        ("\\boxed 5.", "5"),
+        ("\\fbox{7}", "7"),
+        ("\\boxed{3} and unclosed \\boxed{4", "3"),
+        ("escaped \\boxed{\\{1,2\\}}", "\\{1,2\\}"),
+        ("no box here", None),
+        ("\\boxed{", None),
+        ("\\boxedx{3}", None),
+    ],
+)
 def test_extract_boxed(text, expected):
     assert extract_boxed(text) == expected
 
 
-@pytest.mark.parametrize("gold,response,want", [
-    ("12", "The answer is \\boxed{12}.", 1.0),
-    ("\\frac{1}{2}", "\\boxed{0.5}", 1.0),
-    ("x^2+1", "\\boxed{1 + x^2}", 1.0),
-    ("\\sqrt{2}", "\\boxed{2^{1/2}}", 1.0),
-    ("12", "\\boxed{13}", 0.0),
-    ("12", "\\boxed{12} wait no \\boxed{14}", 0.0),
-    ("12", "\\boxed{14} wait no \\boxed{12}", 1.0),
-    ("12", "\\boxed{hello world}", 0.0),
-])
+@pytest.mark.parametrize(
+    "gold,response,want",
+    [
+        ("12", "The answer is \\boxed{12}.", 1.0),
+        ("\\frac{1}{2}", "\\boxed{0.5}", 1.0),
+        ("x^2+1", "\\boxed{1 + x^2}", 1.0),
+        ("\\sqrt{2}", "\\boxed{2^{1/2}}", 1.0),
+        ("12", "\\boxed{13}", 0.0),
+        ("12", "\\boxed{12} wait no \\boxed{14}", 0.0),
+        ("12", "\\boxed{14} wait no \\boxed{12}", 1.0),
+        ("12", "\\boxed{hello world}", 0.0),
+    ],
+)
 def test_right_and_wrong_answers(gold, response, want):
     result = score("math", response, {"answer": gold})
     assert result.score == want, result
@@ -82,7 +88,9 @@ def test_huge_and_binary_responses_do_not_raise():
     start = time.monotonic()
     assert score("math", "\\boxed{" * 50_000, {"answer": "12"}).score == 0.0
     assert score("math", "\\boxed " * 50_000, {"answer": "12"}).score == 0.0
-    assert time.monotonic() - start < 10.0  # loose on purpose: catches a scan gone badly super-linear, not a loaded machine
+    assert (
+        time.monotonic() - start < 10.0
+    )  # loose on purpose: catches a scan gone badly super-linear, not a loaded machine
     garbage = bytes(range(256)) * 100
     assert score("math", garbage, {"answer": "12"}).score == 0.0
 
@@ -94,8 +102,19 @@ def test_batch_equals_one_at_a_time_including_a_hang():
     from megatron_sdpo.rewards.math import score_math_batch
 
     hang = "\\boxed{(9^{9999})^{9999}}"  # evades the refusal guards; math-verify never returns
-    responses = ["\\boxed{12}", "\\boxed{13}", "no box", "\\boxed{}", "\\boxed{9^{9^{9}}}", "\\boxed{12}",
-                 hang, "\\boxed{0.5}", "\\boxed{\\frac{1}{2}}", "\\boxed{hello world}", "\\boxed{12}"]
+    responses = [
+        "\\boxed{12}",
+        "\\boxed{13}",
+        "no box",
+        "\\boxed{}",
+        "\\boxed{9^{9^{9}}}",
+        "\\boxed{12}",
+        hang,
+        "\\boxed{0.5}",
+        "\\boxed{\\frac{1}{2}}",
+        "\\boxed{hello world}",
+        "\\boxed{12}",
+    ]
     records = [{"answer": "12"}] * 7 + [{"answer": "\\frac{1}{2}"}] * 2 + [{"answer": "12"}] * 2
     alone_verifier, batch_verifier = MathVerifier(timeout_s=1.5), MathVerifier(timeout_s=1.5)
     try:
@@ -119,7 +138,9 @@ def test_score_batch_math_matches_score():
     responses = ["\\boxed{4}", "\\boxed{5}", "", "\\boxed{2+2}", b"\\boxed{4}", None]
     records = [{"answer": "4"}] * 6
     batch = score_batch("math", responses, records)
-    assert [(r.score, r.feedback) for r in batch] == [(s.score, s.feedback) for s in (score("math", x, rec) for x, rec in zip(responses, records, strict=True))]
+    assert [(r.score, r.feedback) for r in batch] == [
+        (s.score, s.feedback) for s in (score("math", x, rec) for x, rec in zip(responses, records, strict=True))
+    ]
     assert [r.score for r in batch] == [1.0, 0.0, 0.0, 1.0, 1.0, 0.0]
 
 
@@ -136,7 +157,10 @@ def test_format_feedback_is_the_reference_math_reward_default():
     from megatron_sdpo.rewards.math import FORMAT_FEEDBACK, TRUNCATED_FEEDBACK, format_feedback
     from megatron_sdpo.rewards.result import RewardResult
 
-    assert FORMAT_FEEDBACK == "Your answer had the wrong format. The solution must be given in the format: \\boxed{your_answer}."
+    assert (
+        FORMAT_FEEDBACK
+        == "Your answer had the wrong format. The solution must be given in the format: \\boxed{your_answer}."
+    )
     assert TRUNCATED_FEEDBACK == "Your response was truncated because it exceeded the maximum length."
     no_box = RewardResult(0.0, "x", {"error": "no_box"})
     empty = RewardResult(0.0, "x", {"error": "empty_box"})

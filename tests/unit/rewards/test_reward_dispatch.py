@@ -38,10 +38,19 @@ def test_verifier_bug_scores_zero_and_logs(monkeypatch, caplog):
 
 @pytest.mark.parametrize("domain", [d for d in DOMAINS if d != "code"])
 def test_every_domain_survives_garbage(domain):
-    record = {"math": {"answer": "1"}, "science": {"answer": "A", "choices": ["x", "y"]},
-              "tooluse": {"answer": [{"Action": "f", "Action_Input": {}}],
-                          "tools": [{"name": "f"}]}}[domain]
-    for garbage in ["", "\x00" * 1000, "}" * 10_000 + "{" * 10_000, "\ud800 lone surrogate",
-                    bytes(range(256)), None, 12345]:
+    record = {
+        "math": {"answer": "1"},
+        "science": {"answer": "A", "choices": ["x", "y"]},
+        "tooluse": {"answer": [{"Action": "f", "Action_Input": {}}], "tools": [{"name": "f"}]},
+    }[domain]
+    for garbage in [
+        "",
+        "\x00" * 1000,
+        "}" * 10_000 + "{" * 10_000,
+        "\ud800 lone surrogate",
+        bytes(range(256)),
+        None,
+        12345,
+    ]:
         result = score(domain, garbage, record)
         assert result.score == 0.0 and isinstance(result.feedback, str) and result.feedback

@@ -1,4 +1,5 @@
 """DAPO's dynamic sampling: which groups stay, how the batch is filled, and the step that runs it."""
+
 import pytest
 
 from megatron_sdpo.rollout.base import Completion
@@ -21,8 +22,11 @@ def test_pool_takes_the_first_informative_groups_and_fills_with_the_latest_dropp
     assert not pool.full and [g.record["id"] for g in pool.batch()] == ["a0", "b1", "b2"]
     m = pool.metrics(group_size=2)
     assert m == {
-        "dynamic/rounds": 2.0, "dynamic/extra_rollouts": 6.0, "dynamic/kept_groups": 2.0,
-        "dynamic/filled_groups": 1.0, "dynamic/informative_frac": pytest.approx(2 / 6),
+        "dynamic/rounds": 2.0,
+        "dynamic/extra_rollouts": 6.0,
+        "dynamic/kept_groups": 2.0,
+        "dynamic/filled_groups": 1.0,
+        "dynamic/informative_frac": pytest.approx(2 / 6),
     }
     pool.add(_groups("c", 3), [True, True, True])
     assert pool.full and [g.record["id"] for g in pool.batch()] == ["a0", "b1", "c0"]

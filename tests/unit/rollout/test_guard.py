@@ -1,4 +1,5 @@
 """Refit guard: mismatch metrics as global-mean shares, and the one-line stop naming the tensor."""
+
 import math
 
 import pytest
@@ -34,7 +35,10 @@ def test_metrics_match_their_definitions_and_split_into_shares():
     assert m["refit/token_mult_prob_error"] == pytest.approx(sum(math.exp(x) for x in d) / 4, rel=1e-6)
     assert m["refit/seq_prob_ratio_mean"] == pytest.approx((math.exp(-0.1) + math.exp(0.4)) / 2, rel=1e-6)
     # Row by row (micro-batches / ranks), the sum-reduced metrics add up to the same values.
-    parts = [mismatch_metrics(trainer[i : i + 1], rollout[i : i + 1], t[TOKEN_WEIGHT][i : i + 1], t[SEQ_WEIGHT][i : i + 1]) for i in range(2)]
+    parts = [
+        mismatch_metrics(trainer[i : i + 1], rollout[i : i + 1], t[TOKEN_WEIGHT][i : i + 1], t[SEQ_WEIGHT][i : i + 1])
+        for i in range(2)
+    ]
     for k in ("refit/logprob_diff_mean", "refit/token_mult_prob_error", "refit/seq_prob_ratio_mean"):
         assert float(parts[0][k] + parts[1][k]) == pytest.approx(m[k], rel=1e-6)
     assert max(float(p["refit/logprob_diff_max"]) for p in parts) == pytest.approx(0.4, rel=1e-6)

@@ -1,4 +1,5 @@
 """HF generate engine: sampling logprobs agree with the trainer, weight sync, grouping, stops."""
+
 import pytest
 import torch
 
@@ -167,7 +168,11 @@ def test_generation_threads_are_set_for_the_call_and_restored(model_dir, monkeyp
     and leaves the trainer's count as it was."""
     seen = []
     real_chunk = HFRolloutEngine._generate_chunk
-    monkeypatch.setattr(HFRolloutEngine, "_generate_chunk", lambda self, *a: (seen.append(torch.get_num_threads()), real_chunk(self, *a))[1])
+    monkeypatch.setattr(
+        HFRolloutEngine,
+        "_generate_chunk",
+        lambda self, *a: (seen.append(torch.get_num_threads()), real_chunk(self, *a))[1],
+    )
     cfg = SamplingConfig(n=2, max_new_tokens=6, seed=5)
     before = torch.get_num_threads()
     one = HFRolloutEngine(model_dir, seed=0, threads=1).generate(PROMPTS, cfg)
@@ -191,7 +196,9 @@ def test_finished_rows_leave_the_decoding_batch_with_the_same_samples(model_dir,
     common = max(set(t for c in probe for t in c.token_ids), key=lambda t: sum(t in c.token_ids for c in probe))
     selections = []
     real_select = DynamicCache.batch_select_indices
-    monkeypatch.setattr(DynamicCache, "batch_select_indices", lambda self, idx: (selections.append(len(idx)), real_select(self, idx))[1])
+    monkeypatch.setattr(
+        DynamicCache, "batch_select_indices", lambda self, idx: (selections.append(len(idx)), real_select(self, idx))[1]
+    )
     runs = {}
     for share in (0.0, 0.75, 1.0):  # never, at a quarter finished, at every finished row
         engine = HFRolloutEngine(model_dir, seed=3, eos_token_ids=[common])

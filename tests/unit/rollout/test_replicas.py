@@ -1,4 +1,5 @@
 """Splitting a step's prompts over rollout replicas and gathering the completions back."""
+
 import os
 
 import pytest

@@ -1,4 +1,5 @@
 """Stale vLLM CPU all-reduce segments: only this user's, only the ones no live process maps."""
+
 import mmap
 import os
 import subprocess
@@ -32,8 +33,9 @@ def _segment(d, name):
 
 
 def _child_mapping(path, seconds):
-    child = subprocess.Popen([sys.executable, "-c", _MAP_AND_WAIT, str(path), str(seconds)],
-                             stdout=subprocess.PIPE, text=True)
+    child = subprocess.Popen(
+        [sys.executable, "-c", _MAP_AND_WAIT, str(path), str(seconds)], stdout=subprocess.PIPE, text=True
+    )
     assert child.stdout.readline().strip() == "mapped"
     return child
 

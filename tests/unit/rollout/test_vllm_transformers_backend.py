@@ -3,6 +3,7 @@ the transformers decoder class for the whole process) leaves the trainer's HF mo
 one loaded before the engine gives the same log-probs after it, and loading one after it is a
 one-line error naming the order (models/hf_model.py). In a child process: the decoration would
 outlive the test in this one."""
+
 import os
 import subprocess
 import sys
@@ -40,8 +41,9 @@ SCRIPT = textwrap.dedent("""
 @pytest.mark.vllm
 def test_hf_models_survive_the_transformers_backend(tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, "-c", SCRIPT, str(tmp_path / "olmo3")], capture_output=True, text=True,
-                          timeout=600, env=env)
+    proc = subprocess.run(
+        [sys.executable, "-c", SCRIPT, str(tmp_path / "olmo3")], capture_output=True, text=True, timeout=600, env=env
+    )
     assert proc.returncode == 0 and "OK" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-3000:]
     line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("LOAD-AFTER:"))
     assert "load HF models before building the engine" in line and "\n" not in line

@@ -1,5 +1,6 @@
 """Fake run directories: an eval matrix built from per-item scores, the saved answers it came from,
 metrics.jsonl and a report (what marks a run finished)."""
+
 import json
 
 import pytest
@@ -17,7 +18,9 @@ def write_run(root, items, rewards=(), drift=None):
     rd.write_eval_matrix([(row, {c: sum(v) / len(v) for c, v in cols.items()}) for row, cols in items.items()])
     for i, row in enumerate(rows):
         label = "base" if i == 0 else f"stage_{i}_{row}"
-        samples = {c: [{"id": f"{c}-{j}", "response": "", "score": s} for j, s in enumerate(v)] for c, v in items[row].items()}
+        samples = {
+            c: [{"id": f"{c}-{j}", "response": "", "score": s} for j, s in enumerate(v)] for c, v in items[row].items()
+        }
         (rd.eval_samples / f"{label}.json").write_text(json.dumps(samples))
     for stage, domain, values in rewards:
         for step, r in enumerate(values, start=1):

@@ -1,6 +1,7 @@
 """The competence probe on a hand-built case: a stub model whose pass rates with and without each
 kind of context are known, a verifier that accepts one string, and log-probabilities chosen so
 that the teacher's gains are known exactly."""
+
 import math
 import random
 import re
@@ -73,9 +74,14 @@ def records(n: int):
 
 def run(n_prompts=300, samples=4, **kw):
     return probe(
-        StubModel(kw.pop("copy", False)), CharTokenizer(), records(n_prompts), samples=samples,
-        sampling=SamplingConfig(temperature=1.0, max_new_tokens=8, seed=3), templates=ContextTemplates(),
-        score=verifier, **kw,
+        StubModel(kw.pop("copy", False)),
+        CharTokenizer(),
+        records(n_prompts),
+        samples=samples,
+        sampling=SamplingConfig(temperature=1.0, max_new_tokens=8, seed=3),
+        templates=ContextTemplates(),
+        score=verifier,
+        **kw,
     )
 
 
@@ -100,8 +106,11 @@ def test_pass_rates_and_context_shares_are_the_stub_models():
         assert k[kind]["copies"] == 0
     # A prompt has a sibling context when one of its n samples passes; feedback when one fails;
     # both when it has one of each.
-    share = {"sibling": 1 - (1 - P_STUDENT) ** n, "feedback": 1 - P_STUDENT**n,
-             "both": 1 - (1 - P_STUDENT) ** n - P_STUDENT**n}
+    share = {
+        "sibling": 1 - (1 - P_STUDENT) ** n,
+        "feedback": 1 - P_STUDENT**n,
+        "both": 1 - (1 - P_STUDENT) ** n - P_STUDENT**n,
+    }
     for kind, p in share.items():
         assert within(k[kind]["prompt_share"], p, 300), kind
     # The sibling's interval lies above 0 (0.9 against at most ~0.4), feedback's too (0.5 vs 0.2).
@@ -177,8 +186,25 @@ def test_the_probe_command_on_the_tiny_base(tmp_path, capsys):
     from megatron_sdpo.cli import main
 
     out = tmp_path / "probe"
-    assert main(["probe", "tiny", "--domain", "math", "--prompts", "3", "--samples", "2", "--out", str(out),
-                 "rollout.engine=hf", "rollout.max_new_tokens=8"]) == 0
+    assert (
+        main(
+            [
+                "probe",
+                "tiny",
+                "--domain",
+                "math",
+                "--prompts",
+                "3",
+                "--samples",
+                "2",
+                "--out",
+                str(out),
+                "rollout.engine=hf",
+                "rollout.max_new_tokens=8",
+            ]
+        )
+        == 0
+    )
     data = json.loads((out / "probe.json").read_text())
     assert data["prompts"] == 3 and data["samples_per_prompt"] == 2 and set(data["kinds"]) == set(KINDS)
     assert data["kinds"]["feedback"]["preset_builds"] is False  # the tiny preset gives math no feedback
@@ -202,7 +228,9 @@ def test_the_probe_table_is_read_from_an_exported_folder(tmp_path):
     out = run(n_prompts=40)
     (tmp_path / "math_before.json").write_text(json.dumps({**out, "domain": "math"}))
     (tmp_path / "math_after.json").write_text(json.dumps({**out, "domain": "math"}))
-    (tmp_path / "probes.json").write_text(json.dumps({"probes": {"math_before": {"wall_s": 12}, "math_after": {"wall_s": 9}}}))
+    (tmp_path / "probes.json").write_text(
+        json.dumps({"probes": {"math_before": {"wall_s": 12}, "math_after": {"wall_s": 9}}})
+    )
     lines = probe_table(tmp_path)
     assert len(lines) == 4 and lines[0].startswith("| domain | checkpoint | student pass |")
     sib = out["kinds"]["sibling"]
@@ -211,8 +239,9 @@ def test_the_probe_table_is_read_from_an_exported_folder(tmp_path):
     assert f"| {sib['copies']} of {sib['samples']} |" in lines[2]
     # A checkpoint that is not a stage's own start or end says what it is.
     (tmp_path / "tooluse_after_math.json").write_text(json.dumps({**out, "domain": "tooluse"}))
-    (tmp_path / "probes.json").write_text(json.dumps({"probes": {"tooluse_after_math": {
-        "wall_s": 7, "checkpoint": "after math (tool use's start)"}}}))
+    (tmp_path / "probes.json").write_text(
+        json.dumps({"probes": {"tooluse_after_math": {"wall_s": 7, "checkpoint": "after math (tool use's start)"}}})
+    )
     assert probe_table(tmp_path)[2].startswith("| tooluse | after math (tool use's start) |")
     (tmp_path / "probes.json").unlink()
     with pytest.raises(UserError, match="not a folder of exported probes"):
@@ -235,7 +264,9 @@ def test_the_selection_bias_model_on_known_rates():
     binomial bias p (1 - p)^n / (1 - (1 - p)^n); with prompts' rates drawn from Beta(1, 3) the
     estimate from (mean, share) alone is the bias the simulation measures."""
     p, n = 0.2, 4
-    assert selection_bias(p, (1 - (1 - p) ** n) * (1 - 1e-9), n) == pytest.approx(p * (1 - p) ** n / (1 - (1 - p) ** n), rel=1e-3)
+    assert selection_bias(p, (1 - (1 - p) ** n) * (1 - 1e-9), n) == pytest.approx(
+        p * (1 - p) ** n / (1 - (1 - p) ** n), rel=1e-3
+    )
     assert selection_bias(p, 0.1, n) is None and selection_bias(p, 0.95, n) is None  # no beta-binomial has these
     rng = random.Random(0)
     rates = [rng.betavariate(1, 3) for _ in range(200_000)]
@@ -255,7 +286,9 @@ def test_the_regime_table_judges_only_an_independent_comparator(tmp_path):
         kind.pop("student_pass_selecting")  # a probe from before the independent draw
     (tmp_path / "math_before.json").write_text(json.dumps({**new, "domain": "math"}))
     (tmp_path / "math_after.json").write_text(json.dumps({**old, "domain": "math"}))
-    (tmp_path / "probes.json").write_text(json.dumps({"probes": {"math_before": {"wall_s": 1}, "math_after": {"wall_s": 1}}}))
+    (tmp_path / "probes.json").write_text(
+        json.dumps({"probes": {"math_before": {"wall_s": 1}, "math_after": {"wall_s": 1}}})
+    )
     lines = regime_table(tmp_path)
     sib = new["kinds"]["sibling"]
     assert lines[2].startswith("| math | stage start | independent draw |")

@@ -2,6 +2,7 @@
 its results folder, baseline and arm (and, for a metrics table, its metrics; a probe table only
 its folder), and is regenerated here from those files alone (`results render docs/findings.md`
 rewrites them)."""
+
 from pathlib import Path
 
 import pytest
@@ -19,8 +20,17 @@ def _blocks():
 
 def test_findings_md_cites_its_data():
     kinds = {kind for kind, _, _ in _blocks()}
-    assert kinds == {"findings", "metrics", "probe", "regime", "safeguard-tuning", "safeguard", "safeguard-secondary",
-                     "safeguard-collapse", "safeguard-post-hoc"}, kinds
+    assert kinds == {
+        "findings",
+        "metrics",
+        "probe",
+        "regime",
+        "safeguard-tuning",
+        "safeguard",
+        "safeguard-secondary",
+        "safeguard-collapse",
+        "safeguard-post-hoc",
+    }, kinds
     for kind, args, _ in _blocks():
         for folder in args.split()[: 2 if kind == "safeguard-post-hoc" else 1]:
             assert (ROOT / folder / ("probes.json" if kind in ("probe", "regime") else "study.json")).is_file(), args

@@ -2,6 +2,7 @@
 their sentence (study/prose.py). The check on hand-written sentences (among them sentences the
 document carried before the cells: each fails), the cell's text on a hand-built comparison, and
 the document itself: every cell regenerated from the committed data, no unbacked verdict word."""
+
 from pathlib import Path
 
 import pytest
@@ -25,35 +26,41 @@ LEVEL = cell("level: -0.0051 [-0.035, 0.025] (95%), +4 −2 of 6 seeds, *equival
 ESTABLISHED = cell("higher: 0.004 [0.001, 0.007] (97.5%), +4 −0 of 4 seeds, *established*")
 
 
-@pytest.mark.parametrize("sentence", [
-    # Sentences of docs/findings.md before this check (each states more than its interval).
-    "It learns the MATH stage no faster (−0.022 [−0.110, 0.067], inconclusive).",
-    "It moves its weights less than GRPO, the opposite of the paper's drift claim (*contradicted*).",
-    "Repeated `\\boxed` grows more (0.031 against 0.009, 5 of 6 seeds; the interval [−0.005, 0.049] crosses 0).",
-    "Drift (spectral shift, largest principal angle) is about the same for every arm at this length (8 steps).",
-    "In-domain, SDPO₀ ends level on the average (−0.014 [−0.097, 0.070], inconclusive).",
-    # A word next to a cell that does not say it.
-    f"Its math gain is lower: {SPAN}.",
-    f"It learns math no faster ({SPAN}).",
-    f"The final average is *established* ({LEVEL}).",
-    f"The final average is the same ({LOWER}).",
-    f"It is not lower ({SPAN}).",
-    f"It is not distinguishably lower ({SPAN}).",
-])
+@pytest.mark.parametrize(
+    "sentence",
+    [
+        # Sentences of docs/findings.md before this check (each states more than its interval).
+        "It learns the MATH stage no faster (−0.022 [−0.110, 0.067], inconclusive).",
+        "It moves its weights less than GRPO, the opposite of the paper's drift claim (*contradicted*).",
+        "Repeated `\\boxed` grows more (0.031 against 0.009, 5 of 6 seeds; the interval [−0.005, 0.049] crosses 0).",
+        "Drift (spectral shift, largest principal angle) is about the same for every arm at this length (8 steps).",
+        "In-domain, SDPO₀ ends level on the average (−0.014 [−0.097, 0.070], inconclusive).",
+        # A word next to a cell that does not say it.
+        f"Its math gain is lower: {SPAN}.",
+        f"It learns math no faster ({SPAN}).",
+        f"The final average is *established* ({LEVEL}).",
+        f"The final average is the same ({LOWER}).",
+        f"It is not lower ({SPAN}).",
+        f"It is not distinguishably lower ({SPAN}).",
+    ],
+)
 def test_an_unbacked_verdict_word_fails(sentence):
     assert prose.check(sentence), sentence
 
 
-@pytest.mark.parametrize("sentence", [
-    f"Its math gain is {LOWER}.",  # the word is generated
-    f"Its math gain is lower ({LOWER}), as is its code gain.",  # held to the nearest cell
-    f"The final average is the same ({LEVEL}), *equivalent* by the rule.",
-    f"The largest angle is {ESTABLISHED}, established in sign only.",
-    f"It is not lower ({ESTABLISHED}).",
-    "Every seed answers the same items at its Holm level; a difference of 0.03 or more.",  # no verdict
-    "```\nlower and higher inside code\n```",
-    "<!-- findings-table: results/x grpo sdpo -->\n| lower | *established* |\n<!-- /findings-table -->",
-])
+@pytest.mark.parametrize(
+    "sentence",
+    [
+        f"Its math gain is {LOWER}.",  # the word is generated
+        f"Its math gain is lower ({LOWER}), as is its code gain.",  # held to the nearest cell
+        f"The final average is the same ({LEVEL}), *equivalent* by the rule.",
+        f"The largest angle is {ESTABLISHED}, established in sign only.",
+        f"It is not lower ({ESTABLISHED}).",
+        "Every seed answers the same items at its Holm level; a difference of 0.03 or more.",  # no verdict
+        "```\nlower and higher inside code\n```",
+        "<!-- findings-table: results/x grpo sdpo -->\n| lower | *established* |\n<!-- /findings-table -->",
+    ],
+)
 def test_a_generated_or_backed_verdict_word_passes(sentence):
     assert prose.check(sentence) == [], prose.check(sentence)
 
@@ -103,4 +110,6 @@ def test_findings_md_cells_are_generated_from_the_committed_data(monkeypatch):
     monkeypatch.chdir(ROOT)
     text = DOC.read_text()
     assert text.count("<!-- cell: ") >= 40
-    assert results.render_blocks(text) == text, "a cell or block differs from its data: run `results render docs/findings.md`"
+    assert results.render_blocks(text) == text, (
+        "a cell or block differs from its data: run `results render docs/findings.md`"
+    )

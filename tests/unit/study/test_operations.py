@@ -1,4 +1,5 @@
 """study/operations.py on a hand-made study: two runs whose answers use known operations."""
+
 import json
 import subprocess
 import sys
@@ -30,8 +31,13 @@ def _run(root, arm, seed, answer):
     rows = []
     for r in recs:
         text = answer(r)
-        rows.append({"id": r["id"], "response": text,
-                     "score": float(M.first_operation(text) == M.first_operation(r["solution"]))})
+        rows.append(
+            {
+                "id": r["id"],
+                "response": text,
+                "score": float(M.first_operation(text) == M.first_operation(r["solution"])),
+            }
+        )
     (run / "eval_samples" / "base.json").write_text(json.dumps({"math/ood_near": rows}))
     RunDir(run).write_eval_matrix([("base", {"math/ood_near": sum(r["score"] for r in rows) / len(rows)})])
     return recs
@@ -52,10 +58,13 @@ def test_right_operation_and_plus_shares_by_hand(tmp_path, capsys):
     assert (tmp_path / "t.csv").read_text().count("\n") == 3
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--splits", "ood_nearby"], "unknown split"),
-    ([], "no run directory"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--splits", "ood_nearby"], "unknown split"),
+        ([], "no run directory"),
+    ],
+)
 def test_bad_input_is_one_error_line(tmp_path, capsys, argv, message):
     assert M.main([str(tmp_path), *argv]) == 2
     err = capsys.readouterr().err
@@ -77,7 +86,12 @@ def test_a_corrupt_run_is_one_error_line(tmp_path, capsys):
 def test_the_tools_entry_point_runs_the_command(tmp_path):
     # `python tools/math_operations.py` from the repository root, as docs/findings.md shows it.
     root = Path(__file__).resolve().parents[3]
-    proc = subprocess.run([sys.executable, "tools/math_operations.py", str(tmp_path)], cwd=root,
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "tools/math_operations.py", str(tmp_path)],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.startswith("error: no run directory") and proc.stderr.count("\n") == 1

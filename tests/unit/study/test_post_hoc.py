@@ -13,9 +13,21 @@ def _runs(hybrid_offset: list[float], gate_d: list[float], gain_gap: list[float]
     out = []
     for s in range(8):
         out.append(("grpo", s, {pr.NEAR: 0.1, pr.FAR: 0.1, pr.GAIN: 0.3, "reward_change": 0.2}))
-        out.append(("sdpo_frozen", s, {pr.NEAR: -0.5, pr.FAR: -0.5, pr.GAIN: 0.3 + gain_gap[s],
-                                       "reward_change": -0.1 if s < 6 else 0.05, "boxed_repeat_max": 0.0625,
-                                       "boxed_repeat_gain": 0.03125, "teacher_artifact_endorsement": 0.1 + 0.01 * s}))
+        out.append(
+            (
+                "sdpo_frozen",
+                s,
+                {
+                    pr.NEAR: -0.5,
+                    pr.FAR: -0.5,
+                    pr.GAIN: 0.3 + gain_gap[s],
+                    "reward_change": -0.1 if s < 6 else 0.05,
+                    "boxed_repeat_max": 0.0625,
+                    "boxed_repeat_gain": 0.03125,
+                    "teacher_artifact_endorsement": 0.1 + 0.01 * s,
+                },
+            )
+        )
         e = -0.2 + hybrid_offset[s]
         out.append(("hybrid_frozen", s, {pr.NEAR: e, pr.FAR: e, pr.GAIN: 0.3}))
         out.append(("sdpo_gate", s, {pr.NEAR: -0.5 + gate_d[s], pr.FAR: -0.5 + gate_d[s], pr.GAIN: 0.3}))
@@ -27,7 +39,9 @@ def test_the_readings_by_hand():
     rows = ph.table(runs, runs)
     assert rows[0].startswith("| reading (post hoc) |") and len(rows) == 2 + 3 + 2
     # SDPO₀ − GRPO gain −0.11, every seed against the paper's (+) direction.
-    assert "| -0.110 [" in rows[2] and "| 0 of 8 in the paper's direction | *contradicted* by the study rule |" in rows[2]
+    assert (
+        "| -0.110 [" in rows[2] and "| 0 of 8 in the paper's direction | *contradicted* by the study rule |" in rows[2]
+    )
     # The hybrid sits on the midpoint on average: not resolved from it.
     assert "| +0.000 [" in rows[3] and "not resolved from the midpoint" in rows[3]
     # The gate's D ±0.02 around 0: the upper bound is far below 0.3, the effect that matters.

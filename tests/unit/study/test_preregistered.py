@@ -1,5 +1,6 @@
 """The safeguard study's pre-registered analysis on hand-built seeds: the gate, the Holm-adjusted
 one-sided primary with its seed count and the effect that matters, the co-primary."""
+
 import math
 
 import pytest
@@ -41,7 +42,9 @@ def test_the_primary_and_co_primary_by_hand():
     o = {x.arm: x for x in res["outcomes"]}
     assert o["sdpo_gate"].mean == pytest.approx(0.2) and o["sdpo_gate"].primary == "passed"
     assert o["sdpo_agree"].primary == "passed, below the effect that matters"
-    assert o["hybrid_frozen"].primary == "failed" and o["hybrid_frozen"].positive == 4 and o["hybrid_frozen"].needed == 7
+    assert (
+        o["hybrid_frozen"].primary == "failed" and o["hybrid_frozen"].positive == 4 and o["hybrid_frozen"].needed == 7
+    )
     assert o["hybrid_frozen"].co_primary is None
     # Holm over three: the smallest raw p times 3, the next times 2 (never below the previous).
     raw = {v: pr.one_sided_p(paired_summary(x)) for v, x in d.items()}
@@ -102,7 +105,11 @@ def test_the_tuning_table_reports_each_arm_and_the_rules():
     assert rows["| `sdpo_frozen`"] == "| `sdpo_frozen` | 4 | +0.000 | +0.000 | +0.000 | +0.250 | – |"
     assert rows["| `sdpo_gate`"] == "| `sdpo_gate` | 4 | +0.050 | +0.010 | +0.090 | – | +0.050 |"
     assert rows["| `grpo`"].endswith("| +0.200 | +0.200 |")
-    assert lines[-1] == ("Tuning seeds 0, 1, 2, 3. The gate's mean E − E(SDPO₀): s₀ = 0: +0.050, s₀ = 0.25: +0.070; "
-                         "s₀ = 0.25. The sd of the paired in-stage math gain difference SDPO₀ − GRPO is 0.0577: "
-                         "N = 11 confirmatory seeds (the rule asked 11).")
-    assert pr.tuning_table(_tuning_runs(0.05, 0.07, [0.0, 0.2] * 2))[-1].endswith("N = 16 confirmatory seeds (the rule asked 42; the cap runs 16).")
+    assert lines[-1] == (
+        "Tuning seeds 0, 1, 2, 3. The gate's mean E − E(SDPO₀): s₀ = 0: +0.050, s₀ = 0.25: +0.070; "
+        "s₀ = 0.25. The sd of the paired in-stage math gain difference SDPO₀ − GRPO is 0.0577: "
+        "N = 11 confirmatory seeds (the rule asked 11)."
+    )
+    assert pr.tuning_table(_tuning_runs(0.05, 0.07, [0.0, 0.2] * 2))[-1].endswith(
+        "N = 16 confirmatory seeds (the rule asked 42; the cap runs 16)."
+    )

@@ -1,6 +1,7 @@
 """Every committed study table (results/<study>/study_vs_<baseline>.md) is what `results
 tabulate` writes from the committed data, byte for byte: a table edited by hand, or data changed
 without regenerating it, fails here."""
+
 import shutil
 from pathlib import Path
 

@@ -1,5 +1,6 @@
 """The safeguard study's secondary endpoints on hand-built runs: the per-step means and sums,
 the right-operation share the export writes, and the table's paired columns against GRPO."""
+
 import json
 
 import pytest
@@ -18,9 +19,17 @@ def test_step_values_by_hand(tmp_path):
         {"step": 2, S.GATE: 0.5, S.AGREE: 0.7, "time/rollout": 11.0, "time/teacher": 1.0, "time/train": 4.0},
         {"step": 3, S.KL: 0.4, S.GATE: 0.0, "time/rollout": 9.0, "time/sync": 100.0},  # sync is not compute
     ]
-    (tmp_path / S.OPERATIONS_JSON).write_text(json.dumps({"rows": [
-        {"row": 0, "split": "ood_near", "right": 0.6}, {"row": 1, "split": "ood_near", "right": 0.4},
-        {"row": 1, "split": "ood_far", "right": 0.9}]}))
+    (tmp_path / S.OPERATIONS_JSON).write_text(
+        json.dumps(
+            {
+                "rows": [
+                    {"row": 0, "split": "ood_near", "right": 0.6},
+                    {"row": 1, "split": "ood_near", "right": 0.4},
+                    {"row": 1, "split": "ood_far", "right": 0.9},
+                ]
+            }
+        )
+    )
     v = S.step_values(rows, tmp_path)
     assert v[S.KL] == pytest.approx(0.3) and v[S.GATE] == pytest.approx(0.5) and v[S.AGREE] == pytest.approx(0.6)
     assert v["compute_s"] == pytest.approx(40.0) and v["right_op/near"] == 0.4  # the last eval row
@@ -32,8 +41,21 @@ def test_the_table_pairs_each_arm_with_grpo():
     runs = []
     for seed, (e_sdpo, g_sdpo) in enumerate([(-0.1, 0.1), (-0.3, 0.2), (-0.2, 0.15)]):
         runs.append(("grpo", seed, {pr.NEAR: 0.1, pr.FAR: 0.1, pr.GAIN: 0.2, "compute_s": 100.0}))
-        runs.append(("sdpo_frozen", seed, {pr.NEAR: e_sdpo, pr.FAR: e_sdpo, pr.GAIN: g_sdpo, S.KL: 0.01 * (seed + 1),
-                                            "right_op/near": 0.5, "spectral_shift": 0.002, "compute_s": 130.0}))
+        runs.append(
+            (
+                "sdpo_frozen",
+                seed,
+                {
+                    pr.NEAR: e_sdpo,
+                    pr.FAR: e_sdpo,
+                    pr.GAIN: g_sdpo,
+                    S.KL: 0.01 * (seed + 1),
+                    "right_op/near": 0.5,
+                    "spectral_shift": 0.002,
+                    "compute_s": 130.0,
+                },
+            )
+        )
     lines = S.table(runs)
     grpo, sdpo = lines[2].split(" | "), lines[3].split(" | ")
     assert grpo[:4] == ["| `grpo`", "3", "–", "–"] and grpo[-1] == "100 |"

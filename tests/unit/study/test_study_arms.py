@@ -1,4 +1,5 @@
 """Study arms: the built-in paper arms as configs, user arms from YAML and the command line."""
+
 import pytest
 
 from megatron_sdpo.algorithms.teacher import TeacherController
@@ -28,7 +29,10 @@ def test_builtin_arms_are_the_papers():
     ctx = old.algorithm.sdpo.context
     assert (old.teacher.mode, old.teacher.ema_rate, old.teacher.reset_at_stage) == ("ema", 0.05, "none")
     assert (sorted(ctx.feedback_domains), ctx.feedback_only_without_solution, old.algorithm.grpo.norm_by_std) == (
-        ["code", "math", "science", "tooluse"], False, True)
+        ["code", "math", "science", "tooluse"],
+        False,
+        True,
+    )
 
 
 @pytest.mark.parametrize("steps, gamma", [(30, 20 / 30), (50, 0.4), (20, 1.0), (5, 1.0)])
@@ -60,8 +64,11 @@ def test_arms_file(tmp_path):
         "  stable_slow: {extends: stable_sdpo, restart_every: 10}\n"
     )
     arms = load_arms_file(path, BUILTIN_ARMS)
-    assert arms["frozen_a1"].overrides == (*BUILTIN_ARMS["sdpo_frozen"].overrides, "algorithm.sdpo.alpha=1.0",
-                                           "algorithm.sdpo.add_tail=false")
+    assert arms["frozen_a1"].overrides == (
+        *BUILTIN_ARMS["sdpo_frozen"].overrides,
+        "algorithm.sdpo.alpha=1.0",
+        "algorithm.sdpo.add_tail=false",
+    )
     cfg = cfg_of(arms["frozen_a1"])
     assert (cfg.teacher.mode, cfg.algorithm.sdpo.alpha, cfg.algorithm.sdpo.add_tail) == ("frozen", 1.0, False)
     assert arms["listed"].description == "mine"

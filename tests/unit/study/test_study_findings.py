@@ -1,5 +1,6 @@
 """study.csv / study.md from fake runs whose differences are the hand-computed case of
 test_study_stats.py: the statistics and verdicts flow through to the tables unchanged."""
+
 import csv
 
 import pytest
@@ -20,8 +21,11 @@ def six_seeds(tmp_path, make_run):
     for seed, extra in enumerate(CASE):
         base = {"math/id": _items(2)}
         for arm, correct in (("grpo", 3), ("sdpo_frozen", 3 + extra)):
-            root = make_run(tmp_path / arm / f"seed{seed}", {"base": base, "math": {"math/id": _items(correct)}},
-                            [(0, "math", [0.1 * correct])])
+            root = make_run(
+                tmp_path / arm / f"seed{seed}",
+                {"base": base, "math": {"math/id": _items(correct)}},
+                [(0, "math", [0.1 * correct])],
+            )
             entries.append((arm, seed, root))
     return entries
 
@@ -57,8 +61,17 @@ def test_verdicts_flow_from_the_hand_case(six_seeds, tmp_path):
     rows = list(csv.DictReader((tmp_path / "study.csv").open()))
     assert [(r["arm"], r["seed"]) for r in rows[:2]] == [("grpo", "0"), ("sdpo_frozen", "0")]
     assert float(rows[1]["in_stage_gain"]) == pytest.approx(0.2) and rows[0]["wall_s"] == "12"
-    md = write_markdown(tmp_path / "study.md", title="T", arms={"grpo": "a", "sdpo_frozen": "b"}, runs=runs,
-                        planned=12, baseline="grpo", comparisons=comps, n_boot=200, pilot_detect=0.05).read_text()
+    md = write_markdown(
+        tmp_path / "study.md",
+        title="T",
+        arms={"grpo": "a", "sdpo_frozen": "b"},
+        runs=runs,
+        planned=12,
+        baseline="grpo",
+        comparisons=comps,
+        n_boot=200,
+        pilot_detect=0.05,
+    ).read_text()
     line = next(x for x in md.splitlines() if x.startswith("| `in_stage_gain/math` |"))
     assert "[0.052, 0.348] (95%)" in line and "5/6" in line and "*established*" in line and "| primary |" in line
     assert "*contradicted*" in next(x for x in md.splitlines() if x.startswith("| `final_avg_id` |"))

@@ -1,4 +1,5 @@
 """Equivalence, Holm and the bootstrap designs against hand-computed cases."""
+
 import math
 
 import numpy as np

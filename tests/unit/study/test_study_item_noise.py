@@ -1,4 +1,5 @@
 """The in-stage gain check against item noise, on hand-computed cases."""
+
 import math
 
 import numpy as np
@@ -28,8 +29,9 @@ def test_check_gains_by_hand(tmp_path, make_run):
     entries = []
     for seed, e in enumerate(extra):
         for arm, correct in (("grpo", 3), ("other", 3 + e)):
-            root = make_run(tmp_path / arm / f"seed{seed}",
-                            {"base": {"math/id": _items(2)}, "math": {"math/id": _items(correct)}})
+            root = make_run(
+                tmp_path / arm / f"seed{seed}", {"base": {"math/id": _items(2)}, "math": {"math/id": _items(correct)}}
+            )
             entries.append((arm, seed, root))
     checks = {c.arm: c for c in item_noise.check_gains(load_runs(entries, {}), ["math", "science"])}
     assert set(checks) == {"grpo", "other"}  # no science stage: no check

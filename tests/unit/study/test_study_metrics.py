@@ -1,5 +1,6 @@
 """The study's per-run metrics on a hand-made run: base, then math, tooluse and code stages, four
 eval items per column (the expected numbers are worked out in the comments)."""
+
 import json
 import math
 
@@ -10,14 +11,37 @@ from megatron_sdpo.study import metrics as M
 
 ITEMS = {
     #                math/id: 0.25, 0.75, 0.5, 0.5     tooluse/id: 0, .25, .75, .25   code/id: 0, 0, .25, .5
-    "base": {"math/id": [0, 0, 1, 0], "tooluse/id": [0, 0, 0, 0], "code/id": [0, 0, 0, 0], "math/ood_mid": [1, 1, 0, 0]},
-    "math": {"math/id": [1, 1, 1, 0], "tooluse/id": [1, 0, 0, 0], "code/id": [0, 0, 0, 0], "math/ood_mid": [1, 0, 0, 0]},
-    "tooluse": {"math/id": [1, 0, 1, 0], "tooluse/id": [1, 1, 1, 0], "code/id": [1, 0, 0, 0], "math/ood_mid": [1, 0, 0, 0]},
-    "code": {"math/id": [1, 1, 0, 0], "tooluse/id": [1, 0, 0, 0], "code/id": [1, 1, 0, 0], "math/ood_mid": [1, 0, 0, 0]},
+    "base": {
+        "math/id": [0, 0, 1, 0],
+        "tooluse/id": [0, 0, 0, 0],
+        "code/id": [0, 0, 0, 0],
+        "math/ood_mid": [1, 1, 0, 0],
+    },
+    "math": {
+        "math/id": [1, 1, 1, 0],
+        "tooluse/id": [1, 0, 0, 0],
+        "code/id": [0, 0, 0, 0],
+        "math/ood_mid": [1, 0, 0, 0],
+    },
+    "tooluse": {
+        "math/id": [1, 0, 1, 0],
+        "tooluse/id": [1, 1, 1, 0],
+        "code/id": [1, 0, 0, 0],
+        "math/ood_mid": [1, 0, 0, 0],
+    },
+    "code": {
+        "math/id": [1, 1, 0, 0],
+        "tooluse/id": [1, 0, 0, 0],
+        "code/id": [1, 1, 0, 0],
+        "math/ood_mid": [1, 0, 0, 0],
+    },
 }
 REWARDS = [(0, "math", [0.2, 0.4]), (1, "tooluse", [0.5]), (2, "code", [0.1, 0.2, 0.3])]
-DRIFT = {"param_vs_base": {"summary": {"mean_spectral_shift": 0.004, "mean_angle_max_deg": 2.5}},
-         "response_cosine_mean": 0.93, "excess_kl_mean_k3": 0.1}
+DRIFT = {
+    "param_vs_base": {"summary": {"mean_spectral_shift": 0.004, "mean_angle_max_deg": 2.5}},
+    "response_cosine_mean": 0.93,
+    "excess_kl_mean_k3": 0.1,
+}
 
 
 @pytest.fixture
@@ -86,8 +110,16 @@ def test_expected_max_of_normals():
 
 def test_item_scores_group_the_answers_of_one_item(tmp_path, make_run):
     root = make_run(tmp_path / "r", {"base": {"math/id": [1, 0]}})
-    samples = {"math/id": [{"id": "a", "score": 1.0}, {"id": "a", "score": 0.0}, {"id": "b", "score": 1.0},
-                           {"id": "b", "score": 1.0}, {"id": "c", "score": 0.5}, {"id": "c", "score": 0.0}]}
+    samples = {
+        "math/id": [
+            {"id": "a", "score": 1.0},
+            {"id": "a", "score": 0.0},
+            {"id": "b", "score": 1.0},
+            {"id": "b", "score": 1.0},
+            {"id": "c", "score": 0.5},
+            {"id": "c", "score": 0.0},
+        ]
+    }
     (root / "eval_samples" / "base.json").write_text(json.dumps(samples))
     items = M.RunView(root).item_scores["base"]["math/id"]
     # avg@2 per item; a partial score (0.5) is not a correct answer.
@@ -122,8 +154,12 @@ def test_artifact_metrics_by_hand(tmp_path, make_run):
     with (root / "metrics.jsonl").open("a") as f:
         for stage, values in ((0, rates), (1, [0.0] * 5)):
             for step, r in enumerate(values, start=1):
-                rec = {"stage": stage, "stage_domain": "math", "step": step,
-                       "artifacts/repeated_ngram_rate": 0.05 * step}
+                rec = {
+                    "stage": stage,
+                    "stage_domain": "math",
+                    "step": step,
+                    "artifacts/repeated_ngram_rate": 0.05 * step,
+                }
                 if r is not None:
                     rec["artifacts/fmt_boxed_repeat_rate"] = r
                 if stage == 0 and step in (2, 5):  # teacher-signal steps with repeated-box tokens
@@ -144,8 +180,10 @@ def test_an_artifact_that_never_occurs_gained_nothing(tmp_path, make_run):
     none = make_run(tmp_path / "none", {"base": {"math/id": [1, 0]}})
     with (clean / "metrics.jsonl").open("a") as f:
         for step in range(1, 9):
-            f.write(json.dumps({"stage": 0, "stage_domain": "math", "step": step,
-                                "artifacts/fmt_boxed_repeat_rate": 0.0}) + "\n")
+            f.write(
+                json.dumps({"stage": 0, "stage_domain": "math", "step": step, "artifacts/fmt_boxed_repeat_rate": 0.0})
+                + "\n"
+            )
     assert M.run_metrics(M.RunView(clean))["boxed_repeat_gain"] == 0.0
     assert M.run_metrics(M.RunView(none))["boxed_repeat_gain"] is None  # never measured: unknown
 
@@ -154,17 +192,25 @@ def test_reward_change_by_hand(tmp_path, make_run):
     """Last 3 steps' mean reward minus the first 3's, per stage, mean over stages of >= 6 steps:
     math (0.2, 0.4, 0.6, 0.8, 0.5, 0.3, 0.1, 0.1) rises then falls, 0.5/3 - 1.2/3 = -0.7/3; tool use
     (0.1 ... 0.6) rises, 1.5/3 - 0.6/3 = 0.3; a 5-step code stage is too short to count."""
-    root = make_run(tmp_path / "r", {"base": {"math/id": [1, 0]}}, rewards=[
-        (0, "math", [0.2, 0.4, 0.6, 0.8, 0.5, 0.3, 0.1, 0.1]), (1, "tooluse", [0.1, 0.2, 0.3, 0.4, 0.5, 0.6]),
-        (2, "code", [0.9, 0.0, 0.0, 0.0, 0.0])])
+    root = make_run(
+        tmp_path / "r",
+        {"base": {"math/id": [1, 0]}},
+        rewards=[
+            (0, "math", [0.2, 0.4, 0.6, 0.8, 0.5, 0.3, 0.1, 0.1]),
+            (1, "tooluse", [0.1, 0.2, 0.3, 0.4, 0.5, 0.6]),
+            (2, "code", [0.9, 0.0, 0.0, 0.0, 0.0]),
+        ],
+    )
     got = M.run_metrics(M.RunView(root))["reward_change"]
     assert got == pytest.approx((-0.7 / 3 + 0.3) / 2)
 
 
 def test_mid_stage_gain_by_hand(tmp_path, make_run):
-    items = {"base": {"math/id": [0, 0, 1, 0], "tooluse/id": [0, 0, 0, 0]},
-             "math": {"math/id": [1, 1, 1, 0], "tooluse/id": [0, 0, 0, 0]},
-             "tooluse": {"math/id": [1, 1, 0, 0], "tooluse/id": [1, 0, 0, 0]}}
+    items = {
+        "base": {"math/id": [0, 0, 1, 0], "tooluse/id": [0, 0, 0, 0]},
+        "math": {"math/id": [1, 1, 1, 0], "tooluse/id": [0, 0, 0, 0]},
+        "tooluse": {"math/id": [1, 1, 0, 0], "tooluse/id": [1, 0, 0, 0]},
+    }
     root = make_run(tmp_path / "r", items)
     # math (stage 0): evals at steps 2 and 4 -> the first, 0.5, minus the base's 0.25; tooluse
     # (stage 1) has none and stays out of the mean.
@@ -181,14 +227,17 @@ def test_mid_stage_gain_by_hand(tmp_path, make_run):
 
 
 def test_ood_change_by_mmd_terciles_by_hand(tmp_path, make_run):
-    items = {"base": {"math/id": [0, 1], "math/ood_near": [0, 0], "math/ood_far": [1, 1], "code/ood_mid": [1, 0]},
-             "math": {"math/id": [1, 1], "math/ood_near": [1, 0], "math/ood_far": [0, 1], "code/ood_mid": [0, 0]}}
+    items = {
+        "base": {"math/id": [0, 1], "math/ood_near": [0, 0], "math/ood_far": [1, 1], "code/ood_mid": [1, 0]},
+        "math": {"math/id": [1, 1], "math/ood_near": [1, 0], "math/ood_far": [0, 1], "code/ood_mid": [0, 0]},
+    }
     root = make_run(tmp_path / "r", items)
     got = M.run_metrics(M.RunView(root))
     assert got["ood_mmd/mid"] is None  # no ood_distance.json: not measured
     # Distances from the math stage's training set: near set 0.1, code's mid set 0.5, far 0.9;
     # one pair per tercile, in-stage changes +0.5, -0.5, -0.5.
-    (root / "ood_distance.json").write_text(json.dumps(
-        {"distances": {"math": {"math/ood_near": 0.1, "code/ood_mid": 0.5, "math/ood_far": 0.9}}}))
+    (root / "ood_distance.json").write_text(
+        json.dumps({"distances": {"math": {"math/ood_near": 0.1, "code/ood_mid": 0.5, "math/ood_far": 0.9}}})
+    )
     got = M.run_metrics(M.RunView(root))
     assert (got["ood_mmd/near"], got["ood_mmd/mid"], got["ood_mmd/far"]) == pytest.approx((0.5, -0.5, -0.5))

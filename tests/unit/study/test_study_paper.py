@@ -1,5 +1,6 @@
 """The paper's directions: each sign from the paper's own two numbers, none for a metric the paper
 gives no number for or against another baseline, and docs/studies.md's table equal to the code's."""
+
 from pathlib import Path
 
 import pytest
@@ -10,16 +11,26 @@ from megatron_sdpo.study.metrics import FINDINGS, METRICS
 DOCS = Path(__file__).resolve().parents[3] / "docs" / "studies.md"
 
 
-@pytest.mark.parametrize("name, want", [
-    # SDPO specializes faster in MATH (+73% vs +38%) but learns tool use less (-25% vs +24%) in its
-    # own stage (plot readings to ±5 points); code, +17% vs +21%, is 4 points apart: no direction.
-    ("in_stage_gain/math", +1), ("in_stage_gain/tooluse", -1), ("in_stage_gain/code", None),
-    # Final MATH 34.4 vs 57.3, TOOLUSE 9.9 vs 57.7: SDPO ends lower, keeps less, forgets more.
-    ("final_id/math", -1), ("final_id/tooluse", -1), ("final_avg_id", -1), ("backward_transfer", -1),
-    ("forgetting", +1),
-    # Drift: spectral shift ~4x, angle 2.5 vs 0-0.5 degrees, response cosine 91-94% vs 96-97%.
-    ("spectral_shift", +1), ("max_angle_deg", +1), ("response_cosine", -1),
-])
+@pytest.mark.parametrize(
+    "name, want",
+    [
+        # SDPO specializes faster in MATH (+73% vs +38%) but learns tool use less (-25% vs +24%) in its
+        # own stage (plot readings to ±5 points); code, +17% vs +21%, is 4 points apart: no direction.
+        ("in_stage_gain/math", +1),
+        ("in_stage_gain/tooluse", -1),
+        ("in_stage_gain/code", None),
+        # Final MATH 34.4 vs 57.3, TOOLUSE 9.9 vs 57.7: SDPO ends lower, keeps less, forgets more.
+        ("final_id/math", -1),
+        ("final_id/tooluse", -1),
+        ("final_avg_id", -1),
+        ("backward_transfer", -1),
+        ("forgetting", +1),
+        # Drift: spectral shift ~4x, angle 2.5 vs 0-0.5 degrees, response cosine 91-94% vs 96-97%.
+        ("spectral_shift", +1),
+        ("max_angle_deg", +1),
+        ("response_cosine", -1),
+    ],
+)
 def test_directions_follow_the_papers_numbers(name, want):
     n = paper.PAPER[name]
     assert n.direction == want

@@ -1,5 +1,6 @@
 """results/<study>: a study's runs exported to what its metrics read, and every table generated
 from the export alone, one per baseline in one pass, the same bytes each time."""
+
 import csv
 import gzip
 import json
@@ -11,9 +12,15 @@ from megatron_sdpo.study import results
 from megatron_sdpo.study.findings import compare_arms, load_runs
 
 CASE = [1, 2, 3, 0, 2, 4]  # SDPO - GRPO in items of 10 per seed (test_study_findings.py)
-DRIFT = {"param_vs_base": {"summary": {"mean_spectral_shift": 0.01, "mean_angle_max_deg": 3.0},
-                           "per_matrix": [list(range(50))] * 20},
-         "response_cosine_mean": 0.9, "excess_kl_mean_k3": 0.1, "big": "x" * 10_000}
+DRIFT = {
+    "param_vs_base": {
+        "summary": {"mean_spectral_shift": 0.01, "mean_angle_max_deg": 3.0},
+        "per_matrix": [list(range(50))] * 20,
+    },
+    "response_cosine_mean": 0.9,
+    "excess_kl_mean_k3": 0.1,
+    "big": "x" * 10_000,
+}
 
 
 def _items(correct, n=10):
@@ -25,10 +32,16 @@ def study(tmp_path, make_run):
     root = tmp_path / "study"
     for seed, extra in enumerate(CASE):
         for arm, correct in (("grpo", 3), ("sdpo_frozen", 3 + extra)):
-            run = make_run(root / "runs" / arm / f"seed{seed}",
-                           {"base": {"math/id": _items(2)}, "math": {"math/id": _items(correct)},
-                            "tooluse": {"math/id": _items(correct), "tooluse/id": _items(4)}},
-                           [(0, "math", [0.1 * correct]), (1, "tooluse", [0.3])], drift=DRIFT)
+            run = make_run(
+                root / "runs" / arm / f"seed{seed}",
+                {
+                    "base": {"math/id": _items(2)},
+                    "math": {"math/id": _items(correct)},
+                    "tooluse": {"math/id": _items(correct), "tooluse/id": _items(4)},
+                },
+                [(0, "math", [0.1 * correct]), (1, "tooluse", [0.3])],
+                drift=DRIFT,
+            )
             (run / "metrics.jsonl").open("a").write(json.dumps({"stage": 1, "step": 2, "unread": "y" * 5000}) + "\n")
     (root / "runs" / "grpo" / "seed9").mkdir()  # an unfinished run: not exported
     (root / "timings.jsonl").write_text(json.dumps({"run": "grpo/seed0", "seconds": 12.0}) + "\n")
@@ -44,15 +57,22 @@ def test_export_keeps_what_the_metrics_read_and_tabulate_regenerates_them(study,
     with gzip.open(run / "eval_samples" / "stage_1_math.json.gz", "rt") as f:
         samples = json.load(f)
     assert samples["math/id"][0] == {"id": "math/id-0", "score": 1}  # no answer text
-    assert "big" not in (run / "drift" / "stage_2.json").read_text() and "unread" not in (run / "metrics.jsonl").read_text()
+    assert (
+        "big" not in (run / "drift" / "stage_2.json").read_text()
+        and "unread" not in (run / "metrics.jsonl").read_text()
+    )
     assert sum(f.stat().st_size for f in run.rglob("*") if f.is_file()) < 8_000  # kilobytes a run
     again = results.export(study, tmp_path / "again", command="megatron-sdpo study x --seeds 0-5")
     packed = sorted(p.relative_to(dest) for p in dest.rglob("*.gz"))
     assert packed and all((dest / p).read_bytes() == (again / p).read_bytes() for p in packed)  # the same bytes
 
     # Every metric from the export equals the study's own.
-    original = {(r.arm, r.seed): r.values for r in load_runs(
-        [(a, s, study / "runs" / a / f"seed{s}") for a in ("grpo", "sdpo_frozen") for s in range(6)], {})}
+    original = {
+        (r.arm, r.seed): r.values
+        for r in load_runs(
+            [(a, s, study / "runs" / a / f"seed{s}") for a in ("grpo", "sdpo_frozen") for s in range(6)], {}
+        )
+    }
     exported = {(r.arm, r.seed): r.values for r in load_runs(results._study_runs(dest), {})}
     assert exported == original
 
@@ -63,8 +83,9 @@ def test_export_keeps_what_the_metrics_read_and_tabulate_regenerates_them(study,
     assert [p.read_text() for p in first] == texts  # the same bytes again: a test can hold docs to them
     line = next(x for x in texts[0].splitlines() if x.startswith("| `in_stage_gain/math` |"))
     assert "[0.052, 0.348] (95%)" in line and "*established*" in line
-    verdicts = {x.rsplit("|", 2)[-2].strip() for x in texts[1].splitlines() if x.startswith("| `")
-                and x.count("|") > 10}
+    verdicts = {
+        x.rsplit("|", 2)[-2].strip() for x in texts[1].splitlines() if x.startswith("| `") and x.count("|") > 10
+    }
     assert verdicts == {"*descriptive*"}  # no paper direction against SDPO
     rows = list(csv.DictReader((dest / "study.csv").open()))
     assert rows[0]["run_dir"] == "runs/grpo/seed0" and len(rows) == 12
@@ -102,8 +123,13 @@ def test_a_study_exported_in_parts_equals_it_exported_at_once(study, tmp_path):
             for s in seeds:
                 shutil.copytree(study / "runs" / arm / f"seed{s}", part / "runs" / arm / f"seed{s}")
         part.mkdir(exist_ok=True)
-        (part / "timings.jsonl").write_text("".join(json.dumps({"run": f"{a}/seed{s}", "seconds": 10.0 + s}) + "\n"
-                                                    for a in ("grpo", "sdpo_frozen") for s in seeds))
+        (part / "timings.jsonl").write_text(
+            "".join(
+                json.dumps({"run": f"{a}/seed{s}", "seconds": 10.0 + s}) + "\n"
+                for a in ("grpo", "sdpo_frozen")
+                for s in seeds
+            )
+        )
     whole = results.export(study, tmp_path / "whole", command="x")
     dest = results.export(first, tmp_path / "parts", command="study --seeds 0-2", commit="aaa")
     with pytest.raises(UserError, match="no exported study to add to"):
@@ -116,10 +142,14 @@ def test_a_study_exported_in_parts_equals_it_exported_at_once(study, tmp_path):
     values = lambda root: {(r.arm, r.seed): r.values for r in load_runs(results._study_runs(root), {})}  # noqa: E731
     assert values(dest) == values(whole)
     rows = list(csv.DictReader((dest / "study.csv").open()))
-    assert len(rows) == 12 and {r["run_dir"] for r in rows} == {f"runs/{a}/seed{s}" for a in ("grpo", "sdpo_frozen")
-                                                                 for s in range(6)}
-    gain = lambda root: [x for x in results.tabulate(root, ["grpo"], n_boot=0)[0].read_text().splitlines()  # noqa: E731
-                         if x.startswith("| `in_stage_gain/math` |")]
+    assert len(rows) == 12 and {r["run_dir"] for r in rows} == {
+        f"runs/{a}/seed{s}" for a in ("grpo", "sdpo_frozen") for s in range(6)
+    }
+    gain = lambda root: [  # noqa: E731
+        x
+        for x in results.tabulate(root, ["grpo"], n_boot=0)[0].read_text().splitlines()
+        if x.startswith("| `in_stage_gain/math` |")
+    ]
     assert gain(dest) == gain(whole) and gain(dest)
     with pytest.raises(UserError, match="grpo/seed3, grpo/seed4, .* already exported"):
         results.export(second, dest, command="", add=True)

@@ -1,4 +1,5 @@
 """The study's scheduler with a stand-in for `megatron-sdpo run`: concurrency, skip, resume, failure."""
+
 import json
 import os
 import signal
@@ -46,8 +47,9 @@ def test_runs_at_most_jobs_at_a_time_and_skips_finished_ones(tmp_path, fake_run)
     (done.out / "report.md").write_text("x")
     specs = [done, *(_spec(tmp_path, f"r{i}") for i in range(5))]
     said = []
-    failed = StudyRunner(specs, jobs=2, threads=4, log_dir=tmp_path / "logs", timings=tmp_path / "t.jsonl",
-                         say=said.append).run()
+    failed = StudyRunner(
+        specs, jobs=2, threads=4, log_dir=tmp_path / "logs", timings=tmp_path / "t.jsonl", say=said.append
+    ).run()
     assert failed == []
     events = [json.loads(x) for x in (tmp_path / "events.jsonl").read_text().splitlines()]
     assert sorted(Path(e["out"]).name for e in events) == [f"r{i}" for i in range(5)]  # not "done"
@@ -75,7 +77,17 @@ def test_a_started_run_is_resumed_and_a_failure_reported_after_the_rest(tmp_path
 def test_run_command_resumes_a_started_run(tmp_path):
     spec = RunSpec("grpo", 2, "tiny", ("algorithm.name=grpo", "seed=2"), tmp_path / "r")
     cmd = spec.command(quiet=True, verbose=False)
-    assert cmd[1:] == ["-m", "megatron_sdpo", "run", "tiny", "algorithm.name=grpo", "seed=2", "--out", str(spec.out), "--quiet"]
+    assert cmd[1:] == [
+        "-m",
+        "megatron_sdpo",
+        "run",
+        "tiny",
+        "algorithm.name=grpo",
+        "seed=2",
+        "--out",
+        str(spec.out),
+        "--quiet",
+    ]
     spec.out.mkdir()
     (spec.out / "resolved_config.yaml").write_text("")
     assert "--resume" in spec.command(quiet=False, verbose=False)
@@ -111,7 +123,9 @@ time.sleep(60)
 
 def test_sigterm_to_the_study_alone_stops_its_runs_and_raises_stopped(tmp_path, monkeypatch):
     """`kill STUDY_PID` (not the process group): the runs are asked to stop, not left orphaned."""
-    monkeypatch.setattr(RunSpec, "command", lambda self, *, quiet, verbose: [sys.executable, "-c", STOPPABLE_RUN, str(self.out)])
+    monkeypatch.setattr(
+        RunSpec, "command", lambda self, *, quiet, verbose: [sys.executable, "-c", STOPPABLE_RUN, str(self.out)]
+    )
     specs = [_spec(tmp_path, f"r{i}") for i in range(3)]
     before = signal.getsignal(signal.SIGTERM)
 
@@ -148,8 +162,11 @@ def test_the_study_schedules_seed_by_seed_and_tabulates_arm_by_arm(tmp_path, mon
             return []
 
     monkeypatch.setattr(driver, "StudyRunner", Recorder)
-    monkeypatch.setattr(driver.Study, "tabulate",
-                        lambda self, specs, baseline, timings: tabulated.extend((s.arm, s.seed) for s in specs))
+    monkeypatch.setattr(
+        driver.Study,
+        "tabulate",
+        lambda self, specs, baseline, timings: tabulated.extend((s.arm, s.seed) for s in specs),
+    )
     arms = [BUILTIN_ARMS["grpo"], BUILTIN_ARMS["sdpo_frozen"]]
     driver.Study("tiny", arms, [3, 1], tmp_path / "study").run()
     assert scheduled == [("grpo", 3), ("sdpo_frozen", 3), ("grpo", 1), ("sdpo_frozen", 1)]

@@ -1,4 +1,5 @@
 """The study's statistics against hand-computed cases (the arithmetic is in the comments)."""
+
 import math
 
 import numpy as np

@@ -1,5 +1,6 @@
 """The streaming HF export: tensors written one at a time in their own dtype, sharded, loadable
 by transformers, no exported tensor kept alive by the writer, names checked against the source."""
+
 import gc
 import json
 import weakref

@@ -1,4 +1,5 @@
 """The HF <-> megatron weight plan, checked against real HF models and hand-written layouts."""
+
 import pytest
 import torch
 import transformers
@@ -19,9 +20,16 @@ from megatron_sdpo.weights.plan import HEADS, REPLICATED
 
 def _config(arch: str, tied: bool = False, vocab: int = 131):
     common = dict(
-        vocab_size=vocab, hidden_size=48, intermediate_size=40, num_hidden_layers=4,
-        num_attention_heads=6, num_key_value_heads=2, head_dim=8, tie_word_embeddings=tied,
-        max_position_embeddings=64, rms_norm_eps=1e-6,
+        vocab_size=vocab,
+        hidden_size=48,
+        intermediate_size=40,
+        num_hidden_layers=4,
+        num_attention_heads=6,
+        num_key_value_heads=2,
+        head_dim=8,
+        tie_word_embeddings=tied,
+        max_position_embeddings=64,
+        rms_norm_eps=1e-6,
     )
     if arch == "qwen3":
         return transformers.Qwen3Config(**common)
@@ -101,7 +109,9 @@ def test_fc1_holds_gate_then_up_per_tp_shard_and_row_parallel_splits_columns():
         half = slice(t * F // 2, (t + 1) * F // 2)
         assert torch.equal(msd["decoder.layers.0.mlp.linear_fc1.weight"], torch.cat([gate[half], up[half]]))
         assert torch.equal(msd["decoder.layers.0.mlp.linear_fc2.weight"], down[:, half])
-        assert torch.equal(msd["decoder.layers.0.pre_mlp_layernorm.weight"], sd["model.layers.2.post_attention_layernorm.weight"])
+        assert torch.equal(
+            msd["decoder.layers.0.pre_mlp_layernorm.weight"], sd["model.layers.2.post_attention_layernorm.weight"]
+        )
 
 
 def test_vocab_is_padded_with_zero_rows_and_split_by_rank():
@@ -179,8 +189,16 @@ OLMO_TYPES = ["sliding_attention", "sliding_attention", "sliding_attention", "fu
 
 def _olmo_config(arch: str = "olmo3", **kw):
     common = dict(
-        vocab_size=131, hidden_size=48, intermediate_size=40, num_hidden_layers=4, num_attention_heads=6,
-        num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-6, rope_theta=1000.0, eos_token_id=2,
+        vocab_size=131,
+        hidden_size=48,
+        intermediate_size=40,
+        num_hidden_layers=4,
+        num_attention_heads=6,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        rms_norm_eps=1e-6,
+        rope_theta=1000.0,
+        eos_token_id=2,
     )
     if arch == "olmo2":
         return transformers.Olmo2Config(**common, **kw)
@@ -218,9 +236,13 @@ def test_olmo_plan_names_shapes_and_kinds(arch):
         assert mps[f"{m}.self_attention.k_layernorm.weight"].kind == HEADS
         assert mps[f"{m}.self_attention.linear_proj.post_layernorm.weight"] == Mapping(
             f"{m}.self_attention.linear_proj.post_layernorm.weight",
-            ("model.layers.1.post_attention_layernorm.weight",), REPLICATED, (H,),
+            ("model.layers.1.post_attention_layernorm.weight",),
+            REPLICATED,
+            (H,),
         )
-        assert mps[f"{m}.mlp.linear_fc2.post_layernorm.weight"].hf == ("model.layers.1.post_feedforward_layernorm.weight",)
+        assert mps[f"{m}.mlp.linear_fc2.post_layernorm.weight"].hf == (
+            "model.layers.1.post_feedforward_layernorm.weight",
+        )
         assert not any("input_layernorm" in n or "pre_mlp_layernorm" in n or "layer_norm_weight" in n for n in mps)
         for n in sd:  # every HF layer tensor sits in exactly one megatron tensor of its stage
             assert sum(n in mp.hf for mp in mps.values()) == 1, n
@@ -250,7 +272,10 @@ def test_olmo_qk_norm_shards_hold_the_heads_of_the_ranks_query_groups():
     for t in range(tp):
         msd = hf_to_megatron(sd, spec, Layout(tp=tp), t, 0)
         groups = msd["decoder.layers.2.self_attention.linear_qkv.weight"].reshape(G // tp, (r + 2) * D, -1)
-        q_rows, k_rows = groups[:, : r * D].reshape(-1, q.shape[1]), groups[:, r * D : (r + 1) * D].reshape(-1, k.shape[1])
+        q_rows, k_rows = (
+            groups[:, : r * D].reshape(-1, q.shape[1]),
+            groups[:, r * D : (r + 1) * D].reshape(-1, k.shape[1]),
+        )
         qs, ks = slice(t * len(qn) // tp, (t + 1) * len(qn) // tp), slice(t * len(kn) // tp, (t + 1) * len(kn) // tp)
         assert torch.equal(q_rows, q[qs]) and torch.equal(k_rows, k[ks])
         assert torch.equal(msd["decoder.layers.2.self_attention.q_layernorm.weight"], qn[qs])
@@ -262,8 +287,13 @@ def test_olmo_qk_norm_shards_hold_the_heads_of_the_ranks_query_groups():
     [
         None,
         {"rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": 8},
-        {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-         "original_max_position_embeddings": 8},
+        {
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8,
+        },
     ],
 )
 def test_olmo3_ropes_per_layer_type_are_hfs(scaling):
@@ -287,7 +317,7 @@ def test_olmo2_has_one_default_rope_and_no_windows():
     model = _olmo_model("olmo2")
     spec = ModelSpec.from_hf_config(model.config)
     assert spec.layer_types == ("full_attention",) * 4 and spec.sliding_window is None
-    (name, rope), = spec.ropes
+    ((name, rope),) = spec.ropes
     assert name == "full_attention" and rope.attention_scaling == 1.0
     assert torch.equal(torch.tensor(rope.inv_freq, dtype=torch.float32), model.model.rotary_emb.inv_freq)
 
