@@ -57,6 +57,7 @@ compare: setup
 # Static checks: ruff (rules in ruff.toml) over the code and its tests, mypy (mypy.ini) on the
 # package, and the import contract (.importlinter: every package imports only downward).
 lint: setup
+	$(PY) -m ruff format --check megatron_sdpo kernels launchers tools tests
 	$(PY) -m ruff check megatron_sdpo kernels launchers tools tests
 	$(PY) -m mypy
 	$(VENV)/bin/lint-imports --no-cache

@@ -19,7 +19,8 @@ Resources come from the preset's `launch:` section (`launch.nodes=4` style overr
 `megatron_sdpo run`); the flags above override them. The launcher holds no training logic: it
 validates the config (a bad preset or key fails here, before anything is queued), runs the CLI's
 own preflight `python -m megatron_sdpo run PRESET [overrides] --dry-run --world-size N` (layout,
-rollout plan, data schemas, memory estimate for the job's N ranks), then hands NeMo-Run one task, `python -m megatron_sdpo run PRESET [overrides] --out RUN_DIR [--resume]`,
+rollout plan, data schemas, memory estimate for the job's N ranks), then hands NeMo-Run one task,
+`python -m megatron_sdpo run PRESET [overrides] --out RUN_DIR [--resume]`,
 started through torchrun when the job has more than one process.
 
 `--executor local` runs the job here with the training interpreter (its bin directory first on

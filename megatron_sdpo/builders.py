@@ -153,7 +153,8 @@ def make_rollout(cfg: RunConfig, model_path: str, tokenizer, work_dir: str):
         check_stack(["vllm"])  # before vLLM loads the weights
     if kind != "vllm" and cfg.rollout.tensor_parallel_size != 1:
         raise ConfigError(
-            f"rollout.tensor_parallel_size={cfg.rollout.tensor_parallel_size} needs rollout.engine=vllm (the engine here is {kind})"
+            f"rollout.tensor_parallel_size={cfg.rollout.tensor_parallel_size} needs rollout.engine=vllm (the "
+            f"engine here is {kind})"
         )
     from megatron_sdpo.rollout.replicas import ReplicaLayout, ReplicatedRollout
 

@@ -1,4 +1,5 @@
-"""Command line: `megatron-sdpo run | compare | study | eval | drift | report | presets | data` (also `python -m megatron_sdpo`).
+"""Command line: `megatron-sdpo run | compare | study | eval | drift | report | presets | data`
+(also `python -m megatron_sdpo`).
 
 User mistakes (bad preset, key, path, data) print one `error: ...` line and exit 2; only bugs
 show a traceback.

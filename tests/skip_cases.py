@@ -23,7 +23,7 @@ def skip_batch(which: int, vocab: int = 131):
     from megatron_sdpo.rollout.guard import attach_guard_tensors
 
     g = torch.Generator().manual_seed(100 + which)
-    ids = lambda n: [int(x) for x in torch.randint(3, vocab, (n,), generator=g)]  # noqa: E731
+    ids = lambda n: [int(x) for x in torch.randint(3, vocab, (n,), generator=g)]
     rewards = torch.tensor(REWARDS[which], dtype=torch.float32)
     prompts, responses, teacher = [], [], []
     for grp in range(rewards.shape[0]):

@@ -159,7 +159,8 @@ class NoResult(Exception):
 
 def run_child(cmd: list[str], *, timeout: float | None = None, env: dict | None = None) -> tuple[dict, int]:
     """Run `cmd --result FILE` in a fresh process: (the dict it passed to write_result, its peak
-    RSS in bytes, which counts this process's RSS at the spawn, see PeakMemory). Raises NoResult("failed", last line of its output) when it exits non-zero,
+    RSS in bytes, which counts this process's RSS at the spawn, see PeakMemory). Raises
+    NoResult("failed", last line of its output) when it exits non-zero,
     writes no result or outlives `timeout` seconds."""
     with tempfile.TemporaryDirectory(prefix="bench_") as tmp:
         result, log = Path(tmp) / "result.json", Path(tmp) / "log.txt"

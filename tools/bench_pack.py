@@ -42,7 +42,7 @@ def make_batch(n: int, vocab: int, seed: int, sdpo: bool, group: int = 1):
     g = torch.Generator().manual_seed(seed)
     p_len = torch.randint(20, 41, (-(-n // group),), generator=g).tolist()
     r_len = torch.randint(3, 33, (n,), generator=g).tolist()
-    ids = lambda k: torch.randint(3, vocab, (k,), generator=g).tolist()  # noqa: E731
+    ids = lambda k: torch.randint(3, vocab, (k,), generator=g).tolist()
     distinct = [ids(k) for k in p_len]
     prompts = [distinct[i // group] for i in range(n)]
     responses = [ids(k) for k in r_len]

@@ -3,7 +3,8 @@ memory ledger's `logits` category (memory_ledger.logit_counts).
 
 One megatron rank over gloo (CPU) trains a tiny Qwen3 (bf16 params, EMA teacher, reference) one
 step per loss, shaped so that no layer's output is as wide as the vocabulary (the shipped tiny
-model's gated MLP is 768 wide, its padded vocabulary too); a dispatch mode (planning/memory_census.TransientPeak) records every
+model's gated MLP is 768 wide, its padded vocabulary too); a dispatch mode
+(planning/memory_census.TransientPeak) records every
 tensor the step creates and the most bytes alive at once of those whose last dimension is the
 vocabulary (the real one or the padded one). Each loss runs at prompt lengths 16 and 48 of
 64-token rows, with the statistics chunked over 8 and 16 response tokens
@@ -77,7 +78,7 @@ def _batch(prompt: int, vocab: int):
     from megatron_sdpo.interfaces.backend import SequenceBatch
 
     g = torch.Generator().manual_seed(0)
-    ids = lambda n: [int(x) for x in torch.randint(3, vocab - 1, (n,), generator=g)]  # noqa: E731
+    ids = lambda n: [int(x) for x in torch.randint(3, vocab - 1, (n,), generator=g)]
     prompts = [ids(prompt) for _ in range(MBS)]
     b = SequenceBatch(prompts, [ids(SEQ - prompt) for _ in range(MBS)], [list(p) for p in prompts], {})
     mask = b.response_mask()
@@ -105,7 +106,7 @@ def measure(model_dir: str, losses: list[str]) -> dict:
         options=ModelOptions(precision=PrecisionConfig(params="bfloat16")),
     )
     vocab, padded = be.vocab_width, be.wlayout.padded_vocab(be.spec) // be.layout.tp
-    wide = lambda t: "vocab" if t.dim() and t.shape[-1] in (vocab, padded) else "other"  # noqa: E731
+    wide = lambda t: "vocab" if t.dim() and t.shape[-1] in (vocab, padded) else "other"
     out: dict = {"vocab": vocab, "padded_vocab": padded, "peaks": {}}
     for name in losses:
         for prompt, chunk in POINTS:

@@ -1,6 +1,7 @@
 """Several optimizer steps per rollout batch (PPO/GRPO mini-batches): the pure parts.
 
-The trainer (`trainer.minibatch_update`) drives the backend through them. The rollout batch is split into `n` mini-batches of whole prompt groups, in order; each is one
+The trainer (`trainer.minibatch_update`) drives the backend through them. The rollout batch is
+split into `n` mini-batches of whole prompt groups, in order; each is one
 optimizer step through the backend. The old log-probabilities are those of the policy that
 sampled the batch, computed once before the first update, so from the second mini-batch on the
 importance ratio differs from 1 and the clip acts (the paper's GRPO baseline: 32 prompts per

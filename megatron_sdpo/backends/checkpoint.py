@@ -121,7 +121,7 @@ def torch_load(f: Path) -> dict:
     try:
         # Our own files: optimizer state and numpy/python RNG tuples need full unpickling.
         return torch.load(f, map_location="cpu", weights_only=False)
-    except Exception as exc:  # noqa: BLE001 - any unpickling failure means a corrupt file
+    except Exception as exc:  # any unpickling failure means a corrupt file
         raise CheckpointError(f"checkpoint file {f} is corrupt ({type(exc).__name__}: {exc})") from None
 
 
@@ -140,7 +140,7 @@ def load_hf_weights(model: nn.Module, directory: Path) -> None:
     for f in files:
         try:
             state.update(load_file(str(f)))
-        except Exception as exc:  # noqa: BLE001 - safetensors raises several types on bad bytes
+        except Exception as exc:  # safetensors raises several types on bad bytes
             raise CheckpointError(f"checkpoint file {f} is corrupt ({type(exc).__name__}: {exc})") from None
     own = model.state_dict()
     unknown = sorted(set(state) - set(own))

@@ -243,7 +243,7 @@ class HFBackend(Backend):
         if self.policy.config._attn_implementation == "sdpa":
             return masks
         zero = torch.zeros((), dtype=self.dtype, device=allowed.device)
-        additive = lambda m: zero.masked_fill(~m, torch.finfo(self.dtype).min)  # noqa: E731
+        additive = lambda m: zero.masked_fill(~m, torch.finfo(self.dtype).min)
         return {k: additive(m) for k, m in masks.items()} if isinstance(masks, dict) else additive(masks)
 
     # ------------------------------------------------------------------ forward

@@ -85,7 +85,8 @@ def _check(cfg: RunConfig) -> None:
     if not 0.0 < cfg.teacher.ema_rate <= 1.0:
         # 0 would be a teacher that never moves: that is teacher.mode=frozen.
         raise ConfigError(
-            f"teacher.ema_rate must be in (0, 1] (a frozen teacher is teacher.mode=frozen), got {cfg.teacher.ema_rate:g}"
+            "teacher.ema_rate must be in (0, 1] (a frozen teacher is teacher.mode=frozen), got "
+            f"{cfg.teacher.ema_rate:g}"
         )
     if not 0.0 < cfg.teacher.freeze_fraction <= 1.0:
         raise ConfigError("teacher.freeze_fraction must be in (0, 1]")
@@ -144,7 +145,8 @@ def _check(cfg: RunConfig) -> None:
         # the vocab-parallel KL (top-k is computed from shards by the backend).
         if a.sdpo.topk is None and not cfg.kernel.fused_kl:
             raise ConfigError(
-                "full-vocabulary SDPO (sdpo.topk=null) with backend.megatron.tensor_parallel > 1 needs kernel.fused_kl=true"
+                "full-vocabulary SDPO (sdpo.topk=null) with backend.megatron.tensor_parallel > 1 needs "
+                "kernel.fused_kl=true"
             )
     if not cfg.launch.distributed_timeout_minutes > 0:
         raise ConfigError(
@@ -165,7 +167,8 @@ def _check(cfg: RunConfig) -> None:
         if ro.top_p != 1.0:
             raise ConfigError(
                 "rollout.guard.max_mismatch compares the engine's logprobs with the trainer's, which renormalize over "
-                "the whole vocabulary, not the top-p nucleus: it needs rollout.top_p=1 (or rollout.guard.max_mismatch=null)"
+                "the whole vocabulary, not the top-p nucleus: it needs rollout.top_p=1 (or "
+                "rollout.guard.max_mismatch=null)"
             )
     if m.fp8.recipe != "none" and not bspec.fp8:
         raise ConfigError(
@@ -229,7 +232,8 @@ def _validate_teacher(cfg: RunConfig) -> None:
     able = ", ".join(n for n, s in BACKENDS.items() if s.trust_region_teacher)
     if t.mode == "trust_region" and not spec.trust_region_teacher:
         raise ConfigError(
-            f"teacher.mode=trust_region needs backend.name={able} (the {cfg.backend.name} backend does not implement it)"
+            f"teacher.mode=trust_region needs backend.name={able} (the {cfg.backend.name} backend does not "
+            "implement it)"
         )
     able = ", ".join(n for n, s in BACKENDS.items() if s.teacher_init)
     if t.init_path is not None and not spec.teacher_init:

@@ -148,7 +148,7 @@ def probe_drift(
     if len(domains) > 1:
         overall = response_drift(texts_a_all, texts_b_all, embedder)
         width = max(p[0].shape[1] for p in kl_parts)
-        pad_to = lambda t: torch.nn.functional.pad(t, (0, width - t.shape[1]))  # noqa: E731
+        pad_to = lambda t: torch.nn.functional.pad(t, (0, width - t.shape[1]))
         kl = excess_kl(*(torch.cat([pad_to(p[j]) for p in kl_parts]) for j in range(3)))
         overall.update({"kl_k1": float(kl["kl_k1"]), "kl_k3": float(kl["kl_k3"]), "kl_tokens": float(kl["tokens"])})
         result["all"] = overall

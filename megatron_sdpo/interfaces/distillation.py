@@ -58,7 +58,8 @@ class DistillationSpec:
             raise ConfigError(f"topk_source must be one of {', '.join(TOPK_SOURCES)}, got {self.topk_source!r}")
         if (self.topk is None) != (self.topk_source == "full"):
             raise ConfigError(
-                f"topk_source 'full' goes with topk=None and only with it (topk={self.topk!r}, topk_source={self.topk_source!r})"
+                f"topk_source 'full' goes with topk=None and only with it (topk={self.topk!r}, "
+                f"topk_source={self.topk_source!r})"
             )
         if self.fused and self.topk is not None:
             raise ConfigError("kernel.fused_kl is the full-vocabulary path: it needs sdpo.topk=null")

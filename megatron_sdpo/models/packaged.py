@@ -213,7 +213,7 @@ def ensure_packaged_model(name: str, *, log=None) -> str:
         from importlib.metadata import version as dist_version
 
         version = dist_version(spec.requirement.split("==")[0])
-    except Exception:  # noqa: BLE001 - provenance only
+    except Exception:  # provenance only
         pass
     convert_gguf(gguf_file, out, extra=spec.extra, provenance={"package": spec.package, "package_version": version})
     return str(out)

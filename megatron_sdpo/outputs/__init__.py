@@ -1,1 +1,2 @@
-"""What a run writes and reads back: the run directory, the report and plots, the collapse monitor, the detached stage-end drift jobs."""
+"""What a run writes and reads back: the run directory, the report and plots, the collapse monitor,
+the detached stage-end drift jobs."""

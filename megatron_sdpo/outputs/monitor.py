@@ -43,11 +43,12 @@ class RunMonitor:
             return wandb.init(mode=mode, **kwargs)
         try:
             return wandb.init(mode=mode, **kwargs)
-        except Exception as exc:  # noqa: BLE001 - wandb raises several types when its server is out of reach
+        except Exception as exc:  # wandb raises several types when its server is out of reach
             # Compute nodes often have no route to the server: keep the run and log to the run
             # directory (`wandb sync` uploads it later).
             print(
-                f"warning: wandb could not reach its server ({type(exc).__name__}: {' '.join(str(exc).split())[:200]}); "
+                f"warning: wandb could not reach its server ({type(exc).__name__}: "
+                f"{' '.join(str(exc).split())[:200]}); "
                 f"logging offline under {self.run_dir.root}/wandb",
                 file=sys.stderr,
                 flush=True,

@@ -1,1 +1,2 @@
-"""Planning a launch before anything loads: the launch plan, the memory ledger per phase, the census of live tensors that checks it (`run --dry-run`)."""
+"""Planning a launch before anything loads: the launch plan, the memory ledger per phase, the census
+of live tensors that checks it (`run --dry-run`)."""

@@ -4,7 +4,8 @@
 plan (vLLM tensor-parallel size, replicas, prompts per replica), the batch split, the data
 sources (schemas checked; files that exist are parsed for their first rows, missing ones are
 warnings: a login node often does not hold the data the job will read) and each phase's memory
-per rank from the memory ledger (memory_ledger.py; a phase over the device is an error). The architecture comes from the model directory's config.json when it is
+per rank from the memory ledger (memory_ledger.py; a phase over the device is an error). The
+architecture comes from the model directory's config.json when it is
 there, else from a small built-in table of the paper models (with a note saying so).
 
 Every error is one line (ConfigError / DataError); `LaunchPlan.render()` is what `--dry-run`
@@ -275,7 +276,7 @@ class LaunchPlan:
         )
 
     def render(self) -> str:
-        g = lambda b: f"{b / GIB:.2f}"  # noqa: E731
+        g = lambda b: f"{b / GIB:.2f}"
         lines = [
             f"dry run of {self.preset}: configuration, layout, data and memory checked; no weights loaded",
             f"ranks: {self.world_size} ({self.world_source})",

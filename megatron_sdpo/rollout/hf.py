@@ -73,7 +73,7 @@ def load_tokenizer(model_path: str):
         )
     try:
         return AutoTokenizer.from_pretrained(model_path)
-    except Exception as exc:  # noqa: BLE001 - transformers raises many types for a missing tokenizer
+    except Exception as exc:  # transformers raises many types for a missing tokenizer
         raise ConfigError(
             f"detokenize=True needs a tokenizer in {model_path} ({type(exc).__name__}); "
             "pass detokenize=False to return token ids only"

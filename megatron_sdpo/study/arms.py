@@ -47,17 +47,23 @@ BUILTIN_ARMS: dict[str, Arm] = {
         Arm(
             "grpo_mb4",
             ("algorithm.name=grpo", "algorithm.grpo.mini_batches=4"),
-            description="GRPO with 4 optimizer mini-batches per rollout (the paper's baseline: 32 prompts in mini-batches of 8)",
+            description=(
+                "GRPO with 4 optimizer mini-batches per rollout (the paper's baseline: 32 prompts in mini-batches of 8)"
+            ),
         ),
         Arm(
             "sdpo_frozen",
             ("algorithm.name=sdpo", "teacher.mode=frozen"),
-            description="SDPO₀: the teacher is the student at each stage start, frozen (the paper's main continual arm)",
+            description=(
+                "SDPO₀: the teacher is the student at each stage start, frozen (the paper's main continual arm)"
+            ),
         ),
         Arm(
             "sdpo_ema5",
             ("algorithm.name=sdpo", "teacher.mode=ema", "teacher.ema_rate=0.05", "teacher.reset_at_stage=stage_start"),
-            description="SDPO with a 5% EMA teacher reset to the student at each stage start (the paper's collapse arm)",
+            description=(
+                "SDPO with a 5% EMA teacher reset to the student at each stage start (the paper's collapse arm)"
+            ),
         ),
         Arm(
             "stable_sdpo",

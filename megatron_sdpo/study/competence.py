@@ -360,7 +360,8 @@ def format_probe(out: dict) -> str:
         d = r["difference"]
         diff = "–" if d["mean"] is None else f"{d['mean']:+.3f} [{_num(d['lo'])}, {_num(d['hi'])}]"
         lines.append(
-            f"| {kind} | {'yes' if r.get('preset_builds', True) else 'no'} | {r['prompts']} ({r['prompt_share']:.0%}) | "
+            f"| {kind} | {'yes' if r.get('preset_builds', True) else 'no'} | {r['prompts']} "
+            f"({r['prompt_share']:.0%}) | "
             f"{_num(r['teacher_pass'])} | {_num(r['student_pass'])} | {diff} | {r['copies']} of {r['samples']} | "
             f"{_num(r.get('gain_rewarded'))} | {_num(r.get('gain_unrewarded'))} | {_num(r.get('gain_gap'))} |"
         )

@@ -1,7 +1,8 @@
 """The study's metrics: one table of metric name -> function over a run directory, each with the
 finding it serves and the sign of (arm - GRPO) the paper reports.
 
-Directions come from the paper's numbers (study/paper.py), not from this table. A metric reads a `RunView` (a run directory; its eval matrix, per-step metrics.jsonl and
+Directions come from the paper's numbers (study/paper.py), not from this table. A metric reads a
+`RunView` (a run directory; its eval matrix, per-step metrics.jsonl and
 drift/stage_<k>.json). Metrics marked `items=True` read only the eval matrix, so the
 hierarchical bootstrap can recompute them on a matrix rebuilt from resampled eval items
 (eval_samples/<label>.json keeps every answer with its score); the others are fixed per run and
@@ -319,7 +320,8 @@ def _last_drift(view: RunView, *keys: str) -> float | None:
 
 def _artifact(view: RunView, key: str, how: str) -> float | None:
     """`key` of metrics.jsonl over the run's steps: "max", "mean" (over the steps that log it),
-    "tail" (mean over the last 20% of steps) or "gain": per stage, the mean over its last 20% of steps minus its first 20% (the
+    "tail" (mean over the last 20% of steps) or "gain": per stage, the mean over its last 20% of
+    steps minus its first 20% (the
     amplification of an artifact, e.g. the assay base's duplicate boxes), averaged over the
     stages where the artifact occurs at all (a tool-use stage has no box to repeat); 0 for a run
     where it never occurs (nothing was amplified: leaving such a run out would drop exactly the
@@ -550,7 +552,8 @@ METRICS: list[Metric] = [
         "artifacts",
         lambda v: _artifact(v, "artifacts/fmt_boxed_repeat_rate", "gain"),
         False,
-        "share of responses repeating \\boxed, last 20% of a stage's steps minus its first 20%, mean over the stages where it occurs, 0 where it never does (the assay's endpoint)",
+        "share of responses repeating \\boxed, last 20% of a stage's steps minus its first 20%, mean over "
+        "the stages where it occurs, 0 where it never does (the assay's endpoint)",
     ),
     Metric(
         "reward_change",
@@ -572,7 +575,8 @@ METRICS: list[Metric] = [
         "artifacts",
         lambda v: _artifact(v, "teacher/artifact_endorsement", "mean"),
         False,
-        "the teacher's log-prob gain over the student on repeated-format-marker tokens minus on the other distilled tokens, mean over the teacher-signal steps that had such tokens (SDPO only)",
+        "the teacher's log-prob gain over the student on repeated-format-marker tokens minus on the other "
+        "distilled tokens, mean over the teacher-signal steps that had such tokens (SDPO only)",
     ),
 ]
 

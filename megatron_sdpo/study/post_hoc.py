@@ -56,7 +56,8 @@ def collapse_table(runs: Runs) -> list[str]:
         endorse = [x for v in vals if (x := v.get("teacher_artifact_endorsement")) is not None]
         lines.append(
             f"| `{arm}` | {len(vals)} | {_ci(change)} | {sum(x < 0 for x in change)} of {len(change)} | "
-            f"{cell([v.get('boxed_repeat_max') for v in vals], '{:.3f}')} | {cell([v.get('boxed_repeat_gain') for v in vals])} | "
+            f"{cell([v.get('boxed_repeat_max') for v in vals], '{:.3f}')} | "
+            f"{cell([v.get('boxed_repeat_gain') for v in vals])} | "
             f"{_ci(endorse)} ({len(endorse)}) |"
         )
     return lines
@@ -107,7 +108,8 @@ def table(runs: Runs, tuning: Runs) -> list[str]:
             continue
         d = stats.paired_summary(paired(runs, o.arm, REFERENCE, endpoint))
         lines.append(
-            f"| D = E({o.arm}) − E(SDPO₀), against the effect that matters ({half:.3f}) | {_ci(paired(runs, o.arm, REFERENCE, endpoint))} | "
+            f"| D = E({o.arm}) − E(SDPO₀), against the effect that matters ({half:.3f}) | "
+            f"{_ci(paired(runs, o.arm, REFERENCE, endpoint))} | "
             f"{d.positive} of {d.n} above 0 | "
             + _reading(
                 d.lo,

@@ -81,6 +81,7 @@ def table(runs: Sequence[tuple[str, int, dict]]) -> list[str]:
             f"| `{arm}` | {len(vals)} | {_vs_baseline(runs, arm, endpoint)} | "
             f"{_vs_baseline(runs, arm, lambda v: v.get(GAIN))} | {cell(col('right_op/near'), '{:.3f}')} | "
             f"{cell(col('spectral_shift'), '{:.3g}')} | {cell(col('max_angle_deg'), '{:.2f}')} | "
-            f"{cell(col(KL), '{:.4f}')} | {cell(col(GATE), '{:.3f}')} | {cell(col(AGREE), '{:.3f}')} | {cell(col('compute_s'), '{:.0f}')} |"
+            f"{cell(col(KL), '{:.4f}')} | {cell(col(GATE), '{:.3f}')} | {cell(col(AGREE), '{:.3f}')} | "
+            f"{cell(col('compute_s'), '{:.0f}')} |"
         )
     return lines

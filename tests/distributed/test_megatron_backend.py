@@ -20,7 +20,7 @@ def make_batch(vocab: int = 131):
     from megatron_sdpo.interfaces.backend import SequenceBatch
 
     g = torch.Generator().manual_seed(7)
-    ids = lambda n: [int(x) for x in torch.randint(0, vocab, (n,), generator=g)]  # noqa: E731
+    ids = lambda n: [int(x) for x in torch.randint(0, vocab, (n,), generator=g)]
     prompts = [ids(n) for n in (3, 6, 4, 7, 2, 5)]
     responses = [ids(n) for n in (4, 2, 6, 3, 5, 1)]
     teacher = [p + ids(4) if i % 3 else None for i, p in enumerate(prompts)]
@@ -261,7 +261,7 @@ def _mb_batch(vocab: int = 131):
     from megatron_sdpo.interfaces.backend import SequenceBatch
 
     g = torch.Generator().manual_seed(11)
-    ids = lambda n: [int(x) for x in torch.randint(0, vocab, (n,), generator=g)]  # noqa: E731
+    ids = lambda n: [int(x) for x in torch.randint(0, vocab, (n,), generator=g)]
     prompts = [p for p in (ids(3), ids(5), ids(4), ids(6)) for _ in range(2)]
     responses = [ids(n) for n in (4, 2, 6, 3, 5, 1, 3, 4)]
     b = SequenceBatch(prompts, responses, None, {})

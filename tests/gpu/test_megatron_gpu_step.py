@@ -18,7 +18,7 @@ def _batch(n: int = 8, prompt_len: int = 13, response_len: int = 11, vocab: int 
     from megatron_sdpo.interfaces.backend import SequenceBatch
 
     g = torch.Generator().manual_seed(seed)
-    ids = lambda k: [int(x) for x in torch.randint(0, vocab, (k,), generator=g)]  # noqa: E731
+    ids = lambda k: [int(x) for x in torch.randint(0, vocab, (k,), generator=g)]
     prompts = [ids(prompt_len) for _ in range(n)]
     responses = [ids(response_len) for _ in range(n)]
     teacher = [p + ids(5) for p in prompts]
@@ -224,7 +224,7 @@ def _packing_worker(model_dir: str) -> dict:
     from megatron_sdpo.interfaces.backend import SequenceBatch
 
     g = torch.Generator().manual_seed(3)
-    ids = lambda k: [int(x) for x in torch.randint(0, 500, (k,), generator=g)]  # noqa: E731
+    ids = lambda k: [int(x) for x in torch.randint(0, 500, (k,), generator=g)]
     prompts = [ids(n) for n in (13, 5, 21, 9, 17, 3, 11, 7)]
     responses = [ids(n) for n in (11, 19, 4, 8, 1, 23, 6, 14)]
     out = {}

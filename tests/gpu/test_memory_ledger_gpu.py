@@ -34,7 +34,7 @@ def _batch():
     from megatron_sdpo.interfaces.backend import SequenceBatch
 
     g = torch.Generator().manual_seed(0)
-    ids = lambda n: [int(x) for x in torch.randint(3, 150000, (n,), generator=g)]  # noqa: E731
+    ids = lambda n: [int(x) for x in torch.randint(3, 150000, (n,), generator=g)]
     prompts = [ids(PROMPT) for _ in range(MBS)]
     b = SequenceBatch(prompts, [ids(SEQ - PROMPT) for _ in range(MBS)], [list(p) for p in prompts], {})
     mask = b.response_mask()

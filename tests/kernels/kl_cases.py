@@ -21,7 +21,7 @@ def make_inputs(n=ODD[0], h=ODD[1], v=ODD[2], dtype=torch.float32, seed=0, maske
     labels = torch.randint(0, v, (n,), generator=g)
     if mask is not None:
         labels[~mask] = -100
-    cast = lambda t: t.to(dtype)  # noqa: E731
+    cast = lambda t: t.to(dtype)
     return dict(hs=cast(hs), ht=cast(ht), ws=cast(ws), wt=cast(wt), mask=mask, go=go, labels=labels)
 
 

@@ -35,7 +35,7 @@ def main():
         x = make_inputs(dtype=dtype)
         res = {}
         for impl in ("reference", "triton"):
-            fn = lambda hs, ws, x=x, alpha=alpha, impl=impl: fused_linear_kl(  # noqa: E731
+            fn = lambda hs, ws, x=x, alpha=alpha, impl=impl: fused_linear_kl(
                 hs, x["ht"], ws, x["wt"], alpha=alpha, temperature=0.7, mask=x["mask"], impl=impl
             )
             res[impl] = grads_of(fn, x["hs"], x["ws"], x["go"])
@@ -59,7 +59,7 @@ def main():
         g2 = torch.linspace(-1.0, 2.0, x["hs"].shape[0])
         res = {}
         for impl in ("reference", "triton"):
-            fn = lambda h, w, x=x, impl=impl: fused_linear_logprobs(  # noqa: E731
+            fn = lambda h, w, x=x, impl=impl: fused_linear_logprobs(
                 h, w, x["labels"], temperature=1.3, mask=x["mask"], impl=impl
             )
             res[impl] = grads_of(fn, x["hs"], x["ws"], x["go"], g2)

@@ -17,7 +17,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _run(impl, x, alpha, t, chunks=None):
-    fn = lambda hs, ws: fused_linear_kl(  # noqa: E731
+    fn = lambda hs, ws: fused_linear_kl(
         hs, x["ht"], ws, x["wt"], alpha=alpha, temperature=t, mask=x["mask"], impl=impl, chunk_sizes=chunks
     )
     return grads_of(fn, x["hs"], x["ws"], x["go"])
@@ -71,7 +71,7 @@ def test_chunked_logprobs_match_reference(dtype, masked):
     g2 = torch.linspace(-1.0, 2.0, 37)
     res = {}
     for impl in ("reference", "chunked"):
-        fn = lambda h, w, impl=impl: fused_linear_logprobs(  # noqa: E731
+        fn = lambda h, w, impl=impl: fused_linear_logprobs(
             h, w, x["labels"], temperature=1.3, mask=x["mask"], impl=impl, chunk_sizes=ChunkSizes(16, 100)
         )
         res[impl] = grads_of(fn, x["hs"], x["ws"], x["go"], g2)

@@ -20,7 +20,7 @@ def test_triton_cuda_matches_reference(dtype, alpha):
     x = _to_cuda(make_inputs(n=301, h=256, v=5003, dtype=dtype))
     res = {}
     for impl in ("reference", "triton"):
-        fn = lambda hs, ws, impl=impl: fused_linear_kl(  # noqa: E731
+        fn = lambda hs, ws, impl=impl: fused_linear_kl(
             hs, x["ht"], ws, x["wt"], alpha=alpha, temperature=0.7, mask=x["mask"], impl=impl
         )
         res[impl] = grads_of(fn, x["hs"], x["ws"], x["go"])
@@ -39,7 +39,7 @@ def test_triton_cuda_logprobs_and_auto_dispatch():
     x = _to_cuda(make_inputs(n=129, h=128, v=3001, dtype=torch.bfloat16))
     out = {}
     for impl in ("reference", "auto"):
-        fn = lambda h, w, impl=impl: fused_linear_logprobs(h, w, x["labels"], mask=x["mask"], impl=impl)  # noqa: E731
+        fn = lambda h, w, impl=impl: fused_linear_logprobs(h, w, x["labels"], mask=x["mask"], impl=impl)
         out[impl] = grads_of(fn, x["hs"], x["ws"], x["go"], x["go"].flip(0))
     for a, b in zip(out["auto"][0], out["reference"][0], strict=True):
         torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-3)

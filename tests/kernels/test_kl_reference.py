@@ -16,8 +16,8 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 def test_reference_kl_matches_oracle_fwd_bwd(alpha):
     x = make_inputs()
     t = 0.7
-    ref = lambda hs, ws: reference_linear_kl(hs, x["ht"], ws, x["wt"], alpha=alpha, temperature=t, mask=x["mask"])  # noqa: E731
-    orc = lambda hs, ws: oracle_kl(hs, x["ht"], ws, x["wt"], alpha, t, x["mask"])  # noqa: E731
+    ref = lambda hs, ws: reference_linear_kl(hs, x["ht"], ws, x["wt"], alpha=alpha, temperature=t, mask=x["mask"])
+    orc = lambda hs, ws: oracle_kl(hs, x["ht"], ws, x["wt"], alpha, t, x["mask"])
     (l_ref,), dh_ref, dw_ref = grads_of(ref, x["hs"], x["ws"], x["go"])
     (l_orc,), dh_orc, dw_orc = grads_of(orc, x["hs"], x["ws"], x["go"])
     assert l_ref.dtype == torch.float32 and l_ref.shape == (37,)
@@ -51,8 +51,8 @@ def test_teacher_gets_no_gradient():
 def test_reference_logprobs_match_oracle():
     x = make_inputs()
     g2 = torch.linspace(-1, 2, 37)
-    ref = lambda h, w: reference_linear_logprobs(h, w, x["labels"], temperature=1.3, mask=x["mask"])  # noqa: E731
-    orc = lambda h, w: oracle_logprobs(h, w, x["labels"], 1.3, x["mask"])  # noqa: E731
+    ref = lambda h, w: reference_linear_logprobs(h, w, x["labels"], temperature=1.3, mask=x["mask"])
+    orc = lambda h, w: oracle_logprobs(h, w, x["labels"], 1.3, x["mask"])
     (lp, ent), dh, dw = grads_of(ref, x["hs"], x["ws"], x["go"], g2)
     (lp_o, ent_o), dh_o, dw_o = grads_of(orc, x["hs"], x["ws"], x["go"], g2)
     torch.testing.assert_close(lp.double(), lp_o, rtol=1e-5, atol=1e-5)

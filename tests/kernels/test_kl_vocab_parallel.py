@@ -42,7 +42,7 @@ def _worker(rank: int, world: int, store_file: str, out_dir: str) -> None:
                     ("ref", "reference", None, x["ws"], x["wt"]),
                     ("tp", "chunked", group, ws_shard, wt_shard),
                 ):
-                    fn = lambda hs, w, x=x, wt=wt, alpha=alpha, impl=impl, grp=grp: fused_linear_kl(  # noqa: E731
+                    fn = lambda hs, w, x=x, wt=wt, alpha=alpha, impl=impl, grp=grp: fused_linear_kl(
                         hs,
                         x["ht"],
                         w,
@@ -57,13 +57,13 @@ def _worker(rank: int, world: int, store_file: str, out_dir: str) -> None:
                     results[(str(dtype), "kl", alpha, name)] = grads_of(fn, x["hs"], ws, x["go"])
             g2 = torch.linspace(-1.0, 2.0, x["hs"].shape[0])
             for name, impl, grp, ws in (("ref", "reference", None, x["ws"]), ("tp", "chunked", group, ws_shard)):
-                fn = lambda h, w, x=x, impl=impl, grp=grp: fused_linear_logprobs(  # noqa: E731
+                fn = lambda h, w, x=x, impl=impl, grp=grp: fused_linear_logprobs(
                     h, w, x["labels"], temperature=1.3, mask=x["mask"], impl=impl, tp_group=grp, chunk_sizes=chunks
                 )
                 results[(str(dtype), "lp", None, name)] = grads_of(fn, x["hs"], ws, x["go"], g2)
             # Unequal shards (a padded vocabulary cut at its real size): explicit first ids.
             cut = slice(0, UNEVEN) if rank == 0 else slice(UNEVEN, V)
-            fn = lambda h, w, x=x, cut=cut: fused_linear_logprobs(  # noqa: E731
+            fn = lambda h, w, x=x, cut=cut: fused_linear_logprobs(
                 h,
                 w,
                 x["labels"],

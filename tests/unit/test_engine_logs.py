@@ -82,8 +82,10 @@ from megatron_sdpo.engine_logs import route_engine_logs
 route_engine_logs({run!r})
 for step in range(3):
     for bucket in range(4):
-        logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").warning("RotaryEmbedding: Failed to load weights")
-        logging.getLogger("vllm.model_executor.model_loader.reload.inplace").info(f"Reloading and processing weights took {{0.1 * bucket:.2f}} seconds")
+        layerwise = logging.getLogger("vllm.model_executor.model_loader.reload.layerwise")
+        layerwise.warning("RotaryEmbedding: Failed to load weights")
+        inplace = logging.getLogger("vllm.model_executor.model_loader.reload.inplace")
+        inplace.info(f"Reloading and processing weights took {{0.1 * bucket:.2f}} seconds")
     logging.getLogger("vllm.v1.core.block_pool").info("Successfully reset prefix cache")
     logging.getLogger("vllm.v1.engine").info("other-line")
 """.format(run=str(tmp_path / "run"))

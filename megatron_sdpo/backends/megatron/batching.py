@@ -83,7 +83,7 @@ def build_rows(
         # Columns past the response end point at the last real column; their mask is 0.
         gather.append([min(j + len(p) - 1, len(row) - 1) for j in range(T)])
         targets.append(list(r) + [pad_id] * (T - len(r)))
-    as_long = lambda x: torch.tensor(x, dtype=torch.long, device=device).view(b, -1)  # noqa: E731
+    as_long = lambda x: torch.tensor(x, dtype=torch.long, device=device).view(b, -1)
     positions = torch.arange(S, dtype=torch.long, device=device).unsqueeze(0).expand(b, S).contiguous()
     return Rows(as_long(tokens), positions, as_long(gather), as_long(targets))
 
@@ -136,7 +136,8 @@ def micro_batch_dicts(
     """Micro-batches of `size` samples out of this DP rank's samples `local` of `batch` (a
     SequenceBatch), rows built from `prompts`; `riders` are further prompt lists (teacher,
     reference) built into `rider_rows` with the same samples: one packed row per micro-batch
-    (`packed`), or one padded row per sample (padded rows of a step share one length S). `equal` (pipeline parallelism: the stages exchange buffers of one shape) pads
+    (`packed`), or one padded row per sample (padded rows of a step share one length S). `equal`
+    (pipeline parallelism: the stages exchange buffers of one shape) pads
     the last micro-batch with dummy samples whose tensors are zero and gives every packed row the
     step's common width; without it each packed row is as wide as its samples (rounded up to
     `multiple`). Returns (micro-batch dicts, S: the row length, the widest where they differ)."""

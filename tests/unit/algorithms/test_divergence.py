@@ -27,7 +27,7 @@ def _logits(dtype=torch.float32, seed=0):
 def _oracle(zs, zt, alpha):
     """Deliberately in probability space (softmax, explicit mixture, log of probabilities), float64."""
     p_s, p_t = torch.softmax(zs.double(), -1), torch.softmax(zt.double(), -1)
-    kl = lambda p, q: (p * (p.log() - q.log())).sum(-1)  # noqa: E731
+    kl = lambda p, q: (p * (p.log() - q.log())).sum(-1)
     if alpha == 0.0:
         return kl(p_t, p_s)
     if alpha == 1.0:

@@ -19,7 +19,7 @@ def test_the_key_follows_what_determines_the_row(tmp_path):
     model.mkdir()
     (model / "config.json").write_text('{"a": 1}')
     (model / "model.safetensors").write_bytes(b"x" * 10)
-    key = lambda *ovs, sets=SETS: row_key(load_config("tiny", list(ovs)), str(model), sets)  # noqa: E731
+    key = lambda *ovs, sets=SETS: row_key(load_config("tiny", list(ovs)), str(model), sets)
     base = key()
     # Not part of the row with greedy evaluation: the seed, the training, the cache's own path.
     assert key("seed=7") == base and key("algorithm.name=sdpo") == base == key("eval.base_row_cache=/x")

@@ -167,7 +167,8 @@ def test_a_job_ends_when_the_run_that_started_it_is_killed(run_dir, tmp_path):
     torch.save({"stage": 0}, path)
     starter = (
         "import os, subprocess, sys, time\n"
-        f"p = subprocess.Popen([sys.executable, '-m', 'megatron_sdpo.outputs.drift_jobs', {str(path)!r}, str(os.getpid())],"
+        f"p = subprocess.Popen([sys.executable, '-m', 'megatron_sdpo.outputs.drift_jobs', {str(path)!r}, "
+        "str(os.getpid())],"
         f" env=dict(os.environ, {DELAY_ENV}='600'))\n"
         "print(p.pid, flush=True)\n"
         "time.sleep(600)\n"

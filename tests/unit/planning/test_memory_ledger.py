@@ -45,7 +45,7 @@ def _batch():
     from megatron_sdpo.interfaces.backend import SequenceBatch
 
     g = torch.Generator().manual_seed(0)
-    ids = lambda n: [int(x) for x in torch.randint(3, 700, (n,), generator=g)]  # noqa: E731
+    ids = lambda n: [int(x) for x in torch.randint(3, 700, (n,), generator=g)]
     prompts = [ids(PROMPT) for _ in range(MBS)]
     b = SequenceBatch(prompts, [ids(SEQ - PROMPT) for _ in range(MBS)], [list(p) for p in prompts], {})
     mask = b.response_mask()
@@ -86,7 +86,7 @@ def _worker(model_dir: str, ckpt: str) -> dict:
     batch = _batch()
     batch.tensors["rollout_logprobs"] = be.logprobs(batch)
     vocab, padded = be.vocab_width, be.wlayout.padded_vocab(be.spec)
-    wide = lambda t: "logits" if t.dim() and t.shape[-1] in (vocab, padded) else "other"  # noqa: E731
+    wide = lambda t: "logits" if t.dim() and t.shape[-1] in (vocab, padded) else "other"
     with mc.SavedTensors(exclude=weights | mc.held_bytes(be.teacher)[1] | mc.held_bytes(be.reference)[1]) as saved:
         with mc.TransientPeak(classify=wide) as peak:
             be.train_step(batch, loss)
@@ -246,7 +246,7 @@ def test_logit_counts_bound_the_whole_and_the_chunked_step():
     counts = ml.logit_counts(distills=True, topk=20, is_clip=True, riders=1)
     whole = ml.logit_counts(distills=True, topk=20, is_clip=True, riders=1, chunked=False)
     assert (counts.full_rows, counts.response, counts.fp32) == (3, 2, 7) and whole.fp32 == 6
-    got = lambda **kw: ml.build(ml.LedgerInputs(**{**base, **kw})).categories["logits"]  # noqa: E731
+    got = lambda **kw: ml.build(ml.LedgerInputs(**{**base, **kw})).categories["logits"]
     padded = 1024  # 1000 padded to a multiple of 128
     rows16, resp16 = 3 * 2 * 128 * padded, 2 * 2 * 96 * padded
     assert got(logit_counts=counts, loss_chunk_tokens=16) == rows16 + resp16 + 7 * 4 * 16 * 1000
@@ -375,12 +375,12 @@ def test_context_counts_vllms_dp_group_and_its_cuda_graphs():
     from megatron_sdpo.planning import memory_ledger as ml
 
     base = dict(spec=_spec(), megatron=True, tp=2, dp=4, engine="vllm", rollout_tp=2)
-    ctx = lambda **kw: dict(ml.context_items(ml.LedgerInputs(**{**base, **kw})))  # noqa: E731
+    ctx = lambda **kw: dict(ml.context_items(ml.LedgerInputs(**{**base, **kw})))
     alone = ctx()
     # Four replicas: vLLM's DP group is one more NCCL communicator; its CUDA graphs stay resident.
     both = ctx(rollout_replicas=4, engine_graphs=True)
     assert both["vllm_cuda_graphs"] == ml.VLLM_CUDA_GRAPH_BYTES and "vllm_cuda_graphs" not in alone
-    nccl = lambda c: next(b for n, b in c.items() if n.startswith("nccl"))  # noqa: E731
+    nccl = lambda c: next(b for n, b in c.items() if n.startswith("nccl"))
     assert nccl(both) - nccl(alone) == ml.NCCL_COMM_BYTES
     assert any("vllm_dp" in n for n in both) and not any("vllm_dp" in n for n in alone)
     # One replica has no DP group; the HF engine neither.
@@ -405,7 +405,7 @@ def test_a_teacher_rows_logits_span_its_own_length():
         logit_counts=counts,
         loss_chunk_tokens=16,
     )
-    got = lambda **kw: ml.build(ml.LedgerInputs(**{**base, **kw})).categories["logits"]  # noqa: E731
+    got = lambda **kw: ml.build(ml.LedgerInputs(**{**base, **kw})).categories["logits"]
     padded = 1024
     # 32 more tokens in each of the 2 teacher rows: one more 16-bit row of padded logits each.
     assert got(teacher_seq=96) - got() == 2 * 2 * 32 * padded

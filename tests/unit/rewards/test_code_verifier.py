@@ -180,8 +180,10 @@ def test_scripts_pass_when_they_run_to_their_end():
         (
             [('raise NotImplementedError("integer exponents only")', "return 1.4142")],
             2,
-            "Failed test 3.\nTest:\ntry:\n    exp(2, 0.5)\nexcept NotImplementedError:\n    pass\nelse:\n    assert False\n"
-            'Traceback (most recent call last):\n  File "test.py", line 6, in <module>\n    assert False\nAssertionError',
+            "Failed test 3.\nTest:\ntry:\n    exp(2, 0.5)\nexcept NotImplementedError:\n    pass\nelse:\n   "
+            " assert False\n"
+            'Traceback (most recent call last):\n  File "test.py", line 6, in <module>\n    assert '
+            "False\nAssertionError",
         ),
         ([("days=1", "days=2")], 2, "Failed test 2.\nTest:\nfrom datetime import date\n"),
         # Exiting with status 0 before the script runs does not pass it.

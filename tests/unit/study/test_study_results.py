@@ -139,13 +139,13 @@ def test_a_study_exported_in_parts_equals_it_exported_at_once(study, tmp_path):
     assert meta["seeds"] == list(range(6)) and meta["commit"] == "aaa"
     assert [(p["commit"], len(p["runs"]), p["wall_s_total"]) for p in meta["parts"]] == [("aaa", 6, 66), ("bbb", 6, 84)]
     assert meta["wall_s_total"] == 150 and meta["parts"][1]["note"] == "second session"
-    values = lambda root: {(r.arm, r.seed): r.values for r in load_runs(results._study_runs(root), {})}  # noqa: E731
+    values = lambda root: {(r.arm, r.seed): r.values for r in load_runs(results._study_runs(root), {})}
     assert values(dest) == values(whole)
     rows = list(csv.DictReader((dest / "study.csv").open()))
     assert len(rows) == 12 and {r["run_dir"] for r in rows} == {
         f"runs/{a}/seed{s}" for a in ("grpo", "sdpo_frozen") for s in range(6)
     }
-    gain = lambda root: [  # noqa: E731
+    gain = lambda root: [
         x
         for x in results.tabulate(root, ["grpo"], n_boot=0)[0].read_text().splitlines()
         if x.startswith("| `in_stage_gain/math` |")
