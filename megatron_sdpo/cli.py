@@ -228,6 +228,12 @@ def cmd_results(args) -> int:
         )
         print(f"exported: {dest} ({dest / results.STUDY_JSON})")
         return 0
+    if args.results_command == "operations":
+        from megatron_sdpo.study.operations import operations_table, write_table
+
+        splits = tuple(x.strip() for x in args.splits.split(",") if x.strip())
+        write_table(*operations_table(Path(args.root), splits), args.csv)
+        return 0
     if args.results_command == "render":
         for doc in map(Path, args.docs):
             if not doc.is_file():
@@ -484,6 +490,12 @@ def build_parser(drift_arguments: bool = True) -> argparse.ArgumentParser:
         "render", help="rewrite a document's generated tables (findings-table, metrics-table) from results/"
     )
     rr.add_argument("docs", nargs="+", help="markdown files with generated blocks (e.g. docs/findings.md)")
+    ro = rsub.add_parser(
+        "operations", help="which operation a study's math answers use, per arm, eval row and split (a table)"
+    )
+    ro.add_argument("root", help="a study directory (runs/<arm>/seed<k>) or one run directory")
+    ro.add_argument("--splits", default="id,ood_near,ood_far", help="math eval splits, comma-separated")
+    ro.add_argument("--csv", type=Path, help="also write the table here")
     rs.set_defaults(fn=cmd_results)
 
     e = sub.add_parser("eval", help="evaluate an HF model directory on every domain of a preset", epilog=over)

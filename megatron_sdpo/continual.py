@@ -6,7 +6,6 @@ backends/ and rollout/, the measurements in diagnostics/.
 
 from __future__ import annotations
 
-import functools
 import json
 import random
 import shutil
@@ -76,6 +75,7 @@ class ContinualRun:
         ranks.init_if_launched(cfg.launch.distributed_timeout_minutes)
         self.main = ranks.is_main()
         self.run_dir = RunDir(out_dir)
+        self.training_stage = 0  # the stage whose steps run now (refill reads it)
         if self.main:
             self.run_dir.prepare(resume=resume)
             if not resume:
@@ -317,7 +317,9 @@ class ContinualRun:
         self.monitor.close()
         raise StopRequested(signum, checkpoint)
 
-    def _between_phases(self, left: tuple[str, ...]) -> None:
+    # The step's hooks (trainer.StepHooks): after_train, refill, between_phases.
+
+    def between_phases(self, left: tuple[str, ...]) -> None:
         """Inside a step: abandon it when the ranks agree to stop and it cannot finish within the
         job's lead (stop_request.StopWindow); one small collective, only under such a job."""
         if not self.window.active:
@@ -344,12 +346,21 @@ class ContinualRun:
         if self.trainer.uses_teacher and not blend.is_identity:
             self.backend.blend_teacher(blend)
 
-    def _after_train(self, step: int) -> None:
+    def after_train(self, step: int) -> None:
         """After the optimizer step of (0-based) step `step`: the teacher's per-step update."""
         self._teacher_update(self.teacher.after_step(step + 1))
 
+    def refill(self, step: int, round_: int) -> list[dict]:
+        """The prompts of extra generation round `round_` of `step` of the stage in training
+        (dynamic sampling)."""
+        k = self.training_stage
+        records = self.train_sets[self.cfg.stages[k].domain]
+        size = self.stage_cfg.algorithm.prompts_per_step
+        return train_batch(records, seed=self.stage_cfg.seed, stage=k, step=step, size=size, round_=round_)
+
     def _train_stage(self, k: int, first: int) -> None:
         cfg, stage = self.stage_cfg, self.cfg.stages[k]
+        self.training_stage = k
         records = self.train_sets[stage.domain]
         self.monitor.stage_start(f"stage {k + 1}/{len(cfg.stages)} {stage.domain}", stage.steps, first)
         from megatron_sdpo.diagnostics.artifacts import CollapseConfig, CollapseMonitor, artifact_stats
@@ -374,9 +385,7 @@ class ContinualRun:
                     seed=step_seed(cfg.seed, k, step),
                     step=step,
                     label=f"stage {k + 1} step {step + 1}",
-                    after_train=functools.partial(self._after_train, step),
-                    refill=functools.partial(self._refill, records, k, step),
-                    between_phases=self._between_phases,
+                    hooks=self,
                 )
             except StepAbandoned as exc:
                 self._abandoned(exc.signum, k, step)
@@ -422,11 +431,6 @@ class ContinualRun:
                 )
                 break
         self.monitor.stage_end()
-
-    def _refill(self, records: list[dict], stage: int, step: int, round_: int) -> list[dict]:
-        """The prompts of extra generation round `round_` of (stage, step) (dynamic sampling)."""
-        size = self.stage_cfg.algorithm.prompts_per_step
-        return train_batch(records, seed=self.stage_cfg.seed, stage=stage, step=step, size=size, round_=round_)
 
     def _base_checkpoint(self) -> None:
         """The stage-0 reference for drift: the base model's HF directory."""

@@ -1,4 +1,4 @@
-"""Batches and losses for the zero-signal skipping tests (algorithms/signal.py), shared by the
+"""Batches and losses for the zero-signal skipping tests (algorithms/signal_rows.py), shared by the
 HF and megatron backends' tests. Importable from every test folder (pytest puts tests/ on
 sys.path)."""
 

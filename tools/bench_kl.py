@@ -47,7 +47,7 @@ def _loss_fn(impl: str, alpha: float):
     if impl in ("reference", "chunked", "triton"):
         return lambda hs, ht, ws, wt: fused_linear_kl(hs, ht, ws, wt, alpha=alpha, impl=impl)
     if impl == "megatron_logits":
-        from megatron_sdpo.backends.megatron import vocab_parallel as vp
+        from megatron_sdpo.backends import vocab_parallel as vp
 
         def logits_path(hs, ht, ws, wt):
             # As the backend: output layer in the model dtype, fp32 logits, teacher without grad.

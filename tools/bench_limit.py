@@ -82,11 +82,11 @@ def make_case(
     """(backend, loss, batch, cfg) of one arm."""
     from megatron_sdpo import builders
     from megatron_sdpo.algorithms.grpo import group_advantages
+    from megatron_sdpo.algorithms.registry import build_loss
     from megatron_sdpo.chat import record_prompts
     from megatron_sdpo.config import load_config
     from megatron_sdpo.data.synthetic import generate
     from megatron_sdpo.interfaces.backend import SequenceBatch
-    from megatron_sdpo.trainer import build_loss
 
     overrides = [
         f"model.path={model}",

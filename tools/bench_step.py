@@ -146,7 +146,7 @@ def run_ours(args, arm: str, work: Path) -> dict:
     if rollouts:
         phases["time/rollout_mean"] = sum(rollouts) / len(rollouts)
     # Completion tokens per step (the samples' mean length x samples) and rows left out of the
-    # train step (algorithms/signal.py), step by step.
+    # train step (algorithms/signal_rows.py), step by step.
     tokens = [r["response_len"] * args.prompts * args.samples for r in records]
     skipped = [r.get("train/rows_skipped", 0.0) / r["samples"] for r in records if r.get("samples")]
     return {"times": step_times(stamps), "phases": phases, "tokens": tokens, "rows_skipped": skipped}

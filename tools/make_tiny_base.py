@@ -98,7 +98,8 @@ def main(argv: list[str] | None = None) -> int:
 def _tracer(every: int, seed: int, max_new_tokens: int = 48):
     """on_step hook printing sampled-train / greedy-id accuracy per domain every `every` steps.
     Sampling uses its own generator, so the build stays bit-identical to an untraced one."""
-    from megatron_sdpo.data.synthetic import DOMAINS, generate
+    from megatron_sdpo.data.synthetic import generate
+    from megatron_sdpo.interfaces.domains import DOMAINS
     from megatron_sdpo.models import tiny
 
     sets = {d: (generate(d, "train", 32, seed), generate(d, "id", 32, seed + 100)) for d in DOMAINS}

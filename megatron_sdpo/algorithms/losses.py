@@ -21,7 +21,6 @@ from megatron_sdpo.algorithms.sdpo import (
     token_distillation_loss,
     topk_distillation_loss,
 )
-from megatron_sdpo.errors import ConfigError
 from megatron_sdpo.interfaces.distillation import DistillationSpec, TopkSource
 
 SDPO_VARIANTS = ("logits", "sampled")
@@ -77,17 +76,12 @@ class GRPOLoss:
         on_policy: bool = False,
         dual_clip: float | None = None,
     ) -> None:
-        if dual_clip is not None and dual_clip <= 1.0:
-            raise ConfigError(f"grpo.dual_clip must be > 1 or null, got {dual_clip}")
+        # Bounds config/validation.py checks (algorithm.grpo.*): a caller building the loss by
+        # hand meets these asserts.
+        assert dual_clip is None or dual_clip > 1.0, dual_clip
+        assert 0.0 <= clip_low < 1.0 and clip_high >= 0 and kl_coef >= 0, (clip_low, clip_high, kl_coef)
+        assert tis_cap is None or tis_cap > 0, tis_cap
         self.dual_clip = dual_clip
-        if not 0.0 <= clip_low < 1.0:
-            raise ConfigError(f"grpo.clip_low must be in [0, 1), got {clip_low}")
-        if clip_high < 0:
-            raise ConfigError(f"grpo.clip_high must be >= 0, got {clip_high}")
-        if kl_coef < 0:
-            raise ConfigError(f"grpo.kl_coef must be >= 0, got {kl_coef}")
-        if tis_cap is not None and tis_cap <= 0:
-            raise ConfigError(f"grpo.tis_cap must be > 0 or None, got {tis_cap}")
         self.clip_low, self.clip_high = float(clip_low), float(clip_high)
         self.kl_coef, self.tis_cap = float(kl_coef), tis_cap
         self.mask_key, self.on_policy = mask_key, on_policy
@@ -177,22 +171,16 @@ class SDPOLoss:
         chunk_vocab: int = 8192,
         topk_source: str = "logits",
     ) -> None:
-        if topk_source not in ("logits", "shards"):
-            raise ConfigError(f"topk_source must be 'logits' or 'shards', got {topk_source!r}")
-        if topk_source == "shards" and (topk is None or variant != "logits" or fused):
-            raise ConfigError(
-                "topk_source='shards' is the top-k path: it needs variant=logits, a topk and no fused kernel"
-            )
-        if fused and (variant != "logits" or topk is not None):
-            raise ConfigError(
-                "kernel.fused_kl is the full-vocabulary path: it needs sdpo.variant=logits and sdpo.topk=null"
-            )
-        if variant not in SDPO_VARIANTS:
-            raise ConfigError(f"sdpo.variant must be one of {', '.join(SDPO_VARIANTS)}, got {variant!r}")
-        if variant == "sampled" and alpha != 1.0:
-            raise ConfigError(f"sdpo.variant 'sampled' is the reverse KL only and needs sdpo.alpha = 1, got {alpha}")
-        if is_clip is not None and is_clip <= 0:
-            raise ConfigError(f"sdpo.is_clip must be > 0 or None, got {is_clip}")
+        # Bounds and rules config/validation.py checks (algorithm.sdpo.*, kernel.fused_kl), and
+        # the registry's choice of topk_source: a caller building the loss by hand meets these.
+        assert topk_source in ("logits", "shards"), topk_source
+        assert topk_source != "shards" or (topk is not None and variant == "logits" and not fused), (
+            "topk_source='shards' is the top-k path: it needs variant=logits, a topk and no fused kernel"
+        )
+        assert not fused or (variant == "logits" and topk is None), "the fused kernel is the full-vocabulary path"
+        assert variant in SDPO_VARIANTS, variant
+        assert variant != "sampled" or alpha == 1.0, "the sampled variant is the reverse KL only (alpha = 1)"
+        assert is_clip is None or is_clip > 0, is_clip
         self.variant, self.add_tail, self.is_clip = variant, add_tail, is_clip
         # The sampled variant scores only the sampled tokens: its top-k setting means nothing.
         k = topk if variant == "logits" else None
@@ -292,8 +280,7 @@ class HybridLoss:
     """
 
     def __init__(self, sdpo: SDPOLoss, grpo: GRPOLoss, lam: float) -> None:
-        if not 0.0 <= lam <= 1.0:
-            raise ConfigError(f"hybrid lambda (weight of the GRPO term) must be in [0, 1], got {lam}")
+        assert 0.0 <= lam <= 1.0, lam  # algorithm.sdpo.hybrid_lambda, checked by config/validation.py
         self.sdpo, self.grpo, self.lam = sdpo, grpo, float(lam)
         self.requires = sdpo.requires | grpo.requires
         # The backend fills the distillation outputs for the SDPO term; the GRPO term decides

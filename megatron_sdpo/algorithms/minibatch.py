@@ -44,7 +44,7 @@ def combine_step_metrics(steps: list[dict[str, float]]) -> dict[str, float]:
     the max / min of `_max` / `_min` metrics, sums of counts, the last lr; plus
     "optimizer_steps"."""
     out: dict[str, float] = {}
-    # A step can lack a metric another reports (a term with no trained row: algorithms/signal.py).
+    # A step can lack a metric another reports (a term with no trained row: algorithms/signal_rows.py).
     for name in dict.fromkeys(n for s in steps for n in s):
         vals = [s[name] for s in steps if name in s]
         if name == "lr":

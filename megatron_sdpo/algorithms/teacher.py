@@ -43,7 +43,7 @@ class TeacherController:
             The first stage always starts with a copy.
 
     Its decisions are `TeacherBlend`s; the backend's `blend_teacher(blend)` applies them. The
-    settings are validated with the config (config/validate.py), not here.
+    settings are validated with the config (config/validation.py), not here.
     """
 
     def __init__(

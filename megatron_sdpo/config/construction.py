@@ -10,8 +10,8 @@ from typing import Any, Literal, Union
 
 import yaml
 
-from megatron_sdpo.config.schema import DOMAINS
 from megatron_sdpo.errors import ConfigError
+from megatron_sdpo.interfaces.domains import DOMAINS
 
 
 def _type_name(tp: Any) -> str:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from megatron_sdpo.interfaces.domains import DOMAINS as DOMAINS  # the one definition, re-exported
+from megatron_sdpo.interfaces.domains import DOMAINS
 
 EVAL_SPLITS = ("id", "ood_near", "ood_mid", "ood_far")
 
@@ -165,7 +165,7 @@ class AlgorithmConfig:
     group_size: int = 8
     # Rows whose gradient is exactly 0 (GRPO: every advantage 0 and no KL term; SDPO: an empty
     # distillation mask) leave the forward and backward; the step is the same up to round-off
-    # (algorithms/signal.py).
+    # (algorithms/signal_rows.py).
     skip_zero_signal: bool = True
     filter_groups: FilterGroupsConfig = field(default_factory=FilterGroupsConfig)
     grpo: GRPOConfig = field(default_factory=GRPOConfig)

@@ -22,7 +22,7 @@ import json
 from typing import Any
 
 from megatron_sdpo.errors import DataError
-from megatron_sdpo.interfaces.domains import DOMAINS as DOMAINS  # the one definition, re-exported
+from megatron_sdpo.interfaces.domains import DOMAINS
 
 COMMON_KEYS: tuple[str, ...] = ("id", "domain", "split", "prompt", "source")
 

@@ -129,8 +129,10 @@ class LossFn(Protocol):
     """
 
     requires: frozenset
-    distillation: DistillationSpec | None
     on_policy: bool
+
+    @property
+    def distillation(self) -> DistillationSpec | None: ...  # read-only: a loss may narrow it
 
     def global_normalizer(self, tensors: dict[str, torch.Tensor]) -> torch.Tensor: ...
 
@@ -142,7 +144,7 @@ class LossFn(Protocol):
 
     def signal_rows(self, tensors: dict[str, torch.Tensor]) -> torch.Tensor:
         """[B] bool: False where the row's contribution to the gradient is exactly 0 whatever the
-        model outputs (algorithms/signal.py leaves those rows out of the forward and backward)."""
+        model outputs (algorithms/signal_rows.py leaves those rows out of the forward and backward)."""
         ...
 
     def __call__(
@@ -160,14 +162,14 @@ class Backend(Protocol):
     `topk_source` is a capability: where this backend picks the student's top-k ids for top-k
     distillation ("logits": it can hand the loss [B, T, V] logits and the loss picks them;
     "shards": its logits stay vocab-sharded, so it computes "topk_logprobs" itself). The loss is
-    built for it (`trainer.build_loss`). `device` is where its policy lives (step timers
-    synchronize it when it is a CUDA device). `dp_size` is the number of data-parallel ranks a
+    built for it (`algorithms.registry.build_loss`). `device` is where its policy lives (step
+    timers synchronize it when it is a CUDA device). `dp_size` is the number of data-parallel ranks a
     batch is split over."""
 
     topk_source: TopkSource
     device: torch.device
     # Data-parallel ranks a batch is split over: a skipped step keeps this many rows
-    # (algorithms/signal.py) so that every rank runs the step's collectives.
+    # (algorithms/signal_rows.py) so that every rank runs the step's collectives.
     dp_size: int
 
     def logprobs(self, batch: SequenceBatch, *, model: str = "policy") -> torch.Tensor:

@@ -31,8 +31,9 @@ from pathlib import Path
 
 import torch
 
-from megatron_sdpo.data.synthetic import DOMAINS, generate
+from megatron_sdpo.data.synthetic import generate
 from megatron_sdpo.errors import CheckpointError, ConfigError
+from megatron_sdpo.interfaces.domains import DOMAINS
 
 SHIPPED_DIR = Path(__file__).resolve().parent.parent / "assets" / "tiny_base"
 EOS = "<|im_end|>"

@@ -507,7 +507,7 @@ def kv_capacity(
 
 
 def teacher_seq(cfg: RunConfig) -> int:
-    """A teacher row's most tokens: the re-prompt, cut to `max_context_tokens` (trainer.py,
+    """A teacher row's most tokens: the re-prompt, cut to `max_context_tokens` (trainer/teacher.py,
     truncate_context_ids; without the cap the student's prompt room, max_model_len less the
     response), then the response, up to max_new_tokens (paper presets: 10,240 + 8,192 = 18,432
     against the student's 12,288)."""

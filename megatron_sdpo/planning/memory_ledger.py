@@ -4,7 +4,7 @@ memory_census.py on CPU; tests/gpu against torch.cuda.max_memory_allocated).
 
 Categories are what stays allocated across a phase; transients are what one operation adds
 on top while it runs. Every size comes from the weight plan's real shapes (weights/plan.py)
-and the run's settings. The phases follow one trainer step (trainer.py) and the stage end:
+and the run's settings. The phases follow one trainer step (trainer/step.py) and the stage end:
 
   start           the base eval and the first rollout, before any optimizer step: engine awake;
                   with offload the backend moved its training state off before the engine
@@ -107,7 +107,7 @@ class LedgerInputs:
     micro_batch_size: int = 1
     seq: int = 512  # tokens per micro-batch row (max_model_len)
     # A teacher row's most tokens: its context (algorithm.sdpo.context.max_context_tokens, the cap
-    # trainer.py truncates the re-prompt to) and the response (0: `seq`).
+    # trainer/teacher.py truncates the re-prompt to) and the response (0: `seq`).
     teacher_seq: int = 0
     rollout_replicas: int = 1  # vLLM engines (data_parallel_size: one NCCL group when > 1)
     engine_graphs: bool = False  # vLLM captures CUDA graphs (rollout.enforce_eager false)
@@ -508,7 +508,7 @@ def _phases(i: LedgerInputs, c: dict[str, int], t: dict[str, int]) -> dict[str, 
         "train": {**state, **training, "grads": c["grads"], "activations": c["activations"], "logits": c["logits"]},
         "teacher_update": {**state, **training, "teacher_update": t["teacher_update"]},
         "refit": {**state, **awake, "engine_weights": c["engine_weights"], "refit_buckets": t["refit_buckets"]},
-        # With offload the trainer puts the engine to sleep around a checkpoint (trainer.py).
+        # With offload the trainer puts the engine to sleep around a checkpoint (trainer/step.py).
         "checkpoint": {**state, **training, **({} if i.offload else engine), "hf_export": t["hf_export"]},
         # The load puts the checkpoint into the training state with the engine asleep (offload)
         # or awake (without: nothing ever leaves the device).

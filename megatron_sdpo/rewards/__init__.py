@@ -17,7 +17,7 @@ from megatron_sdpo.interfaces.domains import DOMAINS
 from megatron_sdpo.rewards.result import RewardResult
 from megatron_sdpo.rewards.sandbox import SandboxError
 
-__all__ = ["RewardResult", "score", "score_batch", "DOMAINS"]
+__all__ = ["RewardResult", "score", "score_batch"]
 
 log = logging.getLogger(__name__)
 

@@ -1,13 +1,18 @@
-"""The rollout seam: sample n responses per prompt, with the sampler's own logprobs."""
+"""The rollout seam: sample n responses per prompt, with the sampler's own logprobs; and what
+both engines share (sampling checks, EOS ids, the tokenizer), so that neither imports the other."""
 
 from __future__ import annotations
 
 import contextlib
+import json
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Protocol
 
 import torch
+
+from megatron_sdpo.errors import ConfigError
 
 # What an engine's sleep releases, in the order the trainer brings them back around a refit.
 WAKE_TAGS = ("weights", "kv_cache")
@@ -82,3 +87,46 @@ class RolloutEngine(Protocol):
     def wake(self, tags: Sequence[str] | None = None) -> None:
         """Re-acquire what sleep() released: `tags` of WAKE_TAGS, None for all. A refit needs
         "weights" awake, a generation both."""
+
+
+def check_sampling(sampling: SamplingConfig) -> None:
+    """One-line ConfigError for invalid sampling parameters."""
+    if sampling.n < 1:
+        raise ConfigError(f"sampling.n must be >= 1, got {sampling.n}")
+    if sampling.max_new_tokens < 1:
+        raise ConfigError(f"sampling.max_new_tokens must be >= 1, got {sampling.max_new_tokens}")
+    if not sampling.greedy and sampling.temperature <= 0:
+        raise ConfigError(f"sampling.temperature must be > 0 (use greedy=True), got {sampling.temperature}")
+    if not 0.0 < sampling.top_p <= 1.0:
+        raise ConfigError(f"sampling.top_p must be in (0, 1], got {sampling.top_p}")
+
+
+def eos_ids_of(model_path: str) -> list[int]:
+    """EOS ids from generation_config.json (preferred) or config.json of a HF model dir."""
+    for fname in ("generation_config.json", "config.json"):
+        f = Path(model_path, fname)
+        if f.is_file():
+            eos = json.loads(f.read_text()).get("eos_token_id")
+            if eos is not None:
+                return [int(e) for e in (eos if isinstance(eos, list) else [eos])]
+    return []
+
+
+def load_tokenizer(model_path: str):
+    """AutoTokenizer of `model_path`, or ConfigError saying detokenize needs one."""
+    from transformers import AutoTokenizer
+
+    # transformers 5 builds an empty tokenizer (vocab of 1) for a directory without tokenizer
+    # files instead of failing: check for the files first.
+    if not any(Path(model_path, f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "vocab.json")):
+        raise ConfigError(
+            f"detokenize=True needs a tokenizer in {model_path} (no tokenizer files found); "
+            "pass detokenize=False to return token ids only"
+        )
+    try:
+        return AutoTokenizer.from_pretrained(model_path)
+    except Exception as exc:  # transformers raises many types for a missing tokenizer
+        raise ConfigError(
+            f"detokenize=True needs a tokenizer in {model_path} ({type(exc).__name__}); "
+            "pass detokenize=False to return token ids only"
+        ) from None

@@ -6,7 +6,7 @@ groups with reward variance and draws more prompts (a fresh round of generation)
 `prompts_per_step` of them or `max_extra_rounds` extra rounds have run, as verl's DAPO recipe
 does. Where the cap is reached short of a full batch, the batch is filled with the last
 filtered-out groups rather than trained smaller (verl stops with an error there): the batch keeps
-its shape (mini-batches of whole groups) and the exact zero-signal skipping (algorithms/signal.py)
+its shape (mini-batches of whole groups) and the exact zero-signal skipping (algorithms/signal_rows.py)
 leaves those rows out of the forward and backward at no cost.
 
 The extra rounds' prompts and seeds are pure functions of (stage, step, round), like the first

@@ -81,7 +81,7 @@ class GuardedLoss:
 
     @property
     def mask_keys(self) -> tuple[str, ...]:
-        # The guard's weights too: a row kept only to run the step (algorithms/signal.py) adds
+        # The guard's weights too: a row kept only to run the step (algorithms/signal_rows.py) adds
         # nothing to its metrics.
         return tuple(self.inner.mask_keys) + (TOKEN_WEIGHT, SEQ_WEIGHT)
 

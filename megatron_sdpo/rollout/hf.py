@@ -29,55 +29,11 @@ import torch
 from megatron_sdpo.errors import ConfigError, DataError
 from megatron_sdpo.interfaces.layout import left_pad, position_ids_from_mask
 from megatron_sdpo.models.hf_model import load_causal_lm
+from megatron_sdpo.rollout import base
 from megatron_sdpo.rollout.base import Completion, RolloutEngine, SamplingConfig, torch_threads
 from megatron_sdpo.rollout.decoding import use_decode_sdpa
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def check_sampling(sampling: SamplingConfig) -> None:
-    """One-line ConfigError for invalid sampling parameters (shared by the engines)."""
-    if sampling.n < 1:
-        raise ConfigError(f"sampling.n must be >= 1, got {sampling.n}")
-    if sampling.max_new_tokens < 1:
-        raise ConfigError(f"sampling.max_new_tokens must be >= 1, got {sampling.max_new_tokens}")
-    if not sampling.greedy and sampling.temperature <= 0:
-        raise ConfigError(f"sampling.temperature must be > 0 (use greedy=True), got {sampling.temperature}")
-    if not 0.0 < sampling.top_p <= 1.0:
-        raise ConfigError(f"sampling.top_p must be in (0, 1], got {sampling.top_p}")
-
-
-def eos_ids_of(model_path: str) -> list[int]:
-    """EOS ids from generation_config.json (preferred) or config.json of a HF model dir."""
-    import json
-
-    for fname in ("generation_config.json", "config.json"):
-        f = Path(model_path, fname)
-        if f.is_file():
-            eos = json.loads(f.read_text()).get("eos_token_id")
-            if eos is not None:
-                return [int(e) for e in (eos if isinstance(eos, list) else [eos])]
-    return []
-
-
-def load_tokenizer(model_path: str):
-    """AutoTokenizer of `model_path`, or ConfigError saying detokenize needs one."""
-    from transformers import AutoTokenizer
-
-    # transformers 5 builds an empty tokenizer (vocab of 1) for a directory without tokenizer
-    # files instead of failing: check for the files first.
-    if not any(Path(model_path, f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "vocab.json")):
-        raise ConfigError(
-            f"detokenize=True needs a tokenizer in {model_path} (no tokenizer files found); "
-            "pass detokenize=False to return token ids only"
-        )
-    try:
-        return AutoTokenizer.from_pretrained(model_path)
-    except Exception as exc:  # transformers raises many types for a missing tokenizer
-        raise ConfigError(
-            f"detokenize=True needs a tokenizer in {model_path} ({type(exc).__name__}); "
-            "pass detokenize=False to return token ids only"
-        ) from None
 
 
 def top_p_logprobs(logits: torch.Tensor, temperature: float, top_p: float) -> torch.Tensor:
@@ -154,11 +110,11 @@ class HFRolloutEngine(RolloutEngine):
         cfg = self.model.config
         self.max_model_len = max_model_len or getattr(cfg, "max_position_embeddings", None)
         self.max_batch_size = max_batch_size
-        self.eos_token_ids = list(eos_token_ids) if eos_token_ids is not None else eos_ids_of(self.model_path)
+        self.eos_token_ids = list(eos_token_ids) if eos_token_ids is not None else base.eos_ids_of(self.model_path)
         if pad_token_id is None:
             pad_token_id = cfg.pad_token_id if cfg.pad_token_id is not None else (self.eos_token_ids or [0])[0]
         self.pad_token_id = int(pad_token_id)
-        self.tokenizer = load_tokenizer(self.model_path) if detokenize else None
+        self.tokenizer = base.load_tokenizer(self.model_path) if detokenize else None
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
         self._params = dict(self.model.named_parameters())
         self._names = set(self.model.state_dict().keys())
@@ -170,7 +126,7 @@ class HFRolloutEngine(RolloutEngine):
     # ------------------------------------------------------------------ generation
     def generate(self, prompt_ids: list[list[int]], sampling: SamplingConfig) -> list[Completion]:
         """n completions per prompt, grouped consecutively (prompt 0's n, then prompt 1's...)."""
-        check_sampling(sampling)
+        base.check_sampling(sampling)
         for i, p in enumerate(prompt_ids):
             if not p:
                 raise DataError(f"prompt {i} is empty")

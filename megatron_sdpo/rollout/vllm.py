@@ -63,9 +63,11 @@ from megatron_sdpo.rollout.base import (
     Completion,
     RolloutEngine,
     SamplingConfig,
+    check_sampling,
+    eos_ids_of,
+    load_tokenizer,
     torch_threads,
 )
-from megatron_sdpo.rollout.hf import check_sampling, eos_ids_of, load_tokenizer
 from megatron_sdpo.rollout.replicas import ReplicaLayout
 from megatron_sdpo.rollout.shm_segments import remove_stale_segments
 

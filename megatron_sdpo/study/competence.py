@@ -298,7 +298,7 @@ def run_probe(
     tokenizer = set_template_kwargs(builders.load_tokenizer(model_path), cfg.model.chat_template_kwargs)
     ctx = cfg.algorithm.sdpo.context
 
-    def feedbacks(results, truncated):  # as the trainer writes them (trainer._attach_teacher)
+    def feedbacks(results, truncated):  # as the trainer writes them (trainer.teacher.SelfTeacher.attach)
         return teacher_feedbacks(ctx, domain, results, truncated)
 
     logprobs = None

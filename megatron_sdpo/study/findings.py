@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from megatron_sdpo.data.records import DOMAINS
+from megatron_sdpo.interfaces.domains import DOMAINS
 from megatron_sdpo.study import inference, item_noise, paper, stats
 from megatron_sdpo.study.metrics import FINDINGS, METRICS, Metric, RunView, resampled_matrix, run_metrics
 

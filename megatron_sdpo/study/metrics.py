@@ -22,8 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
-from megatron_sdpo.config.schema import DOMAINS
 from megatron_sdpo.diagnostics.forgetting import EvalMatrix, forgetting_metrics, read_eval_matrix
+from megatron_sdpo.interfaces.domains import DOMAINS
 from megatron_sdpo.outputs.run_dir import RunDir
 from megatron_sdpo.study import paper
 from megatron_sdpo.study.inference import ACCURACY_MARGIN

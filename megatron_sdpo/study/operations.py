@@ -8,18 +8,15 @@ config (the synthetic sets are a function of it), and reports per arm, eval row 
 the share of answers whose first `a op b` uses the item's operation, the share using `+`, and
 the accuracy, each averaged over seeds.
 
-    python tools/math_operations.py runs/study-smollm2 [--splits id,ood_near,ood_far] [--csv out.csv]
-    python -m megatron_sdpo.study.operations runs/study-smollm2     # the same
+    python -m megatron_sdpo results operations runs/study-smollm2 [--splits id,ood_near,ood_far] [--csv out.csv]
 
 Only the synthetic math sets carry a worked solution with the operation; other sets are skipped.
 """
 
 from __future__ import annotations
 
-import argparse
 import csv
 import re
-import sys
 from collections import defaultdict
 from pathlib import Path
 
@@ -84,50 +81,43 @@ def operations(run: Path, splits: tuple[str, ...]) -> dict[tuple[int, str, str],
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("root", type=Path, help="a study directory (runs/<arm>/seed<k>) or one run directory")
-    ap.add_argument("--splits", default="id,ood_near,ood_far", help="math eval splits, comma-separated")
-    ap.add_argument("--csv", type=Path, help="also write the table here")
-    args = ap.parse_args(argv)
-    splits = tuple(s.strip() for s in args.splits.split(",") if s.strip())
-    bad = [s for s in splits if s not in SPLITS]
-    if bad:
-        print(f"error: unknown split {bad[0]!r}; known: {', '.join(SPLITS)}", file=sys.stderr)
-        return 2
-    runs = run_dirs(args.root)
-    if not runs:
-        print(f"error: no run directory (with resolved_config.yaml) under {args.root}", file=sys.stderr)
-        return 2
-    table: dict[tuple[str, int, str, str], list[tuple[float, float, float, int]]] = defaultdict(list)
+def operations_table(root: Path, splits: tuple[str, ...]) -> tuple[list[str], list[list[str]]]:
+    """(header, rows) of the table over every run under `root`: per arm, eval row and split, the
+    share of answers using the item's operation, the share using '+', the accuracy (seed means).
+    A bad split, no run, a corrupt run or no math answers: UserError (one line)."""
     from megatron_sdpo.errors import UserError
 
+    bad = [s for s in splits if s not in SPLITS]
+    if bad:
+        raise UserError(f"unknown split {bad[0]!r}; known: {', '.join(SPLITS)}")
+    runs = run_dirs(root)
+    if not runs:
+        raise UserError(f"no run directory (with resolved_config.yaml) under {root}")
+    table: dict[tuple[str, int, str, str], list[tuple[float, float, float, int]]] = defaultdict(list)
     for run in runs:
         try:
             found = operations(run, splits)
         except (UserError, ValueError, OSError) as exc:  # a bad config, a corrupt answers file
-            print(f"error: {run}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}", file=sys.stderr)
-            return 2
+            raise UserError(f"{run}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from None
         for (i, label, split), value in found.items():
-            table[(arm_of(run, args.root), i, label, split)].append(value)
+            table[(arm_of(run, root), i, label, split)].append(value)
     if not table:
-        print(f"error: no synthetic math answers in eval_samples/ under {args.root}", file=sys.stderr)
-        return 2
+        raise UserError(f"no synthetic math answers in eval_samples/ under {root}")
     header = ["arm", "row", "split", "runs", "right operation", "'+'", "accuracy"]
     rows = []
     for arm, i, label, split in sorted(table, key=lambda k: (k[0], k[1], SPLITS.index(k[3]))):
         vals = table[(arm, i, label, split)]
         mean = [sum(v[i] for v in vals) / len(vals) for i in range(3)]
         rows.append([arm, label, split, str(len(vals)), *(f"{x:.3f}" for x in mean)])
+    return header, rows
+
+
+def write_table(header: list[str], rows: list[list[str]], csv_path: Path | None = None) -> None:
+    """Prints the table as markdown; with `csv_path` writes it there too."""
     print("| " + " | ".join(header) + " |")
     print("|" + "---|" * len(header))
     for r in rows:
         print("| " + " | ".join(r) + " |")
-    if args.csv is not None:
-        with args.csv.open("w", newline="") as f:
+    if csv_path is not None:
+        with csv_path.open("w", newline="") as f:
             csv.writer(f).writerows([header, *rows])
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -2,7 +2,7 @@
 
 Seven samples split 4 / 3 over the ranks and 2-sample micro-batches: loss, grad norm, the
 gradient (Adam's first moment) and gathered logprobs must match a single process. Then two steps
-with rows without signal skipped (algorithms/signal.py): one row with signal (the other rank
+with rows without signal skipped (algorithms/signal_rows.py): one row with signal (the other rank
 runs a placeholder) and none (both do): no rank hangs in the gradient all-reduce, and the steps
 match the single process's.
 """

@@ -1,4 +1,4 @@
-"""Skipping rows without signal (algorithms/signal.py) leaves the megatron backend's steps as
+"""Skipping rows without signal (algorithms/signal_rows.py) leaves the megatron backend's steps as
 they were, at DP 2, where one rank's share of a mini-batch has no signal (batch 0's first
 mini-batch: its second group has all rewards 0) and where a whole mini-batch has none (batch
 1's first: both ranks run one placeholder each, so the schedule and the gradient all-reduce run

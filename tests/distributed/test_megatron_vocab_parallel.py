@@ -41,7 +41,7 @@ def _reference(alpha):
 def _worker(alphas):
     import torch.distributed as dist
 
-    from megatron_sdpo.backends.megatron import vocab_parallel as vp
+    from megatron_sdpo.backends import vocab_parallel as vp
 
     rank, group = dist.get_rank(), dist.new_group([0, 1])
     start, width = vp.shard_bounds(14, V, 2, rank)
@@ -83,7 +83,7 @@ KS = (3, 7, 9)  # within one shard, > the last rank's width 6, > both widths
 def _topk_worker():
     import torch.distributed as dist
 
-    from megatron_sdpo.backends.megatron import vocab_parallel as vp
+    from megatron_sdpo.backends import vocab_parallel as vp
 
     rank, group = dist.get_rank(), dist.new_group([0, 1])
     start, width = vp.shard_bounds(14, V, 2, rank)

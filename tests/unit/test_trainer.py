@@ -2,6 +2,7 @@
 artifact tokens."""
 
 import time
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -10,6 +11,7 @@ from megatron_sdpo.config import load_config
 from megatron_sdpo.interfaces.backend import SequenceBatch
 from megatron_sdpo.rollout.base import RolloutEngine
 from megatron_sdpo.trainer import Trainer
+from megatron_sdpo.trainer.teacher import SelfTeacher
 
 
 class FixedTeacher:
@@ -48,10 +50,9 @@ def test_teacher_signal_splits_the_gain_by_reward():
     # +0.25, response 2 (unrewarded) by -0.5; response 3 has no context and must not count.
     t = torch.tensor([[-1.0, -1.0, -1.0], [-1.75, -1.75, 0.0], [-2.5, -2.5, -2.5], [9.0, 0.0, 0.0]])
     backend = FixedTeacher(t)
-    trainer = Trainer.__new__(Trainer)
-    trainer.cfg, trainer.backend, trainer.tokenizer = cfg, backend, PieceTokenizer()
+    teacher = SelfTeacher(cfg, backend, PieceTokenizer())
     PieceTokenizer.PIECES[7] = " done"  # no repeated box: no endorsement keys
-    out = trainer._teacher_signal(_batch(), torch.tensor([1.0, 0.0, 0.5, 1.0]))
+    out = teacher.signal(_batch(), torch.tensor([1.0, 0.0, 0.5, 1.0]))
     PieceTokenizer.PIECES[7] = " \\boxed{3}"
     assert backend.calls == ["teacher"]
     assert set(out) == {"teacher/gain_rewarded", "teacher/gain_unrewarded", "teacher/gain_gap"}
@@ -59,10 +60,10 @@ def test_teacher_signal_splits_the_gain_by_reward():
     assert out["teacher/gain_unrewarded"] == pytest.approx((0.25 - 0.5) / 2)
     assert out["teacher/gain_gap"] == pytest.approx(1.125)
     # Hybrid runs keep the distillation mask under "sdpo_mask"; only one side present: no gap.
-    trainer.cfg = load_config("tiny_sdpo", ["algorithm.name=hybrid"])
+    teacher = SelfTeacher(load_config("tiny_sdpo", ["algorithm.name=hybrid"]), backend, PieceTokenizer())
     b = _batch("sdpo_mask")
     b.tensors["loss_mask"] = b.response_mask()
-    only = trainer._teacher_signal(b, torch.tensor([0.0, 0.0, 0.0, 1.0]))
+    only = teacher.signal(b, torch.tensor([0.0, 0.0, 0.0, 1.0]))
     assert {k for k in only if k.startswith("teacher/gain")} == {"teacher/gain_unrewarded"}
 
 
@@ -71,9 +72,8 @@ def test_teacher_endorsement_of_repeated_box_tokens():
     # context. Gains over the student (-2 per token): 0.5 everywhere except on the repeated
     # boxes: +2.0 (response 0) and +1.0 (response 2).
     t = torch.tensor([[-1.5, -1.5, 0.0], [-1.5, -1.5, 0.0], [-1.5, -1.5, -1.0], [9.0, 0.0, 0.0]])
-    trainer = Trainer.__new__(Trainer)
-    trainer.cfg, trainer.backend, trainer.tokenizer = load_config("tiny_sdpo"), FixedTeacher(t), PieceTokenizer()
-    out = trainer._teacher_signal(_batch(), torch.tensor([1.0, 0.0, 0.5, 1.0]))
+    teacher = SelfTeacher(load_config("tiny_sdpo"), FixedTeacher(t), PieceTokenizer())
+    out = teacher.signal(_batch(), torch.tensor([1.0, 0.0, 0.5, 1.0]))
     assert out["teacher/artifact_tokens"] == 2.0
     assert out["teacher/artifact_gain"] == pytest.approx(1.5)
     assert out["teacher/artifact_endorsement"] == pytest.approx(1.5 - 0.5)
@@ -144,12 +144,19 @@ def test_step_order_sleep_wake_weights_refit_wake_kv_cache():
     records = generate("math", "id", 2, 0)
     engine = trainer.engine
 
-    def teacher_update():
-        assert engine.asleep == {"weights", "kv_cache"}, "the teacher update ran next to an awake engine"
-        log.append("teacher_update")
+    class Hooks:  # trainer.StepHooks: the teacher update only
+        def after_train(self, step: int) -> None:
+            assert engine.asleep == {"weights", "kv_cache"}, "the teacher update ran next to an awake engine"
+            log.append("teacher_update")
+
+        def refill(self, step: int, round_: int) -> list[dict]:
+            raise AssertionError("no extra generation round is configured")
+
+        def between_phases(self, left: tuple[str, ...]) -> None:
+            pass
 
     for step in range(2):
-        trainer.step("math", records, seed=step, step=step, after_train=teacher_update)
+        trainer.step("math", records, seed=step, step=step, hooks=Hooks())
     one = [
         "generate",
         "sleep",
@@ -251,18 +258,17 @@ def test_attach_teacher_follows_the_domain_feedback_policy_and_the_token_cap():
     from megatron_sdpo.models.tiny import ensure_tiny_base
 
     tok = load_tokenizer(ensure_tiny_base())
-    trainer = Trainer.__new__(Trainer)
-    trainer.tokenizer, trainer._reasoning_end_ids = tok, None
     # One group of two failed samples with feedback: feedback is their only possible context.
     records = [{"prompt": "Compute 2+2."}] * 2
     texts = ["5", "6"]
     results = [SimpleNamespace(feedback="wrong answer " * 5)] * 2
 
     def attach(domain, *overrides):
-        trainer.cfg = load_config("tiny_sdpo", ["algorithm.group_size=2", *overrides])
+        teacher = SelfTeacher(load_config("tiny_sdpo", ["algorithm.group_size=2", *overrides]), None, tok)
+        teacher.reasoning_end_ids = None
         b = SequenceBatch([[1, 2]] * 2, [[5], [6]])
         b.tensors["loss_mask"] = b.response_mask()
-        has, _ = trainer._attach_teacher(b, records, texts, torch.zeros(2), results, 0, domain=domain)
+        has, _ = teacher.attach(b, records, texts, torch.zeros(2), results, 0, domain=domain)
         return has, b
 
     assert attach("math")[0] == [False, False]  # the reference's policy: no feedback outside code
@@ -275,11 +281,14 @@ def test_attach_teacher_follows_the_domain_feedback_policy_and_the_token_cap():
 
 
 def _attach(trainer, preset_overrides, domain, results, *, truncated=None, rewards=None, texts=("5", "6")):
-    trainer.cfg = load_config("tiny_sdpo", ["algorithm.group_size=2", *preset_overrides])
+    teacher = SelfTeacher(
+        load_config("tiny_sdpo", ["algorithm.group_size=2", *preset_overrides]), None, trainer.tokenizer
+    )
+    teacher.reasoning_end_ids = None
     b = SequenceBatch([[1, 2]] * 2, [[5, 6, 7], [6, 7, 8]])
     b.tensors["loss_mask"] = b.response_mask()
     rewards = torch.zeros(2) if rewards is None else rewards
-    has, _ = trainer._attach_teacher(
+    has, _ = teacher.attach(
         b, [{"prompt": "Compute 2+2."}] * 2, list(texts), rewards, results, 7, domain=domain, truncated=truncated
     )
     return has, b
@@ -290,9 +299,7 @@ def bare_trainer():
     from megatron_sdpo.builders import load_tokenizer
     from megatron_sdpo.models.tiny import ensure_tiny_base
 
-    trainer = Trainer.__new__(Trainer)
-    trainer.tokenizer, trainer._reasoning_end_ids = load_tokenizer(ensure_tiny_base()), None
-    return trainer
+    return SimpleNamespace(tokenizer=load_tokenizer(ensure_tiny_base()))
 
 
 def test_math_format_feedback_uses_the_reference_words_only_for_format_errors(bare_trainer):
@@ -548,7 +555,7 @@ def test_sdpo_step_passes_the_teacher_prompts_and_the_distillation_mask(tok):
 def test_rows_without_signal_leave_the_train_step(tok):
     """GRPO with one group all wrong: its rows never reach the backend; the loss keeps the whole
     batch's normalizer and the guard measures the trained rows."""
-    from megatron_sdpo.algorithms.signal import PresetNormalizer
+    from megatron_sdpo.algorithms.signal_rows import PresetNormalizer
     from megatron_sdpo.data.synthetic import generate
     from megatron_sdpo.rollout.guard import SEQ_WEIGHT, TOKEN_WEIGHT
 

@@ -72,6 +72,22 @@ def _trainer(tok, records, extra_rounds, skip=True):
     return Trainer(cfg, backend, engine, tok), engine, backend
 
 
+class Refills:
+    """trainer.StepHooks with extra generation rounds from `prompts(round_)` only."""
+
+    def __init__(self, prompts):
+        self.prompts = prompts
+
+    def after_train(self, step: int) -> None:
+        pass
+
+    def refill(self, step: int, round_: int) -> list[dict]:
+        return self.prompts(round_)
+
+    def between_phases(self, left: tuple[str, ...]) -> None:
+        pass
+
+
 @pytest.mark.parametrize("skip", [False, True])
 @pytest.mark.parametrize("extra_rounds", [0, 1, 3])
 def test_the_step_refills_until_full_or_the_cap(tok, extra_rounds, skip):
@@ -85,7 +101,7 @@ def test_the_step_refills_until_full_or_the_cap(tok, extra_rounds, skip):
     }
     trainer, engine, backend = _trainer(tok, first + [r for rs in refills.values() for r in rs], extra_rounds, skip)
     asked = []
-    out = trainer.step("math", first, seed=11, refill=lambda r: asked.append(r) or refills[r])
+    out = trainer.step("math", first, seed=11, hooks=Refills(lambda r: asked.append(r) or refills[r]))
     rounds = min(extra_rounds, 2) + 1  # the second extra round completes the batch
     assert asked == list(range(1, rounds)) and len(engine.rounds) == rounds and engine.sleeps == 1
     assert [seed for _, seed in engine.rounds] == [extra_round_seed(11, r) for r in range(rounds)]
@@ -110,6 +126,6 @@ def test_a_repeated_step_draws_the_same_rounds(tok):
     seen = []
     for _ in range(2):
         trainer, engine, backend = _trainer(tok, first + refills[1] + refills[2], 2)
-        trainer.step("math", first, seed=5, refill=refills.__getitem__)
+        trainer.step("math", first, seed=5, hooks=Refills(refills.__getitem__))
         seen.append((engine.rounds, backend.trained[0][0].response_ids, backend.trained[0][0].prompt_ids))
     assert seen[0] == seen[1] and len(seen[0][0]) == 3

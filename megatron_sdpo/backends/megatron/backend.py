@@ -38,6 +38,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from megatron_sdpo.backends import vocab_parallel as vp
 from megatron_sdpo.backends.common import (
     MetricSums,
     blend_sources,
@@ -49,7 +50,6 @@ from megatron_sdpo.backends.common import (
     resolve_pad_id,
 )
 from megatron_sdpo.backends.megatron import batching, heads
-from megatron_sdpo.backends.megatron import vocab_parallel as vp
 from megatron_sdpo.backends.megatron.model import ModelOptions, build_model, supports_packing, weight_layout
 from megatron_sdpo.backends.megatron.parallel import (
     ParallelConfig,

@@ -11,9 +11,9 @@ from __future__ import annotations
 import torch
 from torch.utils.checkpoint import checkpoint
 
+from megatron_sdpo.backends import vocab_parallel as vp
 from megatron_sdpo.backends.common import MetricSums
 from megatron_sdpo.backends.megatron import heads
-from megatron_sdpo.backends.megatron import vocab_parallel as vp
 from megatron_sdpo.errors import ConfigError
 from megatron_sdpo.interfaces.backend import LossFn
 from megatron_sdpo.interfaces.distillation import DistillationSpec, distillation_of

@@ -8,10 +8,10 @@ Each record carries "solution", an ideal response used for the supervised warm-u
 
 from __future__ import annotations
 
-from megatron_sdpo.data.records import DOMAINS
 from megatron_sdpo.data.synthetic import code, math, science, tooluse
 from megatron_sdpo.data.synthetic.base import SPLITS
 from megatron_sdpo.errors import DataError
+from megatron_sdpo.interfaces.domains import DOMAINS
 
 _MODULES = {"math": math, "science": science, "tooluse": tooluse, "code": code}
 
@@ -47,4 +47,4 @@ def generate(
     return records
 
 
-__all__ = ["DOMAINS", "SPLITS", "DEFAULT_DIFFICULTY", "generate"]
+__all__ = ["SPLITS", "DEFAULT_DIFFICULTY", "generate"]

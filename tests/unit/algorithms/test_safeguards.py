@@ -64,29 +64,29 @@ def test_the_trainer_applies_both_to_the_distillation_mask():
     from megatron_sdpo.config import load_config
     from megatron_sdpo.interfaces.backend import SequenceBatch
     from megatron_sdpo.models.tiny import ensure_tiny_base
-    from megatron_sdpo.trainer import Trainer
+    from megatron_sdpo.trainer.teacher import SelfTeacher
 
     class Teacher:
         def logprobs(self, batch, *, model="policy"):
             assert model == "teacher"
             return torch.tensor([[0.0, -2.0], [-2.0, 0.0], [0.0, 0.0], [0.0, 0.0]])
 
-    trainer = Trainer.__new__(Trainer)
-    trainer.tokenizer, trainer._reasoning_end_ids = load_tokenizer(ensure_tiny_base()), None
-    trainer.backend = Teacher()
+    tok = load_tokenizer(ensure_tiny_base())
     rewards = torch.tensor([1.0, 0.0, 1.0, 1.0])
     results = [SimpleNamespace(feedback="")] * 4
 
     def attach(*overrides):
-        trainer.cfg = load_config("tiny_sdpo", ["algorithm.group_size=2", *overrides])
+        teacher = SelfTeacher(load_config("tiny_sdpo", ["algorithm.group_size=2", *overrides]), Teacher(), tok)
+        teacher.reasoning_end_ids = None
+        attach.teacher = teacher
         b = SequenceBatch([[1, 2]] * 4, [[5, 6]] * 4)
         b.tensors["loss_mask"] = b.response_mask()
         b.tensors["rollout_logprobs"] = torch.full((4, 2), -1.0)
-        has, metrics = trainer._attach_teacher(
+        has, metrics = teacher.attach(
             b, [{"prompt": "Compute 2+2."}] * 4, ["4", "5", "4", "4"], rewards, results, 0, domain="math"
         )
         attach.batch = b
-        return has, b.tensors[trainer.algorithm.distill_mask_key], metrics
+        return has, b.tensors[teacher.mask_key], metrics
 
     has, plain, m = attach()
     assert has == [False, True, True, True] and plain.sum() == 6 and m == {}
@@ -97,7 +97,7 @@ def test_the_trainer_applies_both_to_the_distillation_mask():
     assert agreed.tolist() == [[0, 0], [1, 0], [0, 0], [0, 0]] and m["sdpo/agree_frac"] == pytest.approx(1 / 6)
     # The teacher signal's KL on the all-success group (samples 2 and 3, whatever the mask kept):
     # rollout log-probs -1, teacher 0 on every token: -1.
-    sig = trainer._teacher_signal(attach.batch, rewards)
+    sig = attach.teacher.signal(attach.batch, rewards)
     assert sig["teacher/kl_all_success"] == pytest.approx(-1.0)
 
 

@@ -76,7 +76,11 @@ def test_fused_path_matches_logits_path(tmp_path, alpha, is_clip, temperature):
 
 
 def test_fused_needs_full_vocabulary():
-    with pytest.raises(ConfigError, match="fused_kl"):
+    from megatron_sdpo.config import load_config
+
+    with pytest.raises(ConfigError, match="kernel.fused_kl=true is the full-vocabulary path"):
+        load_config("tiny_sdpo", ["kernel.fused_kl=true", "algorithm.sdpo.topk=20"])
+    with pytest.raises(AssertionError, match="full-vocabulary"):  # below the gate
         SDPOLoss(topk=20, fused=True)
 
 

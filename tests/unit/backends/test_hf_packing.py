@@ -152,7 +152,7 @@ def olmo_dir(tmp_path_factory):
 )
 def test_sliding_window_layers_keep_their_window_in_every_layout(olmo_dir, layout, attn):
     """The shared layout hands transformers a prepared mask, which it applies as given to every
-    layer: the sliding layers' window must be in it (hf_logits.layer_masks)."""
+    layer: the sliding layers' window must be in it (hf/logits.layer_masks)."""
     batch = grouped_batch(0)
     pack, share = LAYOUTS[layout]
     be = HFBackend(olmo_dir, lr=1e-3, micro_batch_size=5, packing=pack, share_prompts=share, pack_row_tokens=9)

@@ -1,4 +1,4 @@
-"""Skipping rows without signal (algorithms/signal.py) leaves the HF backend's steps as they were.
+"""Skipping rows without signal (algorithms/signal_rows.py) leaves the HF backend's steps as they were.
 
 Two rollout batches of four prompt groups, two mini-batches each (four optimizer steps; the third
 has every row skipped), for GRPO, SDPO and the hybrid, on the padded layout one sample per

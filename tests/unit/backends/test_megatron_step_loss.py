@@ -7,7 +7,7 @@ pytestmark = pytest.mark.megatron
 
 
 def test_temperature_one_keeps_the_logits_and_others_divide():
-    from megatron_sdpo.backends.megatron.vocab_parallel import tempered as _tempered
+    from megatron_sdpo.backends.vocab_parallel import tempered as _tempered
 
     x = torch.randn(5, 7, requires_grad=True)
     assert _tempered(x, 1.0) is x  # no second fp32 [tokens, vocab / TP] tensor through the backward

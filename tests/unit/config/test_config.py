@@ -143,8 +143,8 @@ def test_megatron_tp_sdpo_needs_the_fused_kernel():
         load_config("qwen3_4b", ["algorithm.sdpo.topk=null", "kernel.fused_kl=true", "stages.3.algorithm.sdpo.topk=20"])
     # Top-k under TP: the backend computes the k ids' log-probabilities from shards.
     cfg = load_config("qwen3_4b", ["algorithm.sdpo.topk=100", "kernel.fused_kl=false"])
+    from megatron_sdpo.algorithms.registry import build_loss
     from megatron_sdpo.backends.megatron import MegatronBackend
-    from megatron_sdpo.trainer import build_loss
 
     loss = build_loss(cfg, topk_source=MegatronBackend.topk_source)
     assert loss.distillation.topk_source == "shards" and loss.distillation.topk == 100
@@ -205,10 +205,8 @@ def test_rollout_tensor_parallel_size_checks_the_launch(monkeypatch, tmp_path):
     from megatron_sdpo.builders import make_rollout
 
     monkeypatch.setenv("WORLD_SIZE", "1")
-    with pytest.raises(ConfigError, match="needs rollout.engine=vllm"):
-        make_rollout(
-            load_config("tiny", ["rollout.engine=hf", "rollout.tensor_parallel_size=2"]), "unused", None, str(tmp_path)
-        )
+    with pytest.raises(ConfigError, match="needs rollout.engine=vllm"):  # the config gate says it
+        load_config("tiny", ["rollout.engine=hf", "rollout.tensor_parallel_size=2"])
     pytest.importorskip("vllm")
     with pytest.raises(ConfigError, match="tensor_parallel_size=2 needs a launch of at least 2 ranks"):
         make_rollout(

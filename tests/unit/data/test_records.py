@@ -2,8 +2,9 @@
 
 import pytest
 
-from megatron_sdpo.data.records import DOMAINS, required_keys, tool_calls, validate_record
+from megatron_sdpo.data.records import required_keys, tool_calls, validate_record
 from megatron_sdpo.errors import DataError
+from megatron_sdpo.interfaces.domains import DOMAINS
 
 BASE = {"id": "1", "split": "train", "prompt": "q", "source": "s"}
 GOOD = {

@@ -6,9 +6,10 @@ import re
 import pytest
 
 from megatron_sdpo.data.records import validate_record
-from megatron_sdpo.data.synthetic import DEFAULT_DIFFICULTY, DOMAINS, SPLITS, generate
+from megatron_sdpo.data.synthetic import DEFAULT_DIFFICULTY, SPLITS, generate
 from megatron_sdpo.data.synthetic.base import NUMBER_WORDS
 from megatron_sdpo.errors import DataError
+from megatron_sdpo.interfaces.domains import DOMAINS
 
 
 def _key(r):

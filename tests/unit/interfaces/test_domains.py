@@ -1,11 +1,32 @@
-"""One list of domains: the config, the data records and the verifiers read the same object."""
+"""One list of domains, one way to import it: the config, the data records and the verifiers
+read `interfaces.domains.DOMAINS`, and no module re-exports it under another path."""
 
-from megatron_sdpo.config.schema import DOMAINS as CONFIG_DOMAINS
-from megatron_sdpo.data.records import DOMAINS as RECORD_DOMAINS
+import ast
+from pathlib import Path
+
 from megatron_sdpo.interfaces.domains import DOMAINS
-from megatron_sdpo.rewards import DOMAINS as REWARD_DOMAINS
+
+ROOT = Path(__file__).resolve().parents[3]
 
 
-def test_the_three_domain_lists_are_one():
-    assert CONFIG_DOMAINS is DOMAINS and RECORD_DOMAINS is DOMAINS and REWARD_DOMAINS is DOMAINS
+def test_the_domains():
     assert DOMAINS == ("math", "science", "tooluse", "code")
+
+
+def test_every_import_of_the_domains_names_their_one_module():
+    wrong = []
+    for path in (
+        sorted((ROOT / "megatron_sdpo").rglob("*.py"))
+        + sorted((ROOT / "tools").glob("*.py"))
+        + sorted((ROOT / "tests").rglob("*.py"))
+    ):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and any(a.name == "DOMAINS" for a in node.names):
+                if node.module != "megatron_sdpo.interfaces.domains":
+                    wrong.append(f"{path.relative_to(ROOT)}:{node.lineno} from {node.module}")
+    assert wrong == []
+
+
+def test_no_package_lists_the_domains_among_its_exports():
+    for path in (ROOT / "megatron_sdpo").rglob("__init__.py"):
+        assert '"DOMAINS"' not in path.read_text(), path

@@ -53,8 +53,8 @@ def test_config_rejects_warmup_longer_than_a_stage():
 @pytest.mark.parametrize(
     "override, match",
     [
-        ("backend.lr_schedule.warmup_steps=-1", "warmup_steps=-1 must be >= 0"),
-        ("backend.lr_schedule.min_lr_ratio=1.5", r"min_lr_ratio=1.5 must be in \[0, 1\]"),
+        ("backend.lr_schedule.warmup_steps=-1", "warmup_steps must be >= 0, got -1"),
+        ("backend.lr_schedule.min_lr_ratio=1.5", r"min_lr_ratio must be in \[0, 1\], got 1.5"),
         ("backend.lr_schedule.style=step", "backend.lr_schedule.style"),
     ],
 )

@@ -10,8 +10,9 @@ import torch
 from safetensors.torch import load_file
 
 from megatron_sdpo.algorithms.context import build_teacher_message
-from megatron_sdpo.data.synthetic import DOMAINS, generate
+from megatron_sdpo.data.synthetic import generate
 from megatron_sdpo.errors import CheckpointError, ConfigError
+from megatron_sdpo.interfaces.domains import DOMAINS
 from megatron_sdpo.models import tiny
 
 

@@ -1,6 +1,7 @@
 import pytest
 
-from megatron_sdpo.rewards import DOMAINS, RewardResult, score, score_batch
+from megatron_sdpo.interfaces.domains import DOMAINS
+from megatron_sdpo.rewards import RewardResult, score, score_batch
 
 
 def test_unknown_domain_names_known_ones():

@@ -7,10 +7,15 @@ from pathlib import Path
 
 import pytest
 
+from megatron_sdpo import cli
 from megatron_sdpo.config import dump_yaml, load_config
 from megatron_sdpo.evaluation import load_eval_sets
 from megatron_sdpo.outputs.run_dir import RunDir
 from megatron_sdpo.study import operations as M
+
+
+def _cli(argv: list[str]) -> int:
+    return cli.main(["results", "operations", *argv])
 
 
 def test_first_operation():
@@ -48,7 +53,7 @@ def test_right_operation_and_plus_shares_by_hand(tmp_path, capsys):
     _run(tmp_path, "adds", 0, lambda r: "2 + 2 = 4")  # always adds
     plus = sum(M.first_operation(r["solution"]) == "+" for r in recs) / len(recs)
     assert 0 < plus < 1  # both operations occur in the split
-    assert M.main([str(tmp_path), "--splits", "ood_near", "--csv", str(tmp_path / "t.csv")]) == 0
+    assert _cli([str(tmp_path), "--splits", "ood_near", "--csv", str(tmp_path / "t.csv")]) == 0
     lines = capsys.readouterr().out.splitlines()
     rows = {line.split(" | ")[0].strip("| "): line.split(" | ") for line in lines[2:]}
     # right: every operation right, '+' as often as the split's own additions; adds: right only
@@ -66,7 +71,7 @@ def test_right_operation_and_plus_shares_by_hand(tmp_path, capsys):
     ],
 )
 def test_bad_input_is_one_error_line(tmp_path, capsys, argv, message):
-    assert M.main([str(tmp_path), *argv]) == 2
+    assert _cli([str(tmp_path), *argv]) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1
 
@@ -74,20 +79,20 @@ def test_bad_input_is_one_error_line(tmp_path, capsys, argv, message):
 def test_a_corrupt_run_is_one_error_line(tmp_path, capsys):
     _run(tmp_path, "right", 0, lambda r: r["solution"])
     (tmp_path / "runs" / "right" / "seed0" / "eval_samples" / "base.json").write_text("{not json")
-    assert M.main([str(tmp_path)]) == 2
+    assert _cli([str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and "seed0" in err and err.count("\n") == 1
     (tmp_path / "runs" / "right" / "seed0" / "resolved_config.yaml").write_text("no_such_key: 1\n")
-    assert M.main([str(tmp_path)]) == 2
+    assert _cli([str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert "no_such_key" in err and err.count("\n") == 1
 
 
-def test_the_tools_entry_point_runs_the_command(tmp_path):
-    # `python tools/math_operations.py` from the repository root, as docs/findings.md shows it.
+def test_the_command_line_runs_it(tmp_path):
+    # `python -m megatron_sdpo results operations`, as docs/findings.md shows it.
     root = Path(__file__).resolve().parents[3]
     proc = subprocess.run(
-        [sys.executable, "tools/math_operations.py", str(tmp_path)],
+        [sys.executable, "-m", "megatron_sdpo", "results", "operations", str(tmp_path)],
         cwd=root,
         capture_output=True,
         text=True,

@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from megatron_sdpo.backends.varlen import gather_hidden
+from megatron_sdpo.backends.vocab_parallel import topk_logprobs as vocab_parallel_topk
 from megatron_sdpo.errors import ConfigError
 from megatron_sdpo.interfaces.distillation import DistillationSpec
 from megatron_sdpo.interfaces.layout import token_logprobs
@@ -106,10 +107,8 @@ def topk_logprobs(
     logits: torch.Tensor, t_logits: torch.Tensor, spec: DistillationSpec
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """[B, T, V] student / teacher logits -> [B, T, k] full-vocabulary log-probs of the
-    student's top-k ids (k and temperature from the spec): megatron's vocab-parallel
-    selection over a single shard, so both backends pick the ids the same way."""
-    from megatron_sdpo.backends.megatron.vocab_parallel import topk_logprobs as vocab_parallel_topk
-
+    student's top-k ids (k and temperature from the spec): the vocab-parallel selection
+    over a single shard, so both backends pick the ids the same way."""
     if spec.topk is None:
         raise ValueError("top-k log-probs need spec.topk")
     temp = spec.temperature

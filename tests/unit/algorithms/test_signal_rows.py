@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from megatron_sdpo.algorithms.losses import GRPOLoss, HybridLoss, SDPOLoss
-from megatron_sdpo.algorithms.signal import PresetNormalizer, select_signal_rows
+from megatron_sdpo.algorithms.signal_rows import PresetNormalizer, select_signal_rows
 from megatron_sdpo.interfaces.backend import SequenceBatch
 from megatron_sdpo.rollout.guard import SEQ_WEIGHT, TOKEN_WEIGHT, GuardedLoss, attach_guard_tensors
 

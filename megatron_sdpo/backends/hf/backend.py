@@ -25,7 +25,6 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from megatron_sdpo.backends import hf_checkpoint
 from megatron_sdpo.backends.common import (
     MetricSums,
     blend_sources,
@@ -37,8 +36,9 @@ from megatron_sdpo.backends.common import (
     reduce_metrics,
     resolve_pad_id,
 )
-from megatron_sdpo.backends.hf_logits import ResponseLogits, layer_masks, masked_token_logprobs, topk_logprobs
-from megatron_sdpo.backends.hf_teacher import HFTeacher
+from megatron_sdpo.backends.hf import checkpoint as hf_checkpoint
+from megatron_sdpo.backends.hf.logits import ResponseLogits, layer_masks, masked_token_logprobs, topk_logprobs
+from megatron_sdpo.backends.hf.teacher import HFTeacher
 from megatron_sdpo.backends.offload import StateOffload, needs_training_state
 from megatron_sdpo.backends.varlen import pack_varlen
 from megatron_sdpo.config.backend_spec import BACKENDS
@@ -132,7 +132,7 @@ class HFBackend(Backend):
 
         self.device = next(self.policy.parameters()).device
         self._offload = StateOffload(self.device)
-        # The teacher (model, fp32 shadow, trust-region mix, forward clock): hf_teacher.py.
+        # The teacher (model, fp32 shadow, trust-region mix, forward clock): hf/teacher.py.
         self.teacher_state = (
             HFTeacher(self._frozen_copy(), self.device, logit_mix=teacher_logit_mix) if with_teacher else None
         )
@@ -235,7 +235,7 @@ class HFBackend(Backend):
         self, allowed: torch.Tensor | None, positions: torch.Tensor
     ) -> torch.Tensor | dict[str, torch.Tensor] | None:
         """The shared layout's [R, 1, W, W] bool mask (True = attend), windowed per layer type
-        (hf_logits.layer_masks), as the attention implementation takes a prepared 4D mask: SDPA
+        (hf/logits.layer_masks), as the attention implementation takes a prepared 4D mask: SDPA
         a bool mask, eager an additive one."""
         if allowed is None:
             return None
