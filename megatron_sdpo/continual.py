@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from megatron_sdpo import builders, ranks
+from megatron_sdpo import IMPORTED_AT, builders, ranks
 from megatron_sdpo.algorithms.teacher import TeacherController
 from megatron_sdpo.chat import set_template_kwargs
 from megatron_sdpo.config import dump_yaml, load_config
@@ -27,6 +27,7 @@ from megatron_sdpo.outputs.drift_jobs import DriftJobs
 from megatron_sdpo.outputs.monitor import RunMonitor
 from megatron_sdpo.outputs.run_dir import RunDir
 from megatron_sdpo.stop_request import StepAbandoned, StopRequest, StopRequested, StopWindow
+from megatron_sdpo.stopwatch import RunClock
 from megatron_sdpo.trainer import Trainer
 
 
@@ -53,6 +54,17 @@ def train_batch(records: list[dict], *, seed: int, stage: int, step: int, size: 
     return out
 
 
+_clock_started = False
+
+
+def _run_clock_start() -> float:
+    """Where a run's clock starts: the package's import for the process's first run (its
+    imports are part of what the run costs), the run's construction for any later one."""
+    global _clock_started
+    first, _clock_started = not _clock_started, True
+    return IMPORTED_AT if first else time.perf_counter()
+
+
 def check_data_files(cfg: RunConfig) -> None:
     """Fail before anything is written when a configured data file does not exist."""
     from megatron_sdpo.errors import DataError
@@ -69,6 +81,12 @@ class ContinualRun:
     """One run of `cfg` into `out_dir` (fresh, or resumed from its last complete checkpoint)."""
 
     def __init__(self, cfg: RunConfig, out_dir: str | Path, *, resume: bool = False, quiet: bool = False):
+        self.clock = RunClock(started=_run_clock_start())
+        self.clock.add("start/imports_and_config", time.perf_counter() - self.clock.started)
+        with self.clock.phase("start/run_dir"):
+            self._init(cfg, out_dir, resume=resume, quiet=quiet)
+
+    def _init(self, cfg: RunConfig, out_dir: str | Path, *, resume: bool, quiet: bool) -> None:
         check_data_files(cfg)
         # A missing or corrupt model fails before anything is written; _setup loads this path.
         self.model_path = builders.resolve_model_path(cfg)
@@ -97,20 +115,28 @@ class ContinualRun:
         cfg = self.cfg
         torch.manual_seed(cfg.seed)
         random.seed(cfg.seed)
-        self.tokenizer = set_template_kwargs(builders.load_tokenizer(self.model_path), cfg.model.chat_template_kwargs)
-        self.train_sets = {
-            s.domain: load_source(
-                cfg.domains[s.domain].train, s.domain, "train", seed=cfg.seed, shots=cfg.domains[s.domain].shots
+        with self.clock.phase("start/data"):
+            self.tokenizer = set_template_kwargs(
+                builders.load_tokenizer(self.model_path), cfg.model.chat_template_kwargs
             )
-            for s in cfg.stages
-        }
-        self.eval_sets = load_eval_sets(cfg)
-        self.backend = builders.make_backend(cfg, self.model_path, self.tokenizer)
-        if cfg.backend.offload_training_state:
-            # The grad buffer and main params off the device before the engine takes its share:
-            # the base eval and the first rollout run as every later one (memory_ledger.py, "start").
-            self.backend.offload_training_state()
-        self.engine = builders.make_rollout(cfg, self.model_path, self.tokenizer, str(self.run_dir.root / ".rollout"))
+            self.train_sets = {
+                s.domain: load_source(
+                    cfg.domains[s.domain].train, s.domain, "train", seed=cfg.seed, shots=cfg.domains[s.domain].shots
+                )
+                for s in cfg.stages
+            }
+            self.eval_sets = load_eval_sets(cfg)
+        with self.clock.phase("start/backend"):
+            self.backend = builders.make_backend(cfg, self.model_path, self.tokenizer)
+            if cfg.backend.offload_training_state:
+                # The grad buffer and main params off the device before the engine takes its share:
+                # the base eval and the first rollout run as every later one (memory_ledger.py, "start").
+                self.backend.offload_training_state()
+        self.clock.device = self.backend.device
+        with self.clock.phase("start/engine"):
+            self.engine = builders.make_rollout(
+                cfg, self.model_path, self.tokenizer, str(self.run_dir.root / ".rollout")
+            )
         self.trainer = Trainer(cfg, self.backend, self.engine, self.tokenizer)
         self.teacher = TeacherController(
             mode=cfg.teacher.mode,
@@ -142,15 +168,17 @@ class ContinualRun:
         return self._keep_row(label, *self._eval_row(checkpoint))
 
     def _eval_row(self, checkpoint: str | None) -> tuple[dict[str, float], dict[str, list[dict]]]:
-        self.engine.wake()
-        return evaluate_config(
-            self.engine,
-            self.tokenizer,
-            self.eval_sets,
-            self.cfg,
-            seed=step_seed(self.cfg.seed, 99, 0),
-            between=lambda: self._stop_if_asked(checkpoint),
-        )
+        with self.clock.phase("eval/row_other"):  # what the splits' own phases do not cover
+            self.engine.wake()
+            return evaluate_config(
+                self.engine,
+                self.tokenizer,
+                self.eval_sets,
+                self.cfg,
+                seed=step_seed(self.cfg.seed, 99, 0),
+                between=lambda: self._stop_if_asked(checkpoint),
+                clock=self.clock,
+            )
 
     def _keep_row(self, label: str, accs: dict[str, float], samples: dict[str, list[dict]]) -> dict[str, float]:
         if self.main:
@@ -182,13 +210,14 @@ class ContinualRun:
         column = f"{domain}/id"
         if column not in self.eval_sets:
             return {}
-        accs, _ = evaluate_config(
-            self.engine,
-            self.tokenizer,
-            {column: self.eval_sets[column]},
-            self.cfg,
-            seed=step_seed(self.cfg.seed, 99, 0),
-        )
+        with self.clock.phase("eval/mid_stage"):
+            accs, _ = evaluate_config(
+                self.engine,
+                self.tokenizer,
+                {column: self.eval_sets[column]},
+                self.cfg,
+                seed=step_seed(self.cfg.seed, 99, 0),
+            )
         return {f"eval/{column}": accs[column]}
 
     # -- checkpoints --------------------------------------------------------------------------
@@ -196,12 +225,13 @@ class ContinualRun:
         path = self.run_dir.checkpoints / name
         extra = {"stage": stage, "step": step, "teacher": self.teacher.state_dict(), "name": name}
         start = time.perf_counter()
-        with self.trainer.training_state_on_device():
-            self.backend.save(str(path), extra=extra)
-        if self.main:
-            (self.run_dir.checkpoints / "latest").write_text(name)
-            self._prune()
-        ranks.barrier()
+        with self.clock.phase("save/step" if name.startswith("step_") else "save/stage"):
+            with self.trainer.training_state_on_device():
+                self.backend.save(str(path), extra=extra)
+            if self.main:
+                (self.run_dir.checkpoints / "latest").write_text(name)
+                self._prune()
+            ranks.barrier()
         self.window.observe_save(time.perf_counter() - start)
         self.last_saved = (name, stage, step)
         return path
@@ -253,12 +283,14 @@ class ContinualRun:
         self.stop.install()
         cfg = self.cfg
         if self.resume:
-            start_stage, start_step = self._restore()
+            with self.clock.phase("start/resume"):
+                start_stage, start_step = self._restore()
         else:
             # The engine loaded the checkpoint's own tensors; the trainer holds them in its
             # params dtype (bf16 params from an fp32 checkpoint round them): the base eval and
             # the first rollout sample from the weights the trainer will update.
-            self.engine.update_weights(self.backend.export_weights(model="policy"))
+            with self.clock.phase("start/refit"):
+                self.engine.update_weights(self.backend.export_weights(model="policy"))
             start_stage, start_step = 0, 0
         rows = self.run_dir.read_eval_matrix() if self.resume else []
         if self.resume and self.main:
@@ -271,9 +303,10 @@ class ContinualRun:
         for k in range(start_stage, len(cfg.stages)):
             stage = cfg.stages[k]
             first = start_step if k == start_stage else 0
-            self._stage_settings(k)
-            if first == 0:
-                self._stage_start(k)
+            with self.clock.phase("stage/start"):
+                self._stage_settings(k)
+                if first == 0:
+                    self._stage_start(k)
             if first < stage.steps:
                 self._train_stage(k, first)
             if first < stage.steps or stage.steps == 0:
@@ -285,7 +318,8 @@ class ContinualRun:
             if len(rows) <= k + 1:
                 rows.append((stage.domain, self._evaluate(self._stage_label(k), self._stage_label(k))))
                 self._write_matrix(rows)
-            self._stage_diagnostics(k)
+            with self.clock.phase("diagnostics/stage_probes"):
+                self._stage_diagnostics(k)
             self._stop_if_asked(self._stage_label(k))
         self._finish(time.perf_counter() - t_start)
         return self.run_dir
@@ -379,14 +413,15 @@ class ContinualRun:
         for step in range(first, stage.steps):
             batch = train_batch(records, seed=cfg.seed, stage=k, step=step, size=cfg.algorithm.prompts_per_step)
             try:
-                out = self.trainer.step(
-                    stage.domain,
-                    batch,
-                    seed=step_seed(cfg.seed, k, step),
-                    step=step,
-                    label=f"stage {k + 1} step {step + 1}",
-                    hooks=self,
-                )
+                with self.clock.phase("steps"):
+                    out = self.trainer.step(
+                        stage.domain,
+                        batch,
+                        seed=step_seed(cfg.seed, k, step),
+                        step=step,
+                        label=f"stage {k + 1} step {step + 1}",
+                        hooks=self,
+                    )
             except StepAbandoned as exc:
                 self._abandoned(exc.signum, k, step)
             late = self.window.observe_step(out.metrics)
@@ -417,7 +452,8 @@ class ContinualRun:
                 self._save(f"step_{k}_{step + 1:06d}", k, step + 1)
             every = cfg.diagnostics.drift_every
             if cfg.diagnostics.enabled and every and ((step + 1) % every == 0 or step + 1 == stage.steps):
-                self._step_drift(k, step + 1)
+                with self.clock.phase("diagnostics/step_drift"):
+                    self._step_drift(k, step + 1)
             signum = self.stop.agreed() if step + 1 < stage.steps else 0
             if signum:
                 # Honoured at the step's end on every rank at once: this step is the checkpoint.
@@ -534,9 +570,12 @@ class ContinualRun:
 
         if self.main:
             # Only the main rank waits here, so the stop is its own flag, not an agreed one.
-            self.drift_jobs.wait(interrupt=lambda: bool(self.stop.received))
+            with self.clock.phase("diagnostics/drift_jobs_wait"):
+                self.drift_jobs.wait(interrupt=lambda: bool(self.stop.received))
             if self.stop.received:
                 self._stopped(self.stop.received, self._stage_label(len(self.cfg.stages) - 1))
-            write_report(self.run_dir, self.cfg, wall_seconds=seconds)
+            timings = self.clock.breakdown()
+            self.run_dir.write_timings(timings)
+            write_report(self.run_dir, self.cfg, wall_seconds=seconds, timings=timings)
         self.monitor.log(f"done in {seconds:.0f}s: {self.run_dir.root}")
         self.monitor.close()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 from collections.abc import Callable
@@ -11,6 +12,7 @@ from pathlib import Path
 from megatron_sdpo.chat import record_prompts
 from megatron_sdpo.config.schema import eval_samples_per_item
 from megatron_sdpo.rollout.base import SamplingConfig
+from megatron_sdpo.stopwatch import RunClock
 
 
 def generate_texts(engine, tokenizer, records: list[dict], sampling: SamplingConfig, batch_size: int):
@@ -41,6 +43,7 @@ def evaluate(
     batched_code: bool = True,
     top_p: float = 1.0,
     between: Callable[[], None] | None = None,
+    clock: RunClock | None = None,
 ) -> tuple[dict[str, float], dict[str, list[dict]]]:
     """Accuracy per "domain/split" key (greedy, or avg@k when `greedy` is false: k samples per
     item at `temperature` / `top_p`, the mean of their 0/1 accuracies) and the samples.
@@ -50,7 +53,8 @@ def evaluate(
     scored by its record's own domain (an out-of-domain set keeps its scorer); a set listed by
     several domains (the same records) is generated and scored once. `between` runs before
     every set after the first (the run's stop check: a row of a 2-core SmolLM2 run takes minutes,
-    a scheduler's signal must not wait for all of it); it may raise to abandon the row.
+    a scheduler's signal must not wait for all of it); it may raise to abandon the row. With
+    `clock` each set's generation and scoring is its phase `eval/<key>` (the run's timings).
     """
     accs: dict[str, float] = {}
     samples: dict[str, list[dict]] = {}
@@ -68,9 +72,10 @@ def evaluate(
         if same != key:
             accs[key], samples[key] = accs[same], samples[same]
             continue
-        comps = generate_texts(engine, tokenizer, records, sampling, batch_size)
-        recs = [records[c.prompt_index] for c in comps]
-        results = _score(recs, [c.text for c in comps], batched_code)
+        with clock.phase(f"eval/{key}") if clock is not None else contextlib.nullcontext():
+            comps = generate_texts(engine, tokenizer, records, sampling, batch_size)
+            recs = [records[c.prompt_index] for c in comps]
+            results = _score(recs, [c.text for c in comps], batched_code)
         scores = [float(r.score >= 1.0) for r in results]  # accuracy: fully correct answers
         accs[key] = sum(scores) / len(scores)
         samples[key] = [
@@ -129,7 +134,14 @@ def load_eval_sets(cfg) -> dict[str, list[dict]]:
 
 
 def evaluate_config(
-    engine, tokenizer, eval_sets: dict[str, list[dict]], cfg, *, seed: int, between: Callable[[], None] | None = None
+    engine,
+    tokenizer,
+    eval_sets: dict[str, list[dict]],
+    cfg,
+    *,
+    seed: int,
+    between: Callable[[], None] | None = None,
+    clock: RunClock | None = None,
 ):
     """`evaluate` with the settings of a RunConfig's `eval`, `rollout` and `rewards` sections."""
     e = cfg.eval
@@ -146,4 +158,5 @@ def evaluate_config(
         seed=seed,
         batched_code=cfg.rewards.batched_code,
         between=between,
+        clock=clock,
     )

@@ -204,8 +204,18 @@ def summary(rd: RunDir) -> dict:
     }
 
 
-def write_report(run_dir: RunDir, cfg, *, wall_seconds: float | None = None) -> Path:
-    """report.md (+ plots/) for one run directory."""
+def timings_table(timings: dict) -> str:
+    """Where a run's wall time went (timings.json): each phase, its seconds and share, `steps`
+    the training steps themselves, `other` what no phase covered."""
+    wall = timings["wall_s"]
+    rows = [[name, s, s / wall if wall else None] for name, s in timings["phases"].items()]
+    rows.append(["other", timings["other_s"], timings["other_s"] / wall if wall else None])
+    rows.append(["run", wall, 1.0 if wall else None])
+    return _table(["phase", "seconds", "share"], rows)
+
+
+def write_report(run_dir: RunDir, cfg, *, wall_seconds: float | None = None, timings: dict | None = None) -> Path:
+    """report.md (+ plots/) for one run directory; `timings` defaults to its timings.json."""
     s = summary(run_dir)
     fm = s["forgetting"]
     lines = [f"# {cfg.name}: {cfg.algorithm.name} over {' → '.join(st.domain for st in cfg.stages)}", ""]
@@ -218,6 +228,9 @@ def write_report(run_dir: RunDir, cfg, *, wall_seconds: float | None = None) -> 
         + (f" Wall time {wall_seconds:.0f} s." if wall_seconds else "")
     )
     lines += ["", "## Eval matrix (accuracy after each stage)", "", _matrix_table(run_dir.read_eval_matrix()), ""]
+    timings = timings if timings is not None else run_dir.read_timings()
+    if timings:
+        lines += ["## Where the wall time went", "", timings_table(timings), ""]
     lines += ["## In-domain accuracy of each stage's domain, before → after its stage", ""]
     lines.append(
         _table(

@@ -49,6 +49,10 @@ class RunDir:
     def eval_samples(self) -> Path:
         return self.root / "eval_samples"
 
+    @property
+    def timings(self) -> Path:
+        return self.root / "timings.json"
+
     def prepare(self, *, resume: bool) -> None:
         """Create the directory (and check it is writable) or check it can be resumed."""
         if self.config.exists() and not resume:
@@ -115,3 +119,14 @@ class RunDir:
                 name = row.pop("after_stage")
                 rows.append((name, {k: float(v) for k, v in row.items() if v not in ("", None)}))
         return rows
+
+    # -- timings.json -----------------------------------------------------------------------
+    def write_timings(self, timings: dict) -> None:
+        """The run's wall time by phase (stopwatch.RunClock.breakdown); a resumed run's file
+        holds its last session's."""
+        tmp = self.timings.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(timings, indent=1))
+        os.replace(tmp, self.timings)
+
+    def read_timings(self) -> dict | None:
+        return json.loads(self.timings.read_text()) if self.timings.is_file() else None

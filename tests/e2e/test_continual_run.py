@@ -75,6 +75,24 @@ def test_run_writes_every_output(full_run):
     assert any((full_run / "wandb").glob("offline-run-*")), "wandb offline run directory missing"
     report = (full_run / "report.md").read_text()
     assert "Forgetting" in report and "Drift after each stage" in report
+    assert "Where the wall time went" in report
+
+
+@pytest.mark.slow
+def test_the_run_says_where_its_wall_time_went(full_run):
+    t = json.loads((full_run / "timings.json").read_text())
+    phases = t["phases"]
+    # Every phase outside the steps has its name: start-up per engine, each eval split, each
+    # save, each diagnostic; together with `other` they are the run's wall time.
+    want = {"start/imports_and_config", "start/backend", "start/engine", "start/refit", "steps", "save/step"}
+    want |= {"save/stage", "stage/start", "diagnostics/stage_probes", "diagnostics/drift_jobs_wait"}
+    want |= {f"eval/{d}/{s}" for d in ("math", "code") for s in ("id", "ood_far")}
+    assert want <= set(phases), sorted(want - set(phases))
+    assert all(v >= 0 for v in phases.values()) and t["other_s"] >= 0
+    assert sum(phases.values()) + t["other_s"] == pytest.approx(t["wall_s"], rel=1e-9)
+    metrics = [json.loads(line) for line in (full_run / "metrics.jsonl").read_text().splitlines()]
+    # The steps' phase holds the steps: at least what they measured themselves.
+    assert phases["steps"] >= sum(m["time/step"] for m in metrics)
 
 
 @pytest.mark.slow
