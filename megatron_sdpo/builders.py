@@ -65,6 +65,28 @@ def lr_schedule(cfg: RunConfig):
     return LRSchedule(style=s.style, warmup_steps=s.warmup_steps, min_lr_ratio=s.min_lr_ratio)
 
 
+def transformer_engine_wanted(impl: str, *, gpu: bool | None = None, have_te: bool | None = None) -> bool | None:
+    """`backend.megatron.transformer_impl` as ModelOptions.use_te (None: TE where importable on
+    a GPU). A run on a CUDA machine without Transformer Engine is refused in one line unless it
+    asks for the local layers: megatron-core would fall back to them without a word."""
+    import torch
+
+    from megatron_sdpo.backends.megatron.precision import have_transformer_engine
+
+    gpu = torch.cuda.is_available() if gpu is None else gpu
+    have_te = have_transformer_engine() if have_te is None else have_te
+    if impl == "local":
+        return False
+    if not have_te and (impl == "transformer_engine" or gpu):
+        raise ConfigError(
+            "backend.megatron.transformer_impl="
+            f"{impl}: Transformer Engine is not installed ({'on this CUDA machine' if gpu else 'here'}); "
+            "install it (docs/dependencies.md) or set backend.megatron.transformer_impl=local "
+            "(megatron-core's unfused layers: more activation memory, a slower step)"
+        )
+    return True if impl == "transformer_engine" else None
+
+
 def make_backend(cfg: RunConfig, model_path: str, tokenizer):
     """The training backend named by `backend.name`."""
     b = cfg.backend
@@ -113,6 +135,7 @@ def _megatron_backend(cfg: RunConfig, model_path: str, common: dict):
     m = cfg.backend.megatron
     recipe = None if m.fp8.recipe == "none" else m.fp8.recipe
     options = ModelOptions(
+        use_te=transformer_engine_wanted(m.transformer_impl),
         precision=PrecisionConfig(params=m.params_dtype, fp8=recipe, fp8_format=m.fp8.fp8_format if recipe else None),
         sequence_parallel=m.sequence_parallel,
         recompute=None if m.recompute == "none" else m.recompute,

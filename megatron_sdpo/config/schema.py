@@ -264,6 +264,11 @@ class MegatronConfig:
     # for one chunk (memory_ledger.py, "logits"). 0: the whole micro-batch at once.
     loss_chunk_tokens: int = 1024
     fp8: FP8Config = field(default_factory=FP8Config)
+    # The layers' implementation. auto: Transformer Engine's on a CUDA machine (a run there without
+    # it is refused, not silently moved to the local layers), megatron-core's local modules on
+    # CPU. local: the local modules everywhere (unfused attention: the plan counts the softmax
+    # probabilities it keeps); transformer_engine: TE's, refused where it is not installed.
+    transformer_impl: Literal["auto", "transformer_engine", "local"] = "auto"
 
 
 @dataclass

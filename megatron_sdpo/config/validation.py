@@ -245,6 +245,10 @@ def _check_backend(cfg: RunConfig) -> None:
                 "full-vocabulary SDPO (sdpo.topk=null) with backend.megatron.tensor_parallel > 1 needs "
                 "kernel.fused_kl=true"
             )
+    if m.fp8.recipe != "none" and m.transformer_impl == "local":
+        raise ConfigError(
+            "backend.megatron.fp8.recipe runs through Transformer Engine: not with transformer_impl=local"
+        )
     if m.fp8.recipe != "none" and not bspec.fp8:
         raise ConfigError(
             f"backend.megatron.fp8.recipe needs backend.name={' or '.join(n for n, s in BACKENDS.items() if s.fp8)}"

@@ -547,6 +547,7 @@ def ledger_inputs(
         rollout_replicas=tp * pp * dp // rollout_tp,
         engine_graphs=engine == "vllm" and not cfg.rollout.enforce_eager,
         recompute=m.recompute if model_parallel else "none",
+        fused_attention=m.transformer_impl != "local",
         sequence_parallel=m.sequence_parallel and model_parallel,
         activation_bytes=2 if sixteen else 4,
         fused_kl=cfg.kernel.fused_kl,

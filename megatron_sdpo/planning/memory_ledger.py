@@ -112,6 +112,9 @@ class LedgerInputs:
     rollout_replicas: int = 1  # vLLM engines (data_parallel_size: one NCCL group when > 1)
     engine_graphs: bool = False  # vLLM captures CUDA graphs (rollout.enforce_eager false)
     recompute: str = "none"
+    # Transformer Engine's fused attention keeps its output and an fp32 log-sum-exp per head;
+    # megatron-core's local attention (backend.megatron.transformer_impl=local) its softmax.
+    fused_attention: bool = True
     sequence_parallel: bool = False
     activation_bytes: int = 2  # bytes per activation element (the params dtype)
     fused_kl: bool = False
@@ -336,14 +339,18 @@ def _activations(i: LedgerInputs, layers: int) -> int:
     `activation_units` and `activation_token_bytes`, plus the attention scores (5 x heads x seq / h)
     without recompute. Full recompute keeps each layer's input, and in backward one layer at a
     time runs its forward again and holds what it saves until its backward: the selective count and
-    the fused attention's fp32 log-sum-exp per head (its core attention is not checkpointed then)."""
+    the fused attention's fp32 log-sum-exp per head (its core attention is not checkpointed then),
+    or with the local layers their attention scores; selective recompute of the local core
+    attention holds one layer's scores in backward."""
     s = i.spec
     tokens = i.micro_batch_size * i.seq
     saved = activation_units(s) * s.hidden_size + activation_token_bytes(s, i.micro_batch_size)
+    # The layer recomputed in backward keeps its core attention's saves until its own backward.
+    scores = 4 * s.num_heads if i.fused_attention else 5.0 * s.num_heads * i.seq
     if i.recompute == "full":
-        per_token = FULL_RECOMPUTE_UNITS * s.hidden_size * layers + saved + 4 * s.num_heads
+        per_token = FULL_RECOMPUTE_UNITS * s.hidden_size * layers + saved + scores
     elif i.recompute == "selective":
-        per_token = saved * layers
+        per_token = saved * layers + (0 if i.fused_attention else scores)
     else:
         per_token = (saved + 5.0 * s.num_heads * i.seq) * layers
     # The units count bf16 activations; fp32 params (activation_bytes 4) double them.

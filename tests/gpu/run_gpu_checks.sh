@@ -13,7 +13,10 @@
 # from this checkout (no index, no build isolation, no dependencies), into DIR/site; its tests then
 # import the installed copy. It collects its tests (a collection error fails the part), runs them
 # and its benchmarks under hard time limits, and writes DIR/<part>/summary.txt. Without a CUDA GPU
-# it stops after the collection and reports every check as skipped with its reason (exit 0).
+# it stops after the collection and reports every check as skipped with its reason (exit 0). On a
+# CUDA machine nothing it exists for is skipped: no wheel folder fails the run at once, and a part
+# whose megatron-core, Triton or Liger is missing fails unrun (vLLM and Transformer Engine, whose
+# CUDA wheels no offline folder carries, are skipped with their reason).
 # PYTHON picks the interpreter (default python3); DIR defaults to gpu_checks/.
 set -euo pipefail
 
@@ -110,6 +113,9 @@ part_imports() {
   esac
 }
 
+# What a CUDA machine may lack and still pass (skipped with the reason): the rest must be there.
+OPTIONAL_ON_GPU="vllm transformer_engine"
+
 missing_reason() {  # why a check cannot run here, or nothing
   local need="$1"
   if [[ -z "${CUDA}" ]]; then echo "no CUDA GPU visible"; return; fi
@@ -128,6 +134,22 @@ run_part() {
   : > "${dir}/summary.txt"
   say() { echo "$*" | tee -a "${dir}/summary.txt"; }
   say "part ${part}: ${PY} ($(py -c 'import platform; print(platform.python_version())')), torch $(py -c 'import torch; print(torch.__version__)')"
+  local line name need reason
+  if [[ -n "${CUDA}" ]]; then
+    local lacking=0
+    while IFS= read -r line; do
+      name="${line%%|*}" need="${line##*|}"
+      reason=$(missing_reason "${need}")
+      if [[ -n "${reason}" && " ${OPTIONAL_ON_GPU} " != *" ${need} "* ]]; then
+        say "FAILED ${name}: ${need} is not installed on this CUDA machine (add it to ${WHEELS}/: make gpu-wheels)"
+        lacking=1
+      fi
+    done < <(part_checks "${part}")
+    if ((lacking)); then
+      say "part ${part} finished with status 1 in $((SECONDS - start)) s: not run, what it checks is missing"
+      return 1
+    fi
+  fi
   py -W ignore -c "import $(part_imports "${part}" | tr -d '\n')" || { say "FAILED import of the installed project"; return 1; }
   # shellcheck disable=SC2046
   if ! py -m pytest --collect-only -q -p no:cacheprovider $(part_tests "${part}") > "${dir}/collect.log" 2>&1; then
@@ -164,7 +186,6 @@ run_part() {
         --out "${dir}/bench_kl_olmo3_7b.csv" 2>&1 | tee "${dir}/bench_kl_olmo3_7b.log" || status=$?
     fi
   fi
-  local line name need reason
   while IFS= read -r line; do
     name="${line%%|*}" need="${line##*|}"
     reason=$(missing_reason "${need}")
@@ -174,13 +195,19 @@ run_part() {
   return "${status}"
 }
 
-install
 CUDA=$(py -c "
 import torch
 if torch.cuda.is_available():
     cap = ''.join(map(str, torch.cuda.get_device_capability()))
     print(f'GPU: {torch.cuda.get_device_name()} (sm_{cap}), torch {torch.__version__}')
 ")
+if [[ -n "${CUDA}" ]] && ! compgen -G "${WHEELS}/*.whl" > /dev/null; then
+  # On a GPU a missing wheel folder would turn every megatron check into a skip: a green run
+  # with nothing run.
+  echo "error: a CUDA GPU is here but ${WHEELS}/ holds no wheel (make gpu-wheels, or GPU_WHEELS=DIR)" >&2
+  exit 1
+fi
+install
 status=0
 for part in "${PARTS[@]}"; do
   run_part "${part}" || status=$?

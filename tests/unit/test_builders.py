@@ -40,3 +40,38 @@ def test_megatron_backend_gets_packing_unresolved(monkeypatch, override, packing
     cfg = load_config("tiny", ["backend.name=megatron"] + (override.split(" ") if override else []))
     builders._megatron_backend(cfg, "unused", {})
     assert seen["packing"] is packing
+
+
+@pytest.mark.parametrize(
+    "impl, gpu, have_te, want",
+    [
+        ("auto", False, False, None),  # CPU: the local layers, as every CPU test builds them
+        ("auto", True, True, None),  # TE where it is
+        ("auto", True, False, "error"),  # a GPU without TE: refused, not a silent fallback
+        ("local", True, False, False),  # asked for
+        ("transformer_engine", True, True, True),
+        ("transformer_engine", False, False, "error"),
+    ],
+)
+def test_transformer_impl_refuses_a_silent_fallback(impl, gpu, have_te, want):
+    from megatron_sdpo.builders import transformer_engine_wanted
+    from megatron_sdpo.errors import ConfigError
+
+    if want == "error":
+        with pytest.raises(ConfigError) as err:
+            transformer_engine_wanted(impl, gpu=gpu, have_te=have_te)
+        msg = str(err.value)
+        assert "Transformer Engine is not installed" in msg and "transformer_impl=local" in msg and "\n" not in msg
+    else:
+        assert transformer_engine_wanted(impl, gpu=gpu, have_te=have_te) is want
+
+
+def test_local_layers_and_fp8_do_not_go_together():
+    from megatron_sdpo.config import load_config
+    from megatron_sdpo.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="fp8.recipe runs through Transformer Engine"):
+        load_config(
+            "tiny",
+            ["backend.name=megatron", "backend.megatron.transformer_impl=local", "backend.megatron.fp8.recipe=delayed"],
+        )

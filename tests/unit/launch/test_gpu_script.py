@@ -41,7 +41,7 @@ def checkout(tmp_path):
     return dest
 
 
-def _run(checkout: Path, out: Path, *parts: str) -> subprocess.CompletedProcess:
+def _run(checkout: Path, out: Path, *parts: str, **extra: str) -> subprocess.CompletedProcess:
     env = {
         "PATH": os.environ["PATH"],
         "HOME": os.environ.get("HOME", str(out)),
@@ -49,6 +49,7 @@ def _run(checkout: Path, out: Path, *parts: str) -> subprocess.CompletedProcess:
         "GPU_WHEELS": str(IMAGE / "wheels"),
         "PIP_DISABLE_PIP_VERSION_CHECK": "1",
         "PIP_NO_INDEX": "1",
+        **extra,
     }
     return subprocess.run(
         ["bash", SCRIPT, *parts, "--out", str(out)], cwd=checkout, env=env, capture_output=True, text=True, timeout=600
@@ -89,6 +90,50 @@ def test_a_collection_error_fails_the_part(checkout, tmp_path):
     assert proc.returncode != 0
     summary = (tmp_path / "out" / "kernels" / "summary.txt").read_text()
     assert "FAILED collection" in summary, summary
+
+
+# A CUDA machine, simulated: the bare image's torch reports a GPU (sitecustomize, imported by every
+# interpreter the script starts).
+FAKE_CUDA = """
+import torch
+torch.cuda.is_available = lambda: True
+torch.cuda.get_device_capability = lambda *a: (9, 0)
+torch.cuda.get_device_name = lambda *a: "simulated H100"
+"""
+
+
+def _simulated_gpu(tmp_path: Path) -> str:
+    shim = tmp_path / "fake_cuda"
+    shim.mkdir()
+    (shim / "sitecustomize.py").write_text(FAKE_CUDA)
+    return str(shim)
+
+
+@needs_image
+@no_gpu
+def test_on_a_gpu_without_the_wheel_folder_the_checks_fail_in_one_line(checkout, tmp_path):
+    empty = tmp_path / "no_wheels"
+    empty.mkdir()
+    proc = _run(checkout, tmp_path / "out", "all", GPU_WHEELS=str(empty), PYTHONPATH=_simulated_gpu(tmp_path))
+    assert proc.returncode == 1
+    assert proc.stderr.startswith("error: a CUDA GPU is here but") and proc.stderr.count("\n") == 1, proc.stderr
+
+
+@needs_image
+@no_gpu
+def test_on_a_gpu_a_part_missing_megatron_core_or_triton_fails_unrun(checkout, tmp_path):
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    for whl in (IMAGE / "wheels").glob("setuptools-*.whl"):  # the build backend only
+        (wheels / whl.name).write_bytes(whl.read_bytes())
+    proc = _run(checkout, tmp_path / "out", "all", GPU_WHEELS=str(wheels), PYTHONPATH=_simulated_gpu(tmp_path))
+    assert proc.returncode != 0
+    megatron = (tmp_path / "out" / "megatron" / "summary.txt").read_text()
+    kernels = (tmp_path / "out" / "kernels" / "summary.txt").read_text()
+    assert "FAILED megatron BF16 GRPO/SDPO steps" in megatron and "megatron.core is not installed" in megatron
+    assert "FAILED Liger's fused linear JSD" in kernels and "not run, what it checks is missing" in kernels
+    assert "pytest:" not in megatron + kernels  # nothing ran on the simulated GPU
+    assert "FP8 step" not in megatron  # Transformer Engine stays optional (no failure for it)
 
 
 def test_a_part_must_be_named_and_known(tmp_path):

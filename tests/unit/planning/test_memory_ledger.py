@@ -371,6 +371,26 @@ def test_recompute_settings_scale_the_activations():
     assert units["none"] == pytest.approx((ml.activation_units(s) + 5 * 4 * 32 / 64) * per_unit + scales, abs=1)
 
 
+def test_the_local_layers_keep_their_attention_scores_under_recompute():
+    """backend.megatron.transformer_impl=local: megatron-core's unfused attention keeps its
+    softmax (5 bytes per head and key: bf16 scores and probabilities, a dropout byte) where TE's
+    keeps an fp32 log-sum-exp per head; the layer recomputed in backward holds them."""
+    from megatron_sdpo.planning import memory_ledger as ml
+
+    s = _spec()
+    got = {
+        (r, fused): ml._activations(
+            ml.LedgerInputs(spec=s, megatron=True, seq=32, recompute=r, fused_attention=fused), 2
+        )
+        for r in ("full", "selective", "none")
+        for fused in (True, False)
+    }
+    scores, lse = 5 * 4 * 32 * 32, 4 * 4 * 32  # per micro-batch row of 32 tokens, 4 heads
+    assert got[("full", False)] - got[("full", True)] == pytest.approx(scores - lse, abs=1)
+    assert got[("selective", False)] - got[("selective", True)] == pytest.approx(scores, abs=1)
+    assert got[("none", False)] == got[("none", True)]  # no recompute: every layer's scores already
+
+
 def test_context_counts_vllms_dp_group_and_its_cuda_graphs():
     from megatron_sdpo.planning import memory_ledger as ml
 
