@@ -21,35 +21,22 @@ LossBuilder = Callable[[RunConfig, TopkSource], LossFn]
 
 def _grpo(cfg: RunConfig, topk_source: TopkSource) -> losses.GRPOLoss:
     g = cfg.algorithm.grpo
+    same = {k: getattr(g, k) for k in ("clip_low", "clip_high", "kl_coef", "tis_cap", "dual_clip")}
     # One optimizer step per rollout batch: the behaviour policy is the current one (detached);
     # with mini-batches the old log-probs are the rollout-time policy's (trainer.minibatch_update).
-    return losses.GRPOLoss(
-        clip_low=g.clip_low,
-        clip_high=g.clip_high,
-        kl_coef=g.kl_coef,
-        tis_cap=g.tis_cap,
-        on_policy=g.mini_batches == 1,
-        dual_clip=g.dual_clip,
-    )
+    return losses.GRPOLoss(**same, on_policy=g.mini_batches == 1)
 
 
 def _sdpo(cfg: RunConfig, topk_source: TopkSource) -> losses.SDPOLoss:
     s = cfg.algorithm.sdpo
     mask_key = algorithm_spec(cfg.algorithm.name).distill_mask_key
     assert mask_key is not None, f"{cfg.algorithm.name} distils but its spec names no mask"
+    same = {k: getattr(s, k) for k in ("alpha", "topk", "add_tail", "is_clip", "variant")}
+    kernel = {k: getattr(cfg.kernel, k) for k in ("chunk_tokens", "chunk_vocab")}
+    # Only the logits top-k path has ids to pick.
+    source = topk_source if s.topk is not None and s.variant == "logits" else "logits"
     return losses.SDPOLoss(
-        alpha=s.alpha,
-        topk=s.topk,
-        add_tail=s.add_tail,
-        is_clip=s.is_clip,
-        variant=s.variant,
-        mask_key=mask_key,
-        fused=cfg.kernel.fused_kl,
-        kernel_impl=cfg.kernel.impl,
-        chunk_tokens=cfg.kernel.chunk_tokens,
-        chunk_vocab=cfg.kernel.chunk_vocab,
-        # Only the logits top-k path has ids to pick.
-        topk_source=topk_source if s.topk is not None and s.variant == "logits" else "logits",
+        **same, **kernel, mask_key=mask_key, fused=cfg.kernel.fused_kl, kernel_impl=cfg.kernel.impl, topk_source=source
     )
 
 

@@ -9,22 +9,21 @@ from pathlib import Path
 import pytest
 from bench_harness import summary_path
 
+from megatron_sdpo.interfaces.domains import DOMAINS
+
 ROOT = Path(__file__).resolve().parents[2]
+SPLITS = ", ".join(f"{s}: {{n: 2}}" for s in ("id", "ood_near", "ood_mid", "ood_far"))
 ONE_STEP = """
 defaults: tiny
 name: bench_run
 stages:
   - {domain: math, steps: 1}
-domains:
-  math: {eval: {id: {n: 2}, ood_near: {n: 2}, ood_mid: {n: 2}, ood_far: {n: 2}}}
-  science: {eval: {id: {n: 2}, ood_near: {n: 2}, ood_mid: {n: 2}, ood_far: {n: 2}}}
-  tooluse: {eval: {id: {n: 2}, ood_near: {n: 2}, ood_mid: {n: 2}, ood_far: {n: 2}}}
-  code: {eval: {id: {n: 2}, ood_near: {n: 2}, ood_mid: {n: 2}, ood_far: {n: 2}}}
+domains: {TWO_ITEMS}
 algorithm: {prompts_per_step: 2, group_size: 2}
 rollout: {engine: hf, max_new_tokens: 8}
 eval: {max_new_tokens: 8}
 diagnostics: {enabled: false}
-"""
+""".replace("{TWO_ITEMS}", "{" + ", ".join(f"{d}: {{eval: {{{SPLITS}}}}}" for d in DOMAINS) + "}")
 
 
 @pytest.mark.slow
@@ -34,14 +33,9 @@ def test_one_round_against_head(tmp_path):
     cfg = tmp_path / "one_step.yaml"
     cfg.write_text(ONE_STEP)
     out = tmp_path / "run.csv"
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "tools" / "bench_run.py"), "--against", "HEAD", "--preset", str(cfg)]
-        + ["--rounds", "1", "--out", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=900,
-        cwd=tmp_path,
-    )
+    argv = ["--against", "HEAD", "--preset", str(cfg), "--rounds", "1", "--out", str(out)]
+    script = [sys.executable, str(ROOT / "tools" / "bench_run.py")]
+    proc = subprocess.run(script + argv, capture_output=True, text=True, timeout=900, cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     rows = list(csv.DictReader(out.open()))
     got = {(r["arm"], r["metric"]): float(r["value"]) for r in rows}
