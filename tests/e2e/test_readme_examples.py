@@ -154,6 +154,8 @@ def planned_because(cmd: Command) -> str | None:
     if cmd.ranks is not None:
         return f"a torchrun launch of {cmd.ranks} ranks"
     parsed = parse_args(list(cmd.args))
+    if cmd.args[0] == "results" and parsed.results_command == "operations":
+        return "the runs of the study it reads (written by the `study` command before it)"
     if cmd.args[0] == "data":
         if parsed.data_command != "local":
             return "the Hugging Face hub"
