@@ -219,13 +219,14 @@ def test_the_scan_sees_what_it_forbids():
     assert not names_used(ast.parse('"""Peak RSS is getrusage ru_maxrss, written by csv.DictWriter."""'))
 
 
-def test_the_scripts_are_the_seven_benchmarks():
+def test_the_scripts_are_the_eight_benchmarks():
     assert [p.name for p in SCRIPTS] == [
         "bench_kl.py",
         "bench_limit.py",
         "bench_pack.py",
         "bench_refit.py",
         "bench_rollout.py",
+        "bench_run.py",
         "bench_sandbox.py",
         "bench_step.py",
     ]

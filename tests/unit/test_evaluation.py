@@ -162,11 +162,13 @@ def test_a_signal_during_an_eval_row_stops_the_run_between_sets(monkeypatch, tmp
 
     from megatron_sdpo.continual import ContinualRun
     from megatron_sdpo.stop_request import StopRequest, StopRequested
+    from megatron_sdpo.stopwatch import RunClock
 
     monkeypatch.setattr("megatron_sdpo.evaluation.record_prompts", lambda tok, recs: [[1, 2]] * len(recs))
     cfg = load_config("tiny")
     sets = load_eval_sets(cfg)
     run = ContinualRun.__new__(ContinualRun)
+    run.clock = RunClock()
     engine = CountingEngine()
     engine.wake = lambda: None
     logged = []

@@ -137,12 +137,14 @@ def test_a_stop_while_the_run_waits_for_its_jobs_ends_them_and_stops_the_run(run
     from megatron_sdpo.config import load_config
     from megatron_sdpo.continual import ContinualRun
     from megatron_sdpo.stop_request import StopRequest, StopRequested
+    from megatron_sdpo.stopwatch import RunClock
 
     monkeypatch.setenv(DELAY_ENV, "600")
     jobs = DriftJobs(run_dir, threads=1, log=lambda msg: None)
     jobs.submit(2, {"stage": 1})
     proc = jobs.running[2]
     run = ContinualRun.__new__(ContinualRun)
+    run.clock = RunClock()
     run.main, run.drift_jobs, run.cfg, run.stop = True, jobs, load_config("tiny"), StopRequest()
     logged = []
     run.monitor = type("Monitor", (), {"log": lambda self, m: logged.append(m), "close": lambda self: None})()
