@@ -35,6 +35,7 @@ GPU = [
 DATA_DIRS = {
     "megatron_sdpo.config.presets": ["*.yaml", "README.md"],
     "megatron_sdpo.assets.tiny_base": ["*.json", "*.jinja", "*.safetensors"],
+    "megatron_sdpo.assets": ["*.json"],
 }
 # A real pretrained model on CPU (model.path=smollm2-135m-instruct, preset smollm2_135m):
 # transformers reads its GGUF file with these two (both pure Python). The file itself ships in

@@ -193,19 +193,10 @@ def cmd_study(args) -> int:
     if args.bootstrap < 0:
         raise UserError(f"--bootstrap must be >= 0, got {args.bootstrap}")
     out = Path(args.out or _default_out(f"study-{Path(args.config).stem}"))
+    same = {k: getattr(args, k) for k in ("overrides", "baseline", "jobs", "threads", "quiet", "verbose")}
+    detect = _parse_detect(args.detect) if args.pilot is not None else None
     study = Study(
-        preset=args.config,
-        arms=arms,
-        seeds=seeds,
-        out=out,
-        overrides=args.overrides,
-        baseline=args.baseline,
-        jobs=args.jobs,
-        threads=args.threads,
-        n_boot=args.bootstrap,
-        quiet=args.quiet,
-        verbose=args.verbose,
-        pilot_detect=_parse_detect(args.detect) if args.pilot is not None else None,
+        preset=args.config, arms=arms, seeds=seeds, out=out, n_boot=args.bootstrap, pilot_detect=detect, **same
     )
     md = study.run()
     if args.pilot is not None:
@@ -380,6 +371,7 @@ class _Parser(argparse.ArgumentParser):
 
 # Commands that take `key.path=value` overrides: they may stand anywhere among the options.
 _TAKES_OVERRIDES = ("run", "compare", "study", "eval", "probe")
+_VERBOSE_HELP = "show the engines' (vLLM, transformers) logs in the terminal"
 
 
 def build_parser(drift_arguments: bool = True) -> argparse.ArgumentParser:
@@ -429,7 +421,7 @@ def build_parser(drift_arguments: bool = True) -> argparse.ArgumentParser:
         default=H100_USABLE_GIB,
         help="usable memory per GPU as torch reports it, for --dry-run's memory ledger (default: an H100-80GB's)",
     )
-    r.add_argument("--verbose", action="store_true", help="show the engines' (vLLM, transformers) logs in the terminal")
+    r.add_argument("--verbose", action="store_true", help=_VERBOSE_HELP)
     r.set_defaults(fn=cmd_run)
 
     c = sub.add_parser("compare", help="run several algorithms on one preset and compare them", epilog=over)
@@ -437,7 +429,7 @@ def build_parser(drift_arguments: bool = True) -> argparse.ArgumentParser:
     c.add_argument("--algorithms", default="grpo,sdpo,stable_sdpo")
     c.add_argument("--out")
     c.add_argument("--quiet", action="store_true")
-    c.add_argument("--verbose", action="store_true", help="show the engines' (vLLM, transformers) logs in the terminal")
+    c.add_argument("--verbose", action="store_true", help=_VERBOSE_HELP)
     c.add_argument("--bootstrap", type=int, default=1000, help="bootstrap replicates of study.md's item intervals")
     c.set_defaults(fn=cmd_compare)
 
@@ -462,9 +454,7 @@ def build_parser(drift_arguments: bool = True) -> argparse.ArgumentParser:
     st.add_argument("--pilot", type=int, help="run seeds 0..K-1 and print the seeds needed to detect --detect")
     st.add_argument("--detect", default="0.05", help="the difference the pilot sizes the study for (default 0.05)")
     st.add_argument("--quiet", action="store_true")
-    st.add_argument(
-        "--verbose", action="store_true", help="show the engines' (vLLM, transformers) logs in the terminal"
-    )
+    st.add_argument("--verbose", action="store_true", help=_VERBOSE_HELP)
     st.set_defaults(fn=cmd_study)
 
     rs = sub.add_parser(
@@ -502,7 +492,7 @@ def build_parser(drift_arguments: bool = True) -> argparse.ArgumentParser:
     e.add_argument("model", help="HF model directory (e.g. RUN/checkpoints/stage_1_math/policy)")
     e.add_argument("config", nargs="?", help="preset name or YAML file (default: tiny)")
     e.add_argument("--out")
-    e.add_argument("--verbose", action="store_true", help="show the engines' (vLLM, transformers) logs in the terminal")
+    e.add_argument("--verbose", action="store_true", help=_VERBOSE_HELP)
     e.set_defaults(fn=cmd_eval)
 
     pb = sub.add_parser(
@@ -518,9 +508,7 @@ def build_parser(drift_arguments: bool = True) -> argparse.ArgumentParser:
     pb.add_argument("--samples", type=int, help="student samples per prompt (default: the preset's group size)")
     pb.add_argument("--no-gains", action="store_true", help="skip the log-probability gains (no trainer backend)")
     pb.add_argument("--out", help="output directory (default: runs/probe-<domain>-<time>)")
-    pb.add_argument(
-        "--verbose", action="store_true", help="show the engines' (vLLM, transformers) logs in the terminal"
-    )
+    pb.add_argument("--verbose", action="store_true", help=_VERBOSE_HELP)
     pb.set_defaults(fn=cmd_probe)
 
     d = sub.add_parser("drift", help="parameter drift between two HF checkpoints")

@@ -1,4 +1,5 @@
-"""The CLI as a child process, for the end-to-end tests that kill a run or a study mid-way.
+"""The CLI as a child process, for the end-to-end tests that kill a run or a study mid-way, and
+the CLI's command under torchrun for the multi-rank tests.
 
 Importable from every test folder: pytest puts tests/ (the conftest's folder) on sys.path.
 """
@@ -22,6 +23,13 @@ def cli(*args, cwd, **kw) -> subprocess.Popen:
         env={**os.environ, "OMP_NUM_THREADS": "1"},
         **kw,
     )
+
+
+def torchrun_cli(ranks: int, *args: str, launcher: tuple[str, ...] = ()) -> list[str]:
+    """The command of `python -m megatron_sdpo ARGS` on `ranks` local ranks under torchrun;
+    `launcher`: more torchrun options."""
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(ranks)]
+    return [*torchrun, *launcher, "-m", "megatron_sdpo", *args]
 
 
 def wait_for(proc: subprocess.Popen, ready, what: str, timeout: float = 900, poll: float = 0.1) -> None:

@@ -148,7 +148,6 @@ def _ledger_logits(model_dir: str, name: str, prompt: int, chunk: int) -> int:
             spec=spec,
             megatron=True,
             param_bytes=2,
-            activation_bytes=2,
             with_teacher=True,
             with_reference=True,
             micro_batch_size=MBS,

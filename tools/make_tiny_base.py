@@ -60,18 +60,18 @@ def main(argv: list[str] | None = None) -> int:
                 difficulty[dom] = float(val)
             except ValueError:
                 raise UserError(f"--difficulty expects DOMAIN=FLOAT, got {item!r}") from None
-        cfg = tiny.TinyConfig(
-            seed=args.seed,
-            steps=args.steps,
-            batch_size=args.batch_size,
-            lr=args.lr,
-            n_train_per_domain=args.n_train,
-            teacher_fraction=args.teacher_fraction,
-            difficulty=difficulty,
-            threads=args.threads,
-            boxed_duplicate_rate=args.boxed_duplicate_rate,
-            long_math=args.long_math,
+        knobs = (
+            "seed",
+            "steps",
+            "batch_size",
+            "lr",
+            "teacher_fraction",
+            "threads",
+            "boxed_duplicate_rate",
+            "long_math",
         )
+        same = {k: getattr(args, k) for k in knobs}
+        cfg = tiny.TinyConfig(**same, n_train_per_domain=args.n_train, difficulty=difficulty)
         if args.trace_every < 0:
             raise UserError(f"--trace-every must be >= 0, got {args.trace_every}")
         # Worked math answers run to ~110 tokens: a 48-token budget would cut them off.

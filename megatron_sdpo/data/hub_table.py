@@ -13,6 +13,7 @@ file paths), which is how the tests drive every conversion without network.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import random
@@ -414,15 +415,22 @@ def _local_rows(hs: HubSet, root: Path) -> Rows:
     rows: Rows = []
     for config in configs:
         folder = base / config if config else base
-        with tempfile.TemporaryDirectory() as cache:
-            try:
-                ds = datasets.load_dataset(str(folder), split=hs.split, cache_dir=cache)
-            except Exception as exc:
-                raise DataError(
-                    f"{hs.name}: cannot read the local copy {folder}: {str(exc).splitlines()[0][:300]}"
-                ) from None
+        with _local_split(datasets, hs, folder) as ds:
             rows += _collect(hs, ds, config)
     return rows
+
+
+@contextlib.contextmanager
+def _local_split(datasets, hs: HubSet, folder: Path):
+    """`hs`'s split of a local copy; the datasets cache lives in a temporary folder while it is read."""
+    with tempfile.TemporaryDirectory() as cache:
+        try:
+            ds = datasets.load_dataset(str(folder), split=hs.split, cache_dir=cache)
+        except Exception as exc:
+            raise DataError(
+                f"{hs.name}: cannot read the local copy {folder}: {str(exc).splitlines()[0][:300]}"
+            ) from None
+        yield ds
 
 
 def _collect(hs: HubSet, ds, config: str | None) -> Rows:
@@ -623,13 +631,7 @@ def _prepare_streamed(hs: HubSet, local_root: Path | None, out: Path, command: s
             "split": hs.split,
             "revision": f"local copy (files sha256 {_files_digest(folder)[:16]})",
         }
-        with tempfile.TemporaryDirectory() as cache:
-            try:
-                ds = datasets.load_dataset(str(folder), split=hs.split, cache_dir=cache)
-            except Exception as exc:
-                raise DataError(
-                    f"{hs.name}: cannot read the local copy {folder}: {str(exc).splitlines()[0][:300]}"
-                ) from None
+        with _local_split(datasets, hs, folder) as ds:
             return write(ds, source, False)
     try:
         revision = _revision(hs)

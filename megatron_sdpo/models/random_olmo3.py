@@ -11,15 +11,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from megatron_sdpo.models.random_qwen3 import save_random
+from megatron_sdpo.models.random_qwen3 import hf_shape, save_random
 
 TINY_OLMO3 = dict(
-    vocab_size=304,
-    hidden_size=128,
-    intermediate_size=256,
-    num_hidden_layers=4,
-    num_attention_heads=4,
-    num_key_value_heads=4,
+    hf_shape(vocab=304, hidden=128, ffn=256, layers=4, heads=4, kv=4),
     max_position_embeddings=512,
     layer_types=["sliding_attention", "sliding_attention", "sliding_attention", "full_attention"],
     sliding_window=16,

@@ -10,14 +10,25 @@ from pathlib import Path
 
 import torch
 
+
+def hf_shape(*, vocab: int, hidden: int, ffn: int, layers: int, heads: int, kv: int = 0, head_dim: int = 0) -> dict:
+    """The size fields of an HF config (their names are the same in every supported model type),
+    for a small model of a chosen shape. `kv` and `head_dim` are left out where 0: the
+    config's own defaults apply (Olmo derives head_dim; a missing KV head count is the heads')."""
+    shape = dict(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=ffn,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv,
+        head_dim=head_dim,
+    )
+    return {k: v for k, v in shape.items() if v}
+
+
 TINY_QWEN3 = dict(
-    vocab_size=304,
-    hidden_size=128,
-    intermediate_size=256,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    head_dim=32,
+    hf_shape(vocab=304, hidden=128, ffn=256, layers=2, heads=4, kv=2, head_dim=32),
     max_position_embeddings=512,
     rope_theta=10000.0,
     rms_norm_eps=1e-6,
@@ -32,13 +43,7 @@ TINY_QWEN3 = dict(
 # MLP of 3.75h, not 4h), and every layer narrower than the vocabulary (718, padded 768), so a
 # census by width tells the logits from the activations (planning/memory_ledger.py's tests).
 QWEN3_SHAPED = dict(
-    vocab_size=718,
-    hidden_size=64,
-    intermediate_size=240,
-    num_attention_heads=8,
-    num_key_value_heads=2,
-    head_dim=16,
-    max_position_embeddings=128,
+    hf_shape(vocab=718, hidden=64, ffn=240, layers=2, heads=8, kv=2, head_dim=16), max_position_embeddings=128
 )
 
 

@@ -35,80 +35,36 @@ if TYPE_CHECKING:
 
 # First rows parsed per data file that exists: enough to catch a wrong schema, cheap on a login node.
 SCHEMA_CHECK_ROWS = 64
-# The public config.json fields of the paper models, for planning where the model directory is
-# not on this machine (weights are downloaded by the job).
-BUILTIN_ARCHS: dict[str, dict] = {
-    "qwen/qwen3-4b": dict(
-        model_type="qwen3",
-        vocab_size=151936,
-        hidden_size=2560,
-        intermediate_size=9728,
-        num_hidden_layers=36,
-        num_attention_heads=32,
-        num_key_value_heads=8,
-        head_dim=128,
-        tie_word_embeddings=True,
-        max_position_embeddings=40960,
-        rms_norm_eps=1e-6,
-        rope_theta=1000000.0,
-    ),
-    "allenai/olmo-3-7b-instruct": dict(
-        model_type="olmo3",
-        vocab_size=100278,
-        hidden_size=4096,
-        intermediate_size=11008,
-        num_hidden_layers=32,
-        num_attention_heads=32,
-        num_key_value_heads=32,
-        tie_word_embeddings=False,
-        max_position_embeddings=65536,
-        rms_norm_eps=1e-6,
-        rope_theta=500000.0,
-        sliding_window=4096,
-    ),
-    "smollm2-135m-instruct": dict(
-        model_type="llama",
-        vocab_size=49152,
-        hidden_size=576,
-        intermediate_size=1536,
-        num_hidden_layers=30,
-        num_attention_heads=9,
-        num_key_value_heads=3,
-        head_dim=64,
-        tie_word_embeddings=True,
-        max_position_embeddings=8192,
-        rms_norm_eps=1e-5,
-        rope_theta=100000.0,
-    ),
-}
+# The public config.json fields of the paper models (kept as data, in config.json's own form),
+# for planning where the model directory is not on this machine (weights are downloaded by the job).
+BUILTIN_ARCHS: dict[str, dict] = json.loads(
+    (Path(__file__).resolve().parent.parent / "assets" / "builtin_archs.json").read_text()
+)
 
 
 @dataclass(frozen=True)
 class Arch:
-    """What the plan needs of a model's architecture."""
+    """What the plan needs of a model's architecture: the weight plan's view of it."""
 
     source: str  # where the numbers came from
-    vocab: int
-    hidden: int
-    ffn: int
-    layers: int
-    heads: int
-    kv_heads: int
-    head_dim: int
-    tied: bool
+    spec: ModelSpec
 
     @property
     def params(self) -> int:
         """Parameter count (norm weights included; no biases in the supported models)."""
-        attn = self.hidden * self.head_dim * (2 * self.heads + 2 * self.kv_heads)
+        s = self.spec
+        attn = s.hidden_size * s.head_dim * (2 * s.num_heads + 2 * s.num_kv_heads)
         per_layer = (
-            attn + 3 * self.hidden * self.ffn + 2 * self.hidden + 2 * self.head_dim * (self.heads + self.kv_heads)
+            attn
+            + 3 * s.hidden_size * s.ffn_hidden_size
+            + 2 * s.hidden_size
+            + 2 * s.head_dim * (s.num_heads + s.num_kv_heads)
         )
-        return self.layers * per_layer + self.vocab * self.hidden * (1 if self.tied else 2) + self.hidden
-
-    def kv_bytes_per_token(self, dtype_bytes: int = 2) -> int:
-        """K and V of every layer for one token (vLLM's cache, 16-bit)."""
-        return 2 * self.layers * self.kv_heads * self.head_dim * dtype_bytes
+        return (
+            s.num_layers * per_layer
+            + s.vocab_size * s.hidden_size * (1 if s.tie_word_embeddings else 2)
+            + s.hidden_size
+        )
 
 
 def _model_dir(cfg: RunConfig) -> Path | None:
@@ -168,17 +124,7 @@ def resolve_arch(cfg: RunConfig) -> tuple[Arch | None, ModelSpec | None, list[st
     except (ValueError, KeyError, TypeError) as exc:
         raise ConfigError(f"model config from {source}: {exc}") from None
     spec = ModelSpec.from_hf_config(hf)
-    arch = Arch(
-        source=source,
-        vocab=spec.vocab_size,
-        hidden=spec.hidden_size,
-        ffn=spec.ffn_hidden_size,
-        layers=spec.num_layers,
-        heads=spec.num_heads,
-        kv_heads=spec.num_kv_heads,
-        head_dim=spec.head_dim,
-        tied=spec.tie_word_embeddings,
-    )
+    arch = Arch(source=source, spec=spec)
     return arch, spec, notes
 
 
@@ -299,15 +245,15 @@ class LaunchPlan:
 
     def _model_lines(self, arch: Arch, g) -> list[str]:
         lines = [
-            f"model: {arch.params / 1e6:,.1f}M parameters, {arch.layers} layers, hidden {arch.hidden}, "
-            f"vocab {arch.vocab} (from {arch.source})",
+            f"model: {arch.params / 1e6:,.1f}M parameters, {arch.spec.num_layers} layers, "
+            f"hidden {arch.spec.hidden_size}, vocab {arch.spec.vocab_size} (from {arch.source})",
         ]
         if self.ledger is not None:
             lines += self.ledger.render(self.gpu_memory_bytes)
         if self.kv is not None:
             lines += self.kv.lines()
         if self.engine is not None:
-            lines.append(self.engine.line(arch.layers, self.decode_steps, self.rollout_tp))
+            lines.append(self.engine.line(arch.spec.num_layers, self.decode_steps, self.rollout_tp))
         if self.stop is not None:
             lines.append(self.stop.line())
         return lines
@@ -371,8 +317,8 @@ def plan(
     rtp, rtp_source = cfg.rollout.tensor_parallel_size, "rollout.tensor_parallel_size"
     if rtp < 1 or world_size % rtp:
         raise ConfigError(f"rollout tensor parallel size {rtp} ({rtp_source}) must divide the world size {world_size}")
-    if arch is not None and arch.heads % rtp:
-        raise ConfigError(f"rollout tensor parallel size {rtp} must divide num_attention_heads={arch.heads}")
+    if arch is not None and arch.spec.num_heads % rtp:
+        raise ConfigError(f"rollout tensor parallel size {rtp} must divide num_attention_heads={arch.spec.num_heads}")
     replicas = world_size // rtp
     per_replica = -(-a.prompts_per_step // replicas)
     if a.prompts_per_step % replicas:
@@ -457,7 +403,9 @@ def stop_budget(
         kv_bytes_per_token=kv.per_token if kv is not None else 0,
         engine_weight_bytes=engine_bytes,
         extra_forwards=extra,
-        collectives_s=engine.decode_seconds(arch.layers, decode_steps(cfg, waves), rollout_tp) if engine else 0.0,
+        collectives_s=engine.decode_seconds(arch.spec.num_layers, decode_steps(cfg, waves), rollout_tp)
+        if engine
+        else 0.0,
     )
     return stop_grace.planned_budget(
         step_s=step_s,

@@ -3,9 +3,10 @@
 import json
 import os
 import subprocess
-import sys
 
 import pytest
+
+from cli_process import torchrun_cli
 
 SECTIONS = dict(
     rollout="{engine: auto, max_new_tokens: 16}",
@@ -28,21 +29,7 @@ def test_two_rank_run_completes_and_slow_stage_end_diagnostics_do_not_hold_the_r
     cfg.write_text(
         tiny_two_stage("ddp", checkpoint="{save_every: 1}", launch="{distributed_timeout_minutes: 0.25}", **SECTIONS)
     )
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc-per-node",
-        "2",
-        "-m",
-        "megatron_sdpo",
-        "run",
-        str(cfg),
-        "--out",
-        "run",
-        "--quiet",
-    ]
+    cmd = torchrun_cli(2, "run", str(cfg), "--out", "run", "--quiet")
     env = {**os.environ, "OMP_NUM_THREADS": "1", DELAY_ENV: "30"}  # twice the 15 s timeout
     proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=900, env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

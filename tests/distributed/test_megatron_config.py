@@ -6,6 +6,9 @@ No processes: TransformerConfig is a dataclass; FP8 is checked as wiring for a G
 
 import pytest
 import torch
+from test_megatron_convert import SHAPE
+
+from megatron_sdpo.models.random_qwen3 import hf_shape
 
 pytestmark = [pytest.mark.megatron]
 
@@ -15,18 +18,7 @@ transformers = pytest.importorskip("transformers")
 def _spec(**kw):
     from megatron_sdpo.weights import ModelSpec
 
-    cfg = dict(
-        vocab_size=131,
-        hidden_size=64,
-        intermediate_size=96,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        rope_theta=1000.0,
-        rms_norm_eps=1e-5,
-    )
-    cfg.update(kw)
+    cfg = {**SHAPE, "rope_theta": 1000.0, "rms_norm_eps": 1e-5, **kw}
     return ModelSpec.from_hf_config(transformers.Qwen3Config(**cfg))
 
 
@@ -119,17 +111,8 @@ def test_olmo3_config_carries_sliding_windows_and_no_megatron_qk_layernorm():
     from megatron_sdpo.weights import ModelSpec
 
     types = ["sliding_attention", "full_attention", "sliding_attention", "sliding_attention"]
-    hf = transformers.Olmo3Config(
-        vocab_size=131,
-        hidden_size=64,
-        intermediate_size=96,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        layer_types=types,
-        sliding_window=7,
-        eos_token_id=2,
-    )
+    olmo = hf_shape(vocab=131, hidden=64, ffn=96, layers=4, heads=4, kv=2)
+    hf = transformers.Olmo3Config(**olmo, layer_types=types, sliding_window=7, eos_token_id=2)
     spec = ModelSpec.from_hf_config(hf)
     c = transformer_config(spec, 2, 2, ModelOptions(), gpu=False, have_te=False)
     # HF's window of 7 keys (the query's own among them) is megatron's 6 to the left, 0 to the right.
@@ -138,16 +121,8 @@ def test_olmo3_config_carries_sliding_windows_and_no_megatron_qk_layernorm():
     assert not c.qk_layernorm
     with pytest.raises(ConfigError, match="block_spec"):
         layer_spec(spec, use_te=False)
-    full = ModelSpec.from_hf_config(
-        transformers.Olmo3Config(
-            vocab_size=131,
-            hidden_size=64,
-            intermediate_size=96,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            layer_types=["full_attention"] * 2,
-            eos_token_id=2,
-        )
-    )
+    olmo = hf_shape(vocab=131, hidden=64, ffn=96, layers=2, heads=4)
+    hf = transformers.Olmo3Config(**olmo, layer_types=["full_attention"] * 2, eos_token_id=2)
+    full = ModelSpec.from_hf_config(hf)
     c = transformer_config(full, 1, 1, ModelOptions(), gpu=False, have_te=False)
     assert c.window_size is None and c.window_attn_skip_freq is None

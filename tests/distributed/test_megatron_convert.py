@@ -6,7 +6,12 @@ Each case spawns its own small world; the HF reference runs in the rank itself.
 import pytest
 import torch
 
+from megatron_sdpo.models.random_qwen3 import hf_shape
+
 pytestmark = [pytest.mark.megatron, pytest.mark.distributed]
+
+# The shape of the multi-rank tests' models: 4 layers and 2 KV heads split over TP=2 and PP=2.
+SHAPE = hf_shape(vocab=131, hidden=64, ffn=96, layers=4, heads=4, kv=2, head_dim=16)
 
 
 def tiny_hf(arch: str, tied: bool, seed: int = 0, **overrides):
@@ -16,13 +21,7 @@ def tiny_hf(arch: str, tied: bool, seed: int = 0, **overrides):
 
     names = {"qwen3": "Qwen3", "llama": "Llama", "olmo2": "Olmo2", "olmo3": "Olmo3"}[arch]
     kw = dict(
-        vocab_size=131,
-        hidden_size=64,
-        intermediate_size=96,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
+        SHAPE,
         tie_word_embeddings=tied,
         max_position_embeddings=64,
         rms_norm_eps=1e-6,

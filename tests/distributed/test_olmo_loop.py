@@ -16,13 +16,14 @@ losses of ~5e-3, checked at 1e-3 relative (a dropped window or a stale refit is 
 
 import json
 import shutil
-import sys
 
 import pytest
 
 # The same requirements, markers and reference-run helpers as the Qwen3 replica test (importing it
 # skips this module where vLLM or megatron-core is missing).
 from test_rollout_replicas import _metrics, _run, _single_run, pytestmark  # noqa: F401  (pytestmark: read by pytest)
+
+from cli_process import torchrun_cli
 
 CONFIG = """
 defaults: tiny
@@ -79,25 +80,8 @@ def single(tmp_path_factory, config):
 )
 def test_olmo3_loop_matches_single_process(tmp_path, config, single, ranks, layout):
     (tmp_path / "cfg.yaml").write_text(config)
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc-per-node",
-        str(ranks),
-        "-m",
-        "megatron_sdpo",
-        "run",
-        "cfg.yaml",
-        "backend=megatron",
-        *layout,
-        "rollout.tensor_parallel_size=2",
-        "kernel.fused_kl=true",
-        "--out",
-        "run",
-        "--quiet",
-    ]
+    fused_tp2 = ["rollout.tensor_parallel_size=2", "kernel.fused_kl=true"]
+    cmd = torchrun_cli(ranks, "run", "cfg.yaml", "backend=megatron", *layout, *fused_tp2, "--out", "run", "--quiet")
     out = _run(cmd, tmp_path)
     assert out.count("run directory: ") == 1  # rank 0 alone
     got, want = _metrics(tmp_path / "run"), _metrics(single)

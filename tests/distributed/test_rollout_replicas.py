@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from cli_process import torchrun_cli
+
 pytest.importorskip("vllm")
 pytest.importorskip("megatron.core")
 pytestmark = [pytest.mark.distributed, pytest.mark.megatron, pytest.mark.vllm, pytest.mark.slow]
@@ -103,23 +105,7 @@ def test_two_rank_rollout_matches_single_process(tmp_path, single, overrides):
     (tmp_path / "cfg.yaml").write_text(SMALL)
     if "rollout.tensor_parallel_size=2" in overrides:
         _leave_segments_of_a_killed_launch()
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc-per-node",
-        "2",
-        "-m",
-        "megatron_sdpo",
-        "run",
-        "cfg.yaml",
-        "backend=megatron",
-        *overrides,
-        "--out",
-        "run",
-        "--quiet",
-    ]
+    cmd = torchrun_cli(2, "run", "cfg.yaml", "backend=megatron", *overrides, "--out", "run", "--quiet")
     _run(cmd, tmp_path)
     assert not list(Path("/dev/shm").glob("-tp:0-*-cpushm_*")), "a clean exit leaves no segment"
     got, want = _metrics(tmp_path / "run"), _metrics(single)

@@ -7,12 +7,11 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 
 import pytest
 
-from cli_process import wait_for
+from cli_process import torchrun_cli, wait_for
 
 pytestmark = [pytest.mark.distributed, pytest.mark.megatron, pytest.mark.vllm, pytest.mark.slow]
 
@@ -20,23 +19,9 @@ GRACE_S = 60
 
 
 def _torchrun(cfg, *args, cwd):
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc-per-node",
-        "2",
-        f"--shutdown-timeout={GRACE_S}",
-        "-m",
-        "megatron_sdpo",
-        "run",
-        str(cfg),
-        "--out",
-        "run",
-        "--quiet",
-        *args,
-    ]
+    cmd = torchrun_cli(
+        2, "run", str(cfg), "--out", "run", "--quiet", *args, launcher=(f"--shutdown-timeout={GRACE_S}",)
+    )
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     return subprocess.Popen(
         cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True

@@ -87,17 +87,10 @@ def _steps_worker(model_dir: str, fp8: bool) -> dict:
 def model_dir(tmp_path_factory):
     import transformers
 
-    cfg = transformers.Qwen3Config(
-        vocab_size=512,
-        hidden_size=256,
-        intermediate_size=768,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=64,
-        max_position_embeddings=256,
-        tie_word_embeddings=False,
-    )
+    from megatron_sdpo.models.random_qwen3 import hf_shape
+
+    shape = hf_shape(vocab=512, hidden=256, ffn=768, layers=4, heads=4, kv=2, head_dim=64)
+    cfg = transformers.Qwen3Config(**shape, max_position_embeddings=256, tie_word_embeddings=False)
     torch.manual_seed(0)
     d = tmp_path_factory.mktemp("gpu-qwen3")
     transformers.Qwen3ForCausalLM(cfg).to(torch.bfloat16).save_pretrained(str(d))

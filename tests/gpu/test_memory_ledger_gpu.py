@@ -14,16 +14,12 @@ megatron rank, local spec.
 import pytest
 import torch
 
+from megatron_sdpo.models.random_qwen3 import hf_shape
+
 pytestmark = [pytest.mark.gpu, pytest.mark.megatron]
 
 SHAPE = dict(
-    vocab_size=151936,
-    hidden_size=2048,
-    intermediate_size=6144,
-    num_hidden_layers=12,
-    num_attention_heads=16,
-    num_key_value_heads=8,
-    head_dim=128,
+    hf_shape(vocab=151936, hidden=2048, ffn=6144, layers=12, heads=16, kv=8, head_dim=128),
     max_position_embeddings=4096,
     tie_word_embeddings=False,
 )
@@ -88,12 +84,10 @@ def test_ledger_against_the_allocator(tmp_path):
             spec=ModelSpec.from_hf_config(cfg),
             megatron=True,
             param_bytes=2,
-            activation_bytes=2,
             with_teacher=True,
             with_reference=True,
             micro_batch_size=MBS,
             seq=SEQ,
-            recompute="none",
             response=SEQ - PROMPT,
             loss_chunk_tokens=1024,
             logit_counts=ml.logit_counts(distills=False, topk=None, is_clip=False, riders=0),

@@ -2,43 +2,18 @@
 step's matrix multiplies."""
 
 import csv
-import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 from bench_harness import summary_path
 
-TOOLS = Path(__file__).resolve().parents[2] / "tools"
+from bench_cli import TOOLS, run
 
 
 def test_rows_per_arm_and_utilization_below_one(tmp_path):
     out = tmp_path / "limit.csv"
-    proc = subprocess.run(
-        [
-            sys.executable,
-            str(TOOLS / "bench_limit.py"),
-            "--models",
-            "tiny",
-            "--prompts",
-            "2",
-            "--samples",
-            "2",
-            "--new-tokens",
-            "8",
-            "--rounds",
-            "1",
-            "--threads",
-            "1",
-            "--out",
-            str(out),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=tmp_path,
-    )
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    tiny = ["--models", "tiny", "--prompts", "2", "--samples", "2", "--new-tokens", "8", "--rounds", "1"]
+    proc = run(tmp_path, "bench_limit.py", *tiny, "--threads", "1", "--out", str(out), timeout=600)
     rows = list(csv.DictReader(out.open()))
     got = {(r["arm"], r["metric"]): float(r["value"]) for r in rows}
     for arm in ("tiny_grpo", "tiny_sdpo"):

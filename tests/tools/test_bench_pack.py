@@ -2,47 +2,22 @@
 (loss, arm), on a tiny model."""
 
 import csv
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 from bench_harness import FIELDS, parse_params, summary_path
 
 from megatron_sdpo.models.random_qwen3 import save_tiny_qwen3
 
-ROOT = Path(__file__).resolve().parents[2]
-TOOL = ROOT / "tools" / "bench_pack.py"
+from bench_cli import run
+
 METRICS = ("step_s", "step_cpu_s", "model_tokens", "real_tokens")
 
 
 def run_pack(tmp_path, *extra):
     model = save_tiny_qwen3(tmp_path / "m", seed=0)
     out = tmp_path / "bench.csv"
-    proc = subprocess.run(
-        [
-            sys.executable,
-            str(TOOL),
-            "--model",
-            model,
-            "--samples",
-            "6",
-            "--micro-batch-size",
-            "4",
-            "--rounds",
-            "2",
-            "--threads",
-            "1",
-            "--out",
-            str(out),
-            *extra,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=tmp_path,
-    )
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    sizes = ["--samples", "6", "--micro-batch-size", "4", "--rounds", "2", "--threads", "1"]
+    run(tmp_path, "bench_pack.py", "--model", model, *sizes, "--out", str(out), *extra)
     rows = list(csv.DictReader(out.open()))
     assert list(rows[0]) == FIELDS
     summary = {

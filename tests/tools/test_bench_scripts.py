@@ -5,28 +5,14 @@ needs vLLM and minutes: it is run by hand)."""
 import csv
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
-from bench_harness import FIELDS, SUMMARY_FIELDS, parse_params, summary_path
+from bench_harness import parse_params
 
-ROOT = Path(__file__).resolve().parents[2]
-TOOLS = ROOT / "tools"
+from bench_cli import TOOLS, read, run
 
-
-def run(tmp_path, script, *argv, timeout=300):
-    proc = subprocess.run(
-        [sys.executable, str(TOOLS / script), *argv], capture_output=True, text=True, timeout=timeout, cwd=tmp_path
-    )
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    return proc
-
-
-def read(out: Path):
-    rows = list(csv.DictReader(out.open()))
-    summary = list(csv.DictReader(summary_path(out).open()))
-    assert list(rows[0]) == FIELDS and list(summary[0]) == SUMMARY_FIELDS
-    return rows, summary
+# The KL workload of both bench_kl tests: a vocabulary of 4099 is not a multiple of any chunk.
+KL_SHAPE = ["--tokens", "64", "--hidden", "16", "--vocab", "4099"]
 
 
 @pytest.mark.parametrize("impls", ["reference,chunked", "megatron_logits,megatron_fused"])
@@ -35,12 +21,7 @@ def test_bench_kl_rows_per_impl_and_round(tmp_path, impls):
     proc = run(
         tmp_path,
         "bench_kl.py",
-        "--tokens",
-        "64",
-        "--hidden",
-        "16",
-        "--vocab",
-        "4099",
+        *KL_SHAPE,
         "--impls",
         impls,
         "--rounds",
@@ -73,12 +54,7 @@ def test_bench_kl_skips_the_reference_over_the_memory_limit(tmp_path):
     run(
         tmp_path,
         "bench_kl.py",
-        "--tokens",
-        "64",
-        "--hidden",
-        "16",
-        "--vocab",
-        "4099",
+        *KL_SHAPE,
         "--impls",
         "reference",
         "--max-ref-bytes",

@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 from bench_harness import FIELDS, parse_params, summary_path
 
+from bench_cli import run
+
 ROOT = Path(__file__).resolve().parents[2]
 TOOL = ROOT / "tools" / "bench_step.py"
 TINY = [
@@ -41,14 +43,7 @@ def load_tool():
 
 def test_hf_arm_writes_round_rows_and_a_summary(tmp_path):
     out = tmp_path / "bench.csv"
-    proc = subprocess.run(
-        [sys.executable, str(TOOL), "--arms", "ours_grpo_hf", "--rounds", "1", "--out", str(out), *TINY],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=tmp_path,
-    )
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    proc = run(tmp_path, "bench_step.py", "--arms", "ours_grpo_hf", "--rounds", "1", "--out", str(out), *TINY)
     rows = list(csv.DictReader(out.open()))
     assert list(rows[0]) == FIELDS
     assert {(r["bench"], r["arm"], r["round"]) for r in rows} == {("step", "ours_grpo_hf", "1")}

@@ -10,6 +10,7 @@ import torch
 
 from megatron_sdpo.cli import main as cli_main
 from megatron_sdpo.diagnostics.drift import checkpoint_drift
+from megatron_sdpo.models.random_qwen3 import hf_shape
 
 
 def main(argv):
@@ -18,13 +19,7 @@ def main(argv):
 
 
 TINY = dict(
-    vocab_size=96,
-    hidden_size=64,
-    intermediate_size=96,
-    num_hidden_layers=2,
-    num_attention_heads=2,
-    num_key_value_heads=1,
-    head_dim=32,
+    hf_shape(vocab=96, hidden=64, ffn=96, layers=2, heads=2, kv=1, head_dim=32),
     max_position_embeddings=128,
     tie_word_embeddings=False,
 )

@@ -120,6 +120,10 @@ def test_a_malformed_cluster_env_line_is_a_one_line_error(launcher, tmp_path):
         launcher.read_cluster_env(bad)
 
 
+# A Slurm launch over SSH, with its job directory on the login node.
+REMOTE = ["qwen3_4b", "--executor", "slurm", "--account", "a", "--ssh-host", "login1", "--job-dir", "/j"]
+
+
 @pytest.mark.parametrize(
     "args, message",
     [
@@ -134,40 +138,8 @@ def test_a_malformed_cluster_env_line_is_a_one_line_error(launcher, tmp_path):
             "launch from inside it",
         ),
         (["qwen3_4b", "--executor", "slurm", "--account", "a", "--ssh-host", "login1"], "needs --job-dir"),
-        (
-            [
-                "qwen3_4b",
-                "--executor",
-                "slurm",
-                "--account",
-                "a",
-                "--ssh-host",
-                "login1",
-                "--job-dir",
-                "/j",
-                "--packager",
-                "none",
-            ],
-            "--ssh-host needs --out",
-        ),
-        (
-            [
-                "qwen3_4b",
-                "--executor",
-                "slurm",
-                "--account",
-                "a",
-                "--ssh-host",
-                "login1",
-                "--job-dir",
-                "/j",
-                "--packager",
-                "none",
-                "--out",
-                "/r",
-            ],
-            "pass --data-root",
-        ),
+        ([*REMOTE, "--packager", "none"], "--ssh-host needs --out"),
+        ([*REMOTE, "--packager", "none", "--out", "/r"], "pass --data-root"),
         (["qwen3_4b", "--executor", "slurm", "--account", "a", "--packager", "none"], "data file not found"),
     ],
 )

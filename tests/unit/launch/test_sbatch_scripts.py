@@ -168,7 +168,8 @@ def _run(script: Path, env: dict, *args: str) -> subprocess.CompletedProcess:
 
 def test_first_launch_then_requeued_launch_resumes(fake_slurm):
     tmp, env, log = fake_slurm
-    proc = _run(SCRIPTS["olmo3_7b"], env, "algorithm.sdpo.alpha=0.25", "logging.wandb_mode=offline")
+    overrides = ["algorithm.sdpo.alpha=0.25", "logging.wandb_mode=offline"]
+    proc = _run(SCRIPTS["olmo3_7b"], env, *overrides)
     assert proc.returncode == 0, proc.stderr
     (argv,) = _srun_calls(log)
     run_dir = tmp / "runs" / f"olmo3_7b-{JOB_ID}"
@@ -184,30 +185,15 @@ def test_first_launch_then_requeued_launch_resumes(fake_slurm):
         f"--rdzv-endpoint=gpu-node-017:{port}",
         "--no-python",
     } <= set(torchrun)
-    assert argv[argv.index("python") :] == [
-        "python",
-        "-m",
-        "megatron_sdpo",
-        "run",
-        "olmo3_7b",
-        "algorithm.sdpo.alpha=0.25",
-        "logging.wandb_mode=offline",
-        "--out",
-        str(run_dir),
-        "--quiet",
-    ]
+    # The run and its preflight: the same command line with the same overrides.
+    command = ["python", "-m", "megatron_sdpo", "run", "olmo3_7b", *overrides]
+    assert argv[argv.index("python") :] == [*command, "--out", str(run_dir), "--quiet"]
     # The preflight ran first: one task, the same overrides, the allocation's world size.
     (pre,) = _srun_calls(log, preflight=True)
     assert _all_srun_calls(log)[0] == pre
     assert pre[:2] == ["--nodes=1", "--ntasks=1"]
     assert pre[pre.index("python") :] == [
-        "python",
-        "-m",
-        "megatron_sdpo",
-        "run",
-        "olmo3_7b",
-        "algorithm.sdpo.alpha=0.25",
-        "logging.wandb_mode=offline",
+        *command,
         "--dry-run",
         "--strict",
         "--world-size",

@@ -7,7 +7,7 @@ import zipfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[3]
-DATA_DIRS = ("megatron_sdpo/config/presets", "megatron_sdpo/assets/tiny_base")
+DATA_DIRS = ("megatron_sdpo/config/presets", "megatron_sdpo/assets/tiny_base", "megatron_sdpo/assets")
 
 
 def test_wheel_has_the_data_folders_and_the_build_no_package_warnings(tmp_path):

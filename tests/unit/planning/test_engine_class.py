@@ -4,7 +4,6 @@ planned step: by hand from the architectures' numbers."""
 import pytest
 
 from megatron_sdpo.planning import engine_class as ec
-from megatron_sdpo.planning import stop_grace as sg
 
 
 def _spec(name: str):
@@ -33,24 +32,6 @@ def test_qwen3_has_its_own_class_and_a_per_head_norm():
     e = ec.engine_class(_spec("qwen/qwen3-4b"))
     assert e.vllm_class == "vLLM's own qwen3 class" and e.collectives_per_layer == 2
     assert e.gather_bytes_per_layer == 0 and "all-gathers" not in e.line(36, 10, 2)
-
-
-def test_the_planned_step_adds_the_collectives_to_the_rollout():
-    kw = dict(
-        params=10**9,
-        world=4,
-        samples=10,
-        max_len=1000,
-        new_tokens=100,
-        waves=2,
-        wave_seqs=5,
-        kv_bytes_per_token=1000,
-        engine_weight_bytes=2 * 10**9,
-        extra_forwards=1,
-    )
-    base, _ = sg.planned_step_seconds(**kw)
-    more, how = sg.planned_step_seconds(**kw, collectives_s=7.0)
-    assert more == pytest.approx(base + 7.0, rel=1e-12) and "rollout" in how
 
 
 def test_the_7b_dry_run_names_the_class_and_counts_it_in_the_grace(capsys, monkeypatch):

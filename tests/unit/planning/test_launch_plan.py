@@ -82,9 +82,9 @@ def test_builtin_architectures_match_the_public_sizes():
     cfg = load_config("qwen3_4b")
     p = plan(cfg, 8)
     # Qwen3-4B: 4.0B parameters (tied embeddings), 36 layers.
-    assert abs(p.arch.params / 4.02e9 - 1) < 0.01 and p.arch.tied and p.arch.layers == 36
+    assert abs(p.arch.params / 4.02e9 - 1) < 0.01 and p.arch.spec.tie_word_embeddings and p.arch.spec.num_layers == 36
     p7 = plan(load_config("olmo3_7b"), 8)
-    assert abs(p7.arch.params / 7.3e9 - 1) < 0.01 and not p7.arch.tied
+    assert abs(p7.arch.params / 7.3e9 - 1) < 0.01 and not p7.arch.spec.tie_word_embeddings
     assert set(BUILTIN_ARCHS) == {"qwen/qwen3-4b", "allenai/olmo-3-7b-instruct", "smollm2-135m-instruct"}
     # Sharding is visible in the ledger: twice the TP halves the weights per rank (norms replicated).
     tp4 = plan(load_config("qwen3_4b", ["backend.megatron.tensor_parallel=4"]), 8)
@@ -100,13 +100,15 @@ def test_packaged_model_plans_without_converting(tmp_path, monkeypatch):
     table (134.5M parameters, tied) and converts nothing."""
     monkeypatch.setenv("MEGATRON_SDPO_CACHE", str(tmp_path))
     p = plan(load_config("smollm2_135m"), 1)
-    assert abs(p.arch.params / 134_515_008 - 1) < 1e-3 and p.arch.tied and p.arch.layers == 30
+    assert (
+        abs(p.arch.params / 134_515_008 - 1) < 1e-3 and p.arch.spec.tie_word_embeddings and p.arch.spec.num_layers == 30
+    )
     assert "built-in table" in p.arch.source and not any(tmp_path.iterdir())
 
 
 def test_config_json_of_a_local_model_and_unknown_models(tmp_path):
     p = plan(load_config("tiny"), 1)
-    assert p.arch.source.endswith("tiny_base/config.json") and p.arch.vocab == 718 and not p.notes
+    assert p.arch.source.endswith("tiny_base/config.json") and p.arch.spec.vocab_size == 718 and not p.notes
     # Not here and not built in (e.g. a launch from a login node): a warning, no estimate.
     p = plan(load_config("tiny", [f"model.path={tmp_path}"]), 1)
     assert p.arch is None and p.ledger is None and "no built-in architecture" in p.warnings[0]

@@ -176,14 +176,12 @@ def _ledger(model_dir: str, dp: int, offload: bool, riders: int = 1):
             megatron=True,
             dp=dp,
             param_bytes=2,
-            activation_bytes=2,
             with_teacher=True,
             with_reference=True,
-            # DP splits the batch: each rank's micro-batch holds MBS / DP samples.
             offload=offload,
+            # DP splits the batch: each rank's micro-batch holds MBS / DP samples.
             micro_batch_size=MBS // dp,
             seq=SEQ,
-            recompute="none",
             riders=riders,
             probe_rows=MBS,
             engine="vllm",
@@ -241,8 +239,7 @@ def test_resume_brings_back_the_resume_phase_exactly(measured):
 def test_logit_counts_bound_the_whole_and_the_chunked_step():
     from megatron_sdpo.planning import memory_ledger as ml
 
-    s = _spec(vocab_size=1000)
-    base = dict(spec=s, megatron=True, param_bytes=2, micro_batch_size=2, seq=64, response=48)
+    base = _small_rows()
     counts = ml.logit_counts(distills=True, topk=20, is_clip=True, riders=1)
     whole = ml.logit_counts(distills=True, topk=20, is_clip=True, riders=1, chunked=False)
     assert (counts.full_rows, counts.response, counts.fp32) == (3, 2, 7) and whole.fp32 == 6
@@ -318,6 +315,13 @@ def _spec(**kw):
         max_position_embeddings=128,
     )
     return ModelSpec(**{**base, **kw})
+
+
+def _small_rows(**kw) -> dict:
+    """LedgerInputs fields of two 64-token rows (48 of them response) over a vocabulary of 1000."""
+    return dict(
+        spec=_spec(vocab_size=1000), megatron=True, param_bytes=2, micro_batch_size=2, seq=64, response=48, **kw
+    )
 
 
 def test_activation_units_count_the_architectures_tensors():
@@ -411,20 +415,8 @@ def test_context_counts_vllms_dp_group_and_its_cuda_graphs():
 def test_a_teacher_rows_logits_span_its_own_length():
     from megatron_sdpo.planning import memory_ledger as ml
 
-    s = _spec(vocab_size=1000)
     counts = ml.logit_counts(distills=True, topk=20, is_clip=True, riders=1)
-    base = dict(
-        spec=s,
-        megatron=True,
-        param_bytes=2,
-        micro_batch_size=2,
-        seq=64,
-        response=48,
-        riders=1,
-        with_teacher=True,
-        logit_counts=counts,
-        loss_chunk_tokens=16,
-    )
+    base = _small_rows(riders=1, with_teacher=True, logit_counts=counts, loss_chunk_tokens=16)
     got = lambda **kw: ml.build(ml.LedgerInputs(**{**base, **kw})).categories["logits"]
     padded = 1024
     # 32 more tokens in each of the 2 teacher rows: one more 16-bit row of padded logits each.

@@ -9,10 +9,9 @@ from megatron_sdpo.errors import UserError
 from megatron_sdpo.planning import stop_grace as sg
 
 
-def test_planned_step_by_hand():
-    # Train: (6 + 2*1) * 1e9 params * 10 samples * 1000 tokens / (4 ranks * peak * MFU).
-    # Decode: 100 tokens * 2 waves * (2e9 weight bytes + 5 seqs * (1000 - 50) tokens * 1000 bytes).
-    seconds, how = sg.planned_step_seconds(
+def _by_hand(**kw):
+    """The step test_planned_step_by_hand works out."""
+    return sg.planned_step_seconds(
         params=10**9,
         world=4,
         samples=10,
@@ -23,11 +22,25 @@ def test_planned_step_by_hand():
         kv_bytes_per_token=1000,
         engine_weight_bytes=2 * 10**9,
         extra_forwards=1,
+        **kw,
     )
+
+
+def test_planned_step_by_hand():
+    # Train: (6 + 2*1) * 1e9 params * 10 samples * 1000 tokens / (4 ranks * peak * MFU).
+    # Decode: 100 tokens * 2 waves * (2e9 weight bytes + 5 seqs * (1000 - 50) tokens * 1000 bytes).
+    seconds, how = _by_hand()
     train = 8e9 * 1e4 / (4 * sg.PEAK_FLOPS * sg.TRAIN_MFU)
     decode = 200 * (2e9 + 5 * 950 * 1000) / (sg.HBM_BYTES_S * sg.DECODE_HBM_SHARE)
     assert seconds == pytest.approx(train + decode, rel=1e-12)
     assert "every answer at 1000 tokens" in how
+
+
+def test_the_planned_step_adds_the_collectives_to_the_rollout():
+    """The rollout engine's TP collectives (engine_class.py) add to the step's time."""
+    base, _ = _by_hand()
+    more, how = _by_hand(collectives_s=7.0)
+    assert more == pytest.approx(base + 7.0, rel=1e-12) and "rollout" in how
 
 
 def test_budget_adds_step_save_refit_and_margin():

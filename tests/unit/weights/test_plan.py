@@ -5,6 +5,7 @@ import torch
 import transformers
 
 from megatron_sdpo.errors import CheckpointError, ConfigError
+from megatron_sdpo.models.random_qwen3 import hf_shape
 from megatron_sdpo.weights import (
     Layout,
     Mapping,
@@ -19,18 +20,8 @@ from megatron_sdpo.weights.plan import HEADS, REPLICATED
 
 
 def _config(arch: str, tied: bool = False, vocab: int = 131):
-    common = dict(
-        vocab_size=vocab,
-        hidden_size=48,
-        intermediate_size=40,
-        num_hidden_layers=4,
-        num_attention_heads=6,
-        num_key_value_heads=2,
-        head_dim=8,
-        tie_word_embeddings=tied,
-        max_position_embeddings=64,
-        rms_norm_eps=1e-6,
-    )
+    shape = hf_shape(vocab=vocab, hidden=48, ffn=40, layers=4, heads=6, kv=2, head_dim=8)
+    common = dict(shape, tie_word_embeddings=tied, max_position_embeddings=64, rms_norm_eps=1e-6)
     if arch == "qwen3":
         return transformers.Qwen3Config(**common)
     return transformers.LlamaConfig(**common)
@@ -188,18 +179,8 @@ OLMO_TYPES = ["sliding_attention", "sliding_attention", "sliding_attention", "fu
 
 
 def _olmo_config(arch: str = "olmo3", **kw):
-    common = dict(
-        vocab_size=131,
-        hidden_size=48,
-        intermediate_size=40,
-        num_hidden_layers=4,
-        num_attention_heads=6,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-        rms_norm_eps=1e-6,
-        rope_theta=1000.0,
-        eos_token_id=2,
-    )
+    shape = hf_shape(vocab=131, hidden=48, ffn=40, layers=4, heads=6, kv=2)
+    common = dict(shape, max_position_embeddings=64, rms_norm_eps=1e-6, rope_theta=1000.0, eos_token_id=2)
     if arch == "olmo2":
         return transformers.Olmo2Config(**common, **kw)
     return transformers.Olmo3Config(**{**common, "layer_types": OLMO_TYPES, "sliding_window": 5, **kw})
