@@ -4,12 +4,16 @@ Importable from every test folder: pytest puts tests/ (the conftest's folder) on
 """
 
 
-class WeightedNLL:
-    """sum(-adv * logprob * loss_mask) / (loss tokens of the global batch); metric "tokens"."""
+class _LogprobLoss:
+    """What both losses tell the LossFn protocol: they read log-probs and do not distill."""
 
     requires = frozenset({"logprobs"})
-    distillation = None  # the LossFn protocol: these losses do not distill
+    distillation = None
     on_policy = False
+
+
+class WeightedNLL(_LogprobLoss):
+    """sum(-adv * logprob * loss_mask) / (loss tokens of the global batch); metric "tokens"."""
 
     mask_keys = ("loss_mask",)
 
@@ -25,12 +29,8 @@ class WeightedNLL:
         return per_tok.sum() / normalizer, {"tokens": m.sum()}
 
 
-class ResponseNLL:
+class ResponseNLL(_LogprobLoss):
     """Mean negative log-likelihood of the response tokens (needs only the response mask)."""
-
-    requires = frozenset({"logprobs"})
-    distillation = None  # the LossFn protocol: these losses do not distill
-    on_policy = False
 
     mask_keys = ("response_mask",)
 

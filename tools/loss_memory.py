@@ -88,23 +88,9 @@ def _batch(prompt: int, vocab: int):
 
 def measure(model_dir: str, losses: list[str]) -> dict:
     """{loss: {"prompt,chunk": peak bytes of vocabulary-wide tensors}} and the widths (one rank)."""
-    from megatron_sdpo.backends.megatron.backend import MegatronBackend
-    from megatron_sdpo.backends.megatron.model import ModelOptions
-    from megatron_sdpo.backends.megatron.parallel import ParallelConfig
-    from megatron_sdpo.backends.megatron.precision import PrecisionConfig
-    from megatron_sdpo.planning.memory_census import TransientPeak
+    from megatron_sdpo.planning.memory_census import TransientPeak, measured_backend
 
-    be = MegatronBackend(
-        model_dir,
-        lr=1e-4,
-        micro_batch_size=MBS,
-        parallel=ParallelConfig(tp=1, pp=1),
-        with_teacher=True,
-        with_reference=True,
-        packing=False,
-        fused_kl="shards",
-        options=ModelOptions(precision=PrecisionConfig(params="bfloat16")),
-    )
+    be = measured_backend(model_dir, lr=1e-4, micro_batch_size=MBS, fused_kl="shards")
     vocab, padded = be.vocab_width, be.wlayout.padded_vocab(be.spec) // be.layout.tp
     wide = lambda t: "vocab" if t.dim() and t.shape[-1] in (vocab, padded) else "other"
     out: dict = {"vocab": vocab, "padded_vocab": padded, "peaks": {}}
@@ -131,6 +117,7 @@ def _ledger_logits(model_dir: str, name: str, prompt: int, chunk: int) -> int:
     from transformers import AutoConfig
 
     from megatron_sdpo.planning import memory_ledger as ml
+    from megatron_sdpo.planning.memory_census import MEASURED_LEDGER
     from megatron_sdpo.weights.plan import ModelSpec
 
     distills = name.startswith(("sdpo", "hybrid"))
@@ -146,10 +133,7 @@ def _ledger_logits(model_dir: str, name: str, prompt: int, chunk: int) -> int:
     led = ml.build(
         ml.LedgerInputs(
             spec=spec,
-            megatron=True,
-            param_bytes=2,
-            with_teacher=True,
-            with_reference=True,
+            **MEASURED_LEDGER,
             micro_batch_size=MBS,
             seq=SEQ,
             response=SEQ - prompt,

@@ -47,6 +47,32 @@ def _online_update(m: torch.Tensor, s: torch.Tensor, z: torch.Tensor) -> tuple[t
     return m_new, s
 
 
+def _grad_buffers(
+    h: torch.Tensor, w: torch.Tensor, need_dh: bool, need_dw: bool
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    # fp32 accumulators: tiles add many bf16 products, which a bf16 sum would round each time.
+    dh = torch.zeros(h.shape, dtype=torch.float32, device=h.device) if need_dh else None
+    dw = torch.zeros(w.shape, dtype=torch.float32, device=h.device) if need_dw else None
+    return dh, dw
+
+
+def _add_tile_grads(
+    dh: torch.Tensor | None,
+    dw: torch.Tensor | None,
+    gz: torch.Tensor,
+    h_c: torch.Tensor,
+    w: torch.Tensor,
+    rows: tuple[int, int],
+    cols: tuple[int, int],
+) -> None:
+    """Adds the logit gradient `gz` of one tile (tokens `rows`, vocabulary `cols`) to dh and dw."""
+    (i0, i1), (j0, j1) = rows, cols
+    if dh is not None:
+        dh[i0:i1] += gz @ w[j0:j1].float()
+    if dw is not None:
+        dw[j0:j1] += gz.t() @ h_c
+
+
 def kl_stats(
     hs: torch.Tensor,
     ht: torch.Tensor,
@@ -135,8 +161,7 @@ def kl_backward(
     """
     n, v = hs.shape[0], ws.shape[0]
     inv_t = 1.0 / temperature
-    dh = torch.zeros(hs.shape, dtype=torch.float32, device=hs.device) if need_dh else None
-    dw = torch.zeros(ws.shape, dtype=torch.float32, device=hs.device) if need_dw else None
+    dh, dw = _grad_buffers(hs, ws, need_dh, need_dw)
     for i0, i1 in _ranges(n, chunks.tokens):
         hs_c, ht_c = hs[i0:i1].float(), ht[i0:i1].float()
         lse_s, lse_t = lse[0, i0:i1], lse[1, i0:i1]
@@ -145,10 +170,7 @@ def kl_backward(
         for j0, j1 in _ranges(v, chunks.vocab):
             a, b = _log_probs_tile(hs_c, ht_c, ws, wt, j0, j1, inv_t, lse_s, lse_t)
             gz = jsd_logit_grad(a, b, alpha, r).mul_(c)
-            if dh is not None:
-                dh[i0:i1] += gz @ ws[j0:j1].float()
-            if dw is not None:
-                dw[j0:j1] += gz.t() @ hs_c
+            _add_tile_grads(dh, dw, gz, hs_c, ws, (i0, i1), (j0, j1))
     return dh, dw
 
 
@@ -208,8 +230,7 @@ def lp_backward(
     """
     n, v = h.shape[0], w.shape[0]
     inv_t = 1.0 / temperature
-    dh = torch.zeros(h.shape, dtype=torch.float32, device=h.device) if need_dh else None
-    dw = torch.zeros(w.shape, dtype=torch.float32, device=h.device) if need_dw else None
+    dh, dw = _grad_buffers(h, w, need_dh, need_dw)
     for i0, i1 in _ranges(n, chunks.tokens):
         h_c = h[i0:i1].float()
         lab = local_labels[i0:i1].unsqueeze(-1)
@@ -220,8 +241,5 @@ def lp_backward(
             p = a.exp()
             cols = torch.arange(j0, j1, device=h.device)
             gz = (lab == cols).float().mul_(gl) - p * gl - p * (a + ent_c) * ge
-            if dh is not None:
-                dh[i0:i1] += gz @ w[j0:j1].float()
-            if dw is not None:
-                dw[j0:j1] += gz.t() @ h_c
+            _add_tile_grads(dh, dw, gz, h_c, w, (i0, i1), (j0, j1))
     return dh, dw

@@ -8,7 +8,7 @@ ranks (metrics with `metric_reduce(name)`), which gives global token means.
 
 from __future__ import annotations
 
-from typing import cast
+from typing import Any, cast
 
 import torch
 
@@ -237,15 +237,14 @@ class SDPOLoss:
         if spec.fused:
             per_token = _output(outputs, "fused_kl", "SDPOLoss")
             return reduce_token_loss(per_token, mask, weights, as_normalizer(normalizer, per_token))
+        # Both JSD losses (over the top-k shards, over the logits) take the spec the same way.
+        jsd: dict[str, Any] = dict(alpha=spec.alpha, add_tail=self.add_tail, is_weights=weights, normalizer=normalizer)
         if spec.topk_source == "shards":
             return topk_distillation_loss(
                 _output(outputs, "topk_logprobs", "SDPOLoss"),
                 _output(outputs, "teacher_topk_logprobs", "SDPOLoss"),
                 mask,
-                alpha=spec.alpha,
-                add_tail=self.add_tail,
-                is_weights=weights,
-                normalizer=normalizer,
+                **jsd,
             )
         if self.variant == "sampled":
             return sampled_token_loss(
@@ -259,12 +258,9 @@ class SDPOLoss:
             _output(outputs, "logits", "SDPOLoss"),
             _output(outputs, "teacher_logits", "SDPOLoss"),
             mask,
-            alpha=spec.alpha,
             topk=spec.topk,
-            add_tail=self.add_tail,
-            is_weights=weights,
-            normalizer=normalizer,
             temperature=spec.temperature,
+            **jsd,
         )
 
 

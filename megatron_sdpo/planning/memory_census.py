@@ -24,6 +24,30 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from megatron_sdpo.backends.offload import storage_key
 
+# What the ledger is measured on (its tests, tools/loss_memory.py): megatron with BF16 params, an
+# EMA teacher and a reference, rows unpacked. MEASURED_LEDGER is that setting in the ledger's
+# inputs, so that a measurement and the ledger it checks cannot drift apart.
+MEASURED_LEDGER: dict[str, Any] = dict(megatron=True, param_bytes=2, with_teacher=True, with_reference=True)
+
+
+def measured_backend(model_dir: str, *, lr: float, micro_batch_size: int, **options: Any):
+    """The MegatronBackend of that setting; `options`: the measurement's other arguments."""
+    from megatron_sdpo.backends.megatron.backend import MegatronBackend
+    from megatron_sdpo.backends.megatron.model import ModelOptions
+    from megatron_sdpo.backends.megatron.precision import PrecisionConfig
+
+    return MegatronBackend(
+        model_dir,
+        lr=lr,
+        micro_batch_size=micro_batch_size,
+        with_teacher=True,
+        with_reference=True,
+        options=ModelOptions(precision=PrecisionConfig(params="bfloat16")),
+        packing=False,
+        **options,
+    )
+
+
 # Attribute walks stop at objects of other libraries (process groups, tokenizers, configs).
 _WALKED_MODULES = ("megatron_sdpo", "megatron.core", "torch.optim", "torch.nn", "torch.distributed.optim")
 _MAX_DEPTH = 12

@@ -274,6 +274,19 @@ def _configure_env(run_dir: Path, *, compiled: bool, on_gpu: bool) -> str | None
 
 
 @contextlib.contextmanager
+def _tmpdir_restored(previous: str | None) -> Iterator[None]:
+    """Gives the process back the TMPDIR `_configure_env` replaced, once the engine is up (or
+    failed to start): only vLLM's start-up needs its sockets inside the run."""
+    try:
+        yield
+    finally:
+        if previous is None:
+            os.environ.pop("TMPDIR", None)
+        else:
+            os.environ["TMPDIR"] = previous
+
+
+@contextlib.contextmanager
 def keep_torch_threads() -> Iterator[None]:
     """vLLM's CPU worker swaps `torch.set_num_threads` for a no-op and may drop torch to one
     thread; restore the function and the trainer's thread count on the way out."""
@@ -335,118 +348,87 @@ class VLLMRolloutEngine(RolloutEngine):
         self.on_gpu = torch.cuda.is_available()
         if not self.on_gpu and self.layout.tp > 1:
             _clear_stale_segments()
-        previous_tmpdir = _configure_env(
-            Path(run_dir) if run_dir else Path.cwd() / ".vllm_run",
-            compiled=not self.enforce_eager,
-            on_gpu=self.on_gpu,
-        )
-        try:
-            self._start(
-                model_path,
-                seed,
-                dtype,
-                max_model_len,
-                max_num_seqs,
-                kv_cache_memory_bytes,
-                gpu_memory_utilization,
-                enable_sleep_mode,
-                bucket_bytes,
-                eos_token_ids,
-                detokenize,
+        with _tmpdir_restored(
+            _configure_env(
+                Path(run_dir) if run_dir else Path.cwd() / ".vllm_run",
+                compiled=not self.enforce_eager,
+                on_gpu=self.on_gpu,
             )
-        finally:
-            if previous_tmpdir is None:
-                os.environ.pop("TMPDIR", None)
-            else:
-                os.environ["TMPDIR"] = previous_tmpdir
+        ):
+            require("vllm", "cpu", "the vLLM rollout engine")
+            from vllm import LLM
 
-    def _start(
-        self,
-        model_path,
-        seed,
-        dtype,
-        max_model_len,
-        max_num_seqs,
-        kv_cache_memory_bytes,
-        gpu_memory_utilization,
-        enable_sleep_mode,
-        bucket_bytes,
-        eos_token_ids,
-        detokenize,
-    ) -> None:
-        require("vllm", "cpu", "the vLLM rollout engine")
-        from vllm import LLM
+            on_gpu = self.on_gpu
+            self.sleep_enabled = on_gpu if enable_sleep_mode is None else enable_sleep_mode
+            if self.sleep_enabled and not on_gpu:
+                raise ConfigError("enable_sleep_mode needs a GPU; vLLM's CPU backend has no sleep mode")
+            if kv_cache_memory_bytes is None and not on_gpu:
+                # Without an explicit size the CPU backend reserves a fraction of *all* host memory.
+                kv_cache_memory_bytes = 512 << 20
+            self.model_path = str(model_path)
+            self.max_model_len = max_model_len
+            self.bucket_bytes = bucket_bytes
+            self.eos_token_ids = list(eos_token_ids) if eos_token_ids is not None else eos_ids_of(model_path)
+            # Texts are decoded once per call from the final token ids (as the HF engine does), not
+            # by vLLM's incremental detokenizer, which runs per request per engine step.
+            self.tokenizer = load_tokenizer(self.model_path) if detokenize else None
 
-        on_gpu = self.on_gpu
-        self.sleep_enabled = on_gpu if enable_sleep_mode is None else enable_sleep_mode
-        if self.sleep_enabled and not on_gpu:
-            raise ConfigError("enable_sleep_mode needs a GPU; vLLM's CPU backend has no sleep mode")
-        if kv_cache_memory_bytes is None and not on_gpu:
-            # Without an explicit size the CPU backend reserves a fraction of *all* host memory.
-            kv_cache_memory_bytes = 512 << 20
-        self.model_path = str(model_path)
-        self.max_model_len = max_model_len
-        self.bucket_bytes = bucket_bytes
-        self.eos_token_ids = list(eos_token_ids) if eos_token_ids is not None else eos_ids_of(model_path)
-        # Texts are decoded once per call from the final token ids (as the HF engine does), not
-        # by vLLM's incremental detokenizer, which runs per request per engine step.
-        self.tokenizer = load_tokenizer(self.model_path) if detokenize else None
-
-        parallel: dict = {}
-        if self.layout.world > 1:
-            # One engine per replica inside the launch's world (see the module docstring).
-            parallel = dict(
-                distributed_executor_backend="external_launcher",
-                tensor_parallel_size=self.layout.tp,
-                data_parallel_size=self.layout.replicas,
-                # Its IPC buffers would sit next to the trainer's NCCL ones on every GPU (as verl
-                # and NeMo-RL set it under a colocated launcher).
-                disable_custom_all_reduce=True,
-            )
-            if on_gpu:
-                # vLLM syncs the replicas' batch padding at every engine step; with async scheduling
-                # (its default under this executor) over gloo, which crosses nodes at every decode
-                # step. NCCL carries it instead (docs/cluster.md, "What crosses nodes").
-                parallel.update(disable_nccl_for_dp_synchronization=False)
-        if not on_gpu:
-            # No partial prefills, so vLLM never rewinds a per-request generator (CPU
-            # generators have no offset); a whole prompt must then fit one step's token budget.
-            parallel.update(enable_chunked_prefill=False, max_num_batched_tokens=max(max_model_len, 8192))
-            if self.prefix_caching:
-                parallel.update(block_size=_CPU_CACHE_BLOCK)
-        self.last_sync: dict[str, float] = {}
-        self.sent_checksums: dict[str, tuple[float, float]] = {}
-        self.received_checksums: dict[str, tuple[float, float]] = {}
-        self.transit: Callable[[list[tuple[str, torch.Tensor]]], list[tuple[str, torch.Tensor]]] | None = None
-        t0 = time.perf_counter()
-        with keep_torch_threads():
-            self.llm = LLM(
-                model=self.model_path,
-                dtype=dtype,
-                seed=seed,
-                enforce_eager=self.enforce_eager,
-                max_model_len=max_model_len,
-                max_num_seqs=max_num_seqs,
-                skip_tokenizer_init=True,
-                logprobs_mode="processed_logprobs",
-                worker_extension_cls=f"{WeightSyncExtension.__module__}.{WeightSyncExtension.__qualname__}",
-                kv_cache_memory_bytes=kv_cache_memory_bytes,
-                gpu_memory_utilization=gpu_memory_utilization,
-                enable_sleep_mode=self.sleep_enabled,
-                disable_log_stats=True,
-                # Reset at every refit (update_weights); see the module docstring.
-                enable_prefix_caching=self.prefix_caching,
-                **parallel,
-            )
-        if not on_gpu and self.llm.llm_engine.vllm_config.scheduler_config.enable_chunked_prefill:
-            raise RuntimeError("vLLM re-enabled chunked prefill: seeded CPU sampling would fail")
-        self.startup_seconds = time.perf_counter() - t0
-        # Read from the config vLLM loaded, not the directory a second time.
-        self.tied_head = bool(self.llm.llm_engine.vllm_config.model_config.hf_config.tie_word_embeddings)
-        # What sleep() released and wake() has not brought back yet; weights a level-2 sleep
-        # dropped stay invalid until the next refit.
-        self._asleep: set[str] = set()
-        self._weights_dropped = False
+            parallel: dict = {}
+            if self.layout.world > 1:
+                # One engine per replica inside the launch's world (see the module docstring).
+                parallel = dict(
+                    distributed_executor_backend="external_launcher",
+                    tensor_parallel_size=self.layout.tp,
+                    data_parallel_size=self.layout.replicas,
+                    # Its IPC buffers would sit next to the trainer's NCCL ones on every GPU (as verl
+                    # and NeMo-RL set it under a colocated launcher).
+                    disable_custom_all_reduce=True,
+                )
+                if on_gpu:
+                    # vLLM syncs the replicas' batch padding at every engine step; with async scheduling
+                    # (its default under this executor) over gloo, which crosses nodes at every decode
+                    # step. NCCL carries it instead (docs/cluster.md, "What crosses nodes").
+                    parallel.update(disable_nccl_for_dp_synchronization=False)
+            if not on_gpu:
+                # No partial prefills, so vLLM never rewinds a per-request generator (CPU
+                # generators have no offset); a whole prompt must then fit one step's token budget.
+                parallel.update(enable_chunked_prefill=False, max_num_batched_tokens=max(max_model_len, 8192))
+                if self.prefix_caching:
+                    parallel.update(block_size=_CPU_CACHE_BLOCK)
+            self.last_sync: dict[str, float] = {}
+            self.sent_checksums: dict[str, tuple[float, float]] = {}
+            self.received_checksums: dict[str, tuple[float, float]] = {}
+            self.transit: Callable[[list[tuple[str, torch.Tensor]]], list[tuple[str, torch.Tensor]]] | None = None
+            t0 = time.perf_counter()
+            with keep_torch_threads():
+                self.llm = LLM(
+                    model=self.model_path,
+                    # vLLM types dtype as a Literal of the names it takes; callers pass the name as a str.
+                    dtype=cast(Any, dtype),
+                    seed=seed,
+                    enforce_eager=self.enforce_eager,
+                    max_model_len=max_model_len,
+                    max_num_seqs=max_num_seqs,
+                    skip_tokenizer_init=True,
+                    logprobs_mode="processed_logprobs",
+                    worker_extension_cls=f"{WeightSyncExtension.__module__}.{WeightSyncExtension.__qualname__}",
+                    kv_cache_memory_bytes=kv_cache_memory_bytes,
+                    gpu_memory_utilization=gpu_memory_utilization,
+                    enable_sleep_mode=self.sleep_enabled,
+                    disable_log_stats=True,
+                    # Reset at every refit (update_weights); see the module docstring.
+                    enable_prefix_caching=self.prefix_caching,
+                    **parallel,
+                )
+            if not on_gpu and self.llm.llm_engine.vllm_config.scheduler_config.enable_chunked_prefill:
+                raise RuntimeError("vLLM re-enabled chunked prefill: seeded CPU sampling would fail")
+            self.startup_seconds = time.perf_counter() - t0
+            # Read from the config vLLM loaded, not the directory a second time.
+            self.tied_head = bool(self.llm.llm_engine.vllm_config.model_config.hf_config.tie_word_embeddings)
+            # What sleep() released and wake() has not brought back yet; weights a level-2 sleep
+            # dropped stay invalid until the next refit.
+            self._asleep: set[str] = set()
+            self._weights_dropped = False
 
     def generate(
         self, prompt_ids: list[list[int]], sampling: SamplingConfig, *, first_index: int = 0

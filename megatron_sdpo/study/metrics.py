@@ -380,6 +380,13 @@ def _bwt(view: RunView, domain: str) -> float | None:
     return entry["bwt"] if entry else None
 
 
+def _per_domain(
+    name: str, finding: str, fn: Callable[..., float | None], items: bool, description: str
+) -> list[Metric]:
+    """`name`/<domain> for every domain: `fn` of that domain, "{d}" in the description its name."""
+    return [Metric(f"{name}/{d}", finding, partial(fn, domain=d), items, description.format(d=d)) for d in DOMAINS]
+
+
 METRICS: list[Metric] = [
     Metric(
         "in_stage_gain",
@@ -388,15 +395,8 @@ METRICS: list[Metric] = [
         True,
         "mean over stages of the stage domain's ID accuracy after its stage minus before",
     ),
-    *(
-        Metric(
-            f"in_stage_gain/{d}",
-            "specialization",
-            partial(in_stage_gain, domain=d),
-            True,
-            f"{d} ID accuracy after its stage minus before",
-        )
-        for d in DOMAINS
+    *_per_domain(
+        "in_stage_gain", "specialization", in_stage_gain, True, "{d} ID accuracy after its stage minus before"
     ),
     Metric(
         "mid_stage_gain",
@@ -405,15 +405,12 @@ METRICS: list[Metric] = [
         False,
         "mean over stages of the stage domain's ID accuracy at its first eval.at_steps eval minus before the stage",
     ),
-    *(
-        Metric(
-            f"mid_stage_gain/{d}",
-            "specialization",
-            partial(mid_stage_gain, domain=d),
-            False,
-            f"{d} ID accuracy at the stage's first eval.at_steps eval minus before",
-        )
-        for d in DOMAINS
+    *_per_domain(
+        "mid_stage_gain",
+        "specialization",
+        mid_stage_gain,
+        False,
+        "{d} ID accuracy at the stage's first eval.at_steps eval minus before",
     ),
     Metric(
         "reward_auc",
@@ -422,16 +419,7 @@ METRICS: list[Metric] = [
         False,
         "mean over stages of the mean training reward over the stage's steps",
     ),
-    *(
-        Metric(
-            f"reward_auc/{d}",
-            "specialization",
-            partial(reward_auc, domain=d),
-            False,
-            f"mean training reward over the {d} stage's steps",
-        )
-        for d in DOMAINS
-    ),
+    *_per_domain("reward_auc", "specialization", reward_auc, False, "mean training reward over the {d} stage's steps"),
     Metric(
         "backward_transfer",
         "forgetting",
@@ -439,15 +427,8 @@ METRICS: list[Metric] = [
         True,
         "mean over domains but the last of final ID accuracy minus its value just after the domain's stage",
     ),
-    *(
-        Metric(
-            f"backward_transfer/{d}",
-            "forgetting",
-            partial(_bwt, domain=d),
-            True,
-            f"{d} final ID accuracy minus its value just after the {d} stage",
-        )
-        for d in DOMAINS
+    *_per_domain(
+        "backward_transfer", "forgetting", _bwt, True, "{d} final ID accuracy minus its value just after the {d} stage"
     ),
     Metric(
         "forgetting",
@@ -470,16 +451,7 @@ METRICS: list[Metric] = [
         True,
         "mean ID accuracy over domains after the last stage",
     ),
-    *(
-        Metric(
-            f"final_id/{d}",
-            "final_average",
-            partial(_final_id, domain=d),
-            True,
-            f"{d} ID accuracy after the last stage",
-        )
-        for d in DOMAINS
-    ),
+    *_per_domain("final_id", "final_average", _final_id, True, "{d} ID accuracy after the last stage"),
     *(
         Metric(
             f"ood_change/{dist}",

@@ -40,19 +40,9 @@ def _batch():
 
 def _worker(model_dir: str) -> dict:
     from megatron_sdpo.algorithms.losses import GRPOLoss
-    from megatron_sdpo.backends.megatron.backend import MegatronBackend
-    from megatron_sdpo.backends.megatron.model import ModelOptions
-    from megatron_sdpo.backends.megatron.precision import PrecisionConfig
+    from megatron_sdpo.planning.memory_census import measured_backend
 
-    be = MegatronBackend(
-        model_dir,
-        lr=1e-5,
-        micro_batch_size=MBS,
-        with_teacher=True,
-        with_reference=True,
-        options=ModelOptions(precision=PrecisionConfig(params="bfloat16")),
-        packing=False,
-    )
+    be = measured_backend(model_dir, lr=1e-5, micro_batch_size=MBS)
     loss = GRPOLoss(on_policy=True)
     be.train_step(_batch(), loss)  # Adam's state exists from the first step on
     torch.cuda.synchronize()
@@ -73,6 +63,7 @@ def test_ledger_against_the_allocator(tmp_path):
 
     from megatron_sdpo.backends.megatron.launch import spawn
     from megatron_sdpo.planning import memory_ledger as ml
+    from megatron_sdpo.planning.memory_census import MEASURED_LEDGER
     from megatron_sdpo.weights.plan import ModelSpec
 
     cfg = transformers.Qwen3Config(**SHAPE)
@@ -82,10 +73,7 @@ def test_ledger_against_the_allocator(tmp_path):
     led = ml.build(
         ml.LedgerInputs(
             spec=ModelSpec.from_hf_config(cfg),
-            megatron=True,
-            param_bytes=2,
-            with_teacher=True,
-            with_reference=True,
+            **MEASURED_LEDGER,
             micro_batch_size=MBS,
             seq=SEQ,
             response=SEQ - PROMPT,

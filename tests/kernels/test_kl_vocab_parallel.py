@@ -82,6 +82,17 @@ def _worker(rank: int, world: int, store_file: str, out_dir: str) -> None:
         faulthandler.cancel_dump_traceback_later()
 
 
+def _assert_rank_matches(key: tuple, r: int, got: tuple, ref: tuple, rows: slice) -> None:
+    """Rank r's outputs and dh (`got`) against the unsharded run's (`ref`), its dw against the
+    reference's `rows` (the rank's shard of the vocabulary)."""
+    tol_grad = dict(rtol=2e-5, atol=2e-5) if key[0] == "torch.float32" else dict(rtol=2e-2, atol=2e-3)
+    (outs, dh, dw), (outs_ref, dh_ref, dw_ref) = got, ref
+    for o, o_ref in zip(outs, outs_ref, strict=True):
+        torch.testing.assert_close(o, o_ref, rtol=2e-5, atol=2e-5, msg=lambda m: f"{key} rank {r}: {m}")
+    torch.testing.assert_close(dh, dh_ref, **tol_grad, msg=lambda m: f"{key} rank {r} dh: {m}")
+    torch.testing.assert_close(dw, dw_ref[rows], **tol_grad, msg=lambda m: f"{key} rank {r} dw: {m}")
+
+
 @pytest.mark.distributed
 def test_vocab_parallel_tp2_equals_unsharded(tmp_path):
     ctx = torch.multiprocessing.get_context("spawn")
@@ -101,33 +112,12 @@ def test_vocab_parallel_tp2_equals_unsharded(tmp_path):
     keys = [k for k in res[0] if k[-1] == "tp"]
     assert len(keys) == 8
     for key in keys:
-        ref_key = key[:-1] + ("ref",)
-        tol_grad = dict(rtol=2e-5, atol=2e-5) if key[0] == "torch.float32" else dict(rtol=2e-2, atol=2e-3)
-        outs_ref, dh_ref, dw_ref = res[0][ref_key]
         for r in range(TP):
-            outs, dh, dw = res[r][key]
-            for o, o_ref in zip(outs, outs_ref, strict=True):
-                torch.testing.assert_close(
-                    o, o_ref, rtol=2e-5, atol=2e-5, msg=lambda m, key=key, r=r: f"{key} rank {r}: {m}"
-                )
-            torch.testing.assert_close(dh, dh_ref, **tol_grad, msg=lambda m, key=key, r=r: f"{key} rank {r} dh: {m}")
-            torch.testing.assert_close(
-                dw, dw_ref[r * vl : (r + 1) * vl], **tol_grad, msg=lambda m, key=key: f"{key} dw: {m}"
-            )
+            _assert_rank_matches(key, r, res[r][key], res[0][key[:-1] + ("ref",)], slice(r * vl, (r + 1) * vl))
         # Every rank ends with the same bits: statistics are combined in rank order, then all-reduced.
         for i in range(len(res[0][key][0])):
             assert torch.equal(res[0][key][0][i], res[1][key][0][i]), f"{key}: ranks disagree"
     for dtype in ("torch.float32", "torch.bfloat16"):
-        key, ref_key = (dtype, "lp_uneven", None, "uneven"), (dtype, "lp", None, "ref")
-        tol_grad = dict(rtol=2e-5, atol=2e-5) if dtype == "torch.float32" else dict(rtol=2e-2, atol=2e-3)
-        outs_ref, dh_ref, dw_ref = res[0][ref_key]
+        key = (dtype, "lp_uneven", None, "uneven")
         for r, rows in enumerate((slice(0, UNEVEN), slice(UNEVEN, V))):
-            outs, dh, dw = res[r][key]
-            for o, o_ref in zip(outs, outs_ref, strict=True):
-                torch.testing.assert_close(
-                    o, o_ref, rtol=2e-5, atol=2e-5, msg=lambda m, key=key, r=r: f"{key} rank {r}: {m}"
-                )
-            torch.testing.assert_close(dh, dh_ref, **tol_grad, msg=lambda m, key=key, r=r: f"{key} rank {r} dh: {m}")
-            torch.testing.assert_close(
-                dw, dw_ref[rows], **tol_grad, msg=lambda m, key=key, r=r: f"{key} rank {r} dw: {m}"
-            )
+            _assert_rank_matches(key, r, res[r][key], res[0][(dtype, "lp", None, "ref")], rows)

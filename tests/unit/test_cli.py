@@ -5,65 +5,69 @@ import pytest
 from megatron_sdpo.cli import main, parse_args
 from megatron_sdpo.errors import UserError
 
+# One command line written in several orders of its options, positionals and overrides, and what
+# every order parses to.
+ORDERINGS = [
+    (
+        {"config": "tiny_sdpo", "out": "o", "quiet": True, "overrides": ["a.b=1", "c.d=2"]},
+        [
+            ["run", "tiny_sdpo", "a.b=1", "--out", "o", "c.d=2", "--quiet"],
+            ["run", "--out", "o", "tiny_sdpo", "a.b=1", "--quiet", "c.d=2"],
+            ["run", "a.b=1", "c.d=2", "--quiet", "--out", "o", "tiny_sdpo"],
+        ],
+    ),
+    (
+        {
+            "config": "tiny",
+            "algorithms": "sdpo,stable_sdpo",
+            "overrides": ["algorithm.sdpo.context.use_feedback=false"],
+        },
+        [
+            ["compare", "tiny", "--algorithms", "sdpo,stable_sdpo", "algorithm.sdpo.context.use_feedback=false"],
+            ["compare", "tiny", "algorithm.sdpo.context.use_feedback=false", "--algorithms", "sdpo,stable_sdpo"],
+            ["compare", "--algorithms", "sdpo,stable_sdpo", "tiny", "algorithm.sdpo.context.use_feedback=false"],
+            ["compare", "--algorithms", "sdpo,stable_sdpo", "algorithm.sdpo.context.use_feedback=false", "tiny"],
+        ],
+    ),
+    (
+        {"model": "M", "config": "tiny_grpo", "out": "o", "overrides": ["eval.batch_size=4"]},
+        [
+            ["eval", "M", "tiny_grpo", "eval.batch_size=4", "--out", "o"],
+            ["eval", "M", "--out", "o", "tiny_grpo", "eval.batch_size=4"],
+        ],
+    ),
+    (
+        {"model": "M", "config": "tiny", "out": "o", "overrides": ["eval.batch_size=4"]},
+        [["eval", "--out", "o", "M", "eval.batch_size=4"], ["eval", "M", "eval.batch_size=4", "--out", "o"]],
+    ),
+    (
+        {"a": "A", "b": "B", "out": "D", "rank": 4},
+        [
+            ["drift", "A", "B", "--out", "D", "--rank", "4"],
+            ["drift", "--out", "D", "A", "B", "--rank", "4"],
+            ["drift", "A", "--rank", "4", "B", "--out", "D"],
+        ],
+    ),
+    (
+        {"config": "tiny", "arms": "grpo,sdpo_frozen", "seeds": "0-1", "jobs": 2, "overrides": ["stages.0.steps=2"]},
+        [
+            ["study", "tiny", "--arms", "grpo,sdpo_frozen", "--seeds", "0-1", "stages.0.steps=2", "--jobs", "2"],
+            ["study", "--arms", "grpo,sdpo_frozen", "stages.0.steps=2", "tiny", "--seeds", "0-1", "--jobs", "2"],
+            ["study", "stages.0.steps=2", "--jobs", "2", "--arms", "grpo,sdpo_frozen", "--seeds", "0-1", "tiny"],
+        ],
+    ),
+]
 
-@pytest.mark.parametrize(
-    "argv",
-    [
-        ["run", "tiny_sdpo", "a.b=1", "--out", "o", "c.d=2", "--quiet"],
-        ["run", "--out", "o", "tiny_sdpo", "a.b=1", "--quiet", "c.d=2"],
-        ["run", "a.b=1", "c.d=2", "--quiet", "--out", "o", "tiny_sdpo"],
-    ],
-)
-def test_run_orderings(argv):
+
+@pytest.mark.parametrize("argv, want", [(argv, want) for want, argvs in ORDERINGS for argv in argvs])
+def test_orderings(argv, want):
     args = parse_args(argv)
-    assert (args.config, args.out, args.quiet, args.overrides) == ("tiny_sdpo", "o", True, ["a.b=1", "c.d=2"])
+    assert {key: getattr(args, key) for key in want} == want
 
 
 def test_run_without_a_preset_takes_overrides_and_the_default_preset():
     args = parse_args(["run", "a.b=1", "--out", "o"])
     assert (args.config, args.overrides) == ("tiny", ["a.b=1"])
-
-
-@pytest.mark.parametrize(
-    "argv",
-    [
-        ["compare", "tiny", "--algorithms", "sdpo,stable_sdpo", "algorithm.sdpo.context.use_feedback=false"],
-        ["compare", "tiny", "algorithm.sdpo.context.use_feedback=false", "--algorithms", "sdpo,stable_sdpo"],
-        ["compare", "--algorithms", "sdpo,stable_sdpo", "tiny", "algorithm.sdpo.context.use_feedback=false"],
-        ["compare", "--algorithms", "sdpo,stable_sdpo", "algorithm.sdpo.context.use_feedback=false", "tiny"],
-    ],
-)
-def test_compare_orderings(argv):
-    args = parse_args(argv)
-    assert (args.config, args.algorithms) == ("tiny", "sdpo,stable_sdpo")
-    assert args.overrides == ["algorithm.sdpo.context.use_feedback=false"]
-
-
-@pytest.mark.parametrize(
-    "argv, config",
-    [
-        (["eval", "M", "tiny_grpo", "eval.batch_size=4", "--out", "o"], "tiny_grpo"),
-        (["eval", "M", "--out", "o", "tiny_grpo", "eval.batch_size=4"], "tiny_grpo"),
-        (["eval", "--out", "o", "M", "eval.batch_size=4"], "tiny"),
-        (["eval", "M", "eval.batch_size=4", "--out", "o"], "tiny"),
-    ],
-)
-def test_eval_orderings(argv, config):
-    args = parse_args(argv)
-    assert (args.model, args.config, args.out, args.overrides) == ("M", config, "o", ["eval.batch_size=4"])
-
-
-@pytest.mark.parametrize(
-    "argv",
-    [
-        ["drift", "A", "B", "--out", "D", "--rank", "4"],
-        ["drift", "--out", "D", "A", "B", "--rank", "4"],
-        ["drift", "A", "--rank", "4", "B", "--out", "D"],
-    ],
-)
-def test_drift_orderings(argv):
-    args = parse_args(argv)
-    assert (args.a, args.b, args.out, args.rank) == ("A", "B", "D", 4)
 
 
 @pytest.mark.parametrize(
@@ -103,25 +107,6 @@ def test_a_bad_bound_stops_the_run_before_anything_is_built(monkeypatch, tmp_pat
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: ") and "teacher.ema_rate must be in (0, 1]" in err[0]
     assert built == [] and not (tmp_path / "run").exists()
-
-
-@pytest.mark.parametrize(
-    "argv",
-    [
-        ["study", "tiny", "--arms", "grpo,sdpo_frozen", "--seeds", "0-1", "stages.0.steps=2", "--jobs", "2"],
-        ["study", "--arms", "grpo,sdpo_frozen", "stages.0.steps=2", "tiny", "--seeds", "0-1", "--jobs", "2"],
-        ["study", "stages.0.steps=2", "--jobs", "2", "--arms", "grpo,sdpo_frozen", "--seeds", "0-1", "tiny"],
-    ],
-)
-def test_study_orderings(argv):
-    args = parse_args(argv)
-    assert (args.config, args.arms, args.seeds, args.jobs, args.overrides) == (
-        "tiny",
-        "grpo,sdpo_frozen",
-        "0-1",
-        2,
-        ["stages.0.steps=2"],
-    )
 
 
 @pytest.mark.parametrize(

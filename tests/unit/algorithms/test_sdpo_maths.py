@@ -275,6 +275,11 @@ def test_sampled_token_loss_value_and_gradient():
 END = [7, 8]  # ids of a two-token reasoning-end marker
 
 
+def _bits(*rows: str):
+    """A float 0/1 mask written a row a string, a character a token."""
+    return torch.tensor([[float(c) for c in row] for row in rows])
+
+
 def test_distill_mask_keeps_tokens_after_the_last_marker():
     ids = torch.tensor(
         [
@@ -285,25 +290,9 @@ def test_distill_mask_keeps_tokens_after_the_last_marker():
         ]
     )
     ids[3, 4] = 8
-    mask = torch.tensor(
-        [
-            [1, 1, 1, 1, 1, 0, 0],
-            [1, 1, 1, 1, 1, 1, 1],
-            [1, 1, 1, 1, 0, 0, 0],
-            [1, 1, 1, 1, 0, 0, 0],
-        ],
-        dtype=torch.float32,
-    )
+    mask = _bits("1111100", "1111111", "1111000", "1111000")
     got = distill_mask(ids, mask, reasoning_end_ids=END, distill_cot=False)
-    want = torch.tensor(
-        [
-            [0, 0, 0, 1, 1, 0, 0],
-            [0, 0, 0, 0, 0, 1, 1],
-            [1, 1, 1, 1, 0, 0, 0],
-            [1, 1, 1, 1, 0, 0, 0],
-        ],
-        dtype=torch.float32,
-    )
+    want = _bits("0001100", "0000011", "1111000", "1111000")
     torch.testing.assert_close(got, want)
     torch.testing.assert_close(distill_mask(ids, mask, reasoning_end_ids=END, distill_cot=True), mask)
     single = distill_mask(ids, mask, reasoning_end_ids=[2], distill_cot=False)

@@ -60,25 +60,11 @@ def _worker(model_dir: str, ckpt: str) -> dict:
     import torch.distributed as dist
 
     from megatron_sdpo.algorithms.losses import SDPOLoss
-    from megatron_sdpo.backends.megatron.backend import MegatronBackend
-    from megatron_sdpo.backends.megatron.model import ModelOptions
-    from megatron_sdpo.backends.megatron.parallel import ParallelConfig
-    from megatron_sdpo.backends.megatron.precision import PrecisionConfig
     from megatron_sdpo.interfaces.blend import TeacherBlend
     from megatron_sdpo.planning import memory_census as mc
     from megatron_sdpo.rollout.vllm import layer_buckets
 
-    be = MegatronBackend(
-        model_dir,
-        lr=1e-4,
-        micro_batch_size=MBS,
-        parallel=ParallelConfig(tp=1, pp=1),
-        with_teacher=True,
-        with_reference=True,
-        options=ModelOptions(precision=PrecisionConfig(params="bfloat16")),
-        packing=False,
-        loss_chunk_tokens=CHUNK,
-    )
+    be = mc.measured_backend(model_dir, lr=1e-4, micro_batch_size=MBS, loss_chunk_tokens=CHUNK)
     loss = SDPOLoss(variant="logits", alpha=0.5, topk=TOPK, is_clip=2.0, mask_key="distill_mask", topk_source="shards")
     params = list(torch.nn.Module.parameters(be.policy.module))
     weights = mc.storage_bytes(params)[1]
@@ -166,6 +152,7 @@ def measured(request, tmp_path_factory):
 def _ledger(model_dir: str, dp: int, offload: bool, riders: int = 1):
     from transformers import AutoConfig
 
+    from megatron_sdpo.planning import memory_census as mc
     from megatron_sdpo.planning import memory_ledger as ml
     from megatron_sdpo.weights.plan import ModelSpec
 
@@ -173,11 +160,8 @@ def _ledger(model_dir: str, dp: int, offload: bool, riders: int = 1):
     return ml.build(
         ml.LedgerInputs(
             spec=spec,
-            megatron=True,
+            **mc.MEASURED_LEDGER,
             dp=dp,
-            param_bytes=2,
-            with_teacher=True,
-            with_reference=True,
             offload=offload,
             # DP splits the batch: each rank's micro-batch holds MBS / DP samples.
             micro_batch_size=MBS // dp,
@@ -297,24 +281,19 @@ def test_engine_kv_cache_is_the_ledgers(tmp_path):
 
 
 def _spec(**kw):
+    """A small Qwen3 (QK-norm, 4 query heads over 2 KV heads), with the ModelSpec fields `kw`."""
+    import dataclasses
+
+    from transformers import Qwen3Config
+
+    from megatron_sdpo.models.random_qwen3 import hf_shape
     from megatron_sdpo.weights.plan import ModelSpec
 
-    base = dict(
-        arch="qwen3",
-        num_layers=2,
-        hidden_size=64,
-        num_heads=4,
-        num_kv_heads=2,
-        head_dim=16,
-        ffn_hidden_size=192,
-        vocab_size=100,
-        tie_word_embeddings=False,
-        qk_norm="head",
-        rms_norm_eps=1e-6,
-        rope_theta=1e4,
-        max_position_embeddings=128,
+    shape = hf_shape(vocab=100, hidden=64, ffn=192, layers=2, heads=4, kv=2, head_dim=16)
+    config = Qwen3Config(
+        **shape, max_position_embeddings=128, rope_theta=1e4, rms_norm_eps=1e-6, tie_word_embeddings=False
     )
-    return ModelSpec(**{**base, **kw})
+    return dataclasses.replace(ModelSpec.from_hf_config(config), **kw)
 
 
 def _small_rows(**kw) -> dict:

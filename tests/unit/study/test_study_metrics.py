@@ -9,33 +9,16 @@ import pytest
 
 from megatron_sdpo.study import metrics as M
 
-ITEMS = {
-    #                math/id: 0.25, 0.75, 0.5, 0.5     tooluse/id: 0, .25, .75, .25   code/id: 0, 0, .25, .5
-    "base": {
-        "math/id": [0, 0, 1, 0],
-        "tooluse/id": [0, 0, 0, 0],
-        "code/id": [0, 0, 0, 0],
-        "math/ood_mid": [1, 1, 0, 0],
-    },
-    "math": {
-        "math/id": [1, 1, 1, 0],
-        "tooluse/id": [1, 0, 0, 0],
-        "code/id": [0, 0, 0, 0],
-        "math/ood_mid": [1, 0, 0, 0],
-    },
-    "tooluse": {
-        "math/id": [1, 0, 1, 0],
-        "tooluse/id": [1, 1, 1, 0],
-        "code/id": [1, 0, 0, 0],
-        "math/ood_mid": [1, 0, 0, 0],
-    },
-    "code": {
-        "math/id": [1, 1, 0, 0],
-        "tooluse/id": [1, 0, 0, 0],
-        "code/id": [1, 1, 0, 0],
-        "math/ood_mid": [1, 0, 0, 0],
-    },
+COLUMNS = ("math/id", "tooluse/id", "code/id", "math/ood_mid")
+# A row's item scores, column by column in COLUMNS' order. ID accuracies of the rows base, math,
+# tooluse, code: math/id 0.25, 0.75, 0.5, 0.5; tooluse/id 0, .25, .75, .25; code/id 0, 0, .25, .5.
+ROWS = {
+    "base": ([0, 0, 1, 0], [0, 0, 0, 0], [0, 0, 0, 0], [1, 1, 0, 0]),
+    "math": ([1, 1, 1, 0], [1, 0, 0, 0], [0, 0, 0, 0], [1, 0, 0, 0]),
+    "tooluse": ([1, 0, 1, 0], [1, 1, 1, 0], [1, 0, 0, 0], [1, 0, 0, 0]),
+    "code": ([1, 1, 0, 0], [1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 0, 0]),
 }
+ITEMS = {row: dict(zip(COLUMNS, items, strict=True)) for row, items in ROWS.items()}
 REWARDS = [(0, "math", [0.2, 0.4]), (1, "tooluse", [0.5]), (2, "code", [0.1, 0.2, 0.3])]
 DRIFT = {
     "param_vs_base": {"summary": {"mean_spectral_shift": 0.004, "mean_angle_max_deg": 2.5}},
