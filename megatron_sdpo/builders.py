@@ -164,6 +164,11 @@ def vllm_seeding(setting: str) -> str:
     return "engine" if torch.cuda.is_available() else "request"
 
 
+def rollout_dtype(cfg: RunConfig) -> str:
+    """The rollout engine's dtype: `rollout.dtype`, or the model's where it is auto."""
+    return cfg.model.dtype if cfg.rollout.dtype == "auto" else cfg.rollout.dtype
+
+
 def make_rollout(cfg: RunConfig, model_path: str, tokenizer, work_dir: str):
     """The rollout engine named by `rollout.engine` ("auto": vLLM where installed, else HF)."""
     from megatron_sdpo.rollout import make_engine, vllm_available
@@ -185,7 +190,7 @@ def make_rollout(cfg: RunConfig, model_path: str, tokenizer, work_dir: str):
     layout = ReplicaLayout.of_launch(cfg.rollout.tensor_parallel_size) if kind == "vllm" else None
     common: dict[str, Any] = dict(
         seed=cfg.seed,
-        dtype=cfg.model.dtype,
+        dtype=rollout_dtype(cfg),
         max_model_len=cfg.rollout.max_model_len,
         eos_token_ids=[tokenizer.eos_token_id],
         detokenize=True,

@@ -207,6 +207,11 @@ class RefitGuardConfig:
 class RolloutConfig:
     # auto: vLLM where installed (single process or torchrun), else HF generate
     engine: Literal["auto", "vllm", "hf"] = "auto"
+    # The engine's weights and arithmetic (auto: model.dtype). An fp32 trainer with a bf16 engine
+    # (verl's and NeMo-RL's usual split) samples and evaluates ~3x faster on a CPU with AMX and
+    # halves the engine's memory, but its tokens are not the fp32 engine's: answers, and so every
+    # eval number, move (dev/LOG.md). The refit casts what the trainer sends.
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     # Sampling temperature; the backends divide every model's logits by it too (policy, teacher,
     # reference; as verl and TRL do), so the loss sees the distribution the engine sampled from.
     temperature: float = 1.0

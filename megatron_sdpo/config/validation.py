@@ -268,6 +268,11 @@ def _check_rollout(cfg: RunConfig) -> None:
             "the whole vocabulary, not the top-p nucleus: it needs rollout.top_p=1 (or "
             "rollout.guard.max_mismatch=null)"
         )
+    if cfg.backend.name == "megatron" and ro.dtype not in ("auto", cfg.model.dtype):
+        raise ConfigError(
+            f"rollout.dtype={ro.dtype} with backend megatron: the memory plan holds the engine in model.dtype "
+            f"({cfg.model.dtype}); leave rollout.dtype=auto"
+        )
 
 
 def _validate_source(src, key: str, *, train: bool) -> None:

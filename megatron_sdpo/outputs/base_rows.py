@@ -35,6 +35,10 @@ def row_key(cfg, model_path: str, eval_sets: dict[str, list[dict]]) -> str:
     """The key of a run's base row (see the module docstring)."""
     e = {k: v for k, v in to_dict(cfg.eval).items() if k not in ("base_row_cache", "at_steps")}
     sampled = not cfg.eval.greedy
+    engine = {"kind": cfg.rollout.engine, "max_model_len": cfg.rollout.max_model_len}
+    if cfg.rollout.dtype not in ("auto", cfg.model.dtype):
+        # Only where it differs from the model's: rows cached before the field existed stay valid.
+        engine["dtype"] = cfg.rollout.dtype
     parts = {
         "model": _model_identity(model_path),
         "dtype": cfg.model.dtype,
@@ -44,7 +48,7 @@ def row_key(cfg, model_path: str, eval_sets: dict[str, list[dict]]) -> str:
             k: hashlib.sha256(json.dumps(v, sort_keys=True, default=str).encode()).hexdigest()
             for k, v in eval_sets.items()
         },
-        "engine": {"kind": cfg.rollout.engine, "max_model_len": cfg.rollout.max_model_len},
+        "engine": engine,
         "sampling": {"seed": cfg.seed, "temperature": cfg.rollout.temperature} if sampled else None,
     }
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:32]

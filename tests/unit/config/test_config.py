@@ -201,6 +201,25 @@ def test_rollout_enforce_eager_reaches_the_vllm_engine(monkeypatch, tmp_path):
         assert seen[-1] == ("vllm", eager)
 
 
+def test_rollout_dtype_reaches_either_engine_and_megatron_keeps_the_planned_one(monkeypatch, tmp_path):
+    """rollout.dtype is the engine's (auto: the model's); the megatron memory plan counts the
+    engine in model.dtype, so another one there is refused before anything loads."""
+    import megatron_sdpo.rollout as rollout
+    from megatron_sdpo import builders
+
+    seen = []
+    monkeypatch.setattr(rollout, "make_engine", lambda kind, **kw: seen.append((kind, kw["dtype"])))
+    tok = type("Tok", (), {"eos_token_id": 0, "pad_token_id": 0})()
+    for engine in ("hf", "vllm"):
+        for dtype, expected in (("auto", "float32"), ("bfloat16", "bfloat16")):
+            cfg = load_config("tiny", [f"rollout.engine={engine}", f"rollout.dtype={dtype}"])
+            builders.make_rollout(cfg, "unused", tok, str(tmp_path))
+            assert seen[-1] == (engine, expected)
+    assert load_config("qwen3_4b", ["rollout.dtype=bfloat16"]).rollout.dtype == "bfloat16"
+    with pytest.raises(ConfigError, match=r"^rollout.dtype=float32 with backend megatron: .*model.dtype \(bfloat16\)"):
+        load_config("qwen3_4b", ["rollout.dtype=float32"])
+
+
 def test_rollout_tensor_parallel_size_checks_the_launch(monkeypatch, tmp_path):
     from megatron_sdpo.builders import make_rollout
 

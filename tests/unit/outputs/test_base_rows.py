@@ -26,6 +26,9 @@ def test_the_key_follows_what_determines_the_row(tmp_path):
     assert key("eval.at_steps=[3]") == base
     # Part of it: the eval settings, the items, the weights, the seed once evaluation samples.
     assert key("eval.max_new_tokens=16") != base
+    # The engine's dtype where it is not the model's (tiny's model is fp32).
+    assert key("rollout.dtype=float32") == base == key("rollout.dtype=auto")
+    assert key("rollout.dtype=bfloat16") != base
     assert key(sets={**SETS, "math/id": [{"id": 1, "prompt": "2+3?"}]}) != base
     sampled = key("eval.greedy=false", "eval.avg_k=4")
     assert sampled != base and key("eval.greedy=false", "eval.avg_k=4", "seed=7") != sampled

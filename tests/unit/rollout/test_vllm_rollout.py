@@ -444,3 +444,33 @@ def test_level_one_sleep_keeps_the_weights_and_wakes_everything_at_once():
         from megatron_sdpo.rollout.vllm import VLLMRolloutEngine
 
         VLLMRolloutEngine(ensure_tiny_base(), sleep_level=3)
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_a_bf16_engine_refits_from_fp32_weights(tmp_path):
+    """rollout.dtype=bfloat16 beside an fp32 trainer: the refit casts the fp32 tensors it is sent
+    (the checksums are of what was sent, so the guard's comparison holds), and the engine samples
+    from the new weights. bf16 keeps 8 significant bits: each of the ~12 roundings on a logit's
+    path through the tiny model's two layers is at most 2^-9 of values of magnitude up to ~10,
+    so a logprob moves by at most ~12 * 2^-9 * 10 = 0.23 (0.09 seen); the move below changes
+    them by more than 1 (more than 5 seen)."""
+    from megatron_sdpo.rollout.vllm import VLLMRolloutEngine
+
+    model_dir = save_tiny_qwen3(tmp_path / "tiny", seed=11)
+    engine = VLLMRolloutEngine(
+        model_dir, seed=0, max_model_len=64, max_num_seqs=32, run_dir=str(tmp_path / "run"), dtype="bfloat16"
+    )
+    assert engine.llm.llm_engine.vllm_config.model_config.dtype == torch.bfloat16
+    backend = HFBackend(model_dir, lr=5e-2, micro_batch_size=8)
+    cfg = SamplingConfig(n=2, temperature=1.0, max_new_tokens=8)
+    check_against_backend(backend, engine.generate(PROMPTS, cfg), atol=0.25)
+    with torch.no_grad():
+        emb = backend.policy.get_input_embeddings().weight
+        emb.add_(0.5 * torch.randn(emb.shape, generator=torch.Generator().manual_seed(0)))
+    stale = engine.generate(PROMPTS, cfg)
+    with pytest.raises(AssertionError, match="differ by"):
+        check_against_backend(backend, stale, atol=1.0)
+    engine.update_weights(backend.export_weights())
+    assert engine.sent_checksums == engine.received_checksums
+    check_against_backend(backend, engine.generate(PROMPTS, cfg), atol=0.25)
